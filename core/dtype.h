@@ -1,0 +1,35 @@
+// Element types. float32 is the only type ops compute in today; i64 carries class labels and
+// pooling indices; bf16 is reserved so that adding it touches no public signature.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mg {
+
+enum class DType : uint8_t { f32, bf16, i64 };
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::i64: return "int64";
+  }
+  return "?";
+}
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+
+}  // namespace mg

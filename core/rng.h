@@ -1,0 +1,80 @@
+// Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11): a value is a pure function
+// of (seed, counter), so any element of any random tensor can be regenerated later, on CPU or
+// GPU, without storing it. This is what makes dropout masks replay exactly under checkpointing
+// (Note [checkpoint replay] in core/checkpoint.h).
+//
+//   mg::Generator gen(42);
+//   uint64_t offset = gen.advance(n);          // reserve n draws, get their first counter
+//   float u = mg::philox_uniform(gen.seed(), offset + i);   // the i-th draw, in [0, 1)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MG_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define MG_HOST_DEVICE inline
+#endif
+
+namespace mg {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+// Philox4x32-10 of counter (lo, hi) under key `seed`.
+MG_HOST_DEVICE Philox4 philox4x32(uint64_t seed, uint64_t counter) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
+  uint32_t c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n1 = static_cast<uint32_t>(p1);
+    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    uint32_t n3 = static_cast<uint32_t>(p0);
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// The i-th 32-bit draw of the stream: element i uses word i % 4 of block i / 4.
+MG_HOST_DEVICE uint32_t philox_u32(uint64_t seed, uint64_t i) {
+  return philox4x32(seed, i >> 2).v[i & 3];
+}
+
+// Uniform in [0, 1) with 24 bits, the same float on every device.
+MG_HOST_DEVICE float philox_uniform(uint64_t seed, uint64_t i) {
+  return static_cast<float>(philox_u32(seed, i) >> 8) * (1.0f / 16777216.0f);
+}
+
+// A seed plus a position in its stream. Each random op reserves the draws it needs with
+// advance() and records (seed, offset), so it can be replayed.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+  void set_offset(uint64_t o) { offset_ = o; }
+  void manual_seed(uint64_t s) { seed_ = s; offset_ = 0; }
+  // Reserves n draws, rounded up to whole Philox blocks, and returns the first one's index.
+  uint64_t advance(uint64_t n) {
+    uint64_t first = offset_;
+    offset_ += (n + 3) & ~uint64_t{3};
+    return first;
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+// The process-wide generator used by initialisers and dropout when none is given.
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+}  // namespace mg

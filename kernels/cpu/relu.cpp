@@ -1,0 +1,23 @@
+#include "kernels/relu.h"
+
+#include "kernels/cpu/eigen.h"
+
+namespace mg {
+
+template <> void relu_forward<Cpu>(Tensor& y, const Tensor& x) {
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd if (n > cpu::kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0.0f ? px[i] : 0.0f;
+}
+
+template <> void relu_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& y) {
+  const float *pdy = dy.data<float>(), *py = y.data<float>();
+  float* pdx = dx.data<float>();
+  const int64_t n = dx.numel();
+#pragma omp parallel for simd if (n > cpu::kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) pdx[i] = py[i] > 0.0f ? pdy[i] : 0.0f;
+}
+
+}  // namespace mg

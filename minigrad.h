@@ -1,0 +1,15 @@
+// libminigrad: one include for the whole public API.
+//
+//   #include <minigrad/minigrad.h>
+//   mg::nn::Sequential model; ...; mg::optim::SGD opt(model.parameters(), {.lr = 0.01f});
+#pragma once
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/checkpoint.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"

@@ -1,0 +1,96 @@
+// Test helpers: random inputs, comparisons, and a finite-difference gradient check.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "minigrad.h"
+
+namespace mg::test {
+
+// Uniform(-1, 1) of the given shape (never zeros: see STYLE.md).
+inline Tensor rand_tensor(const Shape& s, uint64_t seed, bool requires_grad = false) {
+  Generator g(seed);
+  Tensor t = Tensor::uniform(s, -1.0f, 1.0f, g);
+  if (requires_grad) t.requires_grad_();
+  return t;
+}
+
+// Moves elements within `margin` of zero away from it: finite differences are meaningless at a
+// kink (relu, max), and a step h would straddle it.
+inline Tensor away_from_zero(Tensor t, float margin = 0.05f) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (std::abs(p[i]) < margin) p[i] = p[i] < 0 ? p[i] - margin : p[i] + margin;
+  }
+  return t;
+}
+
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  auto va = a.to_vector<float>(), vb = b.to_vector<float>();
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(static_cast<double>(va[i]) - vb[i]));
+  return m;
+}
+
+inline double rel_err(const Tensor& a, const Tensor& ref) {
+  auto va = a.to_vector<float>(), vb = ref.to_vector<float>();
+  REQUIRE(va.size() == vb.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    num += (static_cast<double>(va[i]) - vb[i]) * (static_cast<double>(va[i]) - vb[i]);
+    den += static_cast<double>(vb[i]) * vb[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+inline bool bit_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.to_vector<float>() == b.to_vector<float>();
+}
+
+// Compares the tape's gradient of sum(f(inputs) * probe) w.r.t. every input that requires grad
+// with central finite differences. f runs in float32; the check uses a step h and a tolerance
+// suited to float32 (error ~ h^2 + eps/h).
+inline void gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                      std::vector<Tensor> inputs, double h = 1e-2, double tol = 2e-2) {
+  Tensor out = f(inputs);
+  Tensor probe = rand_tensor(out.shape(), 999);
+  for (Tensor& t : inputs) if (t.requires_grad()) t.set_grad(Tensor());
+  out.backward(probe);
+  auto objective = [&]() {
+    NoGradGuard ng;
+    auto o = f(inputs).to_vector<float>();
+    auto p = probe.to_vector<float>();
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += static_cast<double>(o[i]) * p[i];
+    return s;
+  };
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& t = inputs[k];
+    if (!t.requires_grad()) continue;
+    REQUIRE(t.grad().defined());
+    auto analytic = t.grad().to_vector<float>();
+    float* data = t.data<float>();
+    double num2 = 0, den2 = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float orig = data[i];
+      data[i] = orig + static_cast<float>(h);
+      const double fp = objective();
+      data[i] = orig - static_cast<float>(h);
+      const double fm = objective();
+      data[i] = orig;
+      const double numeric = (fp - fm) / (2 * h);
+      num2 += (numeric - analytic[i]) * (numeric - analytic[i]);
+      den2 += numeric * numeric;
+    }
+    const double err = std::sqrt(num2) / std::max(std::sqrt(den2), 1e-12);
+    INFO("input " << k << " shape " << shape_str(t.shape()) << " relative error " << err);
+    CHECK(err < tol);
+  }
+}
+
+}  // namespace mg::test
