@@ -11,5 +11,7 @@
 #include "core/ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "nn/models.h"
 #include "nn/module.h"
+#include "nn/serialize.h"
 #include "optim/optimizer.h"

@@ -1,0 +1,2 @@
+// Implemented in a following commit (safetensors).
+#include "nn/serialize.h"
