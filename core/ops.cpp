@@ -51,7 +51,9 @@ void check_same_device(const char* op, const std::vector<Tensor>& in) {
   }
 }
 
-int64_t pool_out(int64_t in, int k, int s, int p) { return (in + 2 * p - k) / s + 1; }
+// 0 when the kernel does not fit: C++ division truncates toward zero, so (in + 2p - k) / s + 1
+// alone would say 1 for a kernel up to s - 1 elements too large.
+int64_t pool_out(int64_t in, int k, int s, int p) { return in + 2 * p < k ? 0 : (in + 2 * p - k) / s + 1; }
 
 // Runs the forward kernel of `op`; appends to `saved` what backward needs when it is non-null.
 Tensor forward(OpKind op, const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {

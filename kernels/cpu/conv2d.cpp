@@ -1,12 +1,227 @@
+// 2-D convolution on the CPU: im2col + Eigen GEMM, one image at a time.
+//   x: (N, C, H, W)   w: (O, C, KH, KW) viewed as W: (O, C KH KW)   b: (O)   y: (N, O, OH, OW)
+//   col_n = im2col(x_n): (C KH KW, OH OW), col_n[(c,p,q), (i,j)] = x[n, c, i s - pad + p, j s - pad + q]
+//                                          (0 where that falls in the padding)
+//   forward:  Y_n = W col_n + b 1^T                          (=)
+//   backward: dW = sum_n dY_n col_n^T                        (= or += when accumulate)
+//             db = sum_n dY_n 1                              (= or += when accumulate)
+//             dx_n = col2im(W^T dY_n)                        (=; col2im adds each column entry
+//                                                             back to the pixel it came from)
+// A 1x1 kernel with stride 1 and no padding needs no im2col: col_n is x_n itself.
+//
+// Threads: images are split over OpenMP threads in static contiguous chunks; each thread owns one
+// im2col buffer (C KH KW x OH OW floats, allocated as a Tensor so the CPU allocator counts it) and,
+// in backward, one partial dW. The partials are summed in thread order, so for a given thread
+// count every run gives the same bits (Note [checkpoint replay] relies on that). With a single
+// image (or one thread) the images run in order and Eigen threads the GEMM itself.
 #include "kernels/conv2d.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/eigen.h"
+
 namespace mg {
-template <> void conv2d_forward<Cpu>(Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int) {
-  MG_FAIL("conv2d: CPU kernel not written yet");
+
+namespace {
+
+struct ConvGeom {
+  int64_t n, c, h, w, o, kh, kw, oh, ow, stride, pad;
+  int64_t ckk() const { return c * kh * kw; }
+  int64_t ohw() const { return oh * ow; }
+  bool pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
+};
+
+ConvGeom geometry(const Tensor& x, const Tensor& w, int64_t oh, int64_t ow, int stride, int pad) {
+  return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
+          oh,        ow,        stride,    pad};
 }
+
+// Smallest j >= 0 with j * s >= a (a may be negative).
+int64_t first_at_least(int64_t a, int64_t s) { return a <= 0 ? 0 : (a + s - 1) / s; }
+
+// Output columns j in [j0, j1) read input column j s - pad + q inside [0, W); the rest is padding.
+void valid_cols(const ConvGeom& g, int64_t q, int64_t& j0, int64_t& j1) {
+  j0 = std::min(first_at_least(g.pad - q, g.stride), g.ow);
+  j1 = std::max(std::min(first_at_least(g.w + g.pad - q, g.stride), g.ow), j0);
+}
+
+// col: (C KH KW, OH OW) from one image x: (C, H, W).
+void im2col(float* col, const float* x, const ConvGeom& g) {
+  for (int64_t c = 0; c < g.c; ++c) {
+    const float* plane = x + c * g.h * g.w;
+    for (int64_t p = 0; p < g.kh; ++p) {
+      for (int64_t q = 0; q < g.kw; ++q) {
+        float* row = col + ((c * g.kh + p) * g.kw + q) * g.ohw();
+        int64_t j0, j1;
+        valid_cols(g, q, j0, j1);
+        for (int64_t i = 0; i < g.oh; ++i) {
+          float* dst = row + i * g.ow;
+          const int64_t ih = i * g.stride - g.pad + p;
+          if (ih < 0 || ih >= g.h) {
+            std::fill(dst, dst + g.ow, 0.0f);
+            continue;
+          }
+          const float* src = plane + ih * g.w - g.pad + q;
+          std::fill(dst, dst + j0, 0.0f);
+          if (g.stride == 1) {
+            std::memcpy(dst + j0, src + j0, static_cast<size_t>(j1 - j0) * sizeof(float));
+          } else {
+            for (int64_t j = j0; j < j1; ++j) dst[j] = src[j * g.stride];
+          }
+          std::fill(dst + j1, dst + g.ow, 0.0f);
+        }
+      }
+    }
+  }
+}
+
+// dx: (C, H, W) = col2im(col); every pixel gets the sum of the column entries it fed, added in a
+// fixed order (c, p, q, i, j).
+void col2im(float* dx, const float* col, const ConvGeom& g) {
+  std::fill(dx, dx + g.c * g.h * g.w, 0.0f);
+  for (int64_t c = 0; c < g.c; ++c) {
+    float* plane = dx + c * g.h * g.w;
+    for (int64_t p = 0; p < g.kh; ++p) {
+      for (int64_t q = 0; q < g.kw; ++q) {
+        const float* row = col + ((c * g.kh + p) * g.kw + q) * g.ohw();
+        int64_t j0, j1;
+        valid_cols(g, q, j0, j1);
+        for (int64_t i = 0; i < g.oh; ++i) {
+          const int64_t ih = i * g.stride - g.pad + p;
+          if (ih < 0 || ih >= g.h) continue;
+          const float* src = row + i * g.ow;
+          float* dst = plane + ih * g.w - g.pad + q;
+          if (g.stride == 1) {
+            for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
+          } else {
+            for (int64_t j = j0; j < j1; ++j) dst[j * g.stride] += src[j];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Threads to split the batch over: no more than there are images.
+int batch_threads(int64_t n) {
+  return static_cast<int>(std::clamp<int64_t>(omp_get_max_threads(), 1, n));
+}
+
+}  // namespace
+
 template <>
-void conv2d_backward<Cpu>(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, int,
-                          int, bool) {
-  MG_FAIL("conv2d: CPU kernel not written yet");
+void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
+                         int pad) {
+  const ConvGeom g = geometry(x, w, y.size(2), y.size(3), stride, pad);
+  const int threads = batch_threads(g.n);
+  const bool pointwise = g.pointwise();
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, g.ckk() * g.ohw()});
+  const auto W = cpu::cmat(w, g.o, g.ckk());
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  const float* bp = b.defined() ? b.data<float>() : nullptr;
+
+  auto one_image = [&](int64_t n, int tid) {
+    const float* col = xp + n * g.c * g.h * g.w;
+    if (!pointwise) {
+      float* buf = ws.data<float>() + tid * g.ckk() * g.ohw();
+      im2col(buf, col, g);
+      col = buf;
+    }
+    cpu::MatMap Y(yp + n * g.o * g.ohw(), g.o, g.ohw());
+    Y.noalias() = W * cpu::ConstMatMap(col, g.ckk(), g.ohw());
+    if (bp) Y.colwise() += cpu::ConstVecMap(bp, g.o);
+  };
+
+  if (threads == 1) {
+    for (int64_t n = 0; n < g.n; ++n) one_image(n, 0);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g.n; ++n) one_image(n, tid);
+  }
 }
+
+template <>
+void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
+                          const Tensor& w, int stride, int pad, bool accumulate) {
+  const ConvGeom g = geometry(x, w, dy.size(2), dy.size(3), stride, pad);
+  const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw(), cols = g.ckk() * g.ohw();
+  const float* xp = x.data<float>();
+  const float* dyp = dy.data<float>();
+
+  if (db.defined()) {
+    // Per channel, images in order: the same bits for any thread count.
+    float* dbp = db.data<float>();
+#pragma omp parallel for if (g.n * out > cpu::kParallelGrain)
+    for (int64_t o = 0; o < g.o; ++o) {
+      float s = 0.0f;
+      for (int64_t n = 0; n < g.n; ++n) s += cpu::ConstArrMap(dyp + n * out + o * g.ohw(), g.ohw()).sum();
+      dbp[o] = accumulate ? dbp[o] + s : s;
+    }
+  }
+  if (!dx.defined() && !dw.defined()) return;
+
+  const int threads = batch_threads(g.n);
+  const bool pointwise = g.pointwise();
+  const auto W = cpu::cmat(w, g.o, g.ckk());
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, cols});
+  // With one thread dW accumulates straight into dw; otherwise into per-thread partials.
+  Tensor partial = dw.defined() && threads > 1 ? Tensor::empty({threads, g.o * g.ckk()}) : Tensor();
+  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+
+  auto one_image = [&](int64_t n, int tid, bool first) {
+    const cpu::ConstMatMap DY(dyp + n * out, g.o, g.ohw());
+    float* col = pointwise ? nullptr : ws.data<float>() + tid * cols;
+    if (dw.defined()) {
+      const float* xcol = pointwise ? xp + n * img : col;
+      if (!pointwise) im2col(col, xp + n * img, g);
+      const bool assign = first && (threads > 1 || !accumulate);
+      cpu::MatMap DW(threads > 1 ? partial.data<float>() + tid * g.o * g.ckk() : dw.data<float>(), g.o,
+                     g.ckk());
+      if (assign) DW.noalias() = DY * cpu::ConstMatMap(xcol, g.ckk(), g.ohw()).transpose();
+      else DW.noalias() += DY * cpu::ConstMatMap(xcol, g.ckk(), g.ohw()).transpose();
+    }
+    if (dxp) {
+      if (pointwise) {
+        cpu::MatMap(dxp + n * img, g.c, g.h * g.w).noalias() = W.transpose() * DY;
+      } else {
+        cpu::MatMap(col, g.ckk(), g.ohw()).noalias() = W.transpose() * DY;
+        col2im(dxp + n * img, col, g);
+      }
+    }
+  };
+
+  if (threads == 1) {
+    for (int64_t n = 0; n < g.n; ++n) one_image(n, 0, n == 0);
+    return;
+  }
+  // Static contiguous chunks: thread t handles the same images every run.
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+    bool first = true;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g.n; ++n) {
+      one_image(n, tid, first);
+      first = false;
+    }
+    if (first && partial.defined()) cpu::ArrMap(partial.data<float>() + tid * g.o * g.ckk(), g.o * g.ckk()).setZero();
+  }
+  if (dw.defined()) {
+    auto DW = cpu::arr(dw);
+    for (int t = 0; t < threads; ++t) {
+      const cpu::ConstArrMap P(partial.data<float>() + t * g.o * g.ckk(), g.o * g.ckk());
+      if (t == 0 && !accumulate) DW = P;
+      else DW += P;
+    }
+  }
+}
+
 }  // namespace mg

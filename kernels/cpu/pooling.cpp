@@ -1,8 +1,124 @@
+// Pooling on the CPU, one (n, c) plane per OpenMP iteration.
+//   x, dx: (N, C, H, W)   y, dy, idx: (N, C, OH, OW)
+// max_pool2d:  y[i,j] = max of x over rows [i s - pad, i s - pad + K) and columns likewise, clipped
+//              to the plane (padding is -inf, so it is never the max); idx = h * W + w of the first
+//              maximum in row-major window order (PyTorch's tie rule); a NaN wins (the last one),
+//              as in PyTorch.                                                            (=)
+//   backward:  dx = 0, then dx[idx[i,j]] += dy[i,j]                                          (=)
+// adaptive_avg_pool2d: window i spans rows [floor(i H / OH), ceil((i+1) H / OH)), columns likewise;
+//              y = mean over the window.                                                     (=)
+//   backward:  dx = 0, then every element of window (i,j) += dy[i,j] / window size           (=)
 #include "kernels/pooling.h"
 
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/eigen.h"
+
 namespace mg {
-template <> void max_pool2d_forward<Cpu>(Tensor&, Tensor&, const Tensor&, int, int, int) { MG_FAIL("todo"); }
-template <> void max_pool2d_backward<Cpu>(Tensor&, const Tensor&, const Tensor&) { MG_FAIL("todo"); }
-template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor&, const Tensor&) { MG_FAIL("todo"); }
-template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor&, const Tensor&) { MG_FAIL("todo"); }
+
+namespace {
+
+// PyTorch's adaptive window bounds, in integers: [floor(i in / out), ceil((i + 1) in / out)).
+int64_t window_start(int64_t i, int64_t out, int64_t in) { return (i * in) / out; }
+int64_t window_end(int64_t i, int64_t out, int64_t in) { return ((i + 1) * in + out - 1) / out; }
+
+}  // namespace
+
+template <>
+void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel, int stride, int pad) {
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = y.size(2), ow = y.size(3);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  int64_t* ip = idx.data<int64_t>();
+#pragma omp parallel for if (planes * h * w > cpu::kParallelGrain)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* in = xp + pl * h * w;
+    float* out = yp + pl * oh * ow;
+    int64_t* arg = ip + pl * oh * ow;
+    for (int64_t i = 0; i < oh; ++i) {
+      const int64_t h0 = std::max<int64_t>(i * stride - pad, 0);
+      const int64_t h1 = std::min<int64_t>(i * stride - pad + kernel, h);
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t w0 = std::max<int64_t>(j * stride - pad, 0);
+        const int64_t w1 = std::min<int64_t>(j * stride - pad + kernel, w);
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t best_at = h0 * w + w0;
+        for (int64_t r = h0; r < h1; ++r) {
+          for (int64_t s = w0; s < w1; ++s) {
+            const float v = in[r * w + s];
+            if (v > best || std::isnan(v)) {
+              best = v;
+              best_at = r * w + s;
+            }
+          }
+        }
+        out[i * ow + j] = best;
+        arg[i * ow + j] = best_at;
+      }
+    }
+  }
+}
+
+template <> void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx) {
+  const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
+  const int64_t ohw = dy.size(2) * dy.size(3);
+  const float* gp = dy.data<float>();
+  const int64_t* ip = idx.data<int64_t>();
+  float* dp = dx.data<float>();
+#pragma omp parallel for if (planes * hw > cpu::kParallelGrain)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    float* plane = dp + pl * hw;
+    std::fill(plane, plane + hw, 0.0f);
+    for (int64_t k = 0; k < ohw; ++k) plane[ip[pl * ohw + k]] += gp[pl * ohw + k];
+  }
+}
+
+template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
+  const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = y.size(2), ow = y.size(3);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for if (planes * h * w > cpu::kParallelGrain)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* in = xp + pl * h * w;
+    float* out = yp + pl * oh * ow;
+    for (int64_t i = 0; i < oh; ++i) {
+      const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t w0 = window_start(j, ow, w), w1 = window_end(j, ow, w);
+        float sum = 0.0f;
+        for (int64_t r = h0; r < h1; ++r) {
+          for (int64_t s = w0; s < w1; ++s) sum += in[r * w + s];
+        }
+        out[i * ow + j] = sum / static_cast<float>((h1 - h0) * (w1 - w0));
+      }
+    }
+  }
+}
+
+template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy) {
+  const int64_t planes = dx.size(0) * dx.size(1), h = dx.size(2), w = dx.size(3);
+  const int64_t oh = dy.size(2), ow = dy.size(3);
+  const float* gp = dy.data<float>();
+  float* dp = dx.data<float>();
+#pragma omp parallel for if (planes * h * w > cpu::kParallelGrain)
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const float* g = gp + pl * oh * ow;
+    float* plane = dp + pl * h * w;
+    std::fill(plane, plane + h * w, 0.0f);
+    for (int64_t i = 0; i < oh; ++i) {
+      const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t w0 = window_start(j, ow, w), w1 = window_end(j, ow, w);
+        const float share = g[i * ow + j] / static_cast<float>((h1 - h0) * (w1 - w0));
+        for (int64_t r = h0; r < h1; ++r) {
+          for (int64_t s = w0; s < w1; ++s) plane[r * w + s] += share;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace mg

@@ -1,0 +1,346 @@
+// conv2d, max_pool2d, adaptive_avg_pool2d and dropout on the CPU: finite-difference gradient
+// checks at odd sizes, forward and backward against PyTorch golden values
+// (tests/golden/make_conv_pool_golden.py), the accumulate path, determinism, workspace
+// accounting, and error messages.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+#include "kernels/conv2d.h"
+#include "kernels/dropout.h"
+#include "kernels/pooling.h"
+
+using namespace mg;
+using mg::test::bit_equal;
+using mg::test::gradcheck;
+using mg::test::rand_tensor;
+using mg::test::rel_err;
+using nlohmann::json;
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+const json& golden() {
+  static const json j = [] {
+    std::ifstream f(std::string(MG_SOURCE_DIR) + "/tests/golden/conv_pool.json");
+    REQUIRE_MESSAGE(f.good(), "missing tests/golden/conv_pool.json: run "
+                              "/usr/bin/python3 tests/golden/make_conv_pool_golden.py");
+    return json::parse(f);
+  }();
+  return j;
+}
+
+Tensor from_json(const json& values, const json& shape) {
+  return Tensor::from_vector(values.get<std::vector<float>>(), shape.get<Shape>());
+}
+
+// An output buffer full of NaN, so a kernel that skips an element cannot pass.
+Tensor poisoned(const Shape& s) { return Tensor::full(s, kNaN); }
+
+// Distinct values, shuffled, at least `gap` apart: max pooling has no ties, and a finite-difference
+// step smaller than gap / 2 never changes which element is the max.
+Tensor distinct_tensor(const Shape& s, uint64_t seed, float gap = 0.05f) {
+  std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+  std::iota(v.begin(), v.end(), 0.0f);
+  std::shuffle(v.begin(), v.end(), std::mt19937_64(seed));
+  const float mid = static_cast<float>(v.size()) / 2;
+  for (float& e : v) e = (e - mid) * gap;
+  return Tensor::from_vector(v, s);
+}
+
+}  // namespace
+
+// ---- finite differences ----------------------------------------------------------------------
+
+TEST_CASE("conv2d gradcheck at odd sizes") {
+  struct Case { int stride, pad, kh, kw; bool bias; };
+  for (const Case c : {Case{1, 0, 3, 3, true}, Case{1, 1, 3, 3, true}, Case{2, 0, 3, 3, true},
+                       Case{2, 1, 3, 3, false}, Case{2, 1, 3, 2, true}, Case{1, 0, 1, 1, true}}) {
+    CAPTURE(c.stride);
+    CAPTURE(c.pad);
+    CAPTURE(c.kh);
+    CAPTURE(c.kw);
+    Tensor x = rand_tensor({2, 3, 7, 5}, 11, true);
+    Tensor w = rand_tensor({4, 3, c.kh, c.kw}, 12, true);
+    Tensor b = c.bias ? rand_tensor({4}, 13, true) : Tensor();
+    std::vector<Tensor> in{x, w};
+    if (c.bias) in.push_back(b);
+    gradcheck([&](const std::vector<Tensor>& t) {
+      return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.stride, c.pad);
+    }, in);
+  }
+}
+
+TEST_CASE("max_pool2d gradcheck on distinct values") {
+  struct Case { int kernel, stride, pad; };
+  for (const Case c : {Case{2, 2, 0}, Case{3, 2, 1}, Case{3, 1, 1}, Case{2, 1, 0}}) {
+    CAPTURE(c.kernel);
+    CAPTURE(c.stride);
+    CAPTURE(c.pad);
+    Tensor x = distinct_tensor({2, 3, 7, 5}, 21).requires_grad_();
+    gradcheck([&](const std::vector<Tensor>& t) { return max_pool2d(t[0], c.kernel, c.stride, c.pad); },
+              {x});
+  }
+}
+
+TEST_CASE("adaptive_avg_pool2d gradcheck, downsampling and upsampling") {
+  struct Case { Shape x; int oh, ow; };
+  for (const Case& c : {Case{{2, 3, 7, 5}, 3, 2}, Case{{2, 3, 5, 5}, 7, 7}, Case{{1, 2, 6, 9}, 4, 5}}) {
+    CAPTURE(shape_str(c.x));
+    Tensor x = rand_tensor(c.x, 31, true);
+    gradcheck([&](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], c.oh, c.ow); }, {x});
+  }
+}
+
+// ---- golden values from PyTorch ----------------------------------------------------------------
+
+TEST_CASE("conv2d forward and backward match PyTorch") {
+  for (const json& c : golden()["conv2d"]) {
+    INFO("case " << c["name"].get<std::string>());
+    const Tensor x = from_json(c["x"], c["x_shape"]), w = from_json(c["w"], c["w_shape"]);
+    const bool bias = !c["b"].is_null();
+    const Tensor b = bias ? from_json(c["b"], json::array({w.size(0)})) : Tensor();
+    const Tensor dy = from_json(c["dy"], c["y_shape"]);
+    const int stride = c["stride"].get<int>(), pad = c["pad"].get<int>();
+
+    Tensor y = poisoned(c["y_shape"].get<Shape>());
+    conv2d_forward<Cpu>(y, x, w, b, stride, pad);
+    CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
+
+    Tensor dx = poisoned(x.shape()), dw = poisoned(w.shape()), db = bias ? poisoned(b.shape()) : Tensor();
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, stride, pad, false);
+    CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
+    CHECK(rel_err(dw, from_json(c["dw"], c["w_shape"])) < 1e-5);
+    if (bias) CHECK(rel_err(db, from_json(c["db"], json::array({w.size(0)}))) < 1e-5);
+
+    // The same through the tape.
+    Tensor xt = x.clone().requires_grad_(), wt = w.clone().requires_grad_();
+    Tensor bt = bias ? b.clone().requires_grad_() : Tensor();
+    Tensor yt = conv2d(xt, wt, bt, stride, pad);
+    CHECK(bit_equal(yt, y));
+    yt.backward(dy);
+    CHECK(bit_equal(xt.grad(), dx));
+    CHECK(bit_equal(wt.grad(), dw));
+    if (bias) CHECK(bit_equal(bt.grad(), db));
+  }
+}
+
+TEST_CASE("max_pool2d forward, indices and backward match PyTorch") {
+  for (const json& c : golden()["max_pool2d"]) {
+    INFO("case " << c["name"].get<std::string>());
+    const Tensor x = from_json(c["x"], c["x_shape"]), dy = from_json(c["dy"], c["y_shape"]);
+    const Shape ys = c["y_shape"].get<Shape>();
+    Tensor y = poisoned(ys);
+    Tensor idx = Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(shape_numel(ys)), -7), ys);
+    const int kernel = c["kernel"].get<int>(), stride = c["stride"].get<int>(), pad = c["pad"].get<int>();
+    max_pool2d_forward<Cpu>(y, idx, x, kernel, stride, pad);
+    CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
+    CHECK(idx.to_vector<int64_t>() == c["idx"].get<std::vector<int64_t>>());
+    Tensor dx = poisoned(x.shape());
+    max_pool2d_backward<Cpu>(dx, dy, idx);
+    CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
+
+    Tensor xt = x.clone().requires_grad_();
+    Tensor yt = max_pool2d(xt, kernel, stride, pad);
+    CHECK(bit_equal(yt, y));
+    yt.backward(dy);
+    CHECK(bit_equal(xt.grad(), dx));
+  }
+}
+
+TEST_CASE("adaptive_avg_pool2d forward and backward match PyTorch") {
+  for (const json& c : golden()["adaptive_avg_pool2d"]) {
+    INFO("case " << c["name"].get<std::string>());
+    const Tensor x = from_json(c["x"], c["x_shape"]), dy = from_json(c["dy"], c["y_shape"]);
+    Tensor y = poisoned(c["y_shape"].get<Shape>());
+    adaptive_avg_pool2d_forward<Cpu>(y, x);
+    CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
+    Tensor dx = poisoned(x.shape());
+    adaptive_avg_pool2d_backward<Cpu>(dx, dy);
+    CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
+
+    Tensor xt = x.clone().requires_grad_();
+    Tensor yt = adaptive_avg_pool2d(xt, c["out_h"].get<int>(), c["out_w"].get<int>());
+    CHECK(bit_equal(yt, y));
+    yt.backward(dy);
+    CHECK(bit_equal(xt.grad(), dx));
+  }
+}
+
+// ---- conv2d: accumulate, skip, determinism, workspace --------------------------------------------
+
+TEST_CASE("conv2d backward with accumulate adds into dw and db") {
+  // Batch 5 so that more than one thread takes part (partials are summed before adding).
+  const Tensor x = rand_tensor({5, 3, 9, 8}, 41), w = rand_tensor({6, 3, 3, 3}, 42);
+  const Tensor dy = rand_tensor({5, 6, 5, 4}, 43);
+  Tensor dw_fresh = poisoned(w.shape()), db_fresh = poisoned({6});
+  Tensor none;
+  conv2d_backward<Cpu>(none, dw_fresh, db_fresh, dy, x, w, 2, 1, false);
+
+  const Tensor dw0 = rand_tensor(w.shape(), 44), db0 = rand_tensor({6}, 45);
+  Tensor dw = dw0.clone(), db = db0.clone();
+  conv2d_backward<Cpu>(none, dw, db, dy, x, w, 2, 1, true);
+  auto expect = [](const Tensor& base, const Tensor& add) {
+    auto a = base.to_vector<float>(), b = add.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    return Tensor::from_vector(a, base.shape());
+  };
+  CHECK(rel_err(dw, expect(dw0, dw_fresh)) < 1e-6);
+  CHECK(rel_err(db, expect(db0, db_fresh)) < 1e-6);
+  CHECK(!bit_equal(dw, dw_fresh));
+
+  // Through the tape: a leaf that already has a gradient buffer gets it added to in place.
+  Tensor wt = w.clone().requires_grad_(), bt = rand_tensor({6}, 46, true);
+  Tensor buf_w = dw0.clone(), buf_b = db0.clone();
+  wt.set_grad(buf_w);
+  bt.set_grad(buf_b);
+  conv2d(x, wt, bt, 2, 1).backward(dy);
+  CHECK(wt.grad().shares_storage(buf_w));
+  CHECK(rel_err(wt.grad(), expect(dw0, dw_fresh)) < 1e-6);
+  CHECK(rel_err(bt.grad(), expect(db0, db_fresh)) < 1e-6);
+}
+
+TEST_CASE("conv2d backward skips what is undefined") {
+  const Tensor x = rand_tensor({3, 4, 6, 7}, 51), w = rand_tensor({5, 4, 3, 3}, 52);
+  const Tensor dy = rand_tensor({3, 5, 6, 7}, 53);
+  Tensor dx = poisoned(x.shape()), dw = poisoned(w.shape()), db = poisoned({5});
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false);
+  Tensor none, dx_only = poisoned(x.shape()), dw_only = poisoned(w.shape());
+  conv2d_backward<Cpu>(dx_only, none, none, dy, x, w, 1, 1, false);
+  conv2d_backward<Cpu>(none, dw_only, none, dy, x, w, 1, 1, false);
+  CHECK(bit_equal(dx_only, dx));
+  CHECK(bit_equal(dw_only, dw));
+}
+
+TEST_CASE("conv2d is deterministic: two runs give the same bits") {
+  // Big enough for Eigen's blocked GEMM and for every thread to get images.
+  const Tensor x = rand_tensor({8, 16, 28, 28}, 61), w = rand_tensor({32, 16, 3, 3}, 62);
+  const Tensor b = rand_tensor({32}, 63), dy = rand_tensor({8, 32, 28, 28}, 64);
+  auto run = [&] {
+    std::vector<Tensor> r{poisoned({8, 32, 28, 28}), poisoned(x.shape()), poisoned(w.shape()),
+                          poisoned({32})};
+    conv2d_forward<Cpu>(r[0], x, w, b, 1, 1);
+    conv2d_backward<Cpu>(r[1], r[2], r[3], dy, x, w, 1, 1, false);
+    return r;
+  };
+  const auto first = run();
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto again = run();
+    for (size_t i = 0; i < first.size(); ++i) CHECK(bit_equal(again[i], first[i]));
+  }
+  // And the batch result agrees with image-by-image convolution.
+  for (int64_t n : {0, 5}) {
+    Tensor xn = Tensor::from_vector(std::vector<float>(x.data<float>() + n * 16 * 28 * 28,
+                                                       x.data<float>() + (n + 1) * 16 * 28 * 28),
+                                    {1, 16, 28, 28});
+    Tensor yn = poisoned({1, 32, 28, 28});
+    conv2d_forward<Cpu>(yn, xn, w, b, 1, 1);
+    Tensor ref = Tensor::from_vector(std::vector<float>(first[0].data<float>() + n * 32 * 28 * 28,
+                                                        first[0].data<float>() + (n + 1) * 32 * 28 * 28),
+                                     {1, 32, 28, 28});
+    CHECK(rel_err(yn, ref) < 1e-6);
+  }
+}
+
+TEST_CASE("conv2d workspace is counted by the allocator and bounded per thread, not per batch") {
+  const int64_t n = 8, c = 8, h = 32, o = 8;
+  const Tensor x = rand_tensor({n, c, h, h}, 71), w = rand_tensor({o, c, 3, 3}, 72);
+  Tensor y = poisoned({n, o, h, h});
+  const Device cpu = Device::cpu();
+  const size_t before = memory_stats(cpu).in_use;
+  reset_peak_memory_stats(cpu);
+  conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1);
+  const size_t extra = memory_stats(cpu).peak_in_use - before;
+  const size_t one_col = static_cast<size_t>(c * 9 * h * h) * sizeof(float);
+  CHECK(memory_stats(cpu).in_use == before);
+  // One im2col buffer per thread, through the allocator; never one per image.
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const int64_t threads = env ? std::atoi(env) : std::thread::hardware_concurrency();
+  CHECK(extra == static_cast<size_t>(std::clamp<int64_t>(threads, 1, n)) * one_col);
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+TEST_CASE("conv2d and pooling reject bad shapes with clear messages") {
+  const Tensor x = rand_tensor({2, 3, 7, 5}, 81);
+  CHECK_THROWS_WITH_AS(conv2d(x, rand_tensor({4, 2, 3, 3}, 82)),
+                       doctest::Contains("input has 3 channels, weight expects 2"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, rand_tensor({4, 3, 9, 3}, 83)), doctest::Contains("smaller than kernel"),
+                       Error);
+  // A kernel one row too tall with stride 2: (7 - 8) / 2 + 1 truncates to 1, yet nothing fits.
+  CHECK_THROWS_WITH_AS(conv2d(x, rand_tensor({4, 3, 8, 3}, 86), {}, 2),
+                       doctest::Contains("smaller than kernel 8x3"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(rand_tensor({3, 7, 5}, 84), rand_tensor({4, 3, 3, 3}, 82)),
+                       doctest::Contains("input must be 4-D"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, rand_tensor({4, 3, 3, 3}, 82), rand_tensor({5}, 85)),
+                       doctest::Contains("bias shape [5], expected [4]"), Error);
+  CHECK_THROWS_WITH_AS(max_pool2d(x, 6), doctest::Contains("smaller than kernel 6"), Error);
+  CHECK_THROWS_WITH_AS(max_pool2d(x, 2, 2, 2), doctest::Contains("padding <= kernel/2"), Error);
+  CHECK_THROWS_WITH_AS(adaptive_avg_pool2d(x, 0, 3), doctest::Contains("output size must be positive"),
+                       Error);
+}
+
+// ---- dropout -------------------------------------------------------------------------------------
+
+TEST_CASE("dropout mask is a pure function of (seed, offset)") {
+  const float p = 0.3f, keep_scale = 1.0f / (1.0f - p);
+  // Offsets not on a Philox block boundary, and sizes that end mid-block; one size runs threaded.
+  for (uint64_t offset : {uint64_t{0}, uint64_t{6}, uint64_t{1} << 33}) {
+    for (int64_t n : {1, 3, 1001, 100003}) {
+      CAPTURE(offset);
+      CAPTURE(n);
+      const Tensor x = mg::test::away_from_zero(rand_tensor({n}, 91));
+      Tensor y = poisoned({n});
+      dropout_forward<Cpu>(y, x, p, 1234, offset);
+      const auto xv = x.to_vector<float>(), yv = y.to_vector<float>();
+      int64_t mismatches = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool keep = philox_uniform(1234, offset + static_cast<uint64_t>(i)) >= p;
+        const float want = keep ? xv[i] * keep_scale : 0.0f;
+        mismatches += std::memcmp(&want, &yv[i], sizeof(float)) != 0;
+      }
+      CHECK(mismatches == 0);
+      // Backward regenerates the same mask.
+      Tensor dx = poisoned({n});
+      dropout_backward<Cpu>(dx, x, p, 1234, offset);
+      CHECK(bit_equal(dx, y));
+    }
+  }
+}
+
+TEST_CASE("dropout drops about p, and backward uses the forward mask") {
+  for (float p : {0.1f, 0.5f, 0.8f}) {
+    CAPTURE(p);
+    const int64_t n = 200000;
+    Generator gen(77);
+    gen.advance(10);  // start mid-stream
+    Tensor x = mg::test::away_from_zero(rand_tensor({n}, 92)).requires_grad_();
+    Tensor y = dropout(x, p, &gen);
+    const auto yv = y.to_vector<float>();
+    const double dropped = static_cast<double>(std::count(yv.begin(), yv.end(), 0.0f)) / n;
+    CHECK(std::abs(dropped - p) < 0.01);  // std of the fraction is < 0.0012
+    const Tensor dy = rand_tensor({n}, 93);
+    y.backward(dy);
+    const auto dxv = x.grad().to_vector<float>(), dyv = dy.to_vector<float>(), xv = x.to_vector<float>();
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool kept = yv[i] != 0.0f;
+      mismatches += kept ? dxv[i] != dyv[i] * (1.0f / (1.0f - p)) : dxv[i] != 0.0f;
+      mismatches += kept && yv[i] != xv[i] * (1.0f / (1.0f - p));
+    }
+    CHECK(mismatches == 0);
+    // A second draw from the generator gives a different mask.
+    Tensor y2 = dropout(x.detach(), p, &gen);
+    CHECK(!bit_equal(y2, y));
+  }
+}
