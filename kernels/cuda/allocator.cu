@@ -1,0 +1,77 @@
+// The CUDA caching allocator: BlockPool (Note [caching allocator] in block_pool.h) over
+// cudaMalloc/cudaFree, one per device, created on first use and kept for the whole program.
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/allocator.h"
+#include "kernels/cuda/block_pool.h"
+#include "kernels/cuda/common.cuh"
+
+namespace mg {
+namespace {
+
+struct CudaSystem {
+  int device = 0;
+
+  void* malloc(size_t bytes) {
+    cuda::DeviceGuard guard(device);
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear the sticky-free error so later checks do not see it
+      return nullptr;
+    }
+    MG_CUDA_CHECK(err);
+    return p;
+  }
+  void free(void* p) {
+    cuda::DeviceGuard guard(device);
+    MG_CUDA_CHECK(cudaFree(p));
+  }
+  cuda::SystemMemInfo mem_info() {
+    cuda::DeviceGuard guard(device);
+    cuda::SystemMemInfo info;
+    if (cudaMemGetInfo(&info.free, &info.total) != cudaSuccess) (void)cudaGetLastError();
+    return info;
+  }
+  std::string name() const { return "cuda:" + std::to_string(device); }
+};
+
+class CudaCachingAllocator final : public Allocator {
+ public:
+  explicit CudaCachingAllocator(int device) : pool_(CudaSystem{device}) {}
+  void* allocate(size_t nbytes) override { return pool_.allocate(nbytes); }
+  void deallocate(void* ptr, size_t nbytes) override { pool_.deallocate(ptr, nbytes); }
+  MemoryStats stats() const override { return pool_.stats(); }
+  void reset_peak() override { pool_.reset_peak(); }
+  void empty_cache() override {
+    // cudaFree waits for the device anyway; waiting first keeps the release well defined.
+    cuda::DeviceGuard guard(pool_device());
+    MG_CUDA_CHECK(cudaDeviceSynchronize());
+    pool_.empty_cache();
+  }
+
+ private:
+  int pool_device() { return pool_.system().device; }
+  cuda::BlockPool<CudaSystem> pool_;
+};
+
+}  // namespace
+
+Allocator& cuda_allocator(int device_index) {
+  static std::mutex mu;
+  // Leaked on purpose: tensors in static storage may be freed after main returns.
+  static std::vector<CudaCachingAllocator*> allocators;
+  std::lock_guard<std::mutex> lock(mu);
+  const int n = cuda_device_count();
+  MG_CHECK(n > 0, "no CUDA device is available (cudaGetDeviceCount found none), so cuda:"
+                      << device_index << " cannot be used");
+  MG_CHECK(device_index >= 0 && device_index < n,
+           "cuda:" << device_index << " does not exist (" << n << " CUDA devices visible)");
+  if (allocators.empty()) allocators.resize(n, nullptr);
+  if (allocators[device_index] == nullptr) allocators[device_index] = new CudaCachingAllocator(device_index);
+  return *allocators[device_index];
+}
+
+}  // namespace mg

@@ -1,0 +1,30 @@
+// Run-time switches of the CUDA backend (plain C++: include it from any program).
+//
+//   mg::cuda::set_tf32_matmul(true);        // linear may use TF32 tensor cores (default: off)
+//   mg::cuda::set_tf32_conv(false);         // conv2d in strict FP32 (default: TF32 allowed)
+//   mg::cuda::set_cudnn_benchmark(true);    // time cuDNN's algorithms once per shape
+//
+// The defaults follow PyTorch: matmuls strict FP32, convolutions TF32 (Note [cuda math modes]
+// in docs/cuda.md). In a build without CUDA the setters only record the value.
+#pragma once
+
+#include <cstddef>
+
+namespace mg::cuda {
+
+void set_tf32_matmul(bool allow);
+bool tf32_matmul();
+void set_tf32_conv(bool allow);
+bool tf32_conv();
+// Benchmark mode: the first conv2d of each shape times every cuDNN algorithm (cudnnFind*) and
+// caches the fastest; otherwise cuDNN's heuristics choose (cudnnGet*_v7), also cached per shape.
+void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
+// Upper bound on one cuDNN workspace (bytes, default 1 GiB); algorithms needing more are skipped.
+void set_conv_workspace_limit(size_t bytes);
+size_t conv_workspace_limit();
+// Waits for all work on the device, then reports any error flagged by a kernel (e.g. an
+// out-of-range cross-entropy target). Copies to the host do the same.
+void synchronize(int device_index = 0);
+
+}  // namespace mg::cuda
