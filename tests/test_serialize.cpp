@@ -411,10 +411,58 @@ TEST_CASE("PyTorch reads what we write (bench/reference/check_safetensors.py)") 
   REQUIRE(WIFEXITED(rc));
   CHECK(WEXITSTATUS(rc) == 0);
 
+  // Edge cases of the format: int64, bf16, a scalar, an empty tensor, no metadata.
+  const std::string edge = dir.file("edge.safetensors"), edge_expect = dir.file("edge.json");
+  Tensor h = Tensor::empty({3}, TensorOptions{DType::bf16});
+  const uint16_t bf[3] = {0x3f80, 0xc020, 0x4049};  // 1, -2.5, 3.140625
+  std::memcpy(h.raw_data(), bf, sizeof bf);
+  nn::save_safetensors(edge, {{"labels", Tensor::from_vector(std::vector<int64_t>{4, -1, 1LL << 40}, {3})},
+                              {"half", h},
+                              {"scalar", Tensor::from_vector(std::vector<float>{0.125f}, {})},
+                              {"empty", Tensor::empty({0, 4})}});
+  nlohmann::json e2;
+  e2["tensors"]["labels"] = {{"dtype", "I64"}, {"shape", {3}}, {"values", {4, -1, 1LL << 40}}};
+  e2["tensors"]["half"] = {{"dtype", "BF16"}, {"shape", {3}}, {"values", {1.0, -2.5, 3.140625}}};
+  e2["tensors"]["scalar"] = {{"dtype", "F32"}, {"shape", nlohmann::json::array()}, {"values", 0.125}};
+  e2["tensors"]["empty"] = {{"dtype", "F32"}, {"shape", {0, 4}}, {"values", nlohmann::json::array()}};
+  std::ofstream(edge_expect) << e2.dump();
+  const int rc_edge = std::system((py + " " + script + " " + edge + " --expect " + edge_expect).c_str());
+  REQUIRE(WIFEXITED(rc_edge));
+  CHECK(WEXITSTATUS(rc_edge) == 0);
+
   // The checker is not a rubber stamp: a wrong expectation must fail it.
   expect["tensors"]["3.bias"]["values"][0] = expect["tensors"]["3.bias"]["values"][0].get<double>() + 1e-3;
   std::ofstream(sidecar, std::ios::trunc) << expect.dump();
   const int rc_bad = std::system((cmd + " >/dev/null").c_str());
   REQUIRE(WIFEXITED(rc_bad));
   CHECK(WEXITSTATUS(rc_bad) == 1);
+}
+
+TEST_CASE("we read what safetensors.torch.save_file writes") {
+  const std::string py = "/usr/bin/python3";
+  if (::access(py.c_str(), X_OK) != 0 ||
+      std::system((py + " -c 'import torch, safetensors.torch' >/dev/null 2>&1").c_str()) != 0) {
+    MESSAGE("skipped: " << py << " with torch and safetensors not available");
+    return;
+  }
+  TempDir dir;
+  const std::string path = dir.file("from_torch.safetensors");
+  const std::string cmd = py + " -c \"import torch; from safetensors.torch import save_file; save_file({"
+                          "'w': torch.arange(-3, 3, dtype=torch.float32).reshape(2, 3) / 4, "
+                          "'labels': torch.tensor([7, -2, 5]), 's': torch.tensor(2.5), 'e': torch.zeros(0, 4), "
+                          "'h': torch.tensor([1.0, -2.5], dtype=torch.bfloat16)}, '" + path + "', metadata={'k': 'v'})\"";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  nn::SafetensorsFile f = nn::load_safetensors(path);
+  CHECK(f.metadata == nn::Metadata{{"k", "v"}});
+  REQUIRE(f.tensors.size() == 5);
+  REQUIRE(f.find("w") != nullptr);
+  CHECK(f.find("w")->shape() == Shape{2, 3});
+  CHECK(f.find("w")->to_vector<float>() == std::vector<float>{-0.75f, -0.5f, -0.25f, 0.0f, 0.25f, 0.5f});
+  CHECK(f.find("labels")->to_vector<int64_t>() == std::vector<int64_t>{7, -2, 5});
+  CHECK(f.find("s")->shape().empty());
+  CHECK(f.find("s")->item() == 2.5f);
+  CHECK(f.find("e")->shape() == Shape{0, 4});
+  REQUIRE(f.find("h")->dtype() == DType::bf16);
+  const uint16_t want[2] = {0x3f80, 0xc020};
+  CHECK(std::memcmp(f.find("h")->raw_data(), want, sizeof want) == 0);
 }
