@@ -96,3 +96,73 @@ TEST_CASE("bad shapes raise mg::Error naming the op and the shapes") {
                        doctest::Contains("target[1] = 3"), Error);
   CHECK_THROWS_AS(cross_entropy(logits, rand_tensor({2}, 3)), Error);
 }
+
+TEST_CASE("backward frees the saved activations; retain_graph keeps them") {
+  const Device cpu = Device::cpu();
+  Tensor w1 = rand_tensor({256, 300}, 21, true), w2 = rand_tensor({10, 256}, 22, true);
+  Tensor x = rand_tensor({128, 300}, 23);
+  Tensor t = Tensor::from_vector(std::vector<int64_t>(128, 4), {128});
+  // Gradient buffers first, so that backward allocates no lasting memory of its own.
+  w1.set_grad(Tensor::zeros(w1.shape()));
+  w2.set_grad(Tensor::zeros(w2.shape()));
+  const size_t base = memory_stats(cpu).in_use;
+  {
+    Tensor loss = cross_entropy(linear(relu(linear(x, w1)), w2), t);
+    // Saved: relu's output (128x256, shared with the second linear's input) and the softmax
+    // probabilities (128x10), plus the scalar loss. The first linear's output is already gone.
+    const size_t act = (128 * 256 + 128 * 10 + 1) * sizeof(float);
+    CHECK(memory_stats(cpu).in_use - base == act);
+    loss.backward({}, /*retain_graph=*/true);
+    CHECK(memory_stats(cpu).in_use - base == act);
+    loss.backward();
+    CHECK(memory_stats(cpu).in_use - base == sizeof(float));  // only the loss tensor itself
+  }
+  CHECK(memory_stats(cpu).in_use == base);
+}
+
+TEST_CASE("gradient of reshape and flatten") {
+  test::gradcheck([](const std::vector<Tensor>& in) { return relu(in[0].reshape({3, -1})).flatten(0) * 2.0f; },
+                  {test::away_from_zero(rand_tensor({2, 3, 5}, 31, true))});
+}
+
+TEST_CASE("a tensor used twice gets the sum of both gradients") {
+  Tensor a = rand_tensor({4, 3}, 41, true);
+  Tensor y = add(a * 3.0f, relu(a));
+  y.backward(Tensor::ones({4, 3}));
+  auto va = a.to_vector<float>(), g = a.grad().to_vector<float>();
+  for (size_t i = 0; i < va.size(); ++i) CHECK(g[i] == doctest::Approx(3.0f + (va[i] > 0 ? 1.0f : 0.0f)));
+}
+
+TEST_CASE("modules: PyTorch names, init bounds, to(), zero_grad") {
+  manual_seed(7);
+  auto mlp = nn::make_mlp({12, 9, 5});
+  auto named = mlp->named_parameters();
+  REQUIRE(named.size() == 4);
+  CHECK(named[0].first == "1.weight");
+  CHECK(named[1].first == "1.bias");
+  CHECK(named[2].first == "3.weight");
+  CHECK(named[3].first == "3.bias");
+  CHECK(named[0].second.shape() == Shape{9, 12});
+  CHECK(mlp->parameter_count() == 9 * 12 + 9 + 5 * 9 + 5);
+  for (float v : named[0].second.to_vector<float>()) CHECK(std::abs(v) <= 1.0f / std::sqrt(12.0f));
+  manual_seed(7);
+  auto again = nn::make_mlp({12, 9, 5});
+  CHECK(test::bit_equal(again->parameters()[0], named[0].second));
+  Tensor p0 = named[0].second;
+  mlp->to(Device::cpu());
+  CHECK(mlp->parameters()[0].same(p0));
+  CHECK_THROWS_WITH_AS(mlp->forward(rand_tensor({2, 11}, 1)), doctest::Contains("11 features, weight expects 12"), Error);
+  mlp->forward(rand_tensor({2, 12}, 1)).backward(Tensor::ones({2, 5}));
+  CHECK(p0.grad().defined());
+  mlp->zero_grad();
+  CHECK(!p0.grad().defined());
+}
+
+TEST_CASE("device strings") {
+  CHECK(Device::parse("cpu") == Device::cpu());
+  CHECK(Device::parse("cuda:1") == Device::cuda(1));
+  CHECK_THROWS_WITH_AS(Device::parse("gpu"), doctest::Contains("expected cpu, cuda or cuda:N"), Error);
+  if (!cuda_available()) {
+    CHECK_THROWS_AS(Tensor::zeros({2}).to(Device::cuda()), Error);
+  }
+}
