@@ -33,8 +33,10 @@ struct SafetensorsFile {
   const Tensor* find(const std::string& name) const;
 };
 
-// Reads and validates a file (header bounds, offsets, sizes, dtypes); throws mg::Error naming the
-// file and the problem.
+// Reads and validates a file as the reference implementation does: header length within the file
+// and at most 100 MB, a JSON object without duplicate names, known dtypes (F32, BF16, I64), each
+// tensor's byte range exactly numel * dtype size, and the ranges tiling the data buffer with no
+// hole, overlap or trailing byte. Throws mg::Error naming the file and the problem.
 SafetensorsFile load_safetensors(const std::string& path);
 
 // Copies the file's tensors into the module's parameters (keeping their devices). Every
@@ -42,7 +44,9 @@ SafetensorsFile load_safetensors(const std::string& path);
 // the error lists what is missing, unexpected or mismatched.
 void load_into(Module& module, const std::string& path);
 
-// Writes `bytes` to `path` atomically (temp file in the same folder, fsync, rename).
+// Writes `bytes` to `path` atomically (Note [atomic write] in nn/serialize.cpp: a uniquely named
+// temp file in the same folder, fsync, rename, fsync of the folder). On failure the temp file is
+// removed, the old file is untouched, and mg::Error names the path and the system's reason.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
 }  // namespace mg::nn
