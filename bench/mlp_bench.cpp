@@ -11,7 +11,16 @@
 #include <cstdio>
 #include <iostream>
 
+#include <sys/resource.h>
+
 #include "minigrad.h"
+
+// The process's peak resident set (Linux reports ru_maxrss in KiB), beside the allocator's figure.
+static int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"libminigrad MLP training-step benchmark"};
@@ -51,7 +60,7 @@ int main(int argc, char** argv) {
         auto& [x, y] = pool[k % pool.size()];
         mg::Tensor loss = mg::cross_entropy(model->forward(x), y, mg::Reduction::sum);
         loss.backward();
-        if (m == accum - 1 && k % 50 == 0) last_loss = loss.item() / static_cast<float>(batch);
+        if (m == accum - 1 && (k / accum) % 50 == 0) last_loss = loss.item() / static_cast<float>(batch);
       }
       opt.step(inv_samples);
     };
@@ -78,6 +87,7 @@ int main(int argc, char** argv) {
                         {"samples_per_s", static_cast<double>(batch * accum) / median},
                         {"peak_in_use_bytes", mem.peak_in_use},
                         {"peak_reserved_bytes", mem.peak_reserved},
+                        {"peak_rss_bytes", peak_rss_bytes()},
                         {"loss", last_loss}};
     std::cout << j.dump() << std::endl;
   } catch (const mg::Error& e) {

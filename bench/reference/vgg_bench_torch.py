@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""PyTorch reference for apps/vgg_ckpt: VGG16 (torchvision layout, as ONE flat nn.Sequential, as
+mg::nn::make_vgg16 builds it) trained with SGD(lr 0.001, momentum 0.9) and mean cross-entropy on
+synthetic data, with or without gradient checkpointing. One JSON line on stdout, the schema of
+bench/suite.py (framework, workload, device, batch, accum, steps, median_step_s, samples_per_s,
+peak_in_use_bytes, peak_reserved_bytes, peak_rss_bytes, plan, segments, ...).
+
+    /usr/bin/python3 bench/reference/vgg_bench_torch.py --device cpu --width-div 8 --image-size 224 \
+        --batch-size 8 --checkpoint segments=2 --threads 2
+
+--checkpoint:
+  none          plain eager training
+  segments=K    torch.utils.checkpoint.checkpoint_sequential(model, K, x): K chunks of
+                len(model)//K layers, all but the last chunk checkpointed (PyTorch's own split)
+  sqrt          checkpoint_sequential with K = round(sqrt(number of layers))
+  bounds=A:B,.. checkpoint exactly the layer ranges [A, B) given (used to run libminigrad's plan,
+                e.g. a budget plan, with PyTorch's checkpoint); other layers run normally
+
+PyTorch 1.13's checkpoint is the re-entrant one: a segment whose input does not require grad
+gets no parameter gradients, so the input batch is marked requires_grad=True when any segment
+is checkpointed (as the PyTorch docs ask). That adds the gradient of the first conv's input.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import time
+
+import torch
+import torch.utils.checkpoint as tuc
+
+
+def make_vgg16(num_classes, width_div, dropout_p=0.5):
+    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    layers, c_in = [], 3
+    for c in cfg:
+        if c == "M":
+            layers.append(torch.nn.MaxPool2d(2, 2))
+            continue
+        c_out = max(1, c // width_div)
+        layers += [torch.nn.Conv2d(c_in, c_out, 3, 1, 1), torch.nn.ReLU()]
+        c_in = c_out
+    hidden = max(1, 4096 // width_div)
+    layers += [torch.nn.AdaptiveAvgPool2d((7, 7)), torch.nn.Flatten(),
+               torch.nn.Linear(c_in * 49, hidden), torch.nn.ReLU(), torch.nn.Dropout(dropout_p),
+               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Dropout(dropout_p),
+               torch.nn.Linear(hidden, num_classes)]
+    return torch.nn.Sequential(*layers)
+
+
+def sequential_ranges(n_layers, segments):
+    """The layer ranges [a, b) that checkpoint_sequential(model, segments, x) checkpoints."""
+    size = n_layers // segments
+    return [(s, s + size) for s in range(0, size * (segments - 1), size)]
+
+
+def parse_plan(spec, n_layers):
+    """-> (ranges [(a, b)], use checkpoint_sequential's K or None)."""
+    if spec == "none":
+        return [], None
+    if spec == "sqrt":
+        k = max(1, round(math.sqrt(n_layers)))
+        return sequential_ranges(n_layers, k), k
+    if spec.startswith("segments="):
+        k = int(spec.split("=", 1)[1])
+        if not 1 <= k <= n_layers:
+            raise SystemExit(f"--checkpoint segments=K: K must be in [1, {n_layers}], got {k}")
+        return sequential_ranges(n_layers, k), k
+    if spec.startswith("bounds="):
+        ranges = []
+        for part in spec.split("=", 1)[1].split(","):
+            if not part:
+                continue
+            a, b = (int(v) for v in part.split(":"))
+            if not (0 <= a < b <= n_layers) or (ranges and a < ranges[-1][1]):
+                raise SystemExit(f"--checkpoint bounds: bad or overlapping range {a}:{b} (model has {n_layers} layers)")
+            ranges.append((a, b))
+        return ranges, None
+    raise SystemExit(f"--checkpoint: expected none | sqrt | segments=K | bounds=A:B,..., got {spec!r}")
+
+
+def run_range(model, a, b):
+    def fwd(x):
+        for j in range(a, b):
+            x = model[j](x)
+        return x
+    return fwd
+
+
+def forward_with_plan(model, x, ranges, k_sequential):
+    if k_sequential is not None:
+        return tuc.checkpoint_sequential(model, k_sequential, x)
+    i = 0
+    for a, b in ranges:
+        x = run_range(model, i, a)(x)
+        x = tuc.checkpoint(run_range(model, a, b), x)
+        i = b
+    return run_range(model, i, len(model))(x)
+
+
+def current_rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--width-div", type=int, default=1)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--num-classes", type=int, default=2)
+    ap.add_argument("--checkpoint", default="none")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--tf32", choices=["on", "off"], default="off",
+                    help="TF32 for cuBLAS matmuls and cuDNN convolutions (CUDA only)")
+    ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
+    args = ap.parse_args()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "on"
+    torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
+    torch.manual_seed(args.seed)
+
+    model = make_vgg16(args.num_classes, args.width_div).to(dev)
+    model.train()
+    ranges, k_seq = parse_plan(args.checkpoint, len(model))
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(args.seed + 1)
+    pool = []
+    for _ in range(2):
+        x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g).to(dev)
+        y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(dev)
+        pool.append((x.requires_grad_(bool(ranges)), y))
+    k = 0
+    loss_value = float("nan")
+
+    def step():
+        nonlocal k, loss_value
+        x, y = pool[k % len(pool)]
+        k += 1
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(forward_with_plan(model, x, ranges, k_seq), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    rss_setup = current_rss_bytes()
+    for _ in range(args.warmup):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1000.0)
+        else:
+            t0 = time.perf_counter()
+            loss = step()
+            times.append(time.perf_counter() - t0)
+    loss_value = float(loss.item())
+    times.sort()
+    med = times[len(times) // 2]
+    out = {"framework": "pytorch", "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+           "workload": f"vgg16_w{args.width_div}_s{args.image_size}_b{args.batch_size}",
+           "device": str(dev), "batch": args.batch_size, "accum": 1, "steps": args.steps,
+           "warmup": args.warmup, "plan": args.checkpoint,
+           "segments": [list(r) for r in ranges], "n_layers": len(model),
+           "median_step_s": med, "samples_per_s": args.batch_size / med,
+           "min_step_s": times[0], "max_step_s": times[-1],
+           "predicted_peak_bytes": None,
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "rss_after_setup_bytes": rss_setup,
+           "final_loss": loss_value,
+           "tf32": args.tf32, "cudnn_benchmark": args.cudnn_benchmark}
+    if dev.type == "cuda":
+        out["peak_in_use_bytes"] = torch.cuda.max_memory_allocated()
+        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        out["gpu_name"] = torch.cuda.get_device_name()
+    else:
+        out["peak_in_use_bytes"] = None
+        out["peak_reserved_bytes"] = None
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
