@@ -466,3 +466,28 @@ TEST_CASE("we read what safetensors.torch.save_file writes") {
   const uint16_t want[2] = {0x3f80, 0xc020};
   CHECK(std::memcmp(f.find("h")->raw_data(), want, sizeof want) == 0);
 }
+
+TEST_CASE("save and load_into keep CUDA parameters on their device") {
+  if (!cuda_available()) {
+    MESSAGE("skipped: no CUDA device");
+    return;
+  }
+  TempDir dir;
+  const std::string path = dir.file("gpu.safetensors");
+  manual_seed(21);
+  auto src = nn::make_mlp({9, 4, 2});
+  src->to(Device::cuda());
+  nn::save_safetensors(path, src->named_parameters());  // copies to host to write
+  manual_seed(22);
+  auto dst = nn::make_mlp({9, 4, 2});
+  dst->to(Device::cuda());
+  std::vector<void*> before;
+  for (const Tensor& p : dst->parameters()) before.push_back(p.raw_data());
+  nn::load_into(*dst, path);
+  auto sp = src->parameters(), dp = dst->parameters();
+  for (size_t i = 0; i < sp.size(); ++i) {
+    CHECK(dp[i].is_cuda());
+    CHECK(dp[i].raw_data() == before[i]);
+    CHECK(test::bit_equal(dp[i].cpu(), sp[i].cpu()));
+  }
+}
