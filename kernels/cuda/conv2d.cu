@@ -1,6 +1,252 @@
+// 2-D convolution through cuDNN's legacy (frontend-free) API, NCHW float32.
+//   x: (N, C, H, W)   w: (O, C, KH, KW)   b: (O)   y: (N, O, OH, OW)
+//   OH = (H + 2 pad - KH) / stride + 1, likewise OW
+//   forward:  y = conv(x, w) (cudnnConvolutionForward), then y += b (cudnnAddTensor)        (=)
+//   backward: dx = conv_transpose(dy, w) (cudnnConvolutionBackwardData)    (=), skipped if undefined
+//             dw = corr(x, dy)  (cudnnConvolutionBackwardFilter, beta = accumulate)  (= or +=)
+//             db = sum_{n,i,j} dy (cudnnConvolutionBackwardBias, beta = accumulate)  (= or +=)
+// Algorithms: chosen once per (device, shape, stride, pad, math mode, workspace limit, mode) and
+// cached. Default: cuDNN's heuristics (cudnnGet*_v7); benchmark mode (set_cudnn_benchmark)
+// times them all once (cudnnFind*Ex). Only algorithms whose workspace fits
+// mg::cuda::conv_workspace_limit() are used; the workspace comes from the caching allocator.
+// Math (Note [cuda math modes], docs/cuda.md): TF32 allowed by default (CUDNN_DEFAULT_MATH, as
+// PyTorch's allow_tf32 for cuDNN), strict FP32 after set_tf32_conv(false) (CUDNN_FMA_MATH; an
+// algorithm is then used only if cuDNN reports it runs in FMA math).
+#include <mutex>
+#include <unordered_map>
+
 #include "kernels/conv2d.h"
 #include "kernels/cuda/common.cuh"
+
 namespace mg {
-template <> void conv2d_forward<Cuda>(Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int) { MG_FAIL("CUDA kernel not yet written"); }
-template <> void conv2d_backward<Cuda>(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int, bool) { MG_FAIL("CUDA kernel not yet written"); }
+namespace {
+
+struct ConvKey {
+  int dev, n, c, h, w, o, kh, kw, stride, pad;
+  bool tf32, benchmark;
+  size_t ws_limit;
+  bool operator==(const ConvKey&) const = default;
+};
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const {
+    size_t hsh = 1469598103934665603ull;
+    for (int v : {k.dev, k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, int{k.tf32}, int{k.benchmark}})
+      hsh = (hsh ^ static_cast<size_t>(v)) * 1099511628211ull;
+    return hsh ^ k.ws_limit;
+  }
+};
+
+struct Choice {
+  bool set = false;
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace = 0;
+};
+struct ConvAlgos {
+  Choice fwd, bwd_data, bwd_filter;
+};
+
+std::mutex g_cache_mu;
+std::unordered_map<ConvKey, ConvAlgos, ConvKeyHash> g_cache;
+
+// The descriptors of one call (creating them is a few host microseconds).
+struct Descs {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  Descs(const ConvKey& k, int oh, int ow) {
+    MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
+    MG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    MG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.c, k.h, k.w));
+    MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.o, oh, ow));
+    MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k.o, 1, 1));
+    MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k.o, k.c, k.kh, k.kw));
+    MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, k.pad, k.pad, k.stride, k.stride, 1, 1,
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, k.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  }
+  ~Descs() {
+    cudnnDestroyTensorDescriptor(x);
+    cudnnDestroyTensorDescriptor(y);
+    cudnnDestroyTensorDescriptor(b);
+    cudnnDestroyFilterDescriptor(w);
+    cudnnDestroyConvolutionDescriptor(conv);
+  }
+  Descs(const Descs&) = delete;
+  Descs& operator=(const Descs&) = delete;
+};
+
+// The first usable result of a cuDNN ranking (they come fastest first).
+template <class Perf>
+Choice pick(const Perf* perf, int count, const ConvKey& k) {
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > k.ws_limit) continue;
+    if (!k.tf32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    return Choice{true, static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].memory};
+  }
+  return Choice{};
 }
+
+// The largest workspace among the ranked algorithms that fit the limit (what Find needs).
+template <class Perf>
+size_t find_workspace(const Perf* perf, int count, const ConvKey& k) {
+  size_t m = 0;
+  for (int i = 0; i < count; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= k.ws_limit && perf[i].memory > m) m = perf[i].memory;
+  return m;
+}
+
+constexpr int kMaxAlgos = 16;
+
+Choice choose_forward(cudnnHandle_t h, const Descs& d, const ConvKey& k, const float* x, const float* w, float* y) {
+  cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
+  int count = 0;
+  MG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMaxAlgos, &count, perf));
+  if (k.benchmark) {
+    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+    MG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y, kMaxAlgos, &count,
+                                                          perf, ws.get(), ws.size()));
+  }
+  Choice c = pick(perf, count, k);
+  if (!c.set) {  // implicit GEMM runs in FMA math with no workspace, for every shape
+    c = Choice{true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH, 0};
+  }
+  return c;
+}
+
+Choice choose_backward_data(cudnnHandle_t h, const Descs& d, const ConvKey& k, const float* w, const float* dy,
+                            float* dx) {
+  cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
+  int count = 0;
+  MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMaxAlgos, &count, perf));
+  if (k.benchmark) {
+    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+    MG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, dy, d.conv, d.x, dx, kMaxAlgos,
+                                                               &count, perf, ws.get(), ws.size()));
+  }
+  Choice c = pick(perf, count, k);
+  if (!c.set) c = Choice{true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_FMA_MATH, 0};
+  return c;
+}
+
+Choice choose_backward_filter(cudnnHandle_t h, const Descs& d, const ConvKey& k, const float* x,
+                              const float* dy, size_t dw_bytes) {
+  cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
+  int count = 0;
+  MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMaxAlgos, &count, perf));
+  if (k.benchmark) {
+    // Find writes its output: time into scratch, since dw may hold gradients being accumulated.
+    cuda::Workspace scratch(k.dev, dw_bytes);
+    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+    MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, dy, d.conv, d.w,
+                                                                 static_cast<float*>(scratch.get()), kMaxAlgos,
+                                                                 &count, perf, ws.get(), ws.size()));
+  }
+  Choice c = pick(perf, count, k);
+  if (!c.set) c = Choice{true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_FMA_MATH, 0};
+  return c;
+}
+
+int as_int(int64_t v) {
+  MG_CHECK(v >= 0 && v <= 2147483647, "conv2d on CUDA: size " << v << " exceeds cuDNN's int range");
+  return static_cast<int>(v);
+}
+
+ConvKey key_for(const Tensor& x, const Tensor& w, int stride, int pad) {
+  ConvKey k{};
+  k.dev = cuda::device_of(x);
+  k.n = as_int(x.size(0));
+  k.c = as_int(x.size(1));
+  k.h = as_int(x.size(2));
+  k.w = as_int(x.size(3));
+  k.o = as_int(w.size(0));
+  k.kh = as_int(w.size(2));
+  k.kw = as_int(w.size(3));
+  k.stride = stride;
+  k.pad = pad;
+  k.tf32 = cuda::tf32_conv();
+  k.benchmark = cuda::cudnn_benchmark();
+  k.ws_limit = cuda::conv_workspace_limit();
+  return k;
+}
+
+// Looks up (or chooses and stores) one of the three algorithms of a key.
+template <class Choose>
+Choice cached(const ConvKey& k, Choice ConvAlgos::*which, Choose choose) {
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = g_cache.find(k);
+    if (it != g_cache.end() && (it->second.*which).set) return it->second.*which;
+  }
+  Choice c = choose();
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  g_cache[k].*which = c;
+  return c;
+}
+
+}  // namespace
+
+template <>
+void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
+  if (y.numel() == 0) return;
+  const ConvKey k = key_for(x, w, stride, pad);
+  cuda::DeviceGuard guard(k.dev);
+  cudnnHandle_t h = cuda::context(k.dev).cudnn;
+  Descs d(k, as_int(y.size(2)), as_int(y.size(3)));
+  const Choice c = cached(k, &ConvAlgos::fwd, [&] {
+    return choose_forward(h, d, k, x.data<float>(), w.data<float>(), y.data<float>());
+  });
+  MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+  cuda::Workspace ws(k.dev, c.workspace);
+  const float one = 1.0f, zero = 0.0f;
+  MG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x.data<float>(), d.w, w.data<float>(), d.conv,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(), ws.size(),
+                                         &zero, d.y, y.data<float>()));
+  if (b.defined()) MG_CUDNN_CHECK(cudnnAddTensor(h, &one, d.b, b.data<float>(), &one, d.y, y.data<float>()));
+}
+
+template <>
+void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
+                           const Tensor& w, int stride, int pad, bool accumulate) {
+  const ConvKey k = key_for(x, w, stride, pad);
+  cuda::DeviceGuard guard(k.dev);
+  cudnnHandle_t h = cuda::context(k.dev).cudnn;
+  const float one = 1.0f, zero = 0.0f;
+  const float beta_w = accumulate ? 1.0f : 0.0f;
+  if (dy.numel() == 0) {  // an empty batch: no gradient flows; plain (=) outputs become zero
+    if (!accumulate) {
+      if (dw.defined()) dw.fill_(0.0f);
+      if (db.defined()) db.fill_(0.0f);
+    }
+    return;
+  }
+  Descs d(k, as_int(dy.size(2)), as_int(dy.size(3)));
+  if (dx.defined()) {
+    const Choice c = cached(k, &ConvAlgos::bwd_data, [&] {
+      return choose_backward_data(h, d, k, w.data<float>(), dy.data<float>(), dx.data<float>());
+    });
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+    cuda::Workspace ws(k.dev, c.workspace);
+    MG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.data<float>(), d.y, dy.data<float>(), d.conv,
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(),
+                                                ws.size(), &zero, d.x, dx.data<float>()));
+  }
+  if (dw.defined()) {
+    const Choice c = cached(k, &ConvAlgos::bwd_filter, [&] {
+      return choose_backward_filter(h, d, k, x.data<float>(), dy.data<float>(), dw.nbytes());
+    });
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+    cuda::Workspace ws(k.dev, c.workspace);
+    MG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x.data<float>(), d.y, dy.data<float>(), d.conv,
+                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.get(),
+                                                  ws.size(), &beta_w, d.w, dw.data<float>()));
+  }
+  if (db.defined()) {
+    MG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, dy.data<float>(), &beta_w, d.b, db.data<float>()));
+  }
+}
+
+}  // namespace mg

@@ -1,6 +1,138 @@
+// Cross-entropy, fused log-softmax + negative log-likelihood.
+//   logits: (N, C)   target: (N) int64 in [0, C)   loss: () scalar   probs: (N, C)
+//   forward:  probs = softmax(logits) per row (saved for backward)                    (=)
+//             row_loss[n] = log(sum_j exp(l[n,j] - max_n)) + max_n - l[n, target[n]]
+//             loss = sum_n row_loss[n]  (/ N for mean), summed in double in row order    (=)
+//   backward: dlogits = dloss * (probs - onehot(target))  (/ N for mean)                (=)
+// One block per row (max, then sum of exponentials, block-wide). A target outside [0, C)
+// cannot throw from a kernel: the kernel records the first bad (row, value) in the device's
+// error flag and the next host synchronisation (a copy to the host, mg::cuda::synchronize)
+// throws mg::Error naming them (kernels/cuda/context.cu). dloss stays on the device: backward
+// reads it there, so a training step does not wait for the loss.
+#include <cfloat>
+
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/common.cuh"
+
 namespace mg {
-template <> void cross_entropy_forward<Cuda>(Tensor&, Tensor&, const Tensor&, const Tensor&, Reduction) { MG_FAIL("CUDA kernel not yet written"); }
-template <> void cross_entropy_backward<Cuda>(Tensor&, const Tensor&, const Tensor&, const Tensor&, Reduction) { MG_FAIL("CUDA kernel not yet written"); }
+namespace {
+
+template <class Op>
+__device__ float block_reduce(float v, Op op, float* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] = op(sh[threadIdx.x], sh[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();
+  return r;
 }
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+__global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, const float* logits,
+                                             const int64_t* target, int64_t c, long long* error_flag) {
+  __shared__ float sh[cuda::kThreads];
+  const int64_t row = blockIdx.x;
+  const float* l = logits + row * c;
+  float* p = probs + row * c;
+  float mx = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_reduce(mx, MaxOp{}, sh);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float e = expf(l[j] - mx);
+    p[j] = e;
+    sum += e;
+  }
+  sum = block_reduce(sum, SumOp{}, sh);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) p[j] *= inv;
+  if (threadIdx.x == 0) {
+    const int64_t t = target[row];
+    if (t < 0 || t >= c) {
+      if (atomicCAS(reinterpret_cast<unsigned long long*>(error_flag), 0ull,
+                    static_cast<unsigned long long>(cuda::kFlagBadTarget)) == 0ull) {
+        error_flag[1] = row;
+        error_flag[2] = t;
+      }
+      row_loss[row] = 0.0f;
+    } else {
+      row_loss[row] = logf(sum) + mx - l[t];
+    }
+  }
+}
+
+__global__ void sum_rows_kernel(float* loss, const float* row_loss, int64_t n, bool mean) {
+  // Each thread sums a contiguous stretch of rows; the stretches are then added in order.
+  __shared__ double sh[cuda::kThreads];
+  const int64_t per = (n + blockDim.x - 1) / blockDim.x;
+  double s = 0.0;
+  for (int64_t i = threadIdx.x * per; i < n && i < (threadIdx.x + 1) * per; ++i) s += row_loss[i];
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int k = 0; k < blockDim.x; ++k) total += sh[k];
+    if (mean) total /= static_cast<double>(n);
+    *loss = static_cast<float>(total);
+  }
+}
+
+__global__ void cross_entropy_backward_kernel(float* dlogits, const float* dloss, const float* probs,
+                                              const int64_t* target, int64_t n, int64_t c, bool mean) {
+  const float g = mean ? *dloss / static_cast<float>(n) : *dloss;
+  const int64_t total = n * c;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / c, j = i - row * c;
+    dlogits[i] = g * (probs[i] - (j == target[row] ? 1.0f : 0.0f));
+  }
+}
+
+}  // namespace
+
+template <>
+void cross_entropy_forward<Cuda>(Tensor& loss, Tensor& probs, const Tensor& logits, const Tensor& target,
+                                 Reduction reduction) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  MG_CHECK(target.device() == logits.device(), "cross_entropy: target on " << target.device().str()
+                                                   << ", logits on " << logits.device().str());
+  MG_CHECK(c > 0, "cross_entropy: logits " << shape_str(logits.shape()) << " have no classes");
+  MG_CHECK(n <= 2147483647, "cross_entropy on CUDA: " << n << " rows exceed the grid limit");
+  const int dev = cuda::device_of(logits);
+  cuda::DeviceGuard guard(dev);
+  cuda::Context& ctx = cuda::context(dev);
+  cuda::Workspace row_loss(dev, static_cast<size_t>(n) * sizeof(float));
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(n), cuda::kThreads, 0, ctx.stream>>>(
+      static_cast<float*>(row_loss.get()), probs.data<float>(), logits.data<float>(), target.data<int64_t>(),
+      c, ctx.error_flag);
+  MG_CUDA_CHECK_LAUNCH();
+  sum_rows_kernel<<<1, cuda::kThreads, 0, ctx.stream>>>(loss.data<float>(), static_cast<float*>(row_loss.get()),
+                                                       n, reduction == Reduction::mean);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <>
+void cross_entropy_backward<Cuda>(Tensor& dlogits, const Tensor& dloss, const Tensor& probs,
+                                  const Tensor& target, Reduction reduction) {
+  const int64_t n = probs.size(0), c = probs.size(1);
+  MG_CHECK(dloss.device() == probs.device(), "cross_entropy backward: dloss on " << dloss.device().str()
+                                                 << ", probs on " << probs.device().str());
+  if (n * c == 0) return;
+  const int dev = cuda::device_of(probs);
+  cuda::DeviceGuard guard(dev);
+  cuda::Context& ctx = cuda::context(dev);
+  cross_entropy_backward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, ctx.stream>>>(
+      dlogits.data<float>(), dloss.data<float>(), probs.data<float>(), target.data<int64_t>(), n, c,
+      reduction == Reduction::mean);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mg

@@ -1,6 +1,112 @@
-#include "kernels/linear.h"
+// Linear.   x: (N, K)   w: (M, K)   b: (M)   y: (N, M)      all row-major float32
+//   forward:  y  = x w^T + b                         (=)    GEMM, then the bias kernel
+//   backward: dx = dy w                              (=)    skipped when dx is undefined
+//             dw = dy^T x                            (= or += when accumulate: GEMM beta = 1)
+//             db = sum_n dy[n, :]                    (= or += when accumulate)
+// cuBLAS is column-major: a row-major (R, C) matrix is its column-major transpose (C, R), so
+//   y^T (M,N) = w x^T:     gemm(T, N, M, N, K, w[K x M], x[K x N])  -> y  [M x N]
+//   dx^T (K,N) = w^T dy^T: gemm(N, N, K, N, M, w[K x M], dy[M x N]) -> dx [K x N]
+//   dw^T (K,M) = x^T dy:   gemm(N, T, K, M, N, x[K x N], dy[M x N]) -> dw [K x M]
+// Math mode (Note [cuda math modes], docs/cuda.md): strict FP32 (CUBLAS_COMPUTE_32F on a handle
+// left in CUBLAS_DEFAULT_MATH) unless mg::cuda::set_tf32_matmul(true) (CUBLAS_COMPUTE_32F_FAST_TF32).
 #include "kernels/cuda/common.cuh"
+#include "kernels/linear.h"
+
 namespace mg {
-template <> void linear_forward<Cuda>(Tensor&, const Tensor&, const Tensor&, const Tensor&) { MG_FAIL("CUDA kernel not yet written"); }
-template <> void linear_backward<Cuda>(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) { MG_FAIL("CUDA kernel not yet written"); }
+namespace {
+
+__global__ void add_bias_rows_kernel(float* y, const float* b, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] += b[i % cols];
 }
+
+// db[j] (=|+=) sum_i dy[i, j]: one thread per column, reading rows in turn (coalesced across
+// the warp); 4 threads per column in y, each summing every 4th row, then combined in order.
+__global__ void linear_bias_backward_kernel(float* db, const float* dy, int64_t rows, int64_t cols,
+                                            bool accumulate) {
+  __shared__ float part[4][64];
+  const int64_t j = blockIdx.x * int64_t{64} + threadIdx.x;
+  float s = 0.0f;
+  if (j < cols) {
+    for (int64_t i = threadIdx.y; i < rows; i += 4) s += dy[i * cols + j];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    const float total = (part[0][threadIdx.x] + part[1][threadIdx.x]) + (part[2][threadIdx.x] + part[3][threadIdx.x]);
+    db[j] = accumulate ? db[j] + total : total;
+  }
+}
+
+cublasComputeType_t compute_type() {
+  return cuda::tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// C (m x n, column-major) = alpha op(A) op(B) + beta C, all float32.
+void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const float alpha = 1.0f;
+  MG_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                               &alpha, a, CUDA_R_32F, static_cast<int>(lda), b, CUDA_R_32F,
+                               static_cast<int>(ldb), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+                               compute_type(), CUBLAS_GEMM_DEFAULT));
+}
+
+void check_int_sizes(int64_t n, int64_t k, int64_t m) {
+  constexpr int64_t kMax = 2147483647;
+  MG_CHECK(n <= kMax && k <= kMax && m <= kMax,
+           "linear on CUDA: sizes (N=" << n << ", K=" << k << ", M=" << m << ") exceed cuBLAS's int range");
+}
+
+}  // namespace
+
+template <> void linear_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+  check_int_sizes(n, k, m);
+  if (y.numel() == 0) return;
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  cuda::Context& ctx = cuda::context(dev);
+  if (k == 0) {
+    MG_CUDA_CHECK(cudaMemsetAsync(y.raw_data(), 0, y.nbytes(), ctx.stream));
+  } else {
+    gemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, w.data<float>(), k, x.data<float>(), k, 0.0f,
+         y.data<float>(), m);
+  }
+  if (b.defined()) {
+    add_bias_rows_kernel<<<cuda::grid_for(n * m), cuda::kThreads, 0, ctx.stream>>>(y.data<float>(), b.data<float>(), n, m);
+    MG_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <>
+void linear_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
+                           const Tensor& w, bool accumulate) {
+  const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+  check_int_sizes(n, k, m);
+  const int dev = cuda::device_of(dy);
+  cuda::DeviceGuard guard(dev);
+  cuda::Context& ctx = cuda::context(dev);
+  if (dx.defined() && dx.numel() > 0) {
+    if (m == 0) MG_CUDA_CHECK(cudaMemsetAsync(dx.raw_data(), 0, dx.nbytes(), ctx.stream));
+    else gemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, w.data<float>(), k, dy.data<float>(), m, 0.0f,
+              dx.data<float>(), k);
+  }
+  if (dw.defined() && dw.numel() > 0) {
+    if (n == 0) {
+      if (!accumulate) MG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), ctx.stream));
+    } else {
+      gemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, x.data<float>(), k, dy.data<float>(), m,
+           accumulate ? 1.0f : 0.0f, dw.data<float>(), k);
+    }
+  }
+  if (db.defined() && m > 0) {
+    const dim3 block(64, 4);
+    linear_bias_backward_kernel<<<static_cast<unsigned>((m + 63) / 64), block, 0, ctx.stream>>>(
+        db.data<float>(), dy.data<float>(), n, m, accumulate);
+    MG_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace mg

@@ -1,8 +1,161 @@
-#include "kernels/pooling.h"
+// Pooling.  x: (N, C, H, W)   y: (N, C, OH, OW)   P = N*C planes
+// max_pool2d: y = max over each KxK window (stride s, implicit -inf padding p); the first
+//             maximum in row-major window order wins, NaN propagates (as PyTorch);
+//             idx (int64, shape of y) = argmax as h * W + w within the plane.       (=)
+//   backward: dx = 0, then dx[plane, idx] += dy: one thread per output, atomicAdd
+//             (windows overlap when s < K).                                           (=)
+// adaptive_avg_pool2d: window i spans rows [floor(i H / OH), ceil((i+1) H / OH)), likewise
+//             columns (PyTorch's rule); y = mean over the window.                     (=)
+//   backward: dx[h, w] = sum over windows containing (h, w) of dy / window size: one thread
+//             per input element gathers from the few windows that contain it (no atomics).  (=)
+#include <cfloat>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/pooling.h"
+
 namespace mg {
-template <> void max_pool2d_forward<Cuda>(Tensor&, Tensor&, const Tensor&, int, int, int) { MG_FAIL("CUDA kernel not yet written"); }
-template <> void max_pool2d_backward<Cuda>(Tensor&, const Tensor&, const Tensor&) { MG_FAIL("CUDA kernel not yet written"); }
-template <> void adaptive_avg_pool2d_forward<Cuda>(Tensor&, const Tensor&) { MG_FAIL("CUDA kernel not yet written"); }
-template <> void adaptive_avg_pool2d_backward<Cuda>(Tensor&, const Tensor&) { MG_FAIL("CUDA kernel not yet written"); }
+namespace {
+
+__global__ void max_pool2d_forward_kernel(float* y, int64_t* idx, const float* x, int64_t planes, int h, int w,
+                                          int oh, int ow, int k, int s, int pad) {
+  const int64_t total = planes * oh * ow;
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
+    const int j = static_cast<int>(o % ow);
+    const int i = static_cast<int>((o / ow) % oh);
+    const int64_t plane = o / (int64_t{oh} * ow);
+    const float* xp = x + plane * h * w;
+    float best = -INFINITY;
+    int64_t best_idx = -1;
+    const int h0 = i * s - pad, w0 = j * s - pad;
+    for (int p = 0; p < k; ++p) {
+      const int hh = h0 + p;
+      if (hh < 0 || hh >= h) continue;
+      for (int q = 0; q < k; ++q) {
+        const int ww = w0 + q;
+        if (ww < 0 || ww >= w) continue;
+        const float v = xp[hh * w + ww];
+        if (best_idx < 0 || v > best || (isnan(v) && !isnan(best))) {
+          best = v;
+          best_idx = int64_t{hh} * w + ww;
+        }
+      }
+    }
+    y[o] = best;
+    idx[o] = best_idx;
+  }
 }
+
+__global__ void max_pool2d_backward_kernel(float* dx, const float* dy, const int64_t* idx, int64_t total,
+                                           int64_t out_plane, int64_t in_plane) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t plane = o / out_plane;
+    atomicAdd(dx + plane * in_plane + idx[o], dy[o]);
+  }
+}
+
+__device__ __forceinline__ int window_start(int i, int in, int out) { return (i * in) / out; }
+__device__ __forceinline__ int window_end(int i, int in, int out) { return ((i + 1) * in + out - 1) / out; }
+
+__global__ void adaptive_avg_pool2d_forward_kernel(float* y, const float* x, int64_t planes, int h, int w,
+                                                   int oh, int ow) {
+  const int64_t total = planes * oh * ow;
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
+    const int j = static_cast<int>(o % ow);
+    const int i = static_cast<int>((o / ow) % oh);
+    const float* xp = x + (o / (int64_t{oh} * ow)) * h * w;
+    const int h0 = window_start(i, h, oh), h1 = window_end(i, h, oh);
+    const int w0 = window_start(j, w, ow), w1 = window_end(j, w, ow);
+    float sum = 0.0f;
+    for (int hh = h0; hh < h1; ++hh)
+      for (int ww = w0; ww < w1; ++ww) sum += xp[hh * w + ww];
+    y[o] = sum / static_cast<float>((h1 - h0) * (w1 - w0));
+  }
+}
+
+__global__ void adaptive_avg_pool2d_backward_kernel(float* dx, const float* dy, int64_t planes, int h, int w,
+                                                    int oh, int ow) {
+  const int64_t total = planes * h * w;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int ww = static_cast<int>(e % w);
+    const int hh = static_cast<int>((e / w) % h);
+    const float* dyp = dy + (e / (int64_t{h} * w)) * oh * ow;
+    // Windows containing row hh: i from floor(hh OH / H) while window_start(i) <= hh.
+    float g = 0.0f;
+    for (int i = (hh * oh) / h; i < oh && window_start(i, h, oh) <= hh; ++i) {
+      if (window_end(i, h, oh) <= hh) continue;
+      const int rows = window_end(i, h, oh) - window_start(i, h, oh);
+      for (int j = (ww * ow) / w; j < ow && window_start(j, w, ow) <= ww; ++j) {
+        if (window_end(j, w, ow) <= ww) continue;
+        const int cols = window_end(j, w, ow) - window_start(j, w, ow);
+        g += dyp[i * ow + j] / static_cast<float>(rows * cols);
+      }
+    }
+    dx[e] = g;
+  }
+}
+
+constexpr int64_t kMaxBlocks = 1 << 16;
+unsigned grid_capped(int64_t n) {
+  return cuda::grid_for(n < kMaxBlocks * cuda::kThreads ? n : kMaxBlocks * cuda::kThreads);
+}
+
+int as_int(int64_t v, const char* what) {
+  MG_CHECK(v <= 2147483647 / 2, "pooling on CUDA: " << what << " = " << v << " is too large");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+template <>
+void max_pool2d_forward<Cuda>(Tensor& y, Tensor& idx, const Tensor& x, int kernel, int stride, int pad) {
+  const int64_t planes = x.size(0) * x.size(1);
+  const int h = as_int(x.size(2), "H"), w = as_int(x.size(3), "W");
+  const int oh = as_int(y.size(2), "OH"), ow = as_int(y.size(3), "OW");
+  as_int(int64_t{h} * w, "H*W");
+  if (y.numel() == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(x));
+  max_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads>>>(
+      y.data<float>(), idx.data<int64_t>(), x.data<float>(), planes, h, w, oh, ow, kernel, stride, pad);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <> void max_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& idx) {
+  if (dx.numel() == 0) return;
+  const int dev = cuda::device_of(dx);
+  cuda::DeviceGuard guard(dev);
+  MG_CUDA_CHECK(cudaMemsetAsync(dx.raw_data(), 0, dx.nbytes(), cuda::context(dev).stream));
+  if (dy.numel() == 0) return;
+  max_pool2d_backward_kernel<<<grid_capped(dy.numel()), cuda::kThreads>>>(
+      dx.data<float>(), dy.data<float>(), idx.data<int64_t>(), dy.numel(), dy.size(2) * dy.size(3),
+      dx.size(2) * dx.size(3));
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <> void adaptive_avg_pool2d_forward<Cuda>(Tensor& y, const Tensor& x) {
+  const int64_t planes = x.size(0) * x.size(1);
+  const int h = as_int(x.size(2), "H"), w = as_int(x.size(3), "W");
+  const int oh = as_int(y.size(2), "OH"), ow = as_int(y.size(3), "OW");
+  as_int(int64_t{h} * oh, "H*OH");
+  as_int(int64_t{w} * ow, "W*OW");
+  if (y.numel() == 0) return;
+  MG_CHECK(h > 0 && w > 0, "adaptive_avg_pool2d: empty input plane " << shape_str(x.shape()));
+  cuda::DeviceGuard guard(cuda::device_of(x));
+  adaptive_avg_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads>>>(
+      y.data<float>(), x.data<float>(), planes, h, w, oh, ow);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <> void adaptive_avg_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy) {
+  const int64_t planes = dx.size(0) * dx.size(1);
+  const int h = as_int(dx.size(2), "H"), w = as_int(dx.size(3), "W");
+  const int oh = as_int(dy.size(2), "OH"), ow = as_int(dy.size(3), "OW");
+  as_int(int64_t{h} * oh, "H*OH");
+  as_int(int64_t{w} * ow, "W*OW");
+  if (dx.numel() == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(dx));
+  adaptive_avg_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads>>>(
+      dx.data<float>(), dy.data<float>(), planes, h, w, oh, ow);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mg
