@@ -1,0 +1,405 @@
+// The CUDA backend against the CPU backend: every op forward and backward, every kernel and
+// optimizer update, on random odd-sized inputs (ggml's test-backend-ops idea), a whole MLP
+// training step, and the caching allocator on a real device.
+//
+// Tolerances: strict FP32 (the default for linear; conv2d after set_tf32_conv(false)) must
+// agree with the CPU to a relative error (2-norm of the difference over 2-norm of the CPU
+// result) below 1e-5. TF32 keeps 10 mantissa bits of each GEMM input, so products carry ~1e-3
+// relative error: TF32 results are held to 1e-2.
+//
+// Without a CUDA device the whole binary is skipped: it prints why and exits with 77, which
+// ctest reports as skipped (tests/CMakeLists.txt: SKIP_RETURN_CODE 77).
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+
+#include "helpers.h"
+#include "kernels/conv2d.h"
+#include "kernels/cuda/settings.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "kernels/optim.h"
+#include "nn/models.h"
+#include "optim/optimizer.h"
+
+using namespace mg;
+using test::rand_tensor;
+using test::rel_err;
+
+namespace {
+
+const bool kSkipWithoutDevice = [] {
+  if (!cuda_available()) {
+    std::printf("test_cuda: no CUDA device (cuda_device_count() = %d): skipped. "
+                "Run on a GPU machine, see docs/cuda.md.\n", cuda_device_count());
+    std::exit(77);
+  }
+  return true;
+}();
+
+constexpr double kStrict = 1e-5;
+constexpr double kTf32 = 1e-2;
+const Device kGpu = Device::cuda(0);
+
+// Restores a math switch at scope exit.
+struct Tf32Matmul {
+  bool old = cuda::tf32_matmul();
+  explicit Tf32Matmul(bool on) { cuda::set_tf32_matmul(on); }
+  ~Tf32Matmul() { cuda::set_tf32_matmul(old); }
+};
+struct Tf32Conv {
+  bool old = cuda::tf32_conv();
+  explicit Tf32Conv(bool on) { cuda::set_tf32_conv(on); }
+  ~Tf32Conv() { cuda::set_tf32_conv(old); }
+};
+
+Tensor to_gpu(const Tensor& t) {
+  Tensor g = t.to(kGpu);
+  if (t.requires_grad()) g.requires_grad_();
+  return g;
+}
+
+Tensor labels(int64_t n, int64_t classes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> v(n);
+  for (auto& t : v) t = static_cast<int64_t>(rng() % classes);
+  return Tensor::from_vector(v, {n});
+}
+
+// Runs f on the CPU inputs and on CUDA copies; compares the outputs, then the gradients of
+// sum(f(inputs) * probe) for every input that requires grad.
+void compare_op(const char* what, const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                const std::vector<Tensor>& cpu_in, double tol) {
+  INFO(what);
+  std::vector<Tensor> gpu_in;
+  for (const Tensor& t : cpu_in) gpu_in.push_back(to_gpu(t));
+  Tensor y_cpu = f(cpu_in), y_gpu = f(gpu_in);
+  REQUIRE(y_gpu.is_cuda());
+  REQUIRE(y_gpu.shape() == y_cpu.shape());
+  INFO("output rel err " << rel_err(y_gpu, y_cpu));
+  CHECK(rel_err(y_gpu, y_cpu) < tol);
+  if (!y_cpu.requires_grad()) return;
+  Tensor probe = rand_tensor(y_cpu.shape(), 4242);
+  y_cpu.backward(probe);
+  y_gpu.backward(probe.to(kGpu));
+  for (size_t i = 0; i < cpu_in.size(); ++i) {
+    if (!cpu_in[i].requires_grad()) continue;
+    REQUIRE(gpu_in[i].grad().defined());
+    REQUIRE(gpu_in[i].grad().is_cuda());
+    INFO("grad of input " << i << " rel err " << rel_err(gpu_in[i].grad(), cpu_in[i].grad()));
+    CHECK(rel_err(gpu_in[i].grad(), cpu_in[i].grad()) < tol);
+  }
+}
+
+Tensor poisoned(const Shape& s, Device d) { return Tensor::full(s, std::nanf(""), TensorOptions{}.with_device(d)); }
+
+}  // namespace
+
+TEST_CASE("cuda: copies between host and device are exact, for float and int64") {
+  Tensor x = rand_tensor({7, 131}, 1);
+  Tensor g = x.to(kGpu);
+  CHECK(g.is_cuda());
+  Tensor g2 = g.clone();  // device to device
+  CHECK(!g2.shares_storage(g));
+  CHECK(test::bit_equal(g2.cpu(), x));
+  Tensor idx = labels(1001, 1 << 30, 2);
+  CHECK(idx.to(kGpu).to_vector<int64_t>() == idx.to_vector<int64_t>());
+}
+
+TEST_CASE("cuda: element-wise kernels and sum_squares") {
+  Tensor a = rand_tensor({17, 19}, 3, true), b = rand_tensor({17, 19}, 4, true);
+  compare_op("add", [](const std::vector<Tensor>& in) { return add(in[0], in[1]); }, {a, b}, kStrict);
+  compare_op("scale", [](const std::vector<Tensor>& in) { return scale(in[0], -1.75f); },
+             {rand_tensor({3, 5, 7}, 5, true)}, kStrict);
+
+  Tensor y = rand_tensor({1001, 3}, 6), x = rand_tensor({1001, 3}, 7);
+  Tensor yg = y.to(kGpu), xg = x.to(kGpu);
+  add_inplace<Cpu>(y, x);
+  add_inplace<Cuda>(yg, xg);
+  CHECK(test::bit_equal(yg.cpu(), y));  // one rounding each: identical
+
+  Tensor f = poisoned({333, 3}, kGpu);
+  fill<Cuda>(f, 3.25f);
+  for (float v : f.to_vector<float>()) CHECK(v == 3.25f);
+
+  Tensor big = rand_tensor({1000003}, 8);
+  const double cpu = sum_squares<Cpu>(big), gpu = sum_squares<Cuda>(big.to(kGpu));
+  CHECK(std::abs(gpu - cpu) / cpu < 1e-12);  // both accumulate in double
+}
+
+TEST_CASE("cuda: linear forward and backward, strict FP32 by default") {
+  REQUIRE(!cuda::tf32_matmul());
+  Tensor x = rand_tensor({37, 53}, 11, true), w = rand_tensor({29, 53}, 12, true), b = rand_tensor({29}, 13, true);
+  compare_op("linear", [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b}, kStrict);
+  Tensor x2 = rand_tensor({1, 257}, 14, true), w2 = rand_tensor({3, 257}, 15, true);
+  compare_op("linear, no bias, one row", [](const std::vector<Tensor>& in) { return linear(in[0], in[1]); },
+             {x2, w2}, kStrict);
+}
+
+TEST_CASE("cuda: linear backward accumulates into existing gradients") {
+  Tensor x = rand_tensor({23, 41}, 21), w = rand_tensor({13, 41}, 22), dy = rand_tensor({23, 13}, 23);
+  Tensor dw = rand_tensor({13, 41}, 24), db = rand_tensor({13}, 25);
+  Tensor dwg = dw.to(kGpu), dbg = db.to(kGpu), dxg = poisoned({23, 41}, kGpu), dx = poisoned({23, 41}, Device::cpu());
+  Tensor xg = x.to(kGpu), wg = w.to(kGpu), dyg = dy.to(kGpu);
+  linear_backward<Cpu>(dx, dw, db, dy, x, w, /*accumulate=*/true);
+  linear_backward<Cuda>(dxg, dwg, dbg, dyg, xg, wg, /*accumulate=*/true);
+  CHECK(rel_err(dxg, dx) < kStrict);
+  CHECK(rel_err(dwg, dw) < kStrict);
+  CHECK(rel_err(dbg, db) < kStrict);
+}
+
+TEST_CASE("cuda: linear in TF32 when asked (tolerance 1e-2)") {
+  Tf32Matmul on(true);
+  Tensor x = rand_tensor({65, 257}, 31, true), w = rand_tensor({33, 257}, 32, true), b = rand_tensor({33}, 33, true);
+  compare_op("linear tf32", [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b}, kTf32);
+}
+
+TEST_CASE("cuda: conv2d forward and backward in strict FP32") {
+  Tf32Conv off(false);
+  for (bool bench : {false, true}) {
+    cuda::set_cudnn_benchmark(bench);
+    Tensor x = rand_tensor({3, 5, 13, 11}, 41, true), w = rand_tensor({7, 5, 3, 3}, 42, true), b = rand_tensor({7}, 43, true);
+    compare_op("conv2d 3x3 stride 2 pad 1",
+               [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 2, 1); }, {x, w, b}, kStrict);
+    Tensor x2 = rand_tensor({2, 3, 9, 17}, 44, true), w2 = rand_tensor({5, 3, 5, 3}, 45, true);
+    compare_op("conv2d 5x3 no bias", [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], {}, 1, 0); },
+               {x2, w2}, kStrict);
+  }
+  cuda::set_cudnn_benchmark(false);
+}
+
+TEST_CASE("cuda: conv2d with TF32 allowed, the default (tolerance 1e-2)") {
+  REQUIRE(cuda::tf32_conv());
+  Tensor x = rand_tensor({4, 16, 15, 15}, 51, true), w = rand_tensor({24, 16, 3, 3}, 52, true), b = rand_tensor({24}, 53, true);
+  compare_op("conv2d tf32", [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 1, 1); }, {x, w, b},
+             kTf32);
+}
+
+TEST_CASE("cuda: conv2d backward accumulates into existing gradients") {
+  Tf32Conv off(false);
+  Tensor x = rand_tensor({2, 3, 8, 7}, 61), w = rand_tensor({4, 3, 3, 3}, 62), dy = rand_tensor({2, 4, 8, 7}, 63);
+  Tensor dw = rand_tensor({4, 3, 3, 3}, 64), db = rand_tensor({4}, 65), dx;  // dx undefined: skipped
+  Tensor dwg = dw.to(kGpu), dbg = db.to(kGpu), dxg;
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, true);
+  conv2d_backward<Cuda>(dxg, dwg, dbg, dy.to(kGpu), x.to(kGpu), w.to(kGpu), 1, 1, true);
+  CHECK(rel_err(dwg, dw) < kStrict);
+  CHECK(rel_err(dbg, db) < kStrict);
+}
+
+TEST_CASE("cuda: relu, pooling") {
+  compare_op("relu", [](const std::vector<Tensor>& in) { return relu(in[0]); },
+             {test::away_from_zero(rand_tensor({9, 37}, 71, true))}, kStrict);
+  compare_op("max_pool2d k3 s2 p1", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], 3, 2, 1); },
+             {rand_tensor({3, 4, 15, 13}, 72, true)}, kStrict);
+  compare_op("max_pool2d k2", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], 2); },
+             {rand_tensor({2, 5, 11, 9}, 73, true)}, kStrict);
+  compare_op("adaptive_avg_pool2d 13x11 -> 7x5",
+             [](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], 7, 5); },
+             {rand_tensor({2, 3, 13, 11}, 74, true)}, kStrict);
+  compare_op("adaptive_avg_pool2d 5x4 -> 7x7 (windows overlap)",
+             [](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], 7, 7); },
+             {rand_tensor({2, 3, 5, 4}, 75, true)}, kStrict);
+}
+
+TEST_CASE("cuda: dropout masks are the same on both devices") {
+  for (float p : {0.1f, 0.5f}) {
+    Tensor x = rand_tensor({5, 1003}, 81, true);
+    Tensor xg = to_gpu(x);
+    Generator g1(77), g2(77);
+    g1.advance(13);  // an offset that is not 0
+    g2.advance(13);
+    Tensor y = dropout(x, p, &g1), yg = dropout(xg, p, &g2);
+    CHECK(test::bit_equal(yg.cpu(), y));
+    Tensor probe = rand_tensor(y.shape(), 82);
+    y.backward(probe);
+    yg.backward(probe.to(kGpu));
+    CHECK(test::bit_equal(xg.grad().cpu(), x.grad()));
+  }
+}
+
+TEST_CASE("cuda: cross-entropy, mean and sum, small and many classes") {
+  for (Reduction r : {Reduction::mean, Reduction::sum}) {
+    Tensor logits = rand_tensor({37, 11}, 91, true);
+    Tensor t = labels(37, 11, 92);
+    compare_op("cross_entropy 37x11",
+               [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); }, {logits, t}, kStrict);
+    Tensor wide = rand_tensor({9, 1000}, 93, true);
+    compare_op("cross_entropy 9x1000", [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); },
+               {wide, labels(9, 1000, 94)}, kStrict);
+  }
+}
+
+TEST_CASE("cuda: an out-of-range target is reported at the next synchronisation") {
+  Tensor logits = rand_tensor({4, 5}, 95).to(kGpu);
+  Tensor t = Tensor::from_vector(std::vector<int64_t>{0, 7, 1, 2}, {4}).to(kGpu);
+  Tensor loss = cross_entropy(logits, t);
+  CHECK_THROWS_WITH_AS(loss.item(), doctest::Contains("target[1] = 7"), Error);
+  // The flag is cleared: a good call works again.
+  Tensor ok = cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{0, 4, 1, 2}, {4}).to(kGpu));
+  CHECK(std::isfinite(ok.item()));
+}
+
+namespace {
+struct OptimCase {
+  std::vector<Tensor> p, g, s1, s2;
+};
+// Parameters of odd sizes; `count` above 96 exercises the grouping into several launches.
+OptimCase make_optim_case(int count, uint64_t seed, Device d) {
+  OptimCase c;
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = 1 + (i * 389 + 17) % 5003;
+    c.p.push_back(rand_tensor({n}, seed + 4 * i).to(d));
+    c.g.push_back(rand_tensor({n}, seed + 4 * i + 1).to(d));
+    c.s1.push_back(rand_tensor({n}, seed + 4 * i + 2).to(d));
+    std::vector<float> v = rand_tensor({n}, seed + 4 * i + 3).to_vector<float>();
+    for (float& e : v) e *= e;  // exp_avg_sq is non-negative
+    c.s2.push_back(Tensor::from_vector(v, {n}).to(d));
+  }
+  return c;
+}
+void check_lists_close(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, const char* what) {
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(what << " " << i);
+    CHECK(rel_err(gpu[i], cpu[i]) < kStrict);
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda: fused SGD update matches the CPU (momentum, nesterov, weight decay, groups)") {
+  for (int count : {5, 101}) {
+    for (bool nesterov : {false, true}) {
+      OptimCase c = make_optim_case(count, 100, Device::cpu()), g = make_optim_case(count, 100, kGpu);
+      SgdHyper h;
+      h.lr = 0.05f;
+      h.momentum = 0.9f;
+      h.weight_decay = 1e-3f;
+      h.nesterov = nesterov;
+      h.grad_scale = 0.25f;
+      for (int step = 0; step < 3; ++step) {
+        h.first_step = step == 0;
+        sgd_update<Cpu>(c.p, c.g, c.s1, h);
+        sgd_update<Cuda>(g.p, g.g, g.s1, h);
+      }
+      check_lists_close(g.p, c.p, "param");
+      check_lists_close(g.s1, c.s1, "momentum");
+    }
+  }
+  // No momentum: no buffers.
+  OptimCase c = make_optim_case(3, 300, Device::cpu()), g = make_optim_case(3, 300, kGpu);
+  std::vector<Tensor> none_c, none_g;
+  SgdHyper h;
+  sgd_update<Cpu>(c.p, c.g, none_c, h);
+  sgd_update<Cuda>(g.p, g.g, none_g, h);
+  check_lists_close(g.p, c.p, "param");
+}
+
+TEST_CASE("cuda: fused Adam and AdamW updates match the CPU") {
+  for (bool decoupled : {false, true}) {
+    OptimCase c = make_optim_case(101, 500, Device::cpu()), g = make_optim_case(101, 500, kGpu);
+    std::vector<Tensor> p0;
+    for (const Tensor& t : c.p) p0.push_back(t.clone());
+    AdamHyper h;
+    h.lr = 1e-2f;
+    h.weight_decay = 0.01f;
+    h.decoupled = decoupled;
+    h.grad_scale = 0.5f;
+    for (int step = 1; step <= 3; ++step) {
+      h.step = step;
+      adam_update<Cpu>(c.p, c.g, c.s1, c.s2, h);
+      adam_update<Cuda>(g.p, g.g, g.s1, g.s2, h);
+    }
+    // Compare the updates, not only the parameters (the update is small next to p).
+    for (size_t i = 0; i < p0.size(); ++i) {
+      INFO("adam param " << i);
+      Tensor du_c = add(c.p[i], scale(p0[i], -1.0f)), du_g = add(g.p[i].cpu(), scale(p0[i], -1.0f));
+      CHECK(rel_err(du_g, du_c) < kStrict);
+    }
+    check_lists_close(g.s1, c.s1, "exp_avg");
+    check_lists_close(g.s2, c.s2, "exp_avg_sq");
+  }
+}
+
+TEST_CASE("cuda: MLP training steps (SGD with momentum) match the CPU") {
+  manual_seed(2024);
+  auto cpu_model = nn::make_mlp({37, 64, 29, 10});
+  manual_seed(2024);
+  auto gpu_model = nn::make_mlp({37, 64, 29, 10});
+  gpu_model->to(kGpu);
+  optim::SGD cpu_opt(cpu_model->parameters(), {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
+  optim::SGD gpu_opt(gpu_model->parameters(), {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = rand_tensor({23, 37}, 600 + step), y = labels(23, 10, 700 + step);
+    cpu_opt.zero_grad();
+    gpu_opt.zero_grad();
+    Tensor loss_c = cross_entropy(cpu_model->forward(x), y);
+    Tensor loss_g = cross_entropy(gpu_model->forward(x.to(kGpu)), y.to(kGpu));
+    loss_c.backward();
+    loss_g.backward();
+    cpu_opt.step();
+    gpu_opt.step();
+    INFO("step " << step << " loss cpu " << loss_c.item() << " cuda " << loss_g.item());
+    CHECK(std::abs(loss_g.item() - loss_c.item()) <= kStrict * std::abs(loss_c.item()));
+  }
+  auto pc = cpu_model->named_parameters(), pg = gpu_model->named_parameters();
+  REQUIRE(pc.size() == pg.size());
+  for (size_t i = 0; i < pc.size(); ++i) {
+    INFO(pc[i].first);
+    CHECK(pg[i].second.is_cuda());
+    CHECK(rel_err(pg[i].second, pc[i].second) < kStrict);
+  }
+}
+
+TEST_CASE("cuda allocator: a freed block is reused without a new cudaMalloc") {
+  empty_cache(kGpu);
+  void* first = nullptr;
+  {
+    Tensor a = Tensor::empty({1000}, TensorOptions{}.with_device(kGpu));
+    first = a.raw_data();
+  }
+  const MemoryStats s0 = memory_stats(kGpu);
+  Tensor b = Tensor::empty({1000}, TensorOptions{}.with_device(kGpu));
+  CHECK(b.raw_data() == first);
+  CHECK(memory_stats(kGpu).system_alloc_count == s0.system_alloc_count);
+  CHECK(memory_stats(kGpu).in_use == s0.in_use + 4000);
+}
+
+TEST_CASE("cuda allocator: small tensors split one segment; stats and empty_cache") {
+  empty_cache(kGpu);
+  const MemoryStats s0 = memory_stats(kGpu);
+  reset_peak_memory_stats(kGpu);
+  {
+    std::vector<Tensor> ts;
+    for (int i = 0; i < 5; ++i) ts.push_back(Tensor::empty({1000 + 7 * i}, TensorOptions{}.with_device(kGpu)));
+    const MemoryStats s1 = memory_stats(kGpu);
+    CHECK(s1.system_alloc_count <= s0.system_alloc_count + 1);
+    CHECK(s1.reserved <= s0.reserved + (size_t{2} << 20));
+    CHECK(s1.in_use == s0.in_use + 4 * (5 * 1000 + 7 * 10));
+    Tensor large = Tensor::empty({3 << 18}, TensorOptions{}.with_device(kGpu));  // 3 MiB: a large segment
+    CHECK(memory_stats(kGpu).peak_in_use == s1.in_use + (size_t{3} << 20));
+  }
+  CHECK(memory_stats(kGpu).in_use == s0.in_use);
+  CHECK(memory_stats(kGpu).reserved > s0.reserved);  // cached
+  empty_cache(kGpu);
+  CHECK(memory_stats(kGpu).reserved <= s0.reserved);
+}
+
+TEST_CASE("cuda allocator: out of memory names the stats and the remedies, and recovers") {
+  const MemoryStats s0 = memory_stats(kGpu);
+  std::string msg;
+  try {
+    Tensor huge = Tensor::empty({int64_t{1} << 40}, TensorOptions{}.with_device(kGpu));  // 4 TiB
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("cuda:0 out of memory: tried to allocate 4.00 TiB") != std::string::npos);
+  CHECK(msg.find("in use by tensors") != std::string::npos);
+  CHECK(msg.find("reserved") != std::string::npos);
+  CHECK(msg.find("free of") != std::string::npos);
+  CHECK(msg.find("gradient accumulation") != std::string::npos);
+  CHECK(msg.find("mg::checkpoint") != std::string::npos);
+  CHECK(memory_stats(kGpu).in_use == s0.in_use);
+  Tensor after = rand_tensor({257}, 9).to(kGpu);  // the allocator and the device still work
+  CHECK(test::bit_equal(after.cpu(), rand_tensor({257}, 9)));
+}
