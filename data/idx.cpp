@@ -74,28 +74,31 @@ IdxArray read_idx(const std::string& path, int expected_ndims) {
   return a;
 }
 
-void write_idx(const std::string& path, const std::vector<int64_t>& dims, const uint8_t* bytes) {
-  MG_CHECK(!dims.empty() && dims.size() < 256, "write_idx: " << dims.size() << " dimensions");
+void write_maybe_gz(const std::string& path, const std::string& bytes) {
   const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
   GzPtr f(gzopen(path.c_str(), gz ? "wb6" : "wbT"));  // T: transparent (raw) writing
   MG_CHECK(f != nullptr, path << ": cannot open for writing");
-  std::vector<uint8_t> hdr = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(bytes.size() - done, 1u << 30));
+    MG_CHECK(gzwrite(f.get(), bytes.data() + done, chunk) == static_cast<int>(chunk), path << ": write failed");
+    done += chunk;
+  }
+  MG_CHECK(gzclose(f.release()) == Z_OK, path << ": close failed");
+}
+
+void write_idx(const std::string& path, const std::vector<int64_t>& dims, const uint8_t* bytes) {
+  MG_CHECK(!dims.empty() && dims.size() < 256, "write_idx: " << dims.size() << " dimensions");
+  std::string out = {0, 0, 0x08, static_cast<char>(dims.size())};
   size_t total = 1;
   for (int64_t d : dims) {
     MG_CHECK(d > 0, "write_idx: dimension sizes must be positive");
     const uint32_t n = static_cast<uint32_t>(d);
-    for (int s = 24; s >= 0; s -= 8) hdr.push_back(static_cast<uint8_t>(n >> s));
+    for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<char>(n >> s));
     total *= static_cast<size_t>(d);
   }
-  MG_CHECK(gzwrite(f.get(), hdr.data(), static_cast<unsigned>(hdr.size())) == static_cast<int>(hdr.size()),
-           path << ": write failed");
-  size_t done = 0;
-  while (done < total) {
-    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(total - done, 1u << 30));
-    MG_CHECK(gzwrite(f.get(), bytes + done, chunk) == static_cast<int>(chunk), path << ": write failed");
-    done += chunk;
-  }
-  MG_CHECK(gzclose(f.release()) == Z_OK, path << ": close failed");
+  out.append(reinterpret_cast<const char*>(bytes), total);
+  write_maybe_gz(path, out);
 }
 
 }  // namespace mg::data

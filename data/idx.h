@@ -28,4 +28,7 @@ IdxArray read_idx(const std::string& path, int expected_ndims);
 // tests (scripts/make_mnist_split.py does the same in Python).
 void write_idx(const std::string& path, const std::vector<int64_t>& dims, const uint8_t* bytes);
 
+// Writes `bytes` to `path`, gzip-compressed when the name ends in ".gz" (tools and tests).
+void write_maybe_gz(const std::string& path, const std::string& bytes);
+
 }  // namespace mg::data

@@ -1,0 +1,304 @@
+// mnist_ga: the experiment of the gradient-accumulation tutorials, done exactly.
+// MLP 784-512-512-10, CrossEntropy, SGD (or Adam); batch 64 against batch 16 with 4 accumulated
+// micro-batches, which end with the same weights (Note [accumulation normalises by samples],
+// optim/accumulate.h).
+//
+//   mnist_ga --epochs 1 --batch-size 64 --accum 1 --save-dir runs/b64
+//   mnist_ga --epochs 1 --batch-size 16 --accum 4 --compare runs/b64/epoch_1.safetensors
+//
+// Data: --data DIR (the four standard IDX names, or only t10k-* which is then split 8,000 / rest);
+// without --data, ../shared/data/mnist when present, else generated data (--synthetic forces it).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "minigrad.h"
+#include "optim/accumulate.h"
+#include "optim/train_state.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct Config {
+  std::string data_dir, dataset = "mnist", accum_schedule, optimizer = "sgd", device = "auto";
+  std::string save_dir, resume, json_path, compare;
+  int64_t epochs = 10, batch_size = 64, accum = 1, limit_train = 0, limit_test = 0;
+  float lr = 1e-3f, momentum = 0.0f, clip_norm = 0.0f;
+  uint64_t seed = 0;
+  bool synthetic = false, divide_by_n = false, skip_non_finite = false;
+};
+
+// The shared data folder: ../shared/data/mnist from the working folder or from the repository
+// root (the binary lives in <repo>/<build>/bin).
+std::string find_shared_mnist(const char* argv0) {
+  std::vector<fs::path> cands = {"../shared/data/mnist", "../../shared/data/mnist", "../../../shared/data/mnist"};
+  std::error_code ec;
+  fs::path exe = fs::canonical("/proc/self/exe", ec);
+  if (ec) exe = fs::absolute(argv0, ec);
+  if (!ec) cands.push_back(exe.parent_path().parent_path().parent_path().parent_path() / "shared/data/mnist");
+  for (const fs::path& p : cands) {
+    if (fs::exists(p / "t10k-images-idx3-ubyte.gz") || fs::exists(p / "train-images-idx3-ubyte.gz")) {
+      return fs::weakly_canonical(p).string();
+    }
+  }
+  return "";
+}
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+};
+
+EvalResult evaluate(mg::nn::Module& model, const mg::data::Dataset& test, mg::Device dev) {
+  mg::NoGradGuard ng;
+  model.eval();
+  mg::data::DataLoader loader(test, {.batch_size = 1000, .shuffle = false, .device = dev});
+  loader.start_epoch(0);
+  mg::data::Batch b;
+  double loss = 0;
+  int64_t correct = 0;
+  while (loader.next(b)) {
+    mg::Tensor logits = model.forward(b.x);
+    loss += mg::cross_entropy(logits, b.y, mg::Reduction::sum).item();
+    auto l = logits.to_vector<float>();
+    auto y = b.y.to_vector<int64_t>();
+    const int64_t c = logits.size(1);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const float* row = l.data() + i * c;
+      correct += std::max_element(row, row + c) - row == y[i];
+    }
+  }
+  model.train();
+  return {loss / test.size(), 100.0 * correct / test.size()};
+}
+
+std::unique_ptr<mg::optim::Optimizer> make_optimizer(const Config& c, const mg::nn::Module& m) {
+  if (c.optimizer == "sgd") {
+    return std::make_unique<mg::optim::SGD>(m.parameters(), mg::optim::SGDOptions{.lr = c.lr, .momentum = c.momentum});
+  }
+  return std::make_unique<mg::optim::Adam>(m.parameters(), mg::optim::AdamOptions{.lr = c.lr});
+}
+
+// What must agree between a saved run and its resumption for the result to be bit-identical.
+mg::nn::Metadata run_signature(const Config& c, const std::string& data_desc, const std::string& sched) {
+  char lr[32], mom[32], clip[32];
+  std::snprintf(lr, sizeof lr, "%.9g", c.lr);
+  std::snprintf(mom, sizeof mom, "%.9g", c.momentum);
+  std::snprintf(clip, sizeof clip, "%.9g", c.clip_norm);
+  return {{"config.data", data_desc},       {"config.optimizer", c.optimizer},
+          {"config.lr", lr},                {"config.momentum", mom},
+          {"config.clip_norm", clip},       {"config.batch_size", std::to_string(c.batch_size)},
+          {"config.accum_schedule", sched}, {"config.seed", std::to_string(c.seed)},
+          {"config.normalize", c.divide_by_n ? "micro_batches" : "samples"}};
+}
+
+void progress(int64_t done, int64_t total, double loss, int64_t epoch) {
+  const int width = 30;
+  const int fill = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::printf("\r  epoch %lld [%.*s%*s] %lld/%lld loss %.4f", static_cast<long long>(epoch), fill,
+              "==============================", width - fill, "", static_cast<long long>(done),
+              static_cast<long long>(total), loss);
+  std::fflush(stdout);
+}
+
+int run(const Config& c, const char* argv0) {
+  // ---- device ----
+  mg::Device dev = c.device == "auto" ? (mg::cuda_available() ? mg::Device::cuda() : mg::Device::cpu())
+                                      : mg::Device::parse(c.device);
+  if (dev.is_cuda()) MG_CHECK(mg::cuda_available(), "--device cuda: no CUDA device (or a build without CUDA); use --device cpu");
+
+  // ---- data ----
+  const mg::data::Normalization norm = c.dataset == "fashion" ? mg::data::Normalization{0.2860f, 0.3530f}
+                                                              : mg::data::Normalization{0.1307f, 0.3081f};
+  mg::data::Splits splits;
+  std::string dir = c.data_dir;
+  if (dir.empty() && !c.synthetic && c.dataset == "mnist") dir = find_shared_mnist(argv0);
+  if (!dir.empty() && !c.synthetic) {
+    splits = mg::data::load_mnist_auto(dir, norm);
+    splits.description = c.dataset + " from " + splits.description;
+  } else {
+    const int64_t n_train = c.limit_train > 0 ? c.limit_train : 8000;
+    const int64_t n_test = c.limit_test > 0 ? c.limit_test : 2000;
+    mg::data::Dataset all = mg::data::make_synthetic(n_train + n_test, c.seed + 1000, norm);
+    splits.train = all.slice(0, n_train);
+    splits.test = all.slice(n_train, n_train + n_test);
+    splits.description = std::string("GENERATED synthetic MNIST-like data (") +
+                         (c.synthetic ? "--synthetic" : c.dataset == "fashion" ? "no --data for fashion" : "no real data found") +
+                         "): " + std::to_string(n_train) + " train, " + std::to_string(n_test) + " test";
+  }
+  const mg::data::Dataset train = splits.train.limit(c.limit_train);
+  const mg::data::Dataset test = splits.test.limit(c.limit_test);
+  std::printf("data: %s; using %lld train, %lld test\n", splits.description.c_str(),
+              static_cast<long long>(train.size()), static_cast<long long>(test.size()));
+
+  // ---- model, optimizer, accumulation ----
+  mg::manual_seed(c.seed);
+  auto model = mg::nn::make_mlp({784, 512, 512, 10});
+  model->to(dev);
+  auto opt = make_optimizer(c, *model);
+  const mg::optim::AccumulationSchedule sched =
+      c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum) : mg::optim::AccumulationSchedule::parse(c.accum_schedule);
+  mg::optim::Accumulator acc(*opt, {.steps = sched.steps_for_epoch(0),
+                                    .clip_norm = c.clip_norm,
+                                    .non_finite = c.skip_non_finite ? mg::optim::NonFinite::skip : mg::optim::NonFinite::error,
+                                    .normalize = c.divide_by_n ? mg::optim::Normalize::micro_batches : mg::optim::Normalize::samples});
+  mg::data::DataLoader loader(train, {.batch_size = c.batch_size, .seed = c.seed, .device = dev});
+  const mg::nn::Metadata signature = run_signature(c, splits.description + " limit " + std::to_string(train.size()), sched.str());
+
+  std::printf("model: MLP 784-512-512-10 (%lld parameters) on %s; %s lr %g%s; batch %lld, accumulation %s%s%s\n",
+              static_cast<long long>(model->parameter_count()), dev.str().c_str(), c.optimizer.c_str(), c.lr,
+              c.optimizer == "sgd" ? (" momentum " + std::to_string(c.momentum)).c_str() : "",
+              static_cast<long long>(c.batch_size), sched.str().c_str(),
+              c.clip_norm > 0 ? (", clip-norm " + std::to_string(c.clip_norm)).c_str() : "",
+              c.divide_by_n ? ", DIVIDING BY N (the usual, inexact recipe)" : "");
+
+  int64_t start_epoch = 0;
+  if (!c.resume.empty()) {
+    std::string path = c.resume;
+    if (path.size() > 12 && path.substr(path.size() - 12) == ".safetensors" &&
+        path.find(".state.safetensors") == std::string::npos) {
+      path = path.substr(0, path.size() - 12) + ".state.safetensors";  // epoch_K.safetensors -> its state
+    }
+    mg::optim::TrainState st = mg::optim::load_train_state(path, *model, *opt);
+    for (auto& [k, v] : signature) {
+      auto it = st.extra.find(k);
+      if (it == st.extra.end() || it->second != v) {
+        std::printf("warning: --resume: %s was \"%s\", now \"%s\": the result will not match an uninterrupted run\n",
+                    k.c_str(), it == st.extra.end() ? "?" : it->second.c_str(), v.c_str());
+      }
+    }
+    start_epoch = st.epoch;
+    std::printf("resumed from %s: %lld epochs done, %lld optimizer steps\n", path.c_str(),
+                static_cast<long long>(st.epoch), static_cast<long long>(opt->step_count()));
+  }
+  if (!c.save_dir.empty()) fs::create_directories(c.save_dir);
+
+  // ---- train ----
+  mg::reset_peak_memory_stats(dev);
+  json epochs_json = json::array();
+  const bool tty = isatty(fileno(stdout));
+  EvalResult last{};
+  for (int64_t e = start_epoch; e < c.epochs; ++e) {
+    acc.set_steps(sched.steps_for_epoch(e));
+    mg::optim::TrainCallbacks cb;
+    int64_t seen = 0, seen_samples = 0;
+    double loss_sum = 0;
+    if (tty) {
+      cb.on_micro_batch = [&](const mg::data::Batch& b, double v) {
+        ++seen;
+        seen_samples += b.size();
+        loss_sum += c.divide_by_n ? v * b.size() : v;
+        if (seen % 10 == 0 || seen == loader.num_batches()) {
+          progress(seen, loader.num_batches(), loss_sum / seen_samples, e + 1);
+        }
+      };
+    }
+    mg::optim::EpochStats st = mg::optim::train_epoch(*model, loader, acc, e, {}, cb);
+    if (tty) std::printf("\r%*s\r", 80, "");
+    last = evaluate(*model, test, dev);
+    const double sps = st.samples / std::max(st.seconds, 1e-9);
+    std::printf("Epoch %lld/%lld: train loss %.6f | test loss %.6f, accuracy %.2f%% | %.0f samples/s, %lld optimizer steps (N=%lld)%s\n",
+                static_cast<long long>(e + 1), static_cast<long long>(c.epochs), st.mean_loss(), last.loss,
+                last.accuracy, sps, static_cast<long long>(st.optimizer_steps),
+                static_cast<long long>(acc.steps()),
+                st.skipped_steps ? (", " + std::to_string(st.skipped_steps) + " skipped (non-finite)").c_str() : "");
+    std::fflush(stdout);
+    epochs_json.push_back({{"epoch", e + 1}, {"train_loss", st.mean_loss()}, {"test_loss", last.loss},
+                           {"test_accuracy", last.accuracy}, {"samples_per_s", sps},
+                           {"optimizer_steps", st.optimizer_steps}, {"skipped_steps", st.skipped_steps},
+                           {"accum_steps", acc.steps()}, {"seconds", st.seconds}});
+    if (!c.save_dir.empty()) {
+      const std::string base = (fs::path(c.save_dir) / ("epoch_" + std::to_string(e + 1))).string();
+      mg::nn::save_safetensors(base + ".safetensors", model->named_parameters(),
+                               {{"epoch", std::to_string(e + 1)}, {"model", "mlp 784-512-512-10"}});
+      mg::optim::save_train_state(base + ".state.safetensors", *model, *opt, {.epoch = e + 1, .extra = signature});
+    }
+  }
+  const mg::MemoryStats mem = mg::memory_stats(dev);
+  std::printf("peak memory in use on %s: %.2f MiB; optimizer steps in total: %lld\n", dev.str().c_str(),
+              mem.peak_in_use / 1048576.0, static_cast<long long>(opt->step_count()));
+
+  // ---- compare with saved weights (the exactness demonstration) ----
+  double compare_diff = -1;
+  if (!c.compare.empty()) {
+    mg::nn::SafetensorsFile f = mg::nn::load_safetensors(c.compare);
+    for (auto& [name, p] : model->named_parameters()) {
+      const mg::Tensor* t = f.find(name);
+      MG_CHECK(t && t->shape() == p.shape(), "--compare: " << c.compare << " has no tensor " << name << " of shape "
+                                                            << mg::shape_str(p.shape()));
+      auto a = p.to_vector<float>(), b = t->to_vector<float>();
+      for (size_t i = 0; i < a.size(); ++i) compare_diff = std::max(compare_diff, static_cast<double>(std::abs(a[i] - b[i])));
+    }
+    std::printf("max |w - w(%s)| = %.3g over all %lld parameters\n", c.compare.c_str(), compare_diff,
+                static_cast<long long>(model->parameter_count()));
+  }
+
+  if (!c.json_path.empty()) {
+    json j = {{"device", dev.str()},
+              {"data", splits.description},
+              {"train_samples", train.size()},
+              {"test_samples", test.size()},
+              {"optimizer", c.optimizer},
+              {"lr", c.lr},
+              {"momentum", c.momentum},
+              {"batch_size", c.batch_size},
+              {"accum_schedule", sched.str()},
+              {"effective_batch_epoch0", c.batch_size * sched.steps_for_epoch(0)},
+              {"clip_norm", c.clip_norm},
+              {"normalize", c.divide_by_n ? "micro_batches" : "samples"},
+              {"seed", c.seed},
+              {"resumed_from_epoch", start_epoch},
+              {"epochs", epochs_json},
+              {"final_test_accuracy", last.accuracy},
+              {"total_optimizer_steps", opt->step_count()},
+              {"peak_memory_in_use_bytes", mem.peak_in_use},
+              {"peak_memory_reserved_bytes", mem.peak_reserved}};
+    if (compare_diff >= 0) j["compare_max_abs_diff"] = compare_diff;
+    mg::nn::write_file_atomic(c.json_path, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"MLP 784-512-512-10 on MNIST with exact gradient accumulation (libminigrad)"};
+  Config c;
+  app.add_option("--data", c.data_dir, "folder with the MNIST/FashionMNIST IDX files (default: ../shared/data/mnist if present, else generated data)");
+  app.add_option("--dataset", c.dataset, "mnist or fashion (sets the normalisation)")->check(CLI::IsMember({"mnist", "fashion"}))->capture_default_str();
+  app.add_flag("--synthetic", c.synthetic, "use generated MNIST-like data even when real data is present");
+  app.add_option("--epochs", c.epochs, "epochs to train (in total, counting resumed ones)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", c.batch_size, "micro-batch size")->check(CLI::PositiveNumber)->capture_default_str();
+  auto* accum = app.add_option("--accum", c.accum, "micro-batches per optimizer step (N)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--accum-schedule", c.accum_schedule, "N by epoch, e.g. \"0:8,4:2\" (epochs counted from 0)")->excludes(accum);
+  app.add_option("--lr", c.lr, "learning rate")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--optimizer", c.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
+  app.add_option("--clip-norm", c.clip_norm, "clip the global norm of each step's mean gradient (0: off)")->capture_default_str();
+  app.add_option("--device", c.device, "auto, cpu or cuda[:i]")->capture_default_str();
+  app.add_option("--seed", c.seed, "seed of the weights and of the sample order")->capture_default_str();
+  app.add_option("--limit-train", c.limit_train, "use the first N training samples (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--limit-test", c.limit_test, "use the first N test samples (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--save-dir", c.save_dir, "write epoch_K.safetensors and epoch_K.state.safetensors after each epoch");
+  app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it)");
+  app.add_option("--json", c.json_path, "write a JSON summary here");
+  app.add_option("--compare", c.compare, "after training, print the largest weight difference to this .safetensors");
+  app.add_flag("--divide-by-n", c.divide_by_n, "the usual recipe, for comparison: mean loss per micro-batch / N (inexact on short windows)");
+  app.add_flag("--skip-non-finite", c.skip_non_finite, "drop a window with a NaN/inf loss or gradient instead of stopping");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(c, argv[0]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist_ga: error: %s\n", e.what());
+    return 1;
+  }
+}

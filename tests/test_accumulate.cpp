@@ -1,0 +1,427 @@
+// Gradient accumulation: exactness against one large batch (Note [accumulation normalises by
+// samples]), the schedule, clipping once per step, optimizer state per real step, non-finite
+// handling, and bit-exact resume.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "helpers.h"
+#include "optim/accumulate.h"
+#include "optim/train_state.h"
+
+using namespace mg;
+using mg::test::bit_equal;
+using mg::test::max_abs_diff;
+
+namespace {
+
+// 7,992 = 124 * 64 + 56: the last batch of 64 is short, and it is 3 micro-batches of 16 plus
+// one of 8.
+constexpr int64_t kEpochSamples = 7992;
+
+const data::Dataset& epoch_data() {
+  static const data::Dataset d = data::make_synthetic(kEpochSamples, 7);
+  return d;
+}
+
+std::shared_ptr<nn::Sequential> small_mlp(uint64_t seed) {
+  manual_seed(seed);
+  return nn::make_mlp({784, 64, 10});
+}
+
+std::vector<Tensor> snapshot(const nn::Module& m) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : m.parameters()) out.push_back(p.clone());
+  return out;
+}
+
+double max_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, max_abs_diff(a[i], b[i]));
+  return m;
+}
+
+double max_abs(const std::vector<Tensor>& a) {
+  double m = 0;
+  for (const Tensor& t : a)
+    for (float v : t.to_vector<float>()) m = std::max(m, static_cast<double>(std::abs(v)));
+  return m;
+}
+
+struct RunResult {
+  std::vector<Tensor> weights;
+  int64_t optimizer_steps = 0;
+  int64_t step_count = 0;
+};
+
+enum class Opt { sgd, sgd_momentum, adam };
+
+std::unique_ptr<optim::Optimizer> make_opt(const nn::Module& m, Opt which, float lr) {
+  switch (which) {
+    case Opt::sgd: return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = lr});
+    case Opt::sgd_momentum:
+      return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = lr, .momentum = 0.9f});
+    case Opt::adam: return std::make_unique<optim::Adam>(m.parameters(), optim::AdamOptions{.lr = lr});
+  }
+  return nullptr;
+}
+
+RunResult run(int64_t batch, int64_t accum, Opt which, float lr, int64_t epochs = 1,
+              optim::Normalize norm = optim::Normalize::samples, float clip = 0.0f,
+              const data::Dataset& d = epoch_data()) {
+  auto model = small_mlp(3);
+  auto opt = make_opt(*model, which, lr);
+  optim::Accumulator acc(*opt, {.steps = accum, .clip_norm = clip, .normalize = norm});
+  data::DataLoader loader(d, {.batch_size = batch, .seed = 11});
+  RunResult r;
+  for (int64_t e = 0; e < epochs; ++e) r.optimizer_steps += optim::train_epoch(*model, loader, acc, e).optimizer_steps;
+  r.weights = snapshot(*model);
+  r.step_count = opt->step_count();
+  return r;
+}
+
+}  // namespace
+
+// Tolerances for "the same update, up to float rounding". The runs add the same products in a
+// different order (one GEMM over 64 rows against four GEMMs over 16 rows added into the buffer),
+// so each gradient element differs by a few ulps of its partial sums, and 125 steps of the
+// nonlinear network carry those differences forward. SGD passes a gradient difference to the
+// weights scaled by lr: measured |dw| ~ 1e-7 on weights of ~0.1, so 1e-6 (about 10 ulps of the
+// weights) bounds it. Adam divides by sqrt(v): for a parameter whose gradient is a near-cancelling
+// sum, a relative rounding difference in g becomes an absolute difference of order lr * 1e-3 in
+// its update: measured ~3e-6, bound 2e-5. Dividing by N changes a whole step, not its rounding.
+constexpr double kRoundingTolSgd = 1e-6;
+constexpr double kRoundingTolAdam = 2e-5;
+
+TEST_CASE("batch 16 x 4 ends an epoch of 7,992 samples with the weights of batch 64; dividing by N does not") {
+  for (Opt which : {Opt::sgd, Opt::sgd_momentum, Opt::adam}) {
+    const float lr = which == Opt::adam ? 1e-3f : which == Opt::sgd ? 0.05f : 0.01f;
+    const double tol = which == Opt::adam ? kRoundingTolAdam : kRoundingTolSgd;
+    INFO("optimizer " << static_cast<int>(which));
+    RunResult big = run(64, 1, which, lr);
+    RunResult acc = run(16, 4, which, lr);
+    auto init = snapshot(*small_mlp(3));
+    const double moved = max_diff(big.weights, init);
+    const double d_acc = max_diff(big.weights, acc.weights);
+    CHECK(big.optimizer_steps == 125);  // 124 full windows + the short one of 56 samples
+    CHECK(acc.optimizer_steps == 125);
+    CHECK(acc.step_count == 125);
+    CHECK(moved > 1e-2);
+    CHECK(d_acc < tol);
+    if (which == Opt::adam) {
+      // Adam's first moment takes (1 - beta1) = 10% of the last step's gradient, so the wrong
+      // last window moves the weights by only ~4e-5 here; the Adam test below uses an epoch
+      // whose last window is a single micro-batch of 8, where the error is large.
+      MESSAGE("Adam: weights moved " << moved << "; |64 - 16x4| = " << d_acc);
+      continue;
+    }
+    RunResult wrong = run(16, 4, which, lr, 1, optim::Normalize::micro_batches);
+    const double d_wrong = max_diff(big.weights, wrong.weights);
+    MESSAGE(std::string(which == Opt::sgd ? "SGD" : "SGD momentum 0.9") << ": weights moved " << moved << " from init; |64 - 16x4| = "
+                                                            << d_acc << "; |64 - 16x4 divided by N| = " << d_wrong);
+    CHECK(d_wrong > 20 * tol);  // measured: ~650x (SGD), ~75x (momentum, whose late gradients are small)
+  }
+}
+
+TEST_CASE("the short last window: one accumulated step equals the step on the concatenated batch") {
+  // 5 micro-batches of sizes 16, 16, 16, 3 and (flushed) nothing else: the window has 51 samples.
+  const data::Dataset d = data::make_synthetic(51, 21);
+  auto ref_model = small_mlp(5);
+  auto acc_model = small_mlp(5);
+  optim::SGD ref_opt(ref_model->parameters(), {.lr = 0.5f});
+  optim::SGD acc_opt(acc_model->parameters(), {.lr = 0.5f});
+  data::DataLoader whole(d, {.batch_size = 51, .shuffle = false});
+  data::DataLoader parts(d, {.batch_size = 16, .shuffle = false});
+  data::Batch b;
+  whole.start_epoch(0);
+  REQUIRE(whole.next(b));
+  cross_entropy(ref_model->forward(b.x), b.y).backward();  // mean over 51
+  ref_opt.step();
+  optim::Accumulator acc(acc_opt, {.steps = 8});
+  parts.start_epoch(0);
+  int n = 0;
+  while (parts.next(b)) {
+    acc.backward(cross_entropy(acc_model->forward(b.x), b.y, Reduction::sum), b.size());
+    ++n;
+  }
+  CHECK(n == 4);
+  CHECK(!acc.ready());
+  optim::StepInfo info;
+  CHECK(acc.flush(&info));
+  CHECK(info.samples == 51);
+  CHECK(info.micro_batches == 4);
+  CHECK(info.grad_scale == doctest::Approx(1.0 / 51));
+  CHECK(!acc.flush());  // nothing pending any more
+  CHECK(max_diff(snapshot(*ref_model), snapshot(*acc_model)) < 1e-6);
+  for (const Tensor& g : acc_opt.grads()) CHECK(max_abs({g}) == 0.0);  // zeroed after the step
+}
+
+TEST_CASE("accumulation schedule: parsing") {
+  auto s = optim::AccumulationSchedule::parse("0:8,4:2");
+  CHECK(s.steps_for_epoch(0) == 8);
+  CHECK(s.steps_for_epoch(3) == 8);
+  CHECK(s.steps_for_epoch(4) == 2);
+  CHECK(s.steps_for_epoch(100) == 2);
+  CHECK(s.str() == "0:8,4:2");
+  auto late = optim::AccumulationSchedule::parse("2:4, 5:3");  // Lightning: N = 1 before the first key
+  CHECK(late.steps_for_epoch(0) == 1);
+  CHECK(late.steps_for_epoch(1) == 1);
+  CHECK(late.steps_for_epoch(2) == 4);
+  CHECK(late.steps_for_epoch(6) == 3);
+  CHECK(optim::AccumulationSchedule::parse("4").steps_for_epoch(9) == 4);
+  CHECK(optim::AccumulationSchedule::parse("4:2,0:8").str() == "0:8,4:2");
+  for (const char* bad : {"", "0:8,", ",0:8", "0:8,,4:2", "0-8", "0:0", "0:-2", "-1:2", "a:2", "0:2x",
+                          "0:8,0:4", "0:8:2", "0:", ":8", "0", "1.5:2"}) {
+    INFO("spec \"" << bad << "\"");
+    CHECK_THROWS_AS(optim::AccumulationSchedule::parse(bad), Error);
+  }
+  CHECK_THROWS_WITH_AS(optim::AccumulationSchedule::parse("0:8,0:4"), doctest::Contains("appears twice"), Error);
+  CHECK_THROWS_WITH_AS(optim::AccumulationSchedule::parse("0:8,x:2"), doctest::Contains("not a non-negative integer"), Error);
+}
+
+TEST_CASE("accumulation schedule switches N by epoch, and each epoch matches the equivalent large batch") {
+  // 200 samples; batch 16 -> 13 micro-batches per epoch. Schedule "0:4,1:2":
+  // epoch 0: windows of 4 -> 4 steps (4+4+4+1); epoch 1: windows of 2 -> 7 steps (2*6+1).
+  const data::Dataset d = data::make_synthetic(200, 5);
+  const auto sched = optim::AccumulationSchedule::parse("0:4,1:2");
+  auto model = small_mlp(9);
+  optim::SGD opt(model->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+  optim::Accumulator acc(opt, {.steps = sched.steps_for_epoch(0)});
+  data::DataLoader loader(d, {.batch_size = 16, .seed = 4});
+  std::vector<int64_t> steps;
+  for (int64_t e = 0; e < 2; ++e) {
+    acc.set_steps(sched.steps_for_epoch(e));
+    steps.push_back(optim::train_epoch(*model, loader, acc, e).optimizer_steps);
+  }
+  CHECK(steps == std::vector<int64_t>{4, 7});
+  CHECK(opt.step_count() == 11);
+  // The same run as batch 64 then batch 32, without accumulation.
+  auto ref = small_mlp(9);
+  optim::SGD ref_opt(ref->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+  optim::Accumulator one(ref_opt, {.steps = 1});
+  data::DataLoader l64(d, {.batch_size = 64, .seed = 4}), l32(d, {.batch_size = 32, .seed = 4});
+  optim::train_epoch(*ref, l64, one, 0);
+  optim::train_epoch(*ref, l32, one, 1);
+  CHECK(max_diff(snapshot(*model), snapshot(*ref)) < 1e-6);
+  // N cannot change in the middle of a window.
+  data::Batch b;
+  loader.start_epoch(0);
+  REQUIRE(loader.next(b));
+  acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+  CHECK_THROWS_WITH_AS(acc.set_steps(3), doctest::Contains("pending"), Error);
+}
+
+TEST_CASE("clipping by global norm is applied once per optimizer step, to the window's mean gradient") {
+  const data::Dataset d = data::make_synthetic(40, 13);
+  const float lr = 0.1f, clip = 0.05f;
+  auto model = small_mlp(17);
+  auto init = snapshot(*model);
+  // Manual: the summed gradient of the 3 micro-batches (16, 16, 8), its mean, the norm, the step.
+  std::vector<Tensor> sum_grads;
+  {
+    auto m = small_mlp(17);
+    for (Tensor& p : m->parameters()) p.set_grad(Tensor());
+    data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
+    data::Batch b;
+    l.start_epoch(0);
+    while (l.next(b)) cross_entropy(m->forward(b.x), b.y, Reduction::sum).backward();
+    for (const Tensor& p : m->parameters()) sum_grads.push_back(p.grad().clone());
+  }
+  double ss = 0;
+  for (const Tensor& g : sum_grads)
+    for (float v : g.to_vector<float>()) ss += static_cast<double>(v / 40.0f) * (v / 40.0f);
+  const double norm = std::sqrt(ss);
+  REQUIRE(norm > 4 * clip);  // clipping must be active for the test to mean anything
+  const double coef = clip / (norm + 1e-6);
+  // The accumulator.
+  optim::SGD opt(model->parameters(), {.lr = lr});
+  optim::Accumulator acc(opt, {.steps = 3, .clip_norm = clip});
+  data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
+  data::Batch b;
+  l.start_epoch(0);
+  while (l.next(b)) acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+  REQUIRE(acc.ready());
+  optim::StepInfo info = acc.step();
+  CHECK(info.grad_norm == doctest::Approx(norm).epsilon(1e-5));
+  CHECK(info.clip_coef == doctest::Approx(coef).epsilon(1e-5));
+  auto after = snapshot(*model);
+  double worst = 0, step_norm2 = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    auto p0 = init[i].to_vector<float>(), p1 = after[i].to_vector<float>(), g = sum_grads[i].to_vector<float>();
+    for (size_t k = 0; k < g.size(); ++k) {
+      const double expect = p0[k] - lr * coef * (g[k] / 40.0);
+      worst = std::max(worst, std::abs(expect - p1[k]));
+      step_norm2 += (static_cast<double>(p1[k]) - p0[k]) * (static_cast<double>(p1[k]) - p0[k]);
+    }
+  }
+  CHECK(worst < 1e-6);
+  // The step taken has norm lr * clip exactly (up to rounding): clipped once, on the whole window.
+  CHECK(std::sqrt(step_norm2) == doctest::Approx(lr * clip).epsilon(1e-3));
+  // Clipping each micro-batch separately would give a different step; make sure the test can tell.
+  double per_mb_norm2 = 0;
+  {
+    auto m = small_mlp(17);
+    optim::SGD o(m->parameters(), {.lr = lr});
+    data::DataLoader l2(d, {.batch_size = 16, .shuffle = false});
+    l2.start_epoch(0);
+    std::vector<Tensor> total;
+    for (const Tensor& p : m->parameters()) total.push_back(Tensor::zeros(p.shape()));
+    while (l2.next(b)) {
+      o.zero_grad();
+      cross_entropy(m->forward(b.x), b.y, Reduction::sum).backward();
+      const double n = optim::global_grad_norm(o.grads(), 1.0 / 40);
+      const double c = std::min(1.0, clip / (n + 1e-6));
+      auto gs = o.grads();
+      for (size_t i = 0; i < gs.size(); ++i) {
+        auto gv = gs[i].to_vector<float>();
+        float* t = total[i].data<float>();
+        for (size_t k = 0; k < gv.size(); ++k) t[k] += static_cast<float>(c * gv[k] / 40.0);
+      }
+    }
+    for (const Tensor& t : total) for (float v : t.to_vector<float>()) per_mb_norm2 += lr * lr * static_cast<double>(v) * v;
+  }
+  CHECK(std::abs(std::sqrt(per_mb_norm2) - lr * clip) > 0.05 * lr * clip);
+}
+
+TEST_CASE("Adam's step count is the number of real steps, and 16 x 4 matches 64 on a short epoch") {
+  const data::Dataset d = data::make_synthetic(328, 3);  // 5 full windows of 64 + 8
+  RunResult big = run(64, 1, Opt::adam, 2e-3f, 2, optim::Normalize::samples, 0.0f, d);
+  RunResult acc = run(16, 4, Opt::adam, 2e-3f, 2, optim::Normalize::samples, 0.0f, d);
+  CHECK(big.step_count == 12);
+  CHECK(acc.step_count == 12);  // not 2 * 21 micro-batches
+  CHECK(acc.optimizer_steps == 12);
+  CHECK(max_diff(big.weights, acc.weights) < kRoundingTolAdam);
+  // Stepping Adam per micro-batch (t = 42) would change its bias correction: a different result.
+  RunResult per_mb = run(16, 1, Opt::adam, 2e-3f, 2, optim::Normalize::samples, 0.0f, d);
+  CHECK(per_mb.step_count == 42);
+  CHECK(max_diff(big.weights, per_mb.weights) > 50 * kRoundingTolAdam);
+  // Dividing by N: the last window (one micro-batch of 8) gets a quarter of its gradient.
+  RunResult wrong = run(16, 4, Opt::adam, 2e-3f, 2, optim::Normalize::micro_batches, 0.0f, d);
+  MESSAGE("Adam, 328 samples x 2 epochs: |64 - 16x4| = " << max_diff(big.weights, acc.weights)
+          << "; divided by N: " << max_diff(big.weights, wrong.weights));
+  CHECK(max_diff(big.weights, wrong.weights) > 50 * kRoundingTolAdam);
+}
+
+TEST_CASE("non-finite loss or gradient: error by default, skip on request") {
+  auto model = small_mlp(1);
+  optim::SGD opt(model->parameters(), {.lr = 0.1f});
+  auto init = snapshot(*model);
+  const data::Dataset d = data::make_synthetic(32, 1);
+  data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
+  data::Batch b;
+  l.start_epoch(0);
+  REQUIRE(l.next(b));
+  {
+    optim::Accumulator acc(opt, {.steps = 2});
+    Tensor bad = scale(cross_entropy(model->forward(b.x), b.y, Reduction::sum), std::numeric_limits<float>::quiet_NaN());
+    CHECK_THROWS_WITH_AS(acc.backward(bad, b.size()), doctest::Contains("loss is nan"), Error);
+    CHECK_THROWS_WITH_AS(acc.add_micro_batch(16, std::numeric_limits<double>::infinity()), doctest::Contains("loss is inf"), Error);
+  }
+  opt.zero_grad();
+  {
+    // A finite loss whose gradient is not: poison one element of the accumulated gradient.
+    optim::Accumulator acc(opt, {.steps = 1});
+    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+    opt.grads()[1].data<float>()[3] = std::numeric_limits<float>::infinity();
+    CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("gradient norm is inf"), Error);
+    opt.grads()[1].data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("gradient norm is nan"), Error);
+    CHECK(opt.step_count() == 0);
+    CHECK(max_diff(init, snapshot(*model)) == 0.0);
+  }
+  opt.zero_grad();
+  {
+    optim::Accumulator acc(opt, {.steps = 2, .non_finite = optim::NonFinite::skip});
+    Tensor bad = scale(cross_entropy(model->forward(b.x), b.y, Reduction::sum), std::numeric_limits<float>::quiet_NaN());
+    acc.backward(bad, b.size());
+    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+    REQUIRE(acc.ready());
+    optim::StepInfo info = acc.step();
+    CHECK(info.skipped);
+    CHECK(acc.skipped_steps() == 1);
+    CHECK(opt.step_count() == 0);
+    CHECK(max_diff(init, snapshot(*model)) == 0.0);
+    for (const Tensor& g : opt.grads()) CHECK(max_abs({g}) == 0.0);
+    // The next window is clean and steps.
+    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+    CHECK(!acc.step().skipped);
+    CHECK(opt.step_count() == 1);
+  }
+  CHECK_THROWS_AS(optim::Accumulator(opt, {.steps = 0}), Error);
+  CHECK_THROWS_AS(optim::Accumulator(opt, {.clip_norm = -1.0f}), Error);
+  optim::Accumulator acc(opt, {.steps = 2});
+  CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("no micro-batch"), Error);
+}
+
+TEST_CASE("linear LR scaling") {
+  CHECK(optim::scale_lr_linear(0.1f, 256, 1024) == doctest::Approx(0.4f));
+  CHECK(optim::scale_lr_linear(1e-3f, 64, 16) == doctest::Approx(2.5e-4f));
+  CHECK_THROWS_AS(optim::scale_lr_linear(0.1f, 0, 64), Error);
+}
+
+TEST_CASE("resume: 2 epochs straight equal 1 epoch + save + resume 1 epoch, bit for bit") {
+  const data::Dataset d = data::make_synthetic(1000, 8);  // 1000 = 15 * 64 + 40: short windows too
+  const std::string dir = (std::filesystem::temp_directory_path() / "mg_test_resume").string();
+  std::filesystem::create_directories(dir);
+  for (Opt which : {Opt::sgd_momentum, Opt::adam}) {
+    INFO("optimizer " << static_cast<int>(which));
+    const float lr = which == Opt::adam ? 1e-3f : 0.05f;
+    auto straight = [&]() {
+      auto m = small_mlp(2);
+      auto o = make_opt(*m, which, lr);
+      optim::Accumulator acc(*o, {.steps = 4, .clip_norm = 1.0f});
+      data::DataLoader l(d, {.batch_size = 16, .seed = 99});
+      for (int64_t e = 0; e < 2; ++e) optim::train_epoch(*m, l, acc, e);
+      return snapshot(*m);
+    }();
+    const std::string path = dir + "/state.safetensors";
+    {
+      auto m = small_mlp(2);
+      auto o = make_opt(*m, which, lr);
+      optim::Accumulator acc(*o, {.steps = 4, .clip_norm = 1.0f});
+      data::DataLoader l(d, {.batch_size = 16, .seed = 99});
+      optim::train_epoch(*m, l, acc, 0);
+      optim::save_train_state(path, *m, *o, {.epoch = 1, .extra = {{"note", "test"}}});
+    }
+    auto m = small_mlp(1234);  // different initial weights: the load must overwrite them all
+    auto o = make_opt(*m, which, lr);
+    optim::TrainState st = optim::load_train_state(path, *m, *o);
+    CHECK(st.epoch == 1);
+    CHECK(st.extra.at("note") == "test");
+    CHECK(o->step_count() == 16);  // 63 micro-batches (62 x 16 + 8) in windows of 4: 15 + 1 steps
+    optim::Accumulator acc(*o, {.steps = 4, .clip_norm = 1.0f});
+    data::DataLoader l(d, {.batch_size = 16, .seed = 99});
+    optim::train_epoch(*m, l, acc, st.epoch);
+    auto resumed = snapshot(*m);
+    REQUIRE(resumed.size() == straight.size());
+    for (size_t i = 0; i < resumed.size(); ++i) CHECK(bit_equal(resumed[i], straight[i]));
+    // And a resume that lost the optimizer state would not be bit-identical.
+    if (which == Opt::adam) {
+      auto m2 = small_mlp(2);
+      auto o2 = make_opt(*m2, which, lr);
+      optim::load_train_state(path, *m2, *o2);
+      for (auto& [name, t] : o2->state_tensors()) t.fill_(0.0f);
+      optim::Accumulator acc2(*o2, {.steps = 4, .clip_norm = 1.0f});
+      data::DataLoader l2(d, {.batch_size = 16, .seed = 99});
+      optim::train_epoch(*m2, l2, acc2, 1);
+      CHECK(max_diff(snapshot(*m2), straight) > 1e-5);
+    }
+  }
+  // A file that is not a training state.
+  auto m = small_mlp(2);
+  optim::SGD o(m->parameters(), {.lr = 0.1f});
+  nn::save_safetensors(dir + "/weights.safetensors", m->named_parameters());
+  CHECK_THROWS_WITH_AS(optim::load_train_state(dir + "/weights.safetensors", *m, o),
+                       doctest::Contains("not a libminigrad training-state file"), Error);
+  // A state of another optimizer (SGD without momentum has no state tensors; Adam's are extra).
+  optim::Adam adam(m->parameters(), {});
+  optim::save_train_state(dir + "/adam.safetensors", *m, adam, {});
+  CHECK_THROWS_WITH_AS(optim::load_train_state(dir + "/adam.safetensors", *m, o),
+                       doctest::Contains("unexpected tensor"), Error);
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,300 @@
+// data/: IDX reading and its errors, data sets, the loader's order (Note [batch-size independent
+// order]), prefetching, and the real MNIST split when ../shared/data/mnist is present.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "data/dataset.h"
+#include "data/idx.h"
+#include "data/loader.h"
+#include "helpers.h"
+
+using namespace mg;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& name) {
+    path = (fs::temp_directory_path() / ("mg_test_data_" + name)).string();
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& f) const { return path + "/" + f; }
+};
+
+void be32(std::string& s, uint32_t v) {
+  for (int sh = 24; sh >= 0; sh -= 8) s.push_back(static_cast<char>((v >> sh) & 0xFF));
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) { data::write_maybe_gz(path, bytes); }
+
+std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, size_t data_bytes, uint8_t fill_mod = 251) {
+  std::string s;
+  be32(s, magic);
+  for (uint32_t d : dims) be32(s, d);
+  for (size_t i = 0; i < data_bytes; ++i) s.push_back(static_cast<char>(i % fill_mod));
+  return s;
+}
+
+// A valid pair of n images and labels (labels i % 10).
+void write_pair(const TempDir& dir, const std::string& prefix, uint32_t n, bool gz) {
+  const std::string ext = gz ? ".gz" : "";
+  write_bytes(dir / (prefix + "-images-idx3-ubyte" + ext), idx_bytes(0x803, {n, 28, 28}, size_t{n} * 784));
+  write_bytes(dir / (prefix + "-labels-idx1-ubyte" + ext), idx_bytes(0x801, {n}, n, 10));
+}
+
+}  // namespace
+
+TEST_CASE("IDX: gzip and raw files read the same, and write_idx round-trips") {
+  TempDir dir("idx");
+  for (bool gz : {true, false}) {
+    write_pair(dir, gz ? "gz" : "raw", 37, gz);
+  }
+  auto a = data::read_idx(dir / "gz-images-idx3-ubyte.gz", 3);
+  auto b = data::read_idx(dir / "raw-images-idx3-ubyte", 3);
+  CHECK(a.dims == std::vector<int64_t>{37, 28, 28});
+  CHECK(a.bytes == b.bytes);
+  CHECK(a.bytes[785] == 785 % 251);
+  data::write_idx(dir / "copy.gz", a.dims, a.bytes.data());
+  data::write_idx(dir / "copy", a.dims, a.bytes.data());
+  CHECK(data::read_idx(dir / "copy.gz", 3).bytes == a.bytes);
+  CHECK(data::read_idx(dir / "copy", 3).bytes == a.bytes);
+  CHECK(fs::file_size(dir / "copy") == 16 + a.bytes.size());  // raw: no gzip header
+  data::Dataset d = data::load_idx_pair(dir / "gz-images-idx3-ubyte.gz", dir / "gz-labels-idx1-ubyte.gz");
+  CHECK(d.size() == 37);
+  CHECK(d.labels()[13] == 3);
+}
+
+TEST_CASE("IDX: each malformed file raises mg::Error naming the file and the problem") {
+  TempDir dir("bad");
+  write_pair(dir, "good", 20, true);
+  const std::string good_img = dir / "good-images-idx3-ubyte.gz", good_lab = dir / "good-labels-idx1-ubyte.gz";
+  struct Case {
+    const char* name;
+    std::string bytes;
+    bool is_images;
+    const char* expect;
+  };
+  std::string trailing = idx_bytes(0x803, {20, 28, 28}, 20 * 784 + 5);
+  std::string bad_label = idx_bytes(0x801, {20}, 20, 10);
+  bad_label[8 + 7] = 10;  // label 7 out of range
+  const std::vector<Case> cases = {
+      {"magic.gz", idx_bytes(0x1f8b0803, {20, 28, 28}, 20 * 784), true, "wrong magic"},
+      {"type.gz", idx_bytes(0x0D03, {20, 28, 28}, 20 * 784), true, "wrong magic"},  // float data
+      {"labels_as_images.gz", idx_bytes(0x801, {20}, 20), true, "wrong number of dimensions"},
+      {"images_as_labels.gz", idx_bytes(0x803, {20, 28, 28}, 20 * 784), false, "wrong number of dimensions"},
+      {"size.gz", idx_bytes(0x803, {20, 32, 32}, 20 * 1024), true, "wrong image size 32x32"},
+      {"zero_dim.gz", idx_bytes(0x803, {0, 28, 28}, 0), true, "has size 0"},
+      {"truncated.gz", idx_bytes(0x803, {20, 28, 28}, 20 * 784 - 100), true, "truncated"},
+      {"truncated_raw", idx_bytes(0x803, {20, 28, 28}, 19 * 784), true, "truncated"},
+      {"header_only", std::string("\0\0\x08", 3), true, "truncated"},
+      {"short_header", idx_bytes(0x803, {20}, 0), true, "truncated header"},
+      {"trailing.gz", trailing, true, "trailing bytes"},
+      {"count.gz", idx_bytes(0x801, {19}, 19, 10), false, "counts disagree"},
+      {"label.gz", bad_label, false, "label 7 is 10"},
+  };
+  for (const Case& c : cases) {
+    INFO("case " << c.name);
+    const std::string path = dir / c.name;
+    write_bytes(path, c.bytes);
+    const std::string img = c.is_images ? path : good_img;
+    const std::string lab = c.is_images ? good_lab : path;
+    CHECK_THROWS_WITH_AS(data::load_idx_pair(img, lab), doctest::Contains(c.expect), Error);
+    CHECK_THROWS_WITH_AS(data::load_idx_pair(img, lab), doctest::Contains(c.name), Error);  // names the file
+  }
+  CHECK_THROWS_WITH_AS(data::read_idx(dir / "missing.gz", 1), doctest::Contains("cannot open"), Error);
+  // A damaged gzip stream (valid header, garbage inside).
+  std::string gz;
+  {
+    write_bytes(dir / "tmp.gz", idx_bytes(0x803, {20, 28, 28}, 20 * 784));
+    std::ifstream in(dir / "tmp.gz", std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(in), {});
+    for (size_t i = 20; i < gz.size() - 10; i += 7) gz[i] = static_cast<char>(gz[i] ^ 0x5A);
+    std::ofstream(dir / "damaged.gz", std::ios::binary).write(gz.data(), static_cast<std::streamsize>(gz.size()));
+  }
+  CHECK_THROWS_WITH_AS(data::read_idx(dir / "damaged.gz", 3), doctest::Contains("damaged.gz"), Error);
+  // A folder without the standard names.
+  CHECK_THROWS_WITH_AS(data::load_mnist(dir.path), doctest::Contains("missing train-"), Error);
+  CHECK_THROWS_WITH_AS(data::load_mnist_auto(dir.path), doctest::Contains("no MNIST files"), Error);
+}
+
+TEST_CASE("MNIST folders: the four standard names, and the split of a test set alone") {
+  TempDir dir("mnist");
+  write_pair(dir, "train", 50, true);
+  write_pair(dir, "t10k", 30, false);
+  auto s = data::load_mnist(dir.path);
+  CHECK(s.train.size() == 50);
+  CHECK(s.test.size() == 30);
+  TempDir only_test("only_test");
+  write_pair(only_test, "t10k", 30, true);
+  auto sp = data::load_mnist_test_split(only_test.path, 24);
+  CHECK(sp.train.size() == 24);
+  CHECK(sp.test.size() == 6);
+  CHECK(sp.test.labels()[0] == 24 % 10);  // the held-out part is the END of the file
+  CHECK(data::load_mnist_auto(dir.path).train.size() == 50);
+  CHECK_THROWS_AS(data::load_mnist_test_split(only_test.path, 30), Error);
+}
+
+TEST_CASE("normalisation is (x / 255 - mean) / std") {
+  std::vector<uint8_t> px(2 * 4);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 37);
+  data::Dataset d(px, {3, 9}, 2, 2, 10, {0.1307f, 0.3081f});
+  std::vector<float> out(4, -999.0f);
+  d.normalized_image(1, out.data());
+  for (int k = 0; k < 4; ++k) CHECK(out[k] == doctest::Approx((px[4 + k] / 255.0 - 0.1307) / 0.3081).epsilon(1e-6));
+  CHECK_THROWS_AS(data::Dataset(px, {3, 10}, 2, 2), Error);  // label out of range
+  CHECK_THROWS_AS(data::Dataset(px, {3}, 2, 2), Error);      // count mismatch
+}
+
+TEST_CASE("synthetic data is deterministic, balanced, and depends on the seed") {
+  auto a = data::make_synthetic(500, 1), b = data::make_synthetic(500, 1), c = data::make_synthetic(500, 2);
+  CHECK(a.pixels() == b.pixels());
+  CHECK(a.labels() == b.labels());
+  CHECK(a.pixels() != c.pixels());
+  CHECK(data::make_synthetic(100, 1).pixels() ==
+        std::vector<uint8_t>(a.pixels().begin(), a.pixels().begin() + 100 * 784));  // prefix-stable
+  std::vector<int> count(10);
+  for (int64_t y : a.labels()) count[y]++;
+  for (int k = 0; k < 10; ++k) CHECK(count[k] > 25);
+  std::set<int> values(a.pixels().begin(), a.pixels().end());
+  CHECK(values.size() > 100);  // not binary: strokes, ink and noise
+}
+
+TEST_CASE("epoch permutations: a permutation, a function of (seed, epoch) only") {
+  auto p = data::epoch_permutation(1001, 5, 0);
+  std::vector<int64_t> sorted = p;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 1001; ++i) REQUIRE(sorted[i] == i);
+  CHECK(p == data::epoch_permutation(1001, 5, 0));
+  CHECK(p != data::epoch_permutation(1001, 5, 1));
+  CHECK(p != data::epoch_permutation(1001, 6, 0));
+  int fixed = 0;
+  for (int64_t i = 0; i < 1001; ++i) fixed += p[i] == i;
+  CHECK(fixed < 10);  // shuffled (a random permutation has ~1 fixed point)
+  // Roughly uniform: each sample's position over many epochs averages to the middle.
+  double mean_pos0 = 0;
+  for (int e = 0; e < 400; ++e) {
+    auto q = data::epoch_permutation(11, 3, e);
+    mean_pos0 += std::find(q.begin(), q.end(), 0) - q.begin();
+  }
+  CHECK(mean_pos0 / 400 == doctest::Approx(5.0).epsilon(0.12));
+}
+
+namespace {
+
+// All (label, first pixel byte) pairs an epoch delivers, in order, and the batch sizes.
+struct Seen {
+  std::vector<int64_t> labels;
+  std::vector<float> first_pixels;
+  std::vector<int64_t> sizes;
+};
+
+Seen walk(const data::Dataset& d, data::LoaderOptions o, int64_t epoch) {
+  data::DataLoader l(d, o);
+  l.start_epoch(epoch);
+  Seen s;
+  data::Batch b;
+  while (l.next(b)) {
+    REQUIRE(b.x.size(0) == b.size());
+    s.sizes.push_back(b.size());
+    auto y = b.y.to_vector<int64_t>();
+    auto x = b.x.to_vector<float>();
+    const int64_t f = x.size() / y.size();
+    for (size_t i = 0; i < y.size(); ++i) {
+      s.labels.push_back(y[i]);
+      s.first_pixels.push_back(x[i * f + 300]);
+    }
+  }
+  CHECK(s.sizes.size() == static_cast<size_t>(l.num_batches()));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("loader: the sample order does not depend on the batch size, prefetching, or the epoch order") {
+  const data::Dataset d = data::make_synthetic(1003, 4);
+  const Seen s64 = walk(d, {.batch_size = 64, .seed = 9}, 2);
+  for (int64_t bs : {1, 7, 16, 64, 1003, 5000}) {
+    for (int prefetch : {0, 1, 3}) {
+      INFO("batch " << bs << " prefetch " << prefetch);
+      Seen s = walk(d, {.batch_size = bs, .seed = 9, .prefetch = prefetch}, 2);
+      CHECK(s.labels == s64.labels);
+      CHECK(s.first_pixels == s64.first_pixels);
+      CHECK(s.sizes.back() == (1003 % bs == 0 ? bs : (bs > 1003 ? 1003 : 1003 % bs)));
+    }
+  }
+  // Other epochs and seeds reorder; unshuffled is the file order.
+  CHECK(walk(d, {.batch_size = 64, .seed = 9}, 3).labels != s64.labels);
+  CHECK(walk(d, {.batch_size = 64, .seed = 10}, 2).labels != s64.labels);
+  Seen plain = walk(d, {.batch_size = 100, .shuffle = false}, 0);
+  CHECK(std::vector<int64_t>(plain.labels.begin(), plain.labels.end()) == d.labels());
+  // Every sample exactly once.
+  std::multiset<float> a(s64.first_pixels.begin(), s64.first_pixels.end()), b(plain.first_pixels.begin(), plain.first_pixels.end());
+  CHECK(a == b);
+  // Restarting an epoch mid-way (and jumping between epochs) does not disturb the order.
+  data::DataLoader l(d, {.batch_size = 16, .seed = 9});
+  data::Batch bt;
+  l.start_epoch(0);
+  REQUIRE(l.next(bt));
+  l.start_epoch(2, 10);  // skip the first 10 batches of epoch 2
+  REQUIRE(l.next(bt));
+  CHECK(bt.index == 10);
+  CHECK(bt.y.to_vector<int64_t>()[0] == s64.labels[160]);
+}
+
+TEST_CASE("loader: shapes, drop_last, flatten, errors") {
+  const data::Dataset d = data::make_synthetic(100, 4);
+  data::DataLoader l(d, {.batch_size = 32, .drop_last = true});
+  CHECK(l.num_batches() == 3);
+  CHECK(l.num_samples() == 96);
+  Seen s = walk(d, {.batch_size = 32, .drop_last = true}, 0);
+  CHECK(s.sizes == std::vector<int64_t>{32, 32, 32});
+  data::DataLoader f(d, {.batch_size = 10, .flatten = true});
+  f.start_epoch(0);
+  data::Batch b;
+  REQUIRE(f.next(b));
+  CHECK(b.x.shape() == Shape{10, 784});
+  CHECK(b.y.dtype() == DType::i64);
+  data::DataLoader img(d, {.batch_size = 10});
+  img.start_epoch(0);
+  REQUIRE(img.next(b));
+  CHECK(b.x.shape() == Shape{10, 1, 28, 28});
+  CHECK(b.x.dtype() == DType::f32);
+  data::DataLoader fresh(d, {.batch_size = 10});
+  CHECK_THROWS_WITH_AS(fresh.next(b), doctest::Contains("start_epoch"), Error);
+  CHECK_THROWS_AS(data::DataLoader(d, {.batch_size = 0}), Error);
+  CHECK_THROWS_AS(data::DataLoader(d, {.batch_size = 101, .drop_last = true}), Error);
+  CHECK_THROWS_AS(fresh.start_epoch(0, 11), Error);
+  // Destroying a loader mid-epoch stops its prefetch thread cleanly.
+  {
+    data::DataLoader mid(d, {.batch_size = 1, .prefetch = 2});
+    mid.start_epoch(0);
+    REQUIRE(mid.next(b));
+  }
+  if (!cuda_available()) MESSAGE("no CUDA device: batches on CUDA not tested here");
+}
+
+TEST_CASE("real MNIST (../shared/data/mnist): the 8,000 / 2,000 split") {
+  const std::string dir = std::string(MG_SHARED_DATA_DIR) + "/mnist";
+  if (!fs::exists(dir + "/t10k-images-idx3-ubyte.gz")) {
+    MESSAGE("skipped: " << dir << " has no MNIST test set");
+    return;
+  }
+  auto s = data::load_mnist_auto(dir);
+  CHECK(s.train.size() == 8000);
+  CHECK(s.test.size() == 2000);
+  std::vector<int> count(10);
+  for (int64_t y : s.train.labels()) count[y]++;
+  for (int k = 0; k < 10; ++k) CHECK(count[k] > 600);
+  // The official file's first label is 7 and its last is 6.
+  CHECK(s.train.labels()[0] == 7);
+  CHECK(s.test.labels().back() == 6);
+  double mean = 0;
+  for (uint8_t p : s.train.pixels()) mean += p / 255.0;
+  mean /= static_cast<double>(s.train.pixels().size());
+  CHECK(mean == doctest::Approx(0.1301).epsilon(0.01));  // measured with numpy: 0.13009
+}
