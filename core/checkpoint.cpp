@@ -39,6 +39,9 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
     y = fn(seg->boundary);
   }
   MG_CHECK(y.defined(), "checkpoint: the segment function returned an undefined tensor");
+  for (size_t i = 0; i < inputs.size(); ++i) {  // fn returned an input untouched: keep its history
+    if (y.same(seg->boundary[i])) return inputs[i];
+  }
   if (!y.grad_fn()) return y;  // nothing inside needed a gradient: nothing to drop
 
   // Collect the sub-tape: every node reachable from y that was recorded inside the segment.
@@ -60,15 +63,26 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
   }
   std::sort(seg->nodes.begin(), seg->nodes.end(),
             [](const auto& a, const auto& b) { return a->seq < b->seq; });
-  for (auto& n : seg->nodes) {  // drop the activations: replay recomputes them
-    n->saved.clear();
-    n->saved.shrink_to_fit();
+  std::unordered_map<const TensorImpl*, size_t> boundary_index;
+  for (size_t i = 0; i < seg->boundary.size(); ++i) boundary_index[seg->boundary[i].impl_ptr().get()] = i;
+  for (size_t k = 0; k < seg->nodes.size(); ++k) {  // drop the activations: replay recomputes them
+    Node& n = *seg->nodes[k];
+    n.saved.clear();
+    n.saved.shrink_to_fit();
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (!n.inputs[i].leaf.defined()) continue;
+      auto it = boundary_index.find(n.inputs[i].leaf.impl_ptr().get());
+      if (it == boundary_index.end()) continue;
+      seg->boundary_uses.push_back({k, i, it->second});
+      n.inputs[i].leaf = Tensor();
+    }
   }
 
   auto node = std::make_shared<Node>();
   node->op = OpKind::checkpoint;
   node->seq = next_node_seq();
-  node->saved = seg->boundary;
+  node->saved = std::move(seg->boundary);  // released with the node's saved tensors
+  seg->boundary.clear();
   node->out_shape = y.shape();
   node->out_dtype = y.dtype();
   node->out_device = y.device();
@@ -90,19 +104,27 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
 void checkpoint_backward(Node& node, const Tensor& grad_out, std::vector<Tensor>& grads) {
   CheckpointSegment& seg = *node.segment;
   // Fresh leaves stand in for the boundary so that gradients w.r.t. the inputs collect there.
-  std::unordered_map<const TensorImpl*, Tensor> boundary;
   std::vector<Tensor> fresh;
   for (const Tensor& b : node.saved) {
     Tensor f = b.detach();
     if (b.requires_grad()) f.requires_grad_(true);
-    boundary[b.impl_ptr().get()] = f;
     fresh.push_back(f);
   }
+  std::unordered_map<const Node*, std::vector<std::pair<size_t, size_t>>> uses;  // node -> (input, boundary)
+  for (const auto& u : seg.boundary_uses) uses[seg.nodes[u.node].get()].push_back({u.input, u.boundary});
   Tensor y;
   {
     GradEnabledScope grad_on;
     RecordingScope rec;
+    // Each replayed value is dropped after its last reader, so replay holds no more than the
+    // first pass did.
     std::unordered_map<const Node*, Tensor> value;
+    std::unordered_map<const Node*, int> readers;
+    for (const auto& n : seg.nodes) {
+      for (const NodeInput& ni : n->inputs) {
+        if (ni.fn) ++readers[ni.fn.get()];
+      }
+    }
     for (const auto& n : seg.nodes) {
       std::vector<Tensor> in(n->inputs.size());
       for (size_t i = 0; i < n->inputs.size(); ++i) {
@@ -110,14 +132,19 @@ void checkpoint_backward(Node& node, const Tensor& grad_out, std::vector<Tensor>
         if (ni.fn) {
           in[i] = value.at(ni.fn.get());
         } else if (ni.leaf.defined()) {
-          auto it = boundary.find(ni.leaf.impl_ptr().get());
-          in[i] = it != boundary.end() ? it->second : ni.leaf;
+          in[i] = ni.leaf;
         }
+      }
+      if (auto it = uses.find(n.get()); it != uses.end()) {
+        for (auto [input, b] : it->second) in[input] = fresh[b];
       }
       Tensor out = apply(n->op, n->attrs, std::move(in));
       MG_CHECK(out.shape() == n->out_shape,
                "checkpoint replay: " << op_name(n->op) << " produced shape " << shape_str(out.shape())
                                      << " but the first pass produced " << shape_str(n->out_shape));
+      for (const NodeInput& ni : n->inputs) {
+        if (ni.fn && --readers[ni.fn.get()] == 0) value.erase(ni.fn.get());
+      }
       value[n.get()] = std::move(out);
     }
     y = value.at(seg.nodes.back().get());

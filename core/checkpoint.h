@@ -36,7 +36,14 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs);
 
 struct CheckpointSegment {
   std::vector<std::shared_ptr<Node>> nodes;  // the sub-tape, in recording order
-  std::vector<Tensor> boundary;              // detached inputs, in the order fn received them
+  std::vector<Tensor> boundary;  // detached inputs while recording; then the checkpoint node's saved
+  // Where the sub-tape read a boundary tensor: (node index, input index, boundary index). The
+  // nodes do not keep those tensors themselves, so releasing the checkpoint node's saved
+  // boundary frees it even while the outer graph is still alive.
+  struct BoundaryUse {
+    size_t node, input, boundary;
+  };
+  std::vector<BoundaryUse> boundary_uses;
 };
 
 // True while a segment's forward pass records (ops then keep inputs that have no history).

@@ -1,0 +1,233 @@
+// vgg_ckpt: train VGG16 (torchvision layout, 2 classes) with a gradient-checkpointing plan and
+// report what it costs and saves.
+//
+//   build/bin/vgg_ckpt --checkpoint sqrt --width-div 8 --image-size 224 --batch-size 8 --steps 5 \
+//       --json sqrt.json
+//
+// --checkpoint none | sqrt | segments=K | budget=SIZE (e.g. budget=120MB). The plan comes from one
+// measured pass (nn/checkpoint_plan.h); every step prints its time and peak memory in use, and
+// --json writes the plan, its predicted peak and the measured one. SGD (lr 0.001, momentum 0.9),
+// cross-entropy. Data: synthetic by default (a deterministic pattern per class plus noise), or
+// --data DIR with one sub-folder of JPEG/PNG images per class (data/image_folder.h).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+
+#include "data/image_folder.h"
+#include "minigrad.h"
+#include "nn/checkpoint_plan.h"
+
+namespace {
+
+using mg::Tensor;
+
+constexpr int64_t kNumClasses = 2;
+constexpr int64_t kSyntheticSize = 64;  // samples per synthetic epoch
+
+// Sample i of the synthetic set: class i % 2; class 0 brightens towards the right, class 1
+// towards the bottom, plus uniform noise drawn from (seed, i). ImageNet-normalised like files.
+void synthetic_image(int64_t i, int64_t s, uint64_t seed, float* dst) {
+  const int64_t label = i % kNumClasses;
+  const uint64_t base = static_cast<uint64_t>(i) * 3 * s * s;
+  for (int64_t c = 0; c < 3; ++c) {
+    for (int64_t y = 0; y < s; ++y) {
+      for (int64_t x = 0; x < s; ++x) {
+        const int64_t k = (c * s + y) * s + x;
+        const float ramp = static_cast<float>(label == 0 ? x : y) / static_cast<float>(std::max<int64_t>(1, s - 1));
+        const float noise = mg::philox_uniform(seed, base + static_cast<uint64_t>(k));
+        const float v = 0.6f * ramp + 0.4f * noise;
+        dst[k] = (v - mg::data::kImageNetMean[c]) / mg::data::kImageNetStd[c];
+      }
+    }
+  }
+}
+
+struct Source {
+  std::unique_ptr<mg::data::ImageFolder> folder;
+  int64_t image_size = 224;
+  uint64_t seed = 0;
+  int64_t size() const { return folder ? folder->size() : kSyntheticSize; }
+  std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& idx, uint64_t epoch) const {
+    if (folder) return folder->batch(idx, epoch);
+    const int64_t n = static_cast<int64_t>(idx.size()), s = image_size;
+    Tensor x = Tensor::empty({n, 3, s, s});
+    std::vector<int64_t> y(idx.size());
+    for (int64_t k = 0; k < n; ++k) {
+      synthetic_image(idx[k], s, seed ^ 0xDA7Aull, x.data<float>() + k * 3 * s * s);
+      y[k] = idx[k] % kNumClasses;
+    }
+    return {x, Tensor::from_vector(y, {n})};
+  }
+};
+
+// Epoch order: a permutation drawn from (seed, epoch) with Philox (Fisher-Yates).
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t epoch) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), 0);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const uint64_t r = mg::philox_u32(seed ^ 0x5u, (epoch << 32) + static_cast<uint64_t>(i));
+    std::swap(p[i], p[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
+  }
+  return p;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train VGG16 with a gradient-checkpointing plan; report memory and time."};
+  std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, data_dir;
+  int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
+  uint64_t seed = 0;
+  app.add_option("--checkpoint", checkpoint, "none | sqrt | segments=K | budget=SIZE")->capture_default_str();
+  app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::PositiveNumber);
+  auto* steps_opt = app.add_option("--steps", steps, "number of steps")->check(CLI::PositiveNumber);
+  auto* epochs_opt = app.add_option("--epochs", epochs, "number of epochs")->check(CLI::PositiveNumber);
+  steps_opt->excludes(epochs_opt);
+  app.add_option("--device", device_str, "cpu or cuda[:i]")->capture_default_str();
+  app.add_option("--seed", seed, "seed of weights, data order, flips and dropout")->capture_default_str();
+  app.add_option("--save-dir", save_dir, "write epoch_K.safetensors per epoch and final.safetensors here");
+  app.add_option("--json", json_path, "write a JSON summary here");
+  app.add_option("--width-div", width_div, "divide channels and hidden sizes by K")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--image-size", image_size, "square input size")->capture_default_str()->check(CLI::Range(32, 4096));
+  app.add_option("--data", data_dir, "class sub-folders of JPEG/PNG images (default: synthetic)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const mg::Device dev = mg::Device::parse(device_str);
+    Source src;
+    src.image_size = image_size;
+    src.seed = seed;
+    if (!data_dir.empty()) {
+      src.folder = std::make_unique<mg::data::ImageFolder>(
+          data_dir, mg::data::ImageFolderOptions{.image_size = image_size, .random_flip = true, .seed = seed});
+      MG_CHECK(src.folder->num_classes() == kNumClasses,
+               "--data: expected " << kNumClasses << " class folders, found " << src.folder->num_classes());
+    }
+    const int64_t batches_per_epoch = std::max<int64_t>(1, src.size() / batch_size);  // drop the last partial batch
+    const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
+
+    mg::manual_seed(seed);
+    auto model = mg::nn::make_vgg16(kNumClasses, width_div);
+    model->to(dev);
+    model->train();
+    mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+
+    const mg::Shape in_shape{batch_size, 3, image_size, image_size};
+    mg::nn::ChainCost cost = mg::nn::measure_chain(*model, in_shape);
+    mg::nn::Plan plan = mg::nn::make_plan(cost, checkpoint);
+    const size_t floor = mg::nn::min_feasible_peak(cost);
+    std::printf("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
+                static_cast<long long>(width_div), static_cast<long long>(image_size),
+                static_cast<long long>(image_size), static_cast<long long>(batch_size),
+                static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
+    std::printf("data: %s\n", src.folder ? (data_dir + " (" + std::to_string(src.size()) + " images)").c_str()
+                                         : "synthetic (64 images)");
+    std::printf("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
+                plan.kind.c_str(), plan.str().c_str(), mg::nn::format_bytes(plan.predicted_peak).c_str(),
+                plan.recompute_flops / 1e9, mg::nn::format_bytes(floor).c_str(),
+                mg::nn::format_bytes(cost.fixed_bytes).c_str());
+    if (!save_dir.empty()) std::filesystem::create_directories(save_dir);
+
+    std::vector<double> step_ms;
+    size_t peak_in_use = 0, peak_reserved = 0;
+    float last_loss = NAN;
+    for (int64_t step = 0; step < total_steps; ++step) {
+      const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
+      const std::vector<int64_t> order = permutation(src.size(), seed, static_cast<uint64_t>(epoch));
+      std::vector<int64_t> idx(order.begin() + b * batch_size,
+                               order.begin() + std::min<int64_t>(src.size(), (b + 1) * batch_size));
+      while (static_cast<int64_t>(idx.size()) < batch_size) idx.push_back(order[idx.size() % order.size()]);
+      auto [xh, yh] = src.batch(idx, static_cast<uint64_t>(epoch));
+      Tensor x = xh.to(dev), y = yh.to(dev);
+      xh = Tensor();
+      yh = Tensor();
+
+      mg::reset_peak_memory_stats(dev);
+      const auto t0 = std::chrono::steady_clock::now();
+      opt.zero_grad();
+      {
+        Tensor logits = mg::nn::forward_with_plan(*model, plan, x);
+        Tensor loss = mg::cross_entropy(logits, y);
+        loss.backward();
+        opt.step();
+        last_loss = loss.item();
+      }
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const mg::MemoryStats st = mg::memory_stats(dev);
+      step_ms.push_back(ms);
+      peak_in_use = std::max(peak_in_use, st.peak_in_use);
+      peak_reserved = std::max(peak_reserved, st.peak_reserved);
+      std::printf("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms  peak in use %s  peak reserved %s\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(total_steps),
+                  static_cast<long long>(epoch), last_loss, ms, mg::nn::format_bytes(st.peak_in_use).c_str(),
+                  mg::nn::format_bytes(st.peak_reserved).c_str());
+      std::fflush(stdout);
+      if (!save_dir.empty() && b + 1 == batches_per_epoch) {
+        mg::nn::save_safetensors(save_dir + "/epoch_" + std::to_string(epoch + 1) + ".safetensors",
+                                 model->named_parameters(),
+                                 {{"epoch", std::to_string(epoch + 1)}});
+      }
+    }
+    if (!save_dir.empty()) {
+      mg::nn::save_safetensors(save_dir + "/final.safetensors", model->named_parameters(),
+                               {{"steps", std::to_string(total_steps)}});
+    }
+    const double med = median(step_ms);
+    const double ratio = static_cast<double>(peak_in_use) / static_cast<double>(plan.predicted_peak);
+    std::printf("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n",
+                med, mg::nn::format_bytes(peak_in_use).c_str(), mg::nn::format_bytes(plan.predicted_peak).c_str(),
+                ratio, mg::nn::format_bytes(peak_reserved).c_str());
+
+    if (!json_path.empty()) {
+      nlohmann::ordered_json j;
+      j["plan"] = plan.kind;
+      j["segments"] = nlohmann::json::array();
+      for (const auto& s : plan.segments) j["segments"].push_back({s.begin, s.end});
+      j["num_layers"] = model->size();
+      j["predicted_peak_bytes"] = plan.predicted_peak;
+      j["measured_peak_in_use_bytes"] = peak_in_use;
+      j["peak_reserved_bytes"] = peak_reserved;
+      j["min_feasible_peak_bytes"] = floor;
+      j["fixed_bytes"] = cost.fixed_bytes;
+      if (plan.budget) j["budget_bytes"] = plan.budget;
+      j["recompute_gflop"] = plan.recompute_flops / 1e9;
+      j["median_step_ms"] = med;
+      j["step_ms"] = step_ms;
+      j["final_loss"] = last_loss;
+      j["steps"] = total_steps;
+      j["batch_size"] = batch_size;
+      j["width_div"] = width_div;
+      j["image_size"] = image_size;
+      j["device"] = dev.str();
+      j["seed"] = seed;
+      j["units"] = nlohmann::json::array();
+      for (const auto& u : cost.units) {
+        j["units"].push_back({{"layers", {u.begin, u.end}}, {"name", u.name}, {"out_bytes", u.out_bytes},
+                              {"extra_bytes", u.extra_bytes}, {"saves_input", u.saves_input},
+                              {"saves_output", u.saves_output}, {"fwd_peak", u.fwd_peak},
+                              {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9}, {"forward_ms", u.forward_ms}});
+      }
+      std::ofstream(json_path) << j.dump(2) << "\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vgg_ckpt: %s\n", e.what());
+    return 1;
+  }
+}
