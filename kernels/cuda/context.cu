@@ -53,15 +53,24 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) (void)cudaSetDevice(prev_);
 }
 
+namespace {
+std::mutex g_context_mu;
+std::vector<Context*> g_contexts;  // leaked on purpose: see the file comment
+
+Context* find_context(int device_index) {
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  return device_index >= 0 && device_index < static_cast<int>(g_contexts.size()) ? g_contexts[device_index]
+                                                                                 : nullptr;
+}
+}  // namespace
+
 Context& context(int device_index) {
-  static std::mutex mu;
-  static std::vector<Context*> contexts;  // leaked on purpose: see the file comment
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(g_context_mu);
   MG_CHECK(device_index >= 0 && device_index < cuda_device_count(),
            "cuda:" << device_index << " does not exist (" << cuda_device_count()
                    << " CUDA devices visible)");
-  if (contexts.empty()) contexts.resize(cuda_device_count(), nullptr);
-  if (contexts[device_index] == nullptr) {
+  if (g_contexts.empty()) g_contexts.resize(cuda_device_count(), nullptr);
+  if (g_contexts[device_index] == nullptr) {
     DeviceGuard guard(device_index);
     auto ctx = std::make_unique<Context>();
     ctx->device = device_index;
@@ -79,17 +88,20 @@ Context& context(int device_index) {
     MG_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, ctx->stream));
     ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
     MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, 3 * sizeof(long long)));
-    contexts[device_index] = ctx.release();
+    g_contexts[device_index] = ctx.release();
   }
-  return *contexts[device_index];
+  return *g_contexts[device_index];
 }
 
 void check_error_flag(int device_index) {
-  Context& ctx = context(device_index);
+  // Kernels that raise the flag run only after the context exists: none yet, nothing to read.
+  Context* ctx = find_context(device_index);
+  if (ctx == nullptr) return;
+  DeviceGuard guard(device_index);
   long long flag[3] = {0, 0, 0};
-  MG_CUDA_CHECK(cudaMemcpy(flag, ctx.error_flag, sizeof(flag), cudaMemcpyDeviceToHost));
+  MG_CUDA_CHECK(cudaMemcpy(flag, ctx->error_flag, sizeof(flag), cudaMemcpyDeviceToHost));
   if (flag[0] == kFlagNone) return;
-  MG_CUDA_CHECK(cudaMemset(ctx.error_flag, 0, sizeof(flag)));
+  MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, sizeof(flag)));
   if (flag[0] == kFlagBadTarget) {
     MG_FAIL("cross_entropy: target[" << flag[1] << "] = " << flag[2]
                                      << " is not a class index in [0, C) (found on cuda:" << device_index
