@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""The benchmark suite (issue 6): every workload on one device, libminigrad and PyTorch run
+alternately (never in parallel), one JSON line per run appended to --out.
+
+    /usr/bin/python3 bench/suite.py --device cpu  --out bench/results/cpu.jsonl
+    /usr/bin/python3 bench/suite.py --device cuda --out bench/results/cuda.jsonl --tf32 off
+
+Workloads
+  mlp   MLP 784-512-512-10, SGD step, batch 64 and batch 16 x 4 accumulated
+        (build/bin/mlp_bench against bench/reference/mlp_torch.py), --mlp-repeats times each.
+  vgg   VGG16 (cuda: full size, 224x224, batch 64; cpu: --width-div 8 --image-size 224
+        --batch-size 8), plans none, segments=2, sqrt and two budgets (build/bin/vgg_ckpt
+        against bench/reference/vgg_bench_torch.py). Budgets (--budgets auto): 1/3 and 2/3 of the
+        way from our sqrt plan's predicted peak up to the none plan's (from the smallest
+        feasible peak the planner reports when sqrt is not below none); --budgets 0.6x,0.8x: those
+        fractions of the none run's measured peak in use; --budgets 90MiB,...: as given. PyTorch runs none,
+        checkpoint_sequential(..., 2), checkpoint_sequential(..., round(sqrt(n))), and for each
+        budget plan the same segments as ours (its `bounds=` mode): same plan, PyTorch's executor.
+
+Every record has the common schema: framework, workload, device, batch, accum, steps, plan,
+median_step_s, samples_per_s, peak_in_use_bytes, peak_reserved_bytes (allocator; PyTorch on CPU
+has none: null), predicted_peak_bytes (our planner; null elsewhere), peak_rss_bytes (the child
+process's ru_maxrss, read by this driver with os.wait4, the same way for both frameworks), plus
+cmd, load_avg_1m (os.getloadavg() before the run: other processes may share the cores) and
+error (only when the run failed; the suite goes on).
+
+Math mode on CUDA is pinned and recorded: --tf32 on|off for both frameworks (PyTorch:
+allow_tf32 for cuBLAS and cuDNN; libminigrad: MINIGRAD_TF32=0/1 in its environment),
+--cudnn-benchmark on|off for PyTorch (recorded in its JSON).
+CPU threads: OMP_NUM_THREADS=--threads for both, torch.set_num_threads(--threads) for PyTorch.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH_PY = "/usr/bin/python3"  # Debian's python3 with python3-torch; the pyenv python has no torch
+
+
+def log(msg):
+    print(f"[suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_child(cmd, env, timeout_s):
+    """Runs cmd; returns (rc, stdout, stderr, peak_rss_bytes of the child, wall seconds)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
+        deadline = t0 + timeout_s
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.05)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - t0
+        out.seek(0)
+        err.seek(0)
+        timed_out = wall > timeout_s
+        rc = 124 if timed_out else p.returncode
+        return rc, out.read().decode(errors="replace"), err.read().decode(errors="replace"), ru.ru_maxrss * 1024, wall
+
+
+def last_json_line(text):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                pass
+    return None
+
+
+def first_key(d, *names, default=None):
+    for n in names:
+        if n in d and d[n] is not None:
+            return d[n]
+    return default
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.bin = os.path.join(os.path.abspath(args.build_dir), "bin")
+        self.out = open(args.out, "a")
+        self.records = []
+        self.env = dict(os.environ)
+        if args.device == "cpu":
+            self.env["OMP_NUM_THREADS"] = str(args.threads)
+        self.env["MINIGRAD_TF32"] = "1" if args.tf32 == "on" else "0"
+
+    def emit(self, rec):
+        rec.setdefault("device", self.args.device)
+        rec["suite_time_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.records.append(rec)
+        self.out.write(json.dumps(rec) + "\n")
+        self.out.flush()
+        shown = {k: rec.get(k) for k in ("framework", "workload", "plan", "median_step_s", "peak_in_use_bytes",
+                                         "peak_rss_bytes", "error") if rec.get(k) is not None}
+        log(json.dumps(shown))
+        return rec
+
+    def run(self, base, cmd, parse):
+        """Runs one benchmark process and emits its record (base + parsed fields)."""
+        load = os.getloadavg()[0]
+        log("run: " + " ".join(shlex.quote(c) for c in cmd))
+        rc, out, err, rss, wall = run_child(cmd, self.env, self.args.timeout)
+        rec = dict(base)
+        rec.update({"cmd": " ".join(shlex.quote(c) for c in cmd), "load_avg_1m": load, "wall_s": wall})
+        if rc != 0:
+            tail = (err.strip() or out.strip())[-600:]
+            rec["error"] = f"exit {rc}" + (" (timed out)" if rc == 124 else "") + f": {tail}"
+            return self.emit(rec)
+        try:
+            rec.update(parse(out))
+        except Exception as e:  # a malformed result is reported, not fatal to the suite
+            rec["error"] = f"could not parse the result: {e}: {out.strip()[-300:]}"
+        rec["peak_rss_bytes"] = rss  # wait4's figure, the same for both frameworks
+        return self.emit(rec)
+
+    # ---- MLP -------------------------------------------------------------------------------------
+    def mlp(self):
+        a = self.args
+        for batch, accum in ((64, 1), (16, 4)):
+            workload = f"mlp_b{batch}" + (f"x{accum}" if accum > 1 else "")
+            common = ["--device", a.device, "--batch", str(batch), "--accum", str(accum),
+                      "--steps", str(a.mlp_steps), "--warmup", str(a.mlp_warmup)]
+            for rep in range(a.mlp_repeats):
+                base = {"workload": workload, "plan": "none", "batch": batch, "accum": accum, "repeat": rep}
+                exe = os.path.join(self.bin, "mlp_bench")
+                if not os.path.exists(exe):
+                    self.emit(dict(base, framework="libminigrad", error=f"{exe} not found (build it first)"))
+                else:
+                    self.run(dict(base, framework="libminigrad"), [exe] + common, self.parse_mlp)
+                torch_cmd = [TORCH_PY, os.path.join(REPO, "bench/reference/mlp_torch.py")] + common
+                if a.device == "cpu":
+                    torch_cmd += ["--threads", str(a.threads)]
+                if a.device == "cuda" and a.tf32 == "on":
+                    torch_cmd += ["--tf32"]
+                self.run(dict(base, framework="pytorch"), torch_cmd, self.parse_mlp)
+
+    @staticmethod
+    def parse_mlp(out):
+        j = last_json_line(out)
+        if j is None:
+            raise ValueError("no JSON line on stdout")
+        j.setdefault("peak_in_use_bytes", None)
+        j.setdefault("peak_reserved_bytes", None)
+        j["predicted_peak_bytes"] = None
+        j["self_reported_peak_rss_bytes"] = j.pop("peak_rss_bytes", None)
+        return j
+
+    # ---- VGG16 -----------------------------------------------------------------------------------
+    def vgg_shape(self):
+        a = self.args
+        if a.device == "cuda":
+            return a.width_div or 1, a.image_size, a.batch_size or 64
+        return a.width_div or 8, a.image_size, a.batch_size or 8
+
+    def vgg_ours(self, plan, workload, shape):
+        a = self.args
+        wd, size, batch = shape
+        exe = os.path.join(self.bin, "vgg_ckpt")
+        base = {"framework": "libminigrad", "workload": workload, "plan": plan, "batch": batch, "accum": 1}
+        if not os.path.exists(exe):
+            return self.emit(dict(base, error=f"{exe} not found (apps/vgg_ckpt not built)"))
+        fd, json_path = tempfile.mkstemp(suffix=".json", prefix="vgg_ckpt_")
+        os.close(fd)
+        cmd = [exe, "--device", a.device, "--width-div", str(wd), "--image-size", str(size),
+               "--batch-size", str(batch), "--checkpoint", plan, "--seed", str(a.seed), "--json", json_path]
+        if self.vgg_has_warmup():
+            cmd += ["--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup)]
+        else:  # the app times every step; the warm-up steps are then part of --steps
+            cmd += ["--steps", str(a.vgg_steps + a.vgg_warmup)]
+
+        def parse(_out):
+            with open(json_path) as f:
+                return self.normalize_vgg_ckpt(json.load(f), 0 if self.vgg_has_warmup() else a.vgg_warmup)
+        try:
+            return self.run(base, cmd, parse)
+        finally:
+            os.unlink(json_path)
+
+    _warmup_flag = None
+
+    def vgg_has_warmup(self):
+        if self._warmup_flag is None:
+            try:
+                h = subprocess.run([os.path.join(self.bin, "vgg_ckpt"), "--help"], capture_output=True, text=True,
+                                   timeout=30)
+                self._warmup_flag = "--warmup" in h.stdout
+            except (OSError, subprocess.SubprocessError):
+                self._warmup_flag = False
+        return self._warmup_flag
+
+    @staticmethod
+    def normalize_vgg_ckpt(j, warmup=0):
+        """apps/vgg_ckpt's --json, mapped onto the suite schema (its own fields kept under 'app').
+        The median step time is taken over step_ms without the first `warmup` steps."""
+        mem = j.get("memory", {}) if isinstance(j.get("memory"), dict) else {}
+        times = j.get("step_ms")
+        if times and len(times) > warmup:
+            timed = sorted(t / 1000.0 for t in times[warmup:])
+            median = timed[len(timed) // 2] if len(timed) % 2 else 0.5 * (timed[len(timed) // 2 - 1] + timed[len(timed) // 2])
+        elif j.get("median_step_ms") is not None:
+            timed, median = [], j["median_step_ms"] / 1000.0
+        else:
+            timed, median = [], first_key(j, "median_step_s")
+        rec = {
+            "median_step_s": median,
+            "min_step_s": timed[0] if timed else None,
+            "max_step_s": timed[-1] if timed else None,
+            "peak_in_use_bytes": first_key(j, "measured_peak_bytes", "peak_in_use_bytes", "measured_peak_in_use_bytes",
+                                           default=first_key(mem, "peak_in_use", "peak_in_use_bytes")),
+            "peak_reserved_bytes": first_key(j, "peak_reserved_bytes", "measured_peak_reserved_bytes",
+                                             default=first_key(mem, "peak_reserved", "peak_reserved_bytes")),
+            "predicted_peak_bytes": first_key(j, "predicted_peak_bytes", "predicted_peak_in_use_bytes"),
+            "segments": first_key(j, "segments", "segment_boundaries", "boundaries"),
+            "final_loss": first_key(j, "final_loss", "loss"),
+            "steps": len(timed) if timed else first_key(j, "steps", "timed_steps"),
+            "app": {k: v for k, v in j.items() if k != "units"},
+        }
+        if rec["median_step_s"] is None:
+            raise ValueError("no median step time in vgg_ckpt's JSON (keys: %s)" % sorted(j))
+        batch = first_key(j, "batch_size", "batch")
+        if batch:
+            rec["samples_per_s"] = batch / rec["median_step_s"]
+        return rec
+
+    def vgg_torch(self, plan, workload, shape, label=None):
+        a = self.args
+        wd, size, batch = shape
+        base = {"framework": "pytorch", "workload": workload, "plan": label or plan, "batch": batch, "accum": 1}
+        cmd = [TORCH_PY, os.path.join(REPO, "bench/reference/vgg_bench_torch.py"), "--device", a.device,
+               "--width-div", str(wd), "--image-size", str(size), "--batch-size", str(batch),
+               "--checkpoint", plan, "--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup),
+               "--seed", str(a.seed), "--tf32", a.tf32, "--cudnn-benchmark", a.cudnn_benchmark]
+        if a.device == "cpu":
+            cmd += ["--threads", str(a.threads)]
+
+        def parse(out):
+            j = last_json_line(out)
+            if j is None:
+                raise ValueError("no JSON line on stdout")
+            j["torch_plan"] = j.pop("plan")
+            j["self_reported_peak_rss_bytes"] = j.pop("peak_rss_bytes", None)
+            return j
+        return self.run(base, cmd, parse)
+
+    @staticmethod
+    def bounds_of(rec):
+        """Our record's checkpointed segments as PyTorch's bounds=A:B,... (None if unknown)."""
+        segs = rec.get("segments")
+        if not segs:
+            return None
+        parts = []
+        for s in segs:
+            if isinstance(s, dict):
+                a, b = first_key(s, "begin", "start", "first"), first_key(s, "end", "stop")
+                if s.get("checkpointed") is False:
+                    continue
+            else:
+                a, b = s[0], s[1]
+            if a is None or b is None:
+                return None
+            parts.append(f"{int(a)}:{int(b)}")
+        return "bounds=" + ",".join(parts) if parts else None
+
+    def vgg(self):
+        shape = self.vgg_shape()
+        workload = f"vgg16_w{shape[0]}_s{shape[1]}_b{shape[2]}"
+        none = self.vgg_ours("none", workload, shape)
+        self.vgg_torch("none", workload, shape)
+        self.vgg_ours("segments=2", workload, shape)
+        self.vgg_torch("segments=2", workload, shape)
+        sqrt = self.vgg_ours("sqrt", workload, shape)
+        self.vgg_torch("sqrt", workload, shape)
+        if self.args.mirror_sqrt and not sqrt.get("error") and self.bounds_of(sqrt):
+            t = self.vgg_torch(self.bounds_of(sqrt), workload, shape, label="sqrt (ours mirrored)")
+            t["mirrors"] = "sqrt"
+        self.vgg_budgets(workload, shape, none, sqrt)
+
+    def budget_values(self, none, sqrt):
+        """The budgets to run, in bytes, as --budgets asks (see the module doc)."""
+        spec = self.args.budgets
+        if spec == "auto":
+            top = none.get("predicted_peak_bytes") or none.get("peak_in_use_bytes")
+            s_pred = sqrt.get("predicted_peak_bytes")
+            floor = (none.get("app") or {}).get("min_feasible_peak_bytes")
+            lo = s_pred if s_pred and top and s_pred < top else floor
+            if not top or not lo:
+                raise ValueError("the none/sqrt runs reported no peaks to place the budgets between")
+            return [int(lo + f * (top - lo)) for f in (1 / 3, 2 / 3)]
+        out = []
+        for part in spec.split(","):
+            if part.endswith("x"):
+                if not none.get("peak_in_use_bytes"):
+                    raise ValueError("no measured peak of the none run to scale")
+                out.append(int(float(part[:-1]) * none["peak_in_use_bytes"]))
+            else:
+                out.append(part)  # a size the app parses (90MiB, 100000000)
+        return out
+
+    def vgg_budgets(self, workload, shape, none, sqrt):
+        try:
+            budgets = self.budget_values(none, sqrt)
+        except ValueError as e:
+            self.emit({"framework": "libminigrad", "workload": workload, "plan": "budget=?", "error": str(e)})
+            return
+        for budget in budgets:
+            plan = f"budget={budget}"
+            rec = self.vgg_ours(plan, workload, shape)
+            if rec.get("error"):
+                continue
+            bounds = self.bounds_of(rec)
+            if bounds is None:  # a budget plan may checkpoint nothing: PyTorch then runs plain
+                bounds = "none"
+            t = self.vgg_torch(bounds, workload, shape, label=plan)
+            t["mirrors"] = plan
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--out", default=None, help="JSON-lines file to append to (default bench/results/<device>.jsonl)")
+    ap.add_argument("--build-dir", default=os.path.join(REPO, "build"), help="where bin/mlp_bench and bin/vgg_ckpt are")
+    ap.add_argument("--parts", default="mlp,vgg", help="comma list of: mlp, vgg")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads for both frameworks")
+    ap.add_argument("--mlp-steps", type=int, default=200)
+    ap.add_argument("--mlp-warmup", type=int, default=20)
+    ap.add_argument("--mlp-repeats", type=int, default=1, help="run each MLP pair this many times (spread)")
+    ap.add_argument("--vgg-steps", type=int, default=20, help="timed steps (issue 6: at least 20)")
+    ap.add_argument("--vgg-warmup", type=int, default=2)
+    ap.add_argument("--width-div", type=int, default=0, help="0: 8 on cpu, 1 on cuda")
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batch-size", type=int, default=0, help="0: 8 on cpu, 64 on cuda")
+    ap.add_argument("--budgets", default="auto",
+                    help="auto | 0.6x,0.8x (of the none run's measured peak) | sizes (90MiB,...)")
+    ap.add_argument("--mirror-sqrt", action="store_true",
+                    help="also run our sqrt plan's segments with PyTorch's checkpoint")
+    ap.add_argument("--tf32", choices=["on", "off"], default="off")
+    ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per benchmark process")
+    args = ap.parse_args(argv)
+    args.parts = [p for p in args.parts.split(",") if p]
+    if args.out is None:
+        args.out = os.path.join(REPO, "bench", "results", f"{args.device}.jsonl")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    return args
+
+
+def run_suite(args):
+    suite = Suite(args)
+    log(f"device {args.device}, results appended to {args.out}")
+    for part in args.parts:
+        if part not in ("mlp", "vgg"):
+            raise SystemExit(f"--parts: unknown part {part!r} (expected mlp, vgg)")
+        getattr(suite, part)()
+    return suite.records
+
+
+def main(argv=None):
+    run_suite(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
