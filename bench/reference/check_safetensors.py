@@ -108,6 +108,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--expect", required=True, help="sidecar JSON with the expected tensors")
+    ap.add_argument("--no-torch", action="store_true", help="run the spec parser only (fast)")
     args = ap.parse_args()
     with open(args.expect) as f:
         expect = json.load(f)
@@ -123,17 +124,18 @@ def main():
     if "order" in expect and order != expect["order"]:
         problems.append(f"spec parser: data order {order} != {expect['order']}")
 
-    try:
-        import torch
-    except ImportError:
-        torch = None
-        print("torch: not installed; skipping the torch checks")
-    try:
-        import safetensors
-        import safetensors.torch
-    except ImportError:
-        safetensors = None
-        print("safetensors: not installed; skipping safetensors.torch.load_file")
+    torch = safetensors = None
+    if not args.no_torch:
+        try:
+            import torch
+        except ImportError:
+            print("torch: not installed; skipping the torch checks")
+        try:
+            import safetensors
+            import safetensors.torch
+        except ImportError:
+            safetensors = None
+            print("safetensors (with torch): not installed; skipping safetensors.torch.load_file")
     if torch is not None and safetensors is not None:
         loaded = safetensors.torch.load_file(args.file)
         names = {torch.float32: "F32", torch.int64: "I64", torch.bfloat16: "BF16"}
