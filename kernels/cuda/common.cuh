@@ -17,6 +17,9 @@ namespace mg::cuda {
 
 constexpr int kThreads = 256;
 
+// The stream all work goes to (Note [cuda stream]): the legacy default stream.
+inline const cudaStream_t kStream = nullptr;
+
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > (1 << 30) ? (1 << 30) : blocks));
@@ -37,7 +40,7 @@ class DeviceGuard {
 // Per-device state, created on first use and kept for the whole program.
 struct Context {
   int device = 0;
-  cudaStream_t stream = nullptr;      // Note [cuda stream]
+  cudaStream_t stream = kStream;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
   // Kernel-raised errors: [0] = error code (0: none), [1], [2] = details. See error_flag.cu.

@@ -74,7 +74,6 @@ Context& context(int device_index) {
     DeviceGuard guard(device_index);
     auto ctx = std::make_unique<Context>();
     ctx->device = device_index;
-    ctx->stream = nullptr;  // Note [cuda stream]
     MG_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
     MG_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
     // cuBLAS's workspace comes from our allocator, so it is counted (size: cuBLAS's advice,

@@ -5,7 +5,7 @@
 //   fill:         y = v                (=)
 //   sum_squares:  sum(x^2), accumulated in double: per-block partial sums, then one block adds
 //                 the partials in a fixed order (deterministic); the host waits for the value.
-//   copy_bytes:   cudaMemcpy between any two devices (host waits only when the host reads).
+//   copy_bytes:   cudaMemcpy(Async) between any two devices (host waits only when the host reads).
 #include "kernels/cuda/common.cuh"
 #include "kernels/elementwise.h"
 
@@ -134,9 +134,15 @@ template <> void copy_bytes<Cuda>(Tensor& dst, const Tensor& src) {
   const int dev = to_host ? cuda::device_of(src) : cuda::device_of(dst);
   cuda::DeviceGuard guard(dev);
   // Unified addressing lets the driver tell the directions apart (and route between GPUs).
-  MG_CUDA_CHECK(cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault));
-  // The host waited for the device here anyway: report what kernels flagged meanwhile.
-  if (to_host) cuda::check_error_flag(dev);
+  if (to_host) {
+    MG_CUDA_CHECK(cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault));
+    // The host waited for the device here anyway: report what kernels flagged meanwhile.
+    cuda::check_error_flag(dev);
+  } else {
+    // Into the device: the async copy stages pageable host memory before returning, so the
+    // source may go at once, and the host does not wait for earlier kernels (cudaMemcpy would).
+    MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, cuda::kStream));
+  }
 }
 
 }  // namespace mg
