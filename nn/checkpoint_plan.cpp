@@ -44,15 +44,20 @@ void check_segments(const std::vector<Segment>& segments, size_t num_layers, con
 
 Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, const Tensor& x) {
   check_segments(segments, seq.size(), "forward_with_plan");
+  // Layer by layer, so that each activation is dropped as soon as the next layer has run (a
+  // forward_range(h, ...) call would hold h until the whole range is done).
   Tensor h = x;
   size_t pos = 0;
+  auto run_plain = [&](size_t end) {
+    for (; pos < end; ++pos) h = seq[pos].forward(h);
+  };
   for (const Segment& g : segments) {
-    if (pos < g.begin) h = seq.forward_range(h, pos, g.begin);
+    run_plain(g.begin);
     h = mg::checkpoint(
         [&seq, g](const std::vector<Tensor>& in) { return seq.forward_range(in[0], g.begin, g.end); }, {h});
     pos = g.end;
   }
-  if (pos < seq.size()) h = seq.forward_range(h, pos, seq.size());
+  run_plain(seq.size());
   return h;
 }
 

@@ -1,0 +1,300 @@
+// mg::checkpoint (Note [checkpoint replay]): exact gradients, memory actually dropped, replay
+// checks, and the errors a user can run into. Plans and the planner: tests/test_planner.cpp.
+#include <functional>
+#include <string>
+
+#include "helpers.h"
+#include "nn/checkpoint_plan.h"
+
+using namespace mg;
+using mg::test::bit_equal;
+using mg::test::rand_tensor;
+
+namespace {
+
+const Device kCpu = Device::cpu();
+
+std::shared_ptr<nn::Sequential> mlp_with_dropout() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(20, 32);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.3f);
+  m->add<nn::Linear>(32, 24);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.4f);
+  m->add<nn::Linear>(24, 5);
+  return m;
+}
+
+std::shared_ptr<nn::Sequential> small_cnn() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Conv2d>(3, 4, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::MaxPool2d>(2);
+  m->add<nn::Conv2d>(4, 6, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::AdaptiveAvgPool2d>(3, 3);
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(54, 10);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.5f);
+  m->add<nn::Linear>(10, 3);
+  return m;
+}
+
+struct StepResult {
+  std::vector<Tensor> grads;  // parameters', then the input's
+  float loss = 0;
+};
+
+// One forward/backward in training mode with dropout drawn from seed 77; gradients land in
+// fresh tensors (Module::zero_grad) or, with `buffers`, in optimizer-style zeroed buffers.
+StepResult step(nn::Sequential& m, const std::vector<nn::Segment>& plan, const Tensor& x_data,
+                const Tensor& target, bool buffers) {
+  m.zero_grad();
+  if (buffers) {
+    for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
+  }
+  Tensor x = x_data.clone().requires_grad_();
+  manual_seed(77);
+  Tensor loss = cross_entropy(nn::forward_with_plan(m, plan, x), target);
+  loss.backward();
+  StepResult r;
+  for (const Tensor& p : m.parameters()) r.grads.push_back(p.grad().clone());
+  r.grads.push_back(x.grad().clone());
+  r.loss = loss.item();
+  return r;
+}
+
+void check_bit_equal(const StepResult& a, const StepResult& b) {
+  REQUIRE(a.grads.size() == b.grads.size());
+  CHECK(a.loss == b.loss);
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    INFO("gradient " << i << " shape " << shape_str(a.grads[i].shape()) << ", max |diff| "
+                     << mg::test::max_abs_diff(a.grads[i], b.grads[i]));
+    CHECK(bit_equal(a.grads[i], b.grads[i]));
+  }
+}
+
+Tensor targets(std::vector<int64_t> v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  return Tensor::from_vector(v, {n});
+}
+
+}  // namespace
+
+TEST_CASE("checkpointed MLP with dropout: gradients bit for bit, for several splits") {
+  manual_seed(3);
+  auto m = mlp_with_dropout();
+  m->train();
+  Tensor x = rand_tensor({7, 4, 5}, 11);
+  Tensor t = targets({0, 4, 2, 2, 1, 3, 0});
+  for (bool buffers : {false, true}) {
+    const StepResult ref = step(*m, {}, x, t, buffers);
+    // Dropout really is active: a different mask stream gives different gradients.
+    {
+      m->zero_grad();
+      manual_seed(78);
+      Tensor xx = x.clone().requires_grad_();
+      cross_entropy(m->forward(xx), t).backward();
+      CHECK_FALSE(bit_equal(xx.grad(), ref.grads.back()));
+    }
+    const std::vector<std::vector<nn::Segment>> plans = {
+        {{0, 8}}, {{1, 4}}, {{1, 4}, {4, 7}}, {{3, 4}}, {{2, 3}, {5, 8}}, {{0, 1}, {1, 2}, {2, 3}, {6, 8}},
+        nn::pytorch_segments(8, 3)};
+    for (const auto& plan : plans) {
+      nn::Plan p;
+      p.segments = plan;
+      INFO("plan " << p.str() << (buffers ? ", optimizer buffers" : ", fresh gradients"));
+      check_bit_equal(ref, step(*m, plan, x, t, buffers));
+    }
+  }
+}
+
+TEST_CASE("checkpointed CNN (conv, pools, dropout): gradients bit for bit") {
+  manual_seed(5);
+  auto m = small_cnn();
+  m->train();
+  Tensor x = rand_tensor({3, 3, 11, 13}, 12);
+  Tensor t = targets({2, 0, 1});
+  const StepResult ref = step(*m, {}, x, t, true);
+  const std::vector<std::vector<nn::Segment>> plans = {
+      {{0, 3}}, {{0, 2}, {2, 5}}, {{3, 6}}, {{0, 11}}, {{5, 9}}, {{1, 2}, {4, 8}, {9, 10}},
+      nn::pytorch_segments(11, 4)};
+  for (const auto& plan : plans) {
+    nn::Plan p;
+    p.segments = plan;
+    INFO("plan " << p.str());
+    check_bit_equal(ref, step(*m, plan, x, t, true));
+  }
+}
+
+TEST_CASE("checkpoint_sequential splits like torch.utils.checkpoint.checkpoint_sequential") {
+  using S = std::vector<nn::Segment>;
+  // segment_size = n // segments; the first segments - 1 chunks are checkpointed; the last chunk
+  // (with the remainder) is not.
+  CHECK(nn::pytorch_segments(10, 3) == S{{0, 3}, {3, 6}});
+  CHECK(nn::pytorch_segments(7, 2) == S{{0, 3}});
+  CHECK(nn::pytorch_segments(5, 5) == S{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
+  CHECK(nn::pytorch_segments(9, 1).empty());
+  CHECK(nn::pytorch_segments(40, 6) == S{{0, 6}, {6, 12}, {12, 18}, {18, 24}, {24, 30}});
+  CHECK_THROWS_AS(nn::pytorch_segments(4, 0), Error);
+  CHECK_THROWS_AS(nn::pytorch_segments(4, 5), Error);
+
+  manual_seed(4);
+  auto m = mlp_with_dropout();
+  Tensor x = rand_tensor({6, 20}, 13);
+  Tensor t = targets({1, 2, 3, 4, 0, 1});
+  const StepResult ref = step(*m, {}, x, t, false);
+  m->zero_grad();
+  Tensor xx = x.clone().requires_grad_();
+  manual_seed(77);
+  Tensor loss = cross_entropy(nn::checkpoint_sequential(*m, 3, xx), t);
+  loss.backward();
+  CHECK(loss.item() == ref.loss);
+  CHECK(bit_equal(xx.grad(), ref.grads.back()));
+  CHECK(bit_equal(m->parameters()[0].grad(), ref.grads[0]));
+}
+
+TEST_CASE("forward_with_plan rejects malformed plans") {
+  auto m = mlp_with_dropout();
+  Tensor x = rand_tensor({2, 20}, 1);
+  CHECK_THROWS_WITH_AS(nn::forward_with_plan(*m, std::vector<nn::Segment>{{3, 3}}, x), doctest::Contains("non-empty"), Error);
+  CHECK_THROWS_AS(nn::forward_with_plan(*m, std::vector<nn::Segment>{{2, 5}, {4, 6}}, x), Error);
+  CHECK_THROWS_AS(nn::forward_with_plan(*m, std::vector<nn::Segment>{{5, 9}}, x), Error);
+}
+
+TEST_CASE("checkpoint drops the segment's activations after forward and frees everything after backward") {
+  // L0 64->256, R1, L2 256->128, R3, L4 128->96, R5, L6 96->8. Segment [1, 6): the tape no longer
+  // keeps R1's output (N x 256) and R3's (N x 128); it keeps the segment input, L0's output
+  // (N x 256), which without checkpointing is freed after R1. R5's output is the segment's
+  // output, kept by L6 either way.
+  manual_seed(9);
+  nn::Sequential m;
+  m.add<nn::Linear>(64, 256);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(256, 128);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(128, 96);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(96, 8);
+  const int64_t n = 32;
+  Tensor x = rand_tensor({n, 64}, 21);
+  Tensor g = rand_tensor({n, 8}, 22);
+  for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
+
+  auto forward_in_use = [&](const std::vector<nn::Segment>& plan, size_t* after_backward) {
+    const size_t before = memory_stats(kCpu).in_use;
+    size_t after_forward = 0;
+    {
+      Tensor y = nn::forward_with_plan(m, plan, x);
+      after_forward = memory_stats(kCpu).in_use - before;
+      y.backward(g);
+    }
+    *after_backward = memory_stats(kCpu).in_use - before;
+    return after_forward;
+  };
+  size_t back_none = 1, back_ckpt = 1;
+  const size_t none = forward_in_use({}, &back_none);
+  const size_t ckpt = forward_in_use({{1, 6}}, &back_ckpt);
+  const size_t f = sizeof(float);
+  CHECK(none - ckpt == n * 256 * f + n * 128 * f - n * 256 * f);
+  CHECK(none == n * (256 + 128 + 96 + 8) * f);  // R1, R3, R5 kept by the tape, the output
+  CHECK(back_none == 0);
+  CHECK(back_ckpt == 0);  // the boundary went with the checkpoint node's saved tensors
+}
+
+TEST_CASE("checkpoint: the function runs once; replay repeats none of its side effects") {
+  manual_seed(2);
+  nn::Linear lin(6, 5);
+  Tensor x = rand_tensor({4, 6}, 3, true);
+  int calls = 0;
+  auto fn = [&](const std::vector<Tensor>& in) {
+    ++calls;
+    return relu(lin.forward(in[0]));
+  };
+  Tensor y = checkpoint(fn, {x});
+  CHECK(calls == 1);
+  y.backward(rand_tensor({4, 5}, 4));
+  CHECK(calls == 1);
+  CHECK(x.grad().defined());
+  CHECK(lin.weight().grad().defined());
+}
+
+TEST_CASE("checkpoint with grad mode off is a plain call") {
+  nn::Linear lin(6, 5);
+  Tensor x = rand_tensor({4, 6}, 3, true);
+  int calls = 0;
+  auto fn = [&](const std::vector<Tensor>& in) {
+    ++calls;
+    return relu(lin.forward(in[0]));
+  };
+  NoGradGuard ng;
+  Tensor y = checkpoint(fn, {x});
+  CHECK(calls == 1);
+  CHECK(y.grad_fn() == nullptr);
+  CHECK_FALSE(y.requires_grad());
+  CHECK(bit_equal(y, relu(lin.forward(x))));
+}
+
+TEST_CASE("checkpoint: a second backward through a released segment is an error") {
+  nn::Linear lin(6, 5);
+  Tensor x = rand_tensor({4, 6}, 3, true);
+  auto fn = [&](const std::vector<Tensor>& in) { return relu(lin.forward(in[0])); };
+  Tensor g = rand_tensor({4, 5}, 5);
+  Tensor y = checkpoint(fn, {x});
+  REQUIRE(y.grad_fn() != nullptr);
+  CHECK(y.grad_fn()->op == OpKind::checkpoint);
+  y.backward(g);
+  CHECK_THROWS_WITH_AS(y.backward(g), doctest::Contains("second time"), Error);
+
+  // With retain_graph the segment replays again, and the gradients add up exactly as without
+  // checkpointing.
+  lin.zero_grad();
+  x.set_grad(Tensor());
+  Tensor y2 = checkpoint(fn, {x});
+  y2.backward(g, /*retain_graph=*/true);
+  y2.backward(g);
+  Tensor gx_ckpt = x.grad().clone(), gw_ckpt = lin.weight().grad().clone();
+  lin.zero_grad();
+  x.set_grad(Tensor());
+  Tensor y3 = fn({x});
+  y3.backward(g, true);
+  y3.backward(g);
+  CHECK(bit_equal(gx_ckpt, x.grad()));
+  CHECK(bit_equal(gw_ckpt, lin.weight().grad()));
+}
+
+TEST_CASE("checkpoint: a tensor with history captured from outside the segment is a clear error") {
+  nn::Linear lin(6, 6);
+  Tensor x = rand_tensor({3, 6}, 7, true);
+  Tensor outside = relu(lin.forward(x));  // has history
+  auto fn = [&](const std::vector<Tensor>& in) { return add(in[0], outside); };
+  CHECK_THROWS_WITH_AS(checkpoint(fn, {x}), doctest::Contains("computed outside it"), Error);
+  // Passed as an input instead, it works and its gradient flows back.
+  Tensor y = checkpoint([](const std::vector<Tensor>& in) { return add(in[0], in[1]); }, {x, outside});
+  y.backward(rand_tensor({3, 6}, 8));
+  CHECK(lin.weight().grad().defined());
+}
+
+TEST_CASE("checkpoint replay checks shapes against the first pass") {
+  manual_seed(6);
+  nn::Conv2d conv(2, 3, 3, 1, 1);
+  Tensor x = rand_tensor({1, 2, 6, 7}, 9, true);
+  Tensor y = checkpoint([&](const std::vector<Tensor>& in) { return relu(conv.forward(in[0])); }, {x});
+  CHECK(y.shape() == Shape{1, 3, 6, 7});
+  // The weight is reshaped in place between forward and backward (same elements, 1x9 kernel):
+  // the replayed convolution produces [1, 3, 8, 1], not the recorded [1, 3, 6, 7].
+  conv.weight().impl().shape = {3, 2, 1, 9};
+  CHECK_THROWS_WITH_AS(y.backward(rand_tensor({1, 3, 6, 7}, 10)), doctest::Contains("checkpoint replay"), Error);
+  conv.weight().impl().shape = {3, 2, 3, 3};
+}
+
+TEST_CASE("checkpoint of a function that returns its input keeps the input's history") {
+  nn::Linear lin(4, 4);
+  Tensor x = rand_tensor({2, 4}, 14, true);
+  Tensor h = lin.forward(x);
+  Tensor y = checkpoint([](const std::vector<Tensor>& in) { return in[0]; }, {h});
+  CHECK(y.same(h));
+}

@@ -1,0 +1,248 @@
+// The checkpoint planner (Note [checkpoint cost model] in nn/checkpoint_plan.h): the dynamic
+// programme against enumeration of every plan on random chains, the measured peak of real
+// training steps against the prediction, and the errors (budgets, sizes, specs).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "helpers.h"
+#include "nn/checkpoint_plan.h"
+
+using namespace mg;
+
+namespace {
+
+// A random chain of n one-layer units with random activation sizes, keeps, workspaces and costs.
+nn::ChainCost random_chain(size_t n, std::mt19937_64& rng) {
+  auto uni = [&](size_t lo, size_t hi) { return std::uniform_int_distribution<size_t>(lo, hi)(rng); };
+  nn::ChainCost c;
+  c.num_layers = n;
+  c.fixed_bytes = uni(0, 5000);
+  c.input_bytes = uni(10, 3000);
+  c.input_requires_grad = uni(0, 1) == 1;
+  for (size_t i = 0; i < n; ++i) {
+    nn::UnitCost u;
+    u.begin = i;
+    u.end = i + 1;
+    u.out_bytes = uni(1, 4000);
+    u.extra_bytes = uni(0, 3) == 0 ? uni(1, 2000) : 0;
+    u.saves_input = uni(0, 1) == 1;
+    u.saves_output = uni(0, 2) == 0;
+    u.fwd_peak = u.out_bytes + u.extra_bytes + (uni(0, 1) ? uni(0, 5000) : 0);
+    u.bwd_peak = uni(0, 6000);
+    u.flops = static_cast<double>(uni(1, 1000));
+    c.units.push_back(u);
+  }
+  c.head_bytes = 2 * c.units.back().out_bytes + 8;
+  return c;
+}
+
+// Every plan of n units: each unit is plain, starts a checkpointed segment, or continues one.
+std::vector<std::vector<nn::Segment>> all_plans(size_t n) {
+  std::vector<std::vector<nn::Segment>> out;
+  std::vector<int> state(n, 0);  // 0 plain, 1 start, 2 continue
+  std::function<void(size_t)> rec = [&](size_t i) {
+    if (i == n) {
+      std::vector<nn::Segment> segs;
+      for (size_t u = 0; u < n; ++u) {
+        if (state[u] == 1) segs.push_back({u, u + 1});
+        if (state[u] == 2) segs.back().end = u + 1;
+      }
+      out.push_back(segs);
+      return;
+    }
+    for (int s = 0; s < 3; ++s) {
+      if (s == 2 && (i == 0 || state[i - 1] == 0)) continue;
+      state[i] = s;
+      rec(i + 1);
+    }
+  };
+  rec(0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("planner: the dynamic programme is optimal against enumeration on random chains") {
+  std::mt19937_64 rng(2024);
+  int budgets_checked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t n = 1 + trial % 8;
+    const nn::ChainCost c = random_chain(n, rng);
+    const auto plans = all_plans(n);
+    size_t min_peak = std::numeric_limits<size_t>::max(), max_peak = 0;
+    std::vector<std::pair<size_t, double>> scored;
+    for (const auto& p : plans) {
+      const size_t peak = nn::predict_peak(c, p);
+      scored.push_back({peak, nn::recompute_flops(c, p)});
+      min_peak = std::min(min_peak, peak);
+      max_peak = std::max(max_peak, peak);
+    }
+    INFO("trial " << trial << ", " << n << " units, " << plans.size() << " plans");
+    CHECK(nn::min_feasible_peak(c) == min_peak);
+    CHECK(nn::plan_min_peak(c).predicted_peak == min_peak);
+    // Budgets from the minimum to above every plan's peak, including exact plan peaks.
+    std::vector<size_t> budgets = {min_peak, max_peak, max_peak + 1000};
+    for (int k = 0; k < 6; ++k) budgets.push_back(scored[rng() % scored.size()].first);
+    for (int k = 0; k < 4; ++k) budgets.push_back(min_peak + (max_peak - min_peak) * (k + 1) / 5);
+    for (size_t budget : budgets) {
+      double best = std::numeric_limits<double>::infinity();
+      for (const auto& [peak, flops] : scored) {
+        if (peak <= budget) best = std::min(best, flops);
+      }
+      const nn::Plan p = nn::plan_budget(c, budget);
+      INFO("budget " << budget << ", plan " << p.str());
+      CHECK(p.predicted_peak <= budget);
+      CHECK(p.predicted_peak == nn::predict_peak(c, p.segments));
+      CHECK(p.recompute_flops == best);
+      ++budgets_checked;
+    }
+    const std::string floor_text = "(" + std::to_string(min_peak) + " bytes)";
+    CHECK_THROWS_WITH_AS(nn::plan_budget(c, min_peak - 1), doctest::Contains(floor_text.c_str()), Error);
+  }
+  CHECK(budgets_checked > 500);
+}
+
+TEST_CASE("planner: sizes and plan specs") {
+  CHECK(nn::parse_bytes("512MB") == 512'000'000u);
+  CHECK(nn::parse_bytes("1.5GiB") == 1'610'612'736u);
+  CHECK(nn::parse_bytes("100000") == 100000u);
+  CHECK(nn::parse_bytes(" 64 KiB ") == 65536u);
+  CHECK(nn::parse_bytes("3mib") == 3u * 1024 * 1024);
+  CHECK(nn::parse_bytes("2kB") == 2000u);
+  CHECK(nn::parse_bytes("7B") == 7u);
+  CHECK(nn::parse_bytes(".5MB") == 500'000u);
+  for (const char* bad : {"", "MB", "abc", "-5MB", "5XB", "1.5.2MB", "0", "0.1", "12 M B", "1e9"}) {
+    INFO("'" << bad << "'");
+    CHECK_THROWS_AS(nn::parse_bytes(bad), Error);
+  }
+  CHECK_THROWS_WITH_AS(nn::parse_bytes("5XB"), doctest::Contains("unknown unit 'XB'"), Error);
+
+  std::mt19937_64 rng(7);
+  const nn::ChainCost c = random_chain(6, rng);
+  for (const char* bad : {"segments=0", "segments=x", "segments=", "segments=7", "budget=", "budget=lots",
+                          "foo", "sqrt2", ""}) {
+    INFO("'" << bad << "'");
+    CHECK_THROWS_AS(nn::make_plan(c, bad), Error);
+  }
+  CHECK(nn::make_plan(c, "none").segments.empty());
+  CHECK(nn::make_plan(c, "segments=3").segments == std::vector<nn::Segment>{{0, 2}, {2, 4}});
+  CHECK(nn::make_plan(c, "sqrt").segments == nn::pytorch_segments(6, 2));
+  CHECK(nn::make_plan(c, "budget=1GB").budget == 1'000'000'000u);
+}
+
+namespace {
+
+// Conv stages at one resolution (3x3, then pointwise), pools, a classifier: enough activations
+// before the first backward that checkpointing pays, as in VGG.
+std::shared_ptr<nn::Sequential> small_vgg_like() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Conv2d>(3, 8, 3, 1, 1);
+  m->add<nn::ReLU>();
+  for (int i = 0; i < 3; ++i) {
+    m->add<nn::Conv2d>(8, 8, 1);
+    m->add<nn::ReLU>();
+  }
+  m->add<nn::MaxPool2d>(2);
+  m->add<nn::Conv2d>(8, 16, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::MaxPool2d>(2);
+  m->add<nn::AdaptiveAvgPool2d>(3, 3);
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(144, 32);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.5f);
+  m->add<nn::Linear>(32, 2);
+  return m;
+}
+
+// Peak in use over one SGD training step with the plan (the optimizer's buffers exist already).
+size_t measured_step_peak(nn::Sequential& m, optim::SGD& opt, const std::vector<nn::Segment>& plan,
+                          const Shape& in_shape, int64_t classes) {
+  const Device cpu = Device::cpu();
+  Tensor x = mg::test::rand_tensor(in_shape, 31);
+  std::vector<int64_t> t(static_cast<size_t>(in_shape[0]));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int64_t>(i) % classes;
+  Tensor target = Tensor::from_vector(t, {in_shape[0]});
+  reset_peak_memory_stats(cpu);
+  opt.zero_grad();
+  {
+    Tensor loss = cross_entropy(nn::forward_with_plan(m, plan, x), target);
+    loss.backward();
+    opt.step();
+  }
+  return memory_stats(cpu).peak_in_use;
+}
+
+void check_predictions(nn::Sequential& m, const Shape& in_shape, int64_t classes) {
+  optim::SGD opt(m.parameters(), {.lr = 0.001f, .momentum = 0.9f});
+  const nn::ChainCost cost = nn::measure_chain(m, in_shape);
+  std::vector<nn::Plan> plans = {nn::plan_none(cost), nn::plan_sqrt(cost), nn::plan_segments(cost, 2),
+                                 nn::plan_segments(cost, 3), nn::plan_min_peak(cost)};
+  const size_t lo = nn::min_feasible_peak(cost), hi = nn::plan_none(cost).predicted_peak;
+  for (double f : {0.3, 0.7}) plans.push_back(nn::plan_budget(cost, lo + static_cast<size_t>((hi - lo) * f)));
+  // A few arbitrary segmentations on unit boundaries too.
+  std::mt19937_64 rng(5);
+  for (int k = 0; k < 4; ++k) {
+    nn::Plan p;
+    p.kind = "random";
+    size_t u = rng() % 3;
+    while (u < cost.units.size()) {
+      const size_t e = std::min(cost.units.size(), u + 1 + rng() % 4);
+      p.segments.push_back({cost.units[u].begin, cost.units[e - 1].end});
+      u = e + rng() % 3;
+    }
+    p.predicted_peak = nn::predict_peak(cost, p.segments);
+    plans.push_back(p);
+  }
+  for (const nn::Plan& p : plans) {
+    const size_t measured = measured_step_peak(m, opt, p.segments, in_shape, classes);
+    const double ratio = static_cast<double>(measured) / static_cast<double>(p.predicted_peak);
+    INFO("plan " << p.kind << " " << p.str() << ": predicted " << p.predicted_peak << ", measured " << measured);
+    CHECK(ratio > 0.9);
+    CHECK(ratio < 1.1);
+    if (p.budget) CHECK(measured <= p.budget + p.budget / 10);
+  }
+  // Checkpointing buys something on these chains, and the floor is above the fixed part.
+  CHECK(lo < hi);
+  CHECK(lo > cost.fixed_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("planner: measured peak of a training step is within 10% of the prediction (small VGG-like CNN)") {
+  manual_seed(1);
+  auto m = small_vgg_like();
+  m->train();
+  check_predictions(*m, {4, 3, 40, 44}, 2);
+}
+
+TEST_CASE("planner: measured peak of a training step is within 10% of the prediction (MLP)") {
+  manual_seed(2);
+  auto m = nn::make_mlp({64, 256, 256, 256, 256, 10});
+  check_predictions(*m, {1024, 4, 4, 4}, 10);
+}
+
+TEST_CASE("planner: measure_chain leaves gradients and the generator as they were") {
+  manual_seed(3);
+  auto m = small_vgg_like();
+  optim::SGD opt(m->parameters(), {.lr = 0.1f});
+  for (Tensor g : opt.grads()) g.fill_(0.25f);
+  const uint64_t offset = default_generator().offset();
+  const size_t before = memory_stats(Device::cpu()).in_use;
+  const nn::ChainCost c = nn::measure_chain(*m, {2, 3, 24, 24});
+  CHECK(default_generator().offset() == offset);
+  CHECK(memory_stats(Device::cpu()).in_use == before);
+  for (const Tensor& g : opt.grads()) {
+    auto v = g.to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.25f; }));
+  }
+  // Flatten joins the Linear after it; every other layer is a unit of its own.
+  CHECK(c.units.size() == m->size() - 1);
+  CHECK(c.units[13].begin == 13);
+  CHECK(c.units[13].end == 15);
+  // A plan boundary inside that unit is refused by the cost model, snapped by PyTorch-style plans.
+  CHECK_THROWS_WITH_AS(nn::predict_peak(c, {{14, 16}}), doctest::Contains("inside a unit"), Error);
+}
