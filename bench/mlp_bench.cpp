@@ -13,6 +13,7 @@
 
 #include <sys/resource.h>
 
+#include "kernels/cuda/settings.h"
 #include "minigrad.h"
 
 // The process's peak resident set (Linux reports ru_maxrss in KiB), beside the allocator's figure.
@@ -34,10 +35,15 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed optimizer steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "seed");
+  std::string tf32 = "off";
+  app.add_option("--tf32", tf32, "CUDA math mode of matmuls and convolutions: on (TF32) | off (FP32)")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
     const mg::Device dev = mg::Device::parse(device);
+    mg::cuda::set_tf32_matmul(tf32 == "on");
+    mg::cuda::set_tf32_conv(tf32 == "on");
     mg::manual_seed(seed);
     auto model = mg::nn::make_mlp({784, 512, 512, 10});
     model->to(dev);
@@ -88,7 +94,8 @@ int main(int argc, char** argv) {
                         {"peak_in_use_bytes", mem.peak_in_use},
                         {"peak_reserved_bytes", mem.peak_reserved},
                         {"peak_rss_bytes", peak_rss_bytes()},
-                        {"loss", last_loss}};
+                        {"loss", last_loss},
+                        {"tf32", tf32}};
     std::cout << j.dump() << std::endl;
   } catch (const mg::Error& e) {
     std::fprintf(stderr, "mlp_bench: %s\n", e.what());

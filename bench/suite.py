@@ -24,9 +24,10 @@ process's ru_maxrss, read by this driver with os.wait4, the same way for both fr
 cmd, load_avg_1m (os.getloadavg() before the run: other processes may share the cores) and
 error (only when the run failed; the suite goes on).
 
-Math mode on CUDA is pinned and recorded: --tf32 on|off for both frameworks (PyTorch:
-allow_tf32 for cuBLAS and cuDNN; libminigrad: MINIGRAD_TF32=0/1 in its environment),
---cudnn-benchmark on|off for PyTorch (recorded in its JSON).
+Math mode on CUDA is pinned and recorded in every record: --tf32 on|off for both frameworks
+(PyTorch: allow_tf32 of cuBLAS and cuDNN; libminigrad: mlp_bench --tf32, and vgg_ckpt's --tf32
+when the app has that flag, else the record says the app's default), --cudnn-benchmark on|off
+(PyTorch; vgg_ckpt likewise when it has the flag).
 CPU threads: OMP_NUM_THREADS=--threads for both, torch.set_num_threads(--threads) for PyTorch.
 """
 import argparse
@@ -92,14 +93,16 @@ class Suite:
     def __init__(self, args):
         self.args = args
         self.bin = os.path.join(os.path.abspath(args.build_dir), "bin")
-        self.out = open(args.out, "a")
+        self.out = None if args.dry_run else open(args.out, "a")
         self.records = []
         self.env = dict(os.environ)
         if args.device == "cpu":
             self.env["OMP_NUM_THREADS"] = str(args.threads)
-        self.env["MINIGRAD_TF32"] = "1" if args.tf32 == "on" else "0"
 
     def emit(self, rec):
+        if self.args.dry_run:
+            log("(dry run) " + json.dumps({k: rec.get(k) for k in ("framework", "workload", "plan", "error")}))
+            return rec
         rec.setdefault("device", self.args.device)
         rec["suite_time_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.records.append(rec)
@@ -114,6 +117,8 @@ class Suite:
         """Runs one benchmark process and emits its record (base + parsed fields)."""
         load = os.getloadavg()[0]
         log("run: " + " ".join(shlex.quote(c) for c in cmd))
+        if self.args.dry_run:
+            return dict(base, cmd=" ".join(shlex.quote(c) for c in cmd), error="dry run")
         rc, out, err, rss, wall = run_child(cmd, self.env, self.args.timeout)
         rec = dict(base)
         rec.update({"cmd": " ".join(shlex.quote(c) for c in cmd), "load_avg_1m": load, "wall_s": wall})
@@ -135,19 +140,21 @@ class Suite:
             workload = f"mlp_b{batch}" + (f"x{accum}" if accum > 1 else "")
             common = ["--device", a.device, "--batch", str(batch), "--accum", str(accum),
                       "--steps", str(a.mlp_steps), "--warmup", str(a.mlp_warmup)]
+            tf32 = {"tf32": a.tf32}
             for rep in range(a.mlp_repeats):
                 base = {"workload": workload, "plan": "none", "batch": batch, "accum": accum, "repeat": rep}
                 exe = os.path.join(self.bin, "mlp_bench")
                 if not os.path.exists(exe):
                     self.emit(dict(base, framework="libminigrad", error=f"{exe} not found (build it first)"))
                 else:
-                    self.run(dict(base, framework="libminigrad"), [exe] + common, self.parse_mlp)
+                    self.run(dict(base, framework="libminigrad", **tf32), [exe] + common + ["--tf32", a.tf32],
+                             self.parse_mlp)
                 torch_cmd = [TORCH_PY, os.path.join(REPO, "bench/reference/mlp_torch.py")] + common
                 if a.device == "cpu":
                     torch_cmd += ["--threads", str(a.threads)]
                 if a.device == "cuda" and a.tf32 == "on":
                     torch_cmd += ["--tf32"]
-                self.run(dict(base, framework="pytorch"), torch_cmd, self.parse_mlp)
+                self.run(dict(base, framework="pytorch", **tf32), torch_cmd, self.parse_mlp)
 
     @staticmethod
     def parse_mlp(out):
@@ -178,6 +185,9 @@ class Suite:
         os.close(fd)
         cmd = [exe, "--device", a.device, "--width-div", str(wd), "--image-size", str(size),
                "--batch-size", str(batch), "--checkpoint", plan, "--seed", str(a.seed), "--json", json_path]
+        math_flags, math_mode = self.vgg_math_args()
+        cmd += math_flags
+        base.update(math_mode)
         if self.vgg_has_warmup():
             cmd += ["--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup)]
         else:  # the app times every step; the warm-up steps are then part of --steps
@@ -191,17 +201,35 @@ class Suite:
         finally:
             os.unlink(json_path)
 
-    _warmup_flag = None
+    _help = None
 
-    def vgg_has_warmup(self):
-        if self._warmup_flag is None:
+    def vgg_help(self):
+        if self._help is None:
             try:
                 h = subprocess.run([os.path.join(self.bin, "vgg_ckpt"), "--help"], capture_output=True, text=True,
                                    timeout=30)
-                self._warmup_flag = "--warmup" in h.stdout
+                self._help = h.stdout
             except (OSError, subprocess.SubprocessError):
-                self._warmup_flag = False
-        return self._warmup_flag
+                self._help = ""
+        return self._help
+
+    def vgg_has_warmup(self):
+        return "--warmup" in self.vgg_help()
+
+    def vgg_math_args(self):
+        """(flags for vgg_ckpt, what its math mode then is): the app's flags when it has them."""
+        a, flags, mode = self.args, [], {}
+        if "--tf32" in self.vgg_help():
+            flags += ["--tf32", a.tf32]
+            mode["tf32"] = a.tf32
+        else:
+            mode["tf32"] = "app default (libminigrad: matmul FP32, conv TF32 allowed on CUDA)"
+        if "--cudnn-benchmark" in self.vgg_help():
+            flags += ["--cudnn-benchmark", a.cudnn_benchmark]
+            mode["cudnn_benchmark"] = a.cudnn_benchmark
+        else:
+            mode["cudnn_benchmark"] = "app default (off: cuDNN heuristics)"
+        return flags, mode
 
     @staticmethod
     def normalize_vgg_ckpt(j, warmup=0):
@@ -237,10 +265,13 @@ class Suite:
             rec["samples_per_s"] = batch / rec["median_step_s"]
         return rec
 
-    def vgg_torch(self, plan, workload, shape, label=None):
+    def vgg_torch(self, plan, workload, shape, label=None, mirrors=None):
         a = self.args
         wd, size, batch = shape
-        base = {"framework": "pytorch", "workload": workload, "plan": label or plan, "batch": batch, "accum": 1}
+        base = {"framework": "pytorch", "workload": workload, "plan": label or plan, "batch": batch, "accum": 1,
+                "tf32": a.tf32, "cudnn_benchmark": a.cudnn_benchmark}
+        if mirrors:
+            base["mirrors"] = mirrors  # runs our `mirrors` plan's segments
         cmd = [TORCH_PY, os.path.join(REPO, "bench/reference/vgg_bench_torch.py"), "--device", a.device,
                "--width-div", str(wd), "--image-size", str(size), "--batch-size", str(batch),
                "--checkpoint", plan, "--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup),
@@ -286,8 +317,7 @@ class Suite:
         sqrt = self.vgg_ours("sqrt", workload, shape)
         self.vgg_torch("sqrt", workload, shape)
         if self.args.mirror_sqrt and not sqrt.get("error") and self.bounds_of(sqrt):
-            t = self.vgg_torch(self.bounds_of(sqrt), workload, shape, label="sqrt (ours mirrored)")
-            t["mirrors"] = "sqrt"
+            self.vgg_torch(self.bounds_of(sqrt), workload, shape, label="sqrt (ours mirrored)", mirrors="sqrt")
         self.vgg_budgets(workload, shape, none, sqrt)
 
     def budget_values(self, none, sqrt):
@@ -325,8 +355,7 @@ class Suite:
             bounds = self.bounds_of(rec)
             if bounds is None:  # a budget plan may checkpoint nothing: PyTorch then runs plain
                 bounds = "none"
-            t = self.vgg_torch(bounds, workload, shape, label=plan)
-            t["mirrors"] = plan
+            self.vgg_torch(bounds, workload, shape, label=plan, mirrors=plan)
 
 
 def parse_args(argv=None):
@@ -351,12 +380,14 @@ def parse_args(argv=None):
     ap.add_argument("--tf32", choices=["on", "off"], default="off")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run and record nothing")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per benchmark process")
     args = ap.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
     if args.out is None:
         args.out = os.path.join(REPO, "bench", "results", f"{args.device}.jsonl")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    if not args.dry_run:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     return args
 
 
