@@ -95,9 +95,22 @@ class Suite:
         self.bin = os.path.join(os.path.abspath(args.build_dir), "bin")
         self.out = None if args.dry_run else open(args.out, "a")
         self.records = []
+        self.git = self.git_state()
         self.env = dict(os.environ)
         if args.device == "cpu":
             self.env["OMP_NUM_THREADS"] = str(args.threads)
+
+    @staticmethod
+    def git_state():
+        """The commit the binaries were presumably built from, with -dirty when the tree differs."""
+        try:
+            head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return head + ("-dirty" if dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            return None
 
     def emit(self, rec):
         if self.args.dry_run:
@@ -105,6 +118,7 @@ class Suite:
             return rec
         rec.setdefault("device", self.args.device)
         rec["suite_time_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        rec["git"] = self.git
         self.records.append(rec)
         self.out.write(json.dumps(rec) + "\n")
         self.out.flush()

@@ -16,9 +16,11 @@ peak_in_use_bytes, peak_reserved_bytes, peak_rss_bytes, plan, segments, ...).
   bounds=A:B,.. checkpoint exactly the layer ranges [A, B) given (used to run libminigrad's plan,
                 e.g. a budget plan, with PyTorch's checkpoint); other layers run normally
 
-PyTorch 1.13's checkpoint is the re-entrant one: a segment whose input does not require grad
-gets no parameter gradients, so the input batch is marked requires_grad=True when any segment
-is checkpointed (as the PyTorch docs ask). That adds the gradient of the first conv's input.
+PyTorch 1.13's checkpoint_sequential uses the re-entrant checkpoint: a segment whose input does
+not require grad gets no parameter gradients, so the input batch is marked requires_grad=True
+when any segment is checkpointed (as the PyTorch docs ask). That adds the gradient of the first
+conv's input. --reentrant off runs the same ranges with checkpoint(..., use_reentrant=False)
+instead, which needs no input gradient (to see what that extra work costs).
 """
 import argparse
 import json
@@ -88,13 +90,13 @@ def run_range(model, a, b):
     return fwd
 
 
-def forward_with_plan(model, x, ranges, k_sequential):
-    if k_sequential is not None:
+def forward_with_plan(model, x, ranges, k_sequential, reentrant=True):
+    if k_sequential is not None and reentrant:
         return tuc.checkpoint_sequential(model, k_sequential, x)
     i = 0
     for a, b in ranges:
         x = run_range(model, i, a)(x)
-        x = tuc.checkpoint(run_range(model, a, b), x)
+        x = tuc.checkpoint(run_range(model, a, b), x, use_reentrant=reentrant)
         i = b
     return run_range(model, i, len(model))(x)
 
@@ -119,6 +121,9 @@ def main():
     ap.add_argument("--tf32", choices=["on", "off"], default="off",
                     help="TF32 for cuBLAS matmuls and cuDNN convolutions (CUDA only)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
+    ap.add_argument("--reentrant", choices=["on", "off"], default="on",
+                    help="on: checkpoint_sequential / re-entrant checkpoint (input requires grad); "
+                         "off: use_reentrant=False on the same ranges")
     args = ap.parse_args()
 
     if args.threads:
@@ -139,7 +144,7 @@ def main():
     for _ in range(2):
         x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=g).to(dev)
         y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g).to(dev)
-        pool.append((x.requires_grad_(bool(ranges)), y))
+        pool.append((x.requires_grad_(bool(ranges) and args.reentrant == "on"), y))
     k = 0
     loss_value = float("nan")
 
@@ -148,7 +153,7 @@ def main():
         x, y = pool[k % len(pool)]
         k += 1
         opt.zero_grad(set_to_none=False)
-        loss = loss_fn(forward_with_plan(model, x, ranges, k_seq), y)
+        loss = loss_fn(forward_with_plan(model, x, ranges, k_seq, args.reentrant == "on"), y)
         loss.backward()
         opt.step()
         return loss
@@ -186,7 +191,8 @@ def main():
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "rss_after_setup_bytes": rss_setup,
            "final_loss": loss_value,
-           "tf32": args.tf32, "cudnn_benchmark": args.cudnn_benchmark}
+           "tf32": args.tf32, "cudnn_benchmark": args.cudnn_benchmark,
+           "reentrant_checkpoint": args.reentrant == "on" if ranges else None}
     if dev.type == "cuda":
         out["peak_in_use_bytes"] = torch.cuda.max_memory_allocated()
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
