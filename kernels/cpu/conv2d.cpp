@@ -1,4 +1,4 @@
-// 2-D convolution on the CPU: im2col + Eigen GEMM, one image at a time.
+// 2-D convolution on the CPU: im2col + Eigen GEMM, one image at a time, in blocks of output rows.
 //   x: (N, C, H, W)   w: (O, C, KH, KW) viewed as W: (O, C KH KW)   b: (O)   y: (N, O, OH, OW)
 //   col_n = im2col(x_n): (C KH KW, OH OW), col_n[(c,p,q), (i,j)] = x[n, c, i s - pad + p, j s - pad + q]
 //                                          (0 where that falls in the padding)
@@ -7,13 +7,17 @@
 //             db = sum_n dY_n 1                              (= or += when accumulate)
 //             dx_n = col2im(W^T dY_n)                        (=; col2im adds each column entry
 //                                                             back to the pixel it came from)
-// A 1x1 kernel with stride 1 and no padding needs no im2col: col_n is x_n itself.
+// col_n is never built whole: it is built for a block of output rows at a time (a column block of
+// Y_n), sized to stay in L2 (kColBlockBytes), so im2col's writes and the GEMM's reads of it hit the
+// cache, and the workspace is small. A 1x1 kernel with stride 1 and no padding needs no im2col:
+// col_n is x_n itself.
 //
 // Threads: images are split over OpenMP threads in static contiguous chunks; each thread owns one
-// im2col buffer (C KH KW x OH OW floats, allocated as a Tensor so the CPU allocator counts it) and,
-// in backward, one partial dW. The partials are summed in thread order, so for a given thread
-// count every run gives the same bits (Note [checkpoint replay] relies on that). With a single
-// image (or one thread) the images run in order and Eigen threads the GEMM itself.
+// column block buffer (allocated as a Tensor so the CPU allocator counts it) and, in backward, one
+// partial dW. Within a thread dW sums images, then row blocks, in order, and the partials are summed
+// in thread order, so for a given thread count every run gives the same bits (Note [checkpoint
+// replay] relies on that). With a single image (or one thread) the images run in order and Eigen
+// threads the GEMM itself.
 #include "kernels/conv2d.h"
 
 #include <omp.h>
@@ -48,17 +52,18 @@ void valid_cols(const ConvGeom& g, int64_t q, int64_t& j0, int64_t& j1) {
   j1 = std::max(std::min(first_at_least(g.w + g.pad - q, g.stride), g.ow), j0);
 }
 
-// col: (C KH KW, OH OW) from one image x: (C, H, W).
-void im2col(float* col, const float* x, const ConvGeom& g) {
+// Output rows [i0, i1) of one image x: (C, H, W) as columns: col: (C KH KW, (i1 - i0) OW).
+void im2col(float* col, const float* x, const ConvGeom& g, int64_t i0, int64_t i1) {
+  const int64_t cols = (i1 - i0) * g.ow;
   for (int64_t c = 0; c < g.c; ++c) {
     const float* plane = x + c * g.h * g.w;
     for (int64_t p = 0; p < g.kh; ++p) {
       for (int64_t q = 0; q < g.kw; ++q) {
-        float* row = col + ((c * g.kh + p) * g.kw + q) * g.ohw();
+        float* row = col + ((c * g.kh + p) * g.kw + q) * cols;
         int64_t j0, j1;
         valid_cols(g, q, j0, j1);
-        for (int64_t i = 0; i < g.oh; ++i) {
-          float* dst = row + i * g.ow;
+        for (int64_t i = i0; i < i1; ++i) {
+          float* dst = row + (i - i0) * g.ow;
           const int64_t ih = i * g.stride - g.pad + p;
           if (ih < 0 || ih >= g.h) {
             std::fill(dst, dst + g.ow, 0.0f);
@@ -78,21 +83,21 @@ void im2col(float* col, const float* x, const ConvGeom& g) {
   }
 }
 
-// dx: (C, H, W) = col2im(col); every pixel gets the sum of the column entries it fed, added in a
-// fixed order (c, p, q, i, j).
-void col2im(float* dx, const float* col, const ConvGeom& g) {
-  std::fill(dx, dx + g.c * g.h * g.w, 0.0f);
+// The inverse scatter for output rows [i0, i1): dx: (C, H, W) += col2im(col), each pixel getting
+// the column entries it fed, added in a fixed order (c, p, q, i, j).
+void col2im_add(float* dx, const float* col, const ConvGeom& g, int64_t i0, int64_t i1) {
+  const int64_t cols = (i1 - i0) * g.ow;
   for (int64_t c = 0; c < g.c; ++c) {
     float* plane = dx + c * g.h * g.w;
     for (int64_t p = 0; p < g.kh; ++p) {
       for (int64_t q = 0; q < g.kw; ++q) {
-        const float* row = col + ((c * g.kh + p) * g.kw + q) * g.ohw();
+        const float* row = col + ((c * g.kh + p) * g.kw + q) * cols;
         int64_t j0, j1;
         valid_cols(g, q, j0, j1);
-        for (int64_t i = 0; i < g.oh; ++i) {
+        for (int64_t i = i0; i < i1; ++i) {
           const int64_t ih = i * g.stride - g.pad + p;
           if (ih < 0 || ih >= g.h) continue;
-          const float* src = row + i * g.ow;
+          const float* src = row + (i - i0) * g.ow;
           float* dst = plane + ih * g.w - g.pad + q;
           if (g.stride == 1) {
             for (int64_t j = j0; j < j1; ++j) dst[j] += src[j];
@@ -103,6 +108,19 @@ void col2im(float* dx, const float* col, const ConvGeom& g) {
       }
     }
   }
+}
+
+// A column block of a row-major (rows, total_cols) matrix.
+using BlockMap = Eigen::Map<cpu::MatrixRM, 0, Eigen::OuterStride<>>;
+using ConstBlockMap = Eigen::Map<const cpu::MatrixRM, 0, Eigen::OuterStride<>>;
+
+// im2col block size: L2-resident (the CPU this was tuned on has 1 MiB of L2 per core).
+constexpr int64_t kColBlockBytes = 512 << 10;
+
+// Output rows per im2col block: as many as fit in kColBlockBytes, at least one.
+int64_t block_rows(const ConvGeom& g) {
+  const int64_t row_bytes = g.ckk() * g.ow * static_cast<int64_t>(sizeof(float));
+  return std::clamp<int64_t>(kColBlockBytes / row_bytes, 1, g.oh);
 }
 
 // Threads to split the batch over: no more than there are images.
@@ -116,24 +134,30 @@ template <>
 void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
                          int pad) {
   const ConvGeom g = geometry(x, w, y.size(2), y.size(3), stride, pad);
+  const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
   const int threads = batch_threads(g.n);
   const bool pointwise = g.pointwise();
-  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, g.ckk() * g.ohw()});
+  const int64_t rows = block_rows(g), block = g.ckk() * rows * g.ow;
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, block});
   const auto W = cpu::cmat(w, g.o, g.ckk());
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   const float* bp = b.defined() ? b.data<float>() : nullptr;
 
   auto one_image = [&](int64_t n, int tid) {
-    const float* col = xp + n * g.c * g.h * g.w;
-    if (!pointwise) {
-      float* buf = ws.data<float>() + tid * g.ckk() * g.ohw();
-      im2col(buf, col, g);
-      col = buf;
+    float* yn = yp + n * out;
+    if (pointwise) {
+      cpu::MatMap(yn, g.o, g.ohw()).noalias() = W * cpu::ConstMatMap(xp + n * img, g.c, g.ohw());
+    } else {
+      float* col = ws.data<float>() + tid * block;
+      for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
+        const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
+        im2col(col, xp + n * img, g, i0, i1);
+        BlockMap(yn + i0 * g.ow, g.o, cols, Eigen::OuterStride<>(g.ohw())).noalias() =
+            W * cpu::ConstMatMap(col, g.ckk(), cols);
+      }
     }
-    cpu::MatMap Y(yp + n * g.o * g.ohw(), g.o, g.ohw());
-    Y.noalias() = W * cpu::ConstMatMap(col, g.ckk(), g.ohw());
-    if (bp) Y.colwise() += cpu::ConstVecMap(bp, g.o);
+    if (bp) cpu::MatMap(yn, g.o, g.ohw()).colwise() += cpu::ConstVecMap(bp, g.o);
   };
 
   if (threads == 1) {
@@ -152,7 +176,7 @@ template <>
 void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
                           const Tensor& w, int stride, int pad, bool accumulate) {
   const ConvGeom g = geometry(x, w, dy.size(2), dy.size(3), stride, pad);
-  const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw(), cols = g.ckk() * g.ohw();
+  const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
   const float* xp = x.data<float>();
   const float* dyp = dy.data<float>();
 
@@ -170,36 +194,48 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
 
   const int threads = batch_threads(g.n);
   const bool pointwise = g.pointwise();
+  const int64_t rows = block_rows(g), block = g.ckk() * rows * g.ow, wsize = g.o * g.ckk();
   const auto W = cpu::cmat(w, g.o, g.ckk());
-  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, cols});
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, block});
   // With one thread dW accumulates straight into dw; otherwise into per-thread partials.
-  Tensor partial = dw.defined() && threads > 1 ? Tensor::empty({threads, g.o * g.ckk()}) : Tensor();
+  Tensor partial = dw.defined() && threads > 1 ? Tensor::empty({threads, wsize}) : Tensor();
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
 
-  auto one_image = [&](int64_t n, int tid, bool first) {
-    const cpu::ConstMatMap DY(dyp + n * out, g.o, g.ohw());
-    float* col = pointwise ? nullptr : ws.data<float>() + tid * cols;
-    if (dw.defined()) {
-      const float* xcol = pointwise ? xp + n * img : col;
-      if (!pointwise) im2col(col, xp + n * img, g);
-      const bool assign = first && (threads > 1 || !accumulate);
-      cpu::MatMap DW(threads > 1 ? partial.data<float>() + tid * g.o * g.ckk() : dw.data<float>(), g.o,
-                     g.ckk());
-      if (assign) DW.noalias() = DY * cpu::ConstMatMap(xcol, g.ckk(), g.ohw()).transpose();
-      else DW.noalias() += DY * cpu::ConstMatMap(xcol, g.ckk(), g.ohw()).transpose();
+  // `assign`: the first contribution to this thread's dW overwrites it.
+  auto one_image = [&](int64_t n, int tid, bool assign) {
+    const float* dyn = dyp + n * out;
+    float* dxn = dxp ? dxp + n * img : nullptr;
+    cpu::MatMap DW(dw.defined() ? (threads > 1 ? partial.data<float>() + tid * wsize : dw.data<float>())
+                                : nullptr,
+                   g.o, g.ckk());
+    if (pointwise) {
+      const cpu::ConstMatMap DY(dyn, g.o, g.ohw()), X(xp + n * img, g.c, g.ohw());
+      if (dw.defined() && assign) DW.noalias() = DY * X.transpose();
+      else if (dw.defined()) DW.noalias() += DY * X.transpose();
+      if (dxn) cpu::MatMap(dxn, g.c, g.ohw()).noalias() = W.transpose() * DY;
+      return;
     }
-    if (dxp) {
-      if (pointwise) {
-        cpu::MatMap(dxp + n * img, g.c, g.h * g.w).noalias() = W.transpose() * DY;
-      } else {
-        cpu::MatMap(col, g.ckk(), g.ohw()).noalias() = W.transpose() * DY;
-        col2im(dxp + n * img, col, g);
+    if (dxn) std::fill(dxn, dxn + img, 0.0f);
+    float* col = ws.data<float>() + tid * block;
+    for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
+      const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
+      const ConstBlockMap DY(dyn + i0 * g.ow, g.o, cols, Eigen::OuterStride<>(g.ohw()));
+      const cpu::ConstMatMap COL(col, g.ckk(), cols);
+      if (dw.defined()) {
+        im2col(col, xp + n * img, g, i0, i1);
+        if (assign) DW.noalias() = DY * COL.transpose();
+        else DW.noalias() += DY * COL.transpose();
+        assign = false;
+      }
+      if (dxn) {
+        cpu::MatMap(col, g.ckk(), cols).noalias() = W.transpose() * DY;
+        col2im_add(dxn, col, g, i0, i1);
       }
     }
   };
 
   if (threads == 1) {
-    for (int64_t n = 0; n < g.n; ++n) one_image(n, 0, n == 0);
+    for (int64_t n = 0; n < g.n; ++n) one_image(n, 0, n == 0 && !accumulate);
     return;
   }
   // Static contiguous chunks: thread t handles the same images every run.
@@ -212,12 +248,12 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
       one_image(n, tid, first);
       first = false;
     }
-    if (first && partial.defined()) cpu::ArrMap(partial.data<float>() + tid * g.o * g.ckk(), g.o * g.ckk()).setZero();
+    if (first && partial.defined()) cpu::ArrMap(partial.data<float>() + tid * wsize, wsize).setZero();
   }
   if (dw.defined()) {
     auto DW = cpu::arr(dw);
     for (int t = 0; t < threads; ++t) {
-      const cpu::ConstArrMap P(partial.data<float>() + t * g.o * g.ckk(), g.o * g.ckk());
+      const cpu::ConstArrMap P(partial.data<float>() + t * wsize, wsize);
       if (t == 0 && !accumulate) DW = P;
       else DW += P;
     }
