@@ -44,7 +44,7 @@ bool Accumulator::note_loss(double value) {
   return false;
 }
 
-void Accumulator::backward(const Tensor& loss, int64_t samples) {
+double Accumulator::backward(const Tensor& loss, int64_t samples) {
   MG_CHECK(loss.defined() && loss.numel() == 1,
            "Accumulator::backward: loss must be a scalar, got shape " << (loss.defined() ? shape_str(loss.shape()) : "undefined"));
   MG_CHECK(samples > 0, "Accumulator::backward: a micro-batch of " << samples << " samples");
@@ -52,6 +52,7 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
   if (note_loss(value)) loss.backward();
   pending_samples_ += samples;
   ++pending_micro_batches_;
+  return value;
 }
 
 void Accumulator::add_micro_batch(int64_t samples, double loss_value) {
@@ -213,8 +214,7 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   while (loader.next(b)) {
     Tensor logits = model.forward(b.x);
     Tensor loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
-    acc.backward(loss, b.size());
-    const double v = loss.item();
+    const double v = acc.backward(loss, b.size());
     st.loss_sum += by_samples ? v : v * static_cast<double>(b.size());
     st.samples += b.size();
     ++st.micro_batches;

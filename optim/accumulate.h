@@ -77,8 +77,9 @@ class Accumulator {
 
   // Backpropagates `loss` of a micro-batch of `samples` samples into the optimizer's gradient
   // buffers. With Normalize::samples the loss must be the SUM over the micro-batch
-  // (Reduction::sum). Checks the loss is finite (see NonFinite).
-  void backward(const Tensor& loss, int64_t samples);
+  // (Reduction::sum). Checks the loss is finite (see NonFinite). Returns the loss value (one
+  // device sync on CUDA).
+  double backward(const Tensor& loss, int64_t samples);
   // For callers that ran backward themselves: records a micro-batch of `samples` samples whose
   // gradients are already in the buffers. `loss_value` is checked when finite-checking is on.
   void add_micro_batch(int64_t samples, double loss_value = 0.0);

@@ -111,6 +111,8 @@ void progress(int64_t done, int64_t total, double loss, int64_t epoch) {
 }
 
 int run(const Config& c, const char* argv0) {
+  const mg::optim::AccumulationSchedule sched =
+      c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum) : mg::optim::AccumulationSchedule::parse(c.accum_schedule);
   // ---- device ----
   mg::Device dev = c.device == "auto" ? (mg::cuda_available() ? mg::Device::cuda() : mg::Device::cpu())
                                       : mg::Device::parse(c.device);
@@ -145,8 +147,6 @@ int run(const Config& c, const char* argv0) {
   auto model = mg::nn::make_mlp({784, 512, 512, 10});
   model->to(dev);
   auto opt = make_optimizer(c, *model);
-  const mg::optim::AccumulationSchedule sched =
-      c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum) : mg::optim::AccumulationSchedule::parse(c.accum_schedule);
   mg::optim::Accumulator acc(*opt, {.steps = sched.steps_for_epoch(0),
                                     .clip_norm = c.clip_norm,
                                     .non_finite = c.skip_non_finite ? mg::optim::NonFinite::skip : mg::optim::NonFinite::error,
