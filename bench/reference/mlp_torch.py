@@ -6,6 +6,7 @@ momentum 0.9, cross-entropy), same JSON schema. Run with Debian's python3 (pytho
 """
 import argparse
 import json
+import os
 import resource
 import time
 
@@ -46,6 +47,8 @@ def main():
             loss.backward()
         opt.step()
 
+    with open("/proc/self/statm") as f:  # resident bytes once set up: torch's own share of the RSS
+        rss_setup = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     for _ in range(args.warmup):
         step()
     if dev.type == "cuda":
@@ -70,7 +73,8 @@ def main():
            "workload": f"mlp_b{args.batch}" + (f"x{args.accum}" if args.accum > 1 else ""),
            "device": str(dev), "batch": args.batch, "accum": args.accum, "steps": args.steps,
            "median_step_s": med, "samples_per_s": args.batch * args.accum / med,
-           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "rss_after_setup_bytes": rss_setup}
     if dev.type == "cuda":
         out["peak_in_use_bytes"] = torch.cuda.max_memory_allocated()
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
