@@ -111,6 +111,14 @@ def table(records, device):
             fmt = lambda s: " ".join(f"[{a},{b})" for a, b in s) if s else "none"  # noqa: E731
             notes.append(f"- {w} {plan_label(p, rep, 1)}: checkpointed layers, ours {fmt(segs_o)}; "
                          f"PyTorch {fmt(segs_t)}")
+    if device == "cpu":
+        seen = OrderedDict()
+        for r in records:
+            if r.get("framework") == "pytorch" and r.get("rss_after_setup_bytes"):
+                seen.setdefault(r.get("workload"), []).append(r["rss_after_setup_bytes"])
+        for w, v in seen.items():
+            notes.append(f"- {w}: PyTorch's RSS once set up (libraries, model, optimizer, data; before the first "
+                         f"step): {mib(min(v))} to {mib(max(v))} MiB of its peak RSS")
     return lines, notes
 
 
