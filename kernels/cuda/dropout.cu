@@ -6,35 +6,24 @@
 // (seed, offset) gives the same mask on both devices, and backward regenerates it.
 #include "core/rng.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/dropout.h"
 
 namespace mg {
 namespace {
 
 // One thread per Philox block of 4 draws: one philox4x32 call serves 4 elements.
-__global__ void dropout_forward_kernel(float* out, const float* in, int64_t n, float p, float keep_scale,
-                                       uint64_t seed, uint64_t offset) {
+__global__ void dropout_kernel(float* out, const float* in, int64_t n, float p, float keep_scale, uint64_t seed,
+                               uint64_t offset) {
   const int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4;
-  if (first >= n) return;
-  if ((offset & 3) == 0) {
-    const Philox4 r = philox4x32(seed, (offset + static_cast<uint64_t>(first)) >> 2);
-    for (int k = 0; k < 4 && first + k < n; ++k) {
-      const float u = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f);
-      out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
-    }
-  } else {  // an unaligned offset (never produced by Generator::advance): draw one by one
-    for (int k = 0; k < 4 && first + k < n; ++k) {
-      const float u = philox_uniform(seed, offset + static_cast<uint64_t>(first + k));
-      out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
-    }
-  }
+  if (first < n) cuda::math::dropout4(out, in, first, n, p, keep_scale, seed, offset);
 }
 
 void masked_scale(Tensor& out, const Tensor& in, float p, uint64_t seed, uint64_t offset) {
   const int64_t n = out.numel();
   if (n == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(out));
-  dropout_forward_kernel<<<cuda::grid_for((n + 3) / 4), cuda::kThreads>>>(
+  dropout_kernel<<<cuda::grid_for((n + 3) / 4), cuda::kThreads>>>(
       out.data<float>(), in.data<float>(), n, p, 1.0f / (1.0f - p), seed, offset);
   MG_CUDA_CHECK_LAUNCH();
 }

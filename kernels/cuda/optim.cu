@@ -2,7 +2,8 @@
 // kMaxTensors parameters; longer lists take one launch per kMaxTensors). The tensor list travels
 // as a kernel argument (pointers, sizes, and each tensor's first block), so nothing is copied
 // to the device first and the host never waits. Each block updates kChunk elements of one
-// tensor. Formulas are PyTorch's, written exactly as the CPU kernels (kernels/cpu/optim.cpp):
+// tensor. Formulas are PyTorch's, written exactly as the CPU kernels (kernels/cpu/optim.cpp), in
+// kernels/cuda/kernel_math.h (tested on the CPU against them):
 //
 // SGD:   g = s*grad + wd*p;  buf = first ? g : mu*buf + (1-dampening)*g;
 //        g = nesterov ? g + mu*buf : buf (when mu != 0);  p -= lr*g                       (=)
@@ -12,6 +13,7 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/optim.h"
 
 namespace mg {
@@ -30,56 +32,28 @@ struct TensorList {
   int64_t first_block[kMaxTensors + 1];
 };
 
-// The tensor that block b works on: the last t with first_block[t] <= b.
-__device__ int tensor_of_block(const TensorList& l, int64_t b) {
-  int lo = 0, hi = l.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (l.first_block[mid] <= b) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
 __global__ void sgd_update_kernel(const __grid_constant__ TensorList l, SgdHyper h) {
-  const int t = tensor_of_block(l, blockIdx.x);
+  const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
   const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
   const int64_t end = min(begin + kChunk, l.n[t]);
   float* p = l.p[t];
   const float* g = l.g[t];
   float* buf = l.s1[t];
-  const bool use_momentum = h.momentum != 0.0f;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float d = h.grad_scale * g[i];
-    if (h.weight_decay != 0.0f) d += h.weight_decay * p[i];
-    if (use_momentum) {
-      buf[i] = h.first_step ? d : h.momentum * buf[i] + (1.0f - h.dampening) * d;
-      d = h.nesterov ? d + h.momentum * buf[i] : buf[i];
-    }
-    p[i] -= h.lr * d;
-  }
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    cuda::math::sgd_element(p + i, g[i], buf ? buf + i : nullptr, h);
 }
 
 __global__ void adam_update_kernel(const __grid_constant__ TensorList l, AdamHyper h, float step_size,
                                    float bias_c2_sqrt) {
-  const int t = tensor_of_block(l, blockIdx.x);
+  const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
   const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
   const int64_t end = min(begin + kChunk, l.n[t]);
   float* p = l.p[t];
   const float* g = l.g[t];
   float* m = l.s1[t];
   float* v = l.s2[t];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float d = h.grad_scale * g[i];
-    if (h.weight_decay != 0.0f) {
-      if (h.decoupled) p[i] *= 1.0f - h.lr * h.weight_decay;
-      else d += h.weight_decay * p[i];
-    }
-    m[i] += (d - m[i]) * (1.0f - h.beta1);
-    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * d * d;
-    const float denom = sqrtf(v[i]) / bias_c2_sqrt + h.eps;
-    p[i] -= step_size * (m[i] / denom);
-  }
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    cuda::math::adam_element(p + i, g[i], m + i, v + i, h, step_size, bias_c2_sqrt);
 }
 
 void check_lists(const char* op, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,

@@ -8,9 +8,8 @@
 //             columns (PyTorch's rule); y = mean over the window.                     (=)
 //   backward: dx[h, w] = sum over windows containing (h, w) of dy / window size: one thread
 //             per input element gathers from the few windows that contain it (no atomics).  (=)
-#include <cfloat>
-
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/pooling.h"
 
 namespace mg {
@@ -23,25 +22,7 @@ __global__ void max_pool2d_forward_kernel(float* y, int64_t* idx, const float* x
     const int j = static_cast<int>(o % ow);
     const int i = static_cast<int>((o / ow) % oh);
     const int64_t plane = o / (int64_t{oh} * ow);
-    const float* xp = x + plane * h * w;
-    float best = -INFINITY;
-    int64_t best_idx = -1;
-    const int h0 = i * s - pad, w0 = j * s - pad;
-    for (int p = 0; p < k; ++p) {
-      const int hh = h0 + p;
-      if (hh < 0 || hh >= h) continue;
-      for (int q = 0; q < k; ++q) {
-        const int ww = w0 + q;
-        if (ww < 0 || ww >= w) continue;
-        const float v = xp[hh * w + ww];
-        if (best_idx < 0 || v > best || (isnan(v) && !isnan(best))) {
-          best = v;
-          best_idx = int64_t{hh} * w + ww;
-        }
-      }
-    }
-    y[o] = best;
-    idx[o] = best_idx;
+    cuda::math::max_pool_window(x + plane * h * w, h, w, k, s, pad, i, j, y + o, idx + o);
   }
 }
 
@@ -53,22 +34,13 @@ __global__ void max_pool2d_backward_kernel(float* dx, const float* dy, const int
   }
 }
 
-__device__ __forceinline__ int window_start(int i, int in, int out) { return (i * in) / out; }
-__device__ __forceinline__ int window_end(int i, int in, int out) { return ((i + 1) * in + out - 1) / out; }
-
 __global__ void adaptive_avg_pool2d_forward_kernel(float* y, const float* x, int64_t planes, int h, int w,
                                                    int oh, int ow) {
   const int64_t total = planes * oh * ow;
   for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
     const int j = static_cast<int>(o % ow);
     const int i = static_cast<int>((o / ow) % oh);
-    const float* xp = x + (o / (int64_t{oh} * ow)) * h * w;
-    const int h0 = window_start(i, h, oh), h1 = window_end(i, h, oh);
-    const int w0 = window_start(j, w, ow), w1 = window_end(j, w, ow);
-    float sum = 0.0f;
-    for (int hh = h0; hh < h1; ++hh)
-      for (int ww = w0; ww < w1; ++ww) sum += xp[hh * w + ww];
-    y[o] = sum / static_cast<float>((h1 - h0) * (w1 - w0));
+    y[o] = cuda::math::adaptive_avg_window(x + (o / (int64_t{oh} * ow)) * h * w, h, w, oh, ow, i, j);
   }
 }
 
@@ -78,19 +50,7 @@ __global__ void adaptive_avg_pool2d_backward_kernel(float* dx, const float* dy, 
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int ww = static_cast<int>(e % w);
     const int hh = static_cast<int>((e / w) % h);
-    const float* dyp = dy + (e / (int64_t{h} * w)) * oh * ow;
-    // Windows containing row hh: i from floor(hh OH / H) while window_start(i) <= hh.
-    float g = 0.0f;
-    for (int i = (hh * oh) / h; i < oh && window_start(i, h, oh) <= hh; ++i) {
-      if (window_end(i, h, oh) <= hh) continue;
-      const int rows = window_end(i, h, oh) - window_start(i, h, oh);
-      for (int j = (ww * ow) / w; j < ow && window_start(j, w, ow) <= ww; ++j) {
-        if (window_end(j, w, ow) <= ww) continue;
-        const int cols = window_end(j, w, ow) - window_start(j, w, ow);
-        g += dyp[i * ow + j] / static_cast<float>(rows * cols);
-      }
-    }
-    dx[e] = g;
+    dx[e] = cuda::math::adaptive_avg_grad(dy + (e / (int64_t{h} * w)) * oh * ow, h, w, oh, ow, hh, ww);
   }
 }
 

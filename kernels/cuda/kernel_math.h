@@ -1,0 +1,129 @@
+// The per-element bodies of the CUDA kernels whose index arithmetic or formulas are easy to get
+// wrong, as __host__ __device__ functions: the kernels in pooling.cu, dropout.cu and optim.cu
+// call them on the GPU, and tests/test_cuda_kernel_math.cpp checks them on the CPU against the
+// CPU kernels and naive references, so they are verified on machines without a GPU too.
+// Plain C++ (no CUDA headers): MG_HOST_DEVICE comes from core/rng.h.
+#pragma once
+
+#include <cstdint>
+
+#include "core/rng.h"
+#include "kernels/optim.h"
+
+namespace mg::cuda::math {
+
+// ---- pooling (x plane: h x w, row-major) -----------------------------------------------------
+
+// Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
+// in row-major window order wins, a NaN wins over numbers (as PyTorch). idx = hh * w + ww.
+MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s, int pad, int i, int j,
+                                    float* y, int64_t* idx) {
+  float best = 0.0f;
+  int64_t best_idx = -1;
+  const int h0 = i * s - pad, w0 = j * s - pad;
+  for (int p = 0; p < k; ++p) {
+    const int hh = h0 + p;
+    if (hh < 0 || hh >= h) continue;
+    for (int q = 0; q < k; ++q) {
+      const int ww = w0 + q;
+      if (ww < 0 || ww >= w) continue;
+      const float v = xp[hh * w + ww];
+      const bool v_nan = v != v, best_nan = best != best;
+      if (best_idx < 0 || (!best_nan && (v > best || v_nan))) {
+        best = v;
+        best_idx = int64_t{hh} * w + ww;
+      }
+    }
+  }
+  *y = best;
+  *idx = best_idx;
+}
+
+// PyTorch's adaptive windows: output i of `out` covers [floor(i in / out), ceil((i+1) in / out)).
+MG_HOST_DEVICE int window_start(int i, int in, int out) { return (i * in) / out; }
+MG_HOST_DEVICE int window_end(int i, int in, int out) { return ((i + 1) * in + out - 1) / out; }
+
+MG_HOST_DEVICE float adaptive_avg_window(const float* xp, int h, int w, int oh, int ow, int i, int j) {
+  const int h0 = window_start(i, h, oh), h1 = window_end(i, h, oh);
+  const int w0 = window_start(j, w, ow), w1 = window_end(j, w, ow);
+  float sum = 0.0f;
+  for (int hh = h0; hh < h1; ++hh)
+    for (int ww = w0; ww < w1; ++ww) sum += xp[hh * w + ww];
+  return sum / static_cast<float>((h1 - h0) * (w1 - w0));
+}
+
+// d x[hh, ww]: the windows containing row hh are i = floor(hh OH / H), ... while they start at
+// or before hh (likewise columns); each gives dy / its size.
+MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, int ow, int hh, int ww) {
+  float g = 0.0f;
+  for (int i = (hh * oh) / h; i < oh && window_start(i, h, oh) <= hh; ++i) {
+    if (window_end(i, h, oh) <= hh) continue;
+    const int rows = window_end(i, h, oh) - window_start(i, h, oh);
+    for (int j = (ww * ow) / w; j < ow && window_start(j, w, ow) <= ww; ++j) {
+      if (window_end(j, w, ow) <= ww) continue;
+      const int cols = window_end(j, w, ow) - window_start(j, w, ow);
+      g += dyp[i * ow + j] / static_cast<float>(rows * cols);
+    }
+  }
+  return g;
+}
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+// Elements first .. first+3 (those below n): one Philox block serves all four when the offset
+// is block-aligned (as Generator::advance makes it); otherwise each draws on its own.
+MG_HOST_DEVICE void dropout4(float* out, const float* in, int64_t first, int64_t n, float p, float keep_scale,
+                             uint64_t seed, uint64_t offset) {
+  if ((offset & 3) == 0) {
+    const Philox4 r = philox4x32(seed, (offset + static_cast<uint64_t>(first)) >> 2);
+    for (int k = 0; k < 4 && first + k < n; ++k) {
+      const float u = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f);  // = philox_uniform
+      out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
+    }
+  } else {
+    for (int k = 0; k < 4 && first + k < n; ++k) {
+      const float u = philox_uniform(seed, offset + static_cast<uint64_t>(first + k));
+      out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
+    }
+  }
+}
+
+// ---- fused optimizers (kernels/optim.h has the formulas) --------------------------------------
+
+// The tensor that block b of a multi-tensor launch works on: the last t with first_block[t] <= b.
+MG_HOST_DEVICE int tensor_of_block(const int64_t* first_block, int count, int64_t b) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// buf is null when momentum == 0.
+MG_HOST_DEVICE void sgd_element(float* p, float g, float* buf, const SgdHyper& h) {
+  float d = h.grad_scale * g;
+  if (h.weight_decay != 0.0f) d += h.weight_decay * *p;
+  if (h.momentum != 0.0f) {
+    *buf = h.first_step ? d : h.momentum * *buf + (1.0f - h.dampening) * d;
+    d = h.nesterov ? d + h.momentum * *buf : *buf;
+  }
+  *p -= h.lr * d;
+}
+
+// step_size = lr / (1 - b1^t) and bias_c2_sqrt = sqrt(1 - b2^t), computed once per step.
+MG_HOST_DEVICE void adam_element(float* p, float g, float* m, float* v, const AdamHyper& h, float step_size,
+                                 float bias_c2_sqrt) {
+  float d = h.grad_scale * g;
+  if (h.weight_decay != 0.0f) {
+    if (h.decoupled) *p *= 1.0f - h.lr * h.weight_decay;
+    else d += h.weight_decay * *p;
+  }
+  *m += (d - *m) * (1.0f - h.beta1);  // torch: exp_avg.lerp_(grad, 1 - beta1)
+  *v = h.beta2 * *v + (1.0f - h.beta2) * d * d;
+  const float denom = std::sqrt(*v) / bias_c2_sqrt + h.eps;
+  *p -= step_size * (*m / denom);
+}
+
+}  // namespace mg::cuda::math

@@ -1,0 +1,172 @@
+// The per-element bodies of the CUDA kernels (kernels/cuda/kernel_math.h) run here on the CPU,
+// against the CPU kernels and naive references, so the index arithmetic and formulas the GPU
+// runs are checked on every machine, GPU or not.
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "helpers.h"
+#include "kernels/cuda/kernel_math.h"
+#include "kernels/dropout.h"
+
+using namespace mg;
+namespace km = mg::cuda::math;
+
+namespace {
+
+std::vector<float> random_values(size_t n, uint64_t seed, int levels = 0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = levels > 0 ? static_cast<float>(static_cast<int>(rng() % levels)) - levels / 2 : u(rng);
+  return v;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+}  // namespace
+
+TEST_CASE("kernel math: max-pool windows, first maximum wins, NaN propagates, padding skipped") {
+  struct Case { int h, w, k, s, pad, levels; };
+  for (Case c : {Case{15, 13, 3, 2, 1, 0}, Case{11, 9, 2, 2, 0, 0}, Case{7, 10, 3, 1, 1, 3}, Case{5, 5, 5, 1, 2, 2}}) {
+    CAPTURE(c.h); CAPTURE(c.w); CAPTURE(c.k); CAPTURE(c.s); CAPTURE(c.pad);
+    std::vector<float> x = random_values(static_cast<size_t>(c.h) * c.w, 7 + c.h, c.levels);  // levels: ties
+    const int oh = (c.h + 2 * c.pad - c.k) / c.s + 1, ow = (c.w + 2 * c.pad - c.k) / c.s + 1;
+    for (int i = 0; i < oh; ++i) {
+      for (int j = 0; j < ow; ++j) {
+        float y = std::nanf("");
+        int64_t idx = -7;
+        km::max_pool_window(x.data(), c.h, c.w, c.k, c.s, c.pad, i, j, &y, &idx);
+        // Reference: scan the clipped window in row-major order, keep the first strict maximum.
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t best_idx = -1;
+        for (int hh = std::max(0, i * c.s - c.pad); hh < std::min(c.h, i * c.s - c.pad + c.k); ++hh)
+          for (int ww = std::max(0, j * c.s - c.pad); ww < std::min(c.w, j * c.s - c.pad + c.k); ++ww)
+            if (best_idx < 0 || x[hh * c.w + ww] > best) best = x[hh * c.w + ww], best_idx = hh * c.w + ww;
+        CHECK(idx == best_idx);
+        CHECK(y == best);
+      }
+    }
+  }
+  // A NaN in the window wins, and stays the first NaN.
+  std::vector<float> x = {1.0f, std::nanf(""), 5.0f, std::nanf("")};
+  float y = 0;
+  int64_t idx = -1;
+  km::max_pool_window(x.data(), 2, 2, 2, 2, 0, 0, 0, &y, &idx);
+  CHECK(std::isnan(y));
+  CHECK(idx == 1);
+}
+
+TEST_CASE("kernel math: adaptive average pooling windows and their gradient") {
+  struct Case { int h, w, oh, ow; };
+  for (Case c : {Case{13, 11, 7, 5}, Case{5, 4, 7, 7}, Case{8, 8, 8, 8}, Case{1, 1, 3, 2}, Case{17, 3, 4, 1}, Case{14, 14, 7, 7}}) {
+    CAPTURE(c.h); CAPTURE(c.w); CAPTURE(c.oh); CAPTURE(c.ow);
+    std::vector<float> x = random_values(static_cast<size_t>(c.h) * c.w, 3 + c.h * 31 + c.w);
+    std::vector<float> dy = random_values(static_cast<size_t>(c.oh) * c.ow, 5 + c.oh);
+    std::vector<float> dx_ref(x.size(), 0.0f), y(dy.size()), y_ref(dy.size());
+    for (int i = 0; i < c.oh; ++i) {
+      for (int j = 0; j < c.ow; ++j) {
+        // PyTorch's rule in floating point: [floor(i H / OH), ceil((i+1) H / OH)).
+        const int h0 = static_cast<int>(std::floor(static_cast<double>(i) * c.h / c.oh));
+        const int h1 = static_cast<int>(std::ceil(static_cast<double>(i + 1) * c.h / c.oh));
+        const int w0 = static_cast<int>(std::floor(static_cast<double>(j) * c.w / c.ow));
+        const int w1 = static_cast<int>(std::ceil(static_cast<double>(j + 1) * c.w / c.ow));
+        double sum = 0;
+        for (int hh = h0; hh < h1; ++hh)
+          for (int ww = w0; ww < w1; ++ww) sum += x[hh * c.w + ww];
+        const int size = (h1 - h0) * (w1 - w0);
+        y_ref[i * c.ow + j] = static_cast<float>(sum / size);
+        y[i * c.ow + j] = km::adaptive_avg_window(x.data(), c.h, c.w, c.oh, c.ow, i, j);
+        for (int hh = h0; hh < h1; ++hh)
+          for (int ww = w0; ww < w1; ++ww) dx_ref[hh * c.w + ww] += dy[i * c.ow + j] / static_cast<float>(size);
+      }
+    }
+    CHECK(rel_err(y, y_ref) < 1e-6);
+    std::vector<float> dx(x.size(), std::nanf(""));
+    for (int hh = 0; hh < c.h; ++hh)
+      for (int ww = 0; ww < c.w; ++ww) dx[hh * c.w + ww] = km::adaptive_avg_grad(dy.data(), c.h, c.w, c.oh, c.ow, hh, ww);
+    CHECK(rel_err(dx, dx_ref) < 1e-6);
+  }
+}
+
+TEST_CASE("kernel math: the 4-wide dropout gives the CPU kernel's mask, aligned offset or not") {
+  for (uint64_t offset : {uint64_t{0}, uint64_t{8}, uint64_t{13}, (uint64_t{1} << 33) + 4}) {
+    for (float p : {0.1f, 0.5f, 0.0f}) {
+      const int64_t n = 1003;
+      Tensor x = test::rand_tensor({n}, 11), y_cpu = Tensor::full({n}, std::nanf(""));
+      dropout_forward<Cpu>(y_cpu, x, p, 1234, offset);
+      std::vector<float> in = x.to_vector<float>(), out(n, std::nanf(""));
+      for (int64_t first = 0; first < n; first += 4)
+        km::dropout4(out.data(), in.data(), first, n, p, 1.0f / (1.0f - p), 1234, offset);
+      CAPTURE(offset);
+      CAPTURE(p);
+      CHECK(out == y_cpu.to_vector<float>());
+    }
+  }
+}
+
+TEST_CASE("kernel math: block-to-tensor lookup of the multi-tensor launch") {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int count = 1 + static_cast<int>(rng() % 96);
+    std::vector<int64_t> first(count + 1, 0);
+    for (int t = 0; t < count; ++t) first[t + 1] = first[t] + 1 + static_cast<int64_t>(rng() % 5);
+    for (int64_t b = 0; b < first[count]; ++b) {
+      int expect = 0;
+      while (first[expect + 1] <= b) ++expect;
+      REQUIRE(km::tensor_of_block(first.data(), count, b) == expect);
+    }
+  }
+}
+
+TEST_CASE("kernel math: SGD and Adam element updates are the CPU kernels' formulas") {
+  const int64_t n = 1001;
+  auto make = [&](uint64_t seed) { return test::rand_tensor({n}, seed); };
+  for (bool nesterov : {false, true}) {
+    for (float momentum : {0.0f, 0.9f}) {
+      std::vector<Tensor> p{make(1)}, g{make(2)}, buf{make(3)};
+      std::vector<float> hp = p[0].to_vector<float>(), hg = g[0].to_vector<float>(), hb = buf[0].to_vector<float>();
+      std::vector<Tensor> bufs = momentum != 0.0f ? buf : std::vector<Tensor>{};
+      SgdHyper h;
+      h.lr = 0.05f; h.momentum = momentum; h.dampening = 0.1f; h.weight_decay = 1e-3f; h.nesterov = nesterov;
+      h.grad_scale = 0.25f;
+      for (int step = 0; step < 3; ++step) {
+        h.first_step = step == 0;
+        sgd_update<Cpu>(p, g, bufs, h);
+        for (int64_t i = 0; i < n; ++i) km::sgd_element(&hp[i], hg[i], momentum != 0.0f ? &hb[i] : nullptr, h);
+      }
+      CAPTURE(nesterov);
+      CAPTURE(momentum);
+      CHECK(rel_err(hp, p[0].to_vector<float>()) < 1e-6);
+      if (momentum != 0.0f) CHECK(rel_err(hb, buf[0].to_vector<float>()) < 1e-6);
+    }
+  }
+  for (bool decoupled : {false, true}) {
+    std::vector<Tensor> p{make(4)}, g{make(5)}, m{make(6)}, v{Tensor::full({n}, 0.01f)};
+    const std::vector<float> p0 = p[0].to_vector<float>();
+    std::vector<float> hp = p0, hg = g[0].to_vector<float>(), hm = m[0].to_vector<float>(), hv = v[0].to_vector<float>();
+    AdamHyper h;
+    h.lr = 1e-2f; h.weight_decay = 0.01f; h.decoupled = decoupled; h.grad_scale = 0.5f;
+    for (int step = 1; step <= 3; ++step) {
+      h.step = step;
+      adam_update<Cpu>(p, g, m, v, h);
+      const float bias_c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), step));
+      const float bias_c2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), step)));
+      for (int64_t i = 0; i < n; ++i) km::adam_element(&hp[i], hg[i], &hm[i], &hv[i], h, h.lr / bias_c1, bias_c2_sqrt);
+    }
+    // Compare the updates (small next to p), not only p.
+    std::vector<float> du(n), du_ref(n), pc = p[0].to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) du[i] = hp[i] - p0[i], du_ref[i] = pc[i] - p0[i];
+    CAPTURE(decoupled);
+    CHECK(rel_err(du, du_ref) < 1e-5);
+    CHECK(rel_err(hm, m[0].to_vector<float>()) < 1e-6);
+    CHECK(rel_err(hv, v[0].to_vector<float>()) < 1e-6);
+  }
+}
