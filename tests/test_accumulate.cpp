@@ -58,7 +58,7 @@ struct RunResult {
   int64_t step_count = 0;
 };
 
-enum class Opt { sgd, sgd_momentum, adam };
+enum class Opt { sgd, sgd_momentum, adam, adamw };
 
 std::unique_ptr<optim::Optimizer> make_opt(const nn::Module& m, Opt which, float lr) {
   switch (which) {
@@ -66,6 +66,8 @@ std::unique_ptr<optim::Optimizer> make_opt(const nn::Module& m, Opt which, float
     case Opt::sgd_momentum:
       return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = lr, .momentum = 0.9f});
     case Opt::adam: return std::make_unique<optim::Adam>(m.parameters(), optim::AdamOptions{.lr = lr});
+    case Opt::adamw:
+      return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamOptions{.lr = lr, .weight_decay = 0.1f});
   }
   return nullptr;
 }
@@ -125,6 +127,23 @@ TEST_CASE("batch 16 x 4 ends an epoch of 7,992 samples with the weights of batch
                                                             << d_acc << "; |64 - 16x4 divided by N| = " << d_wrong);
     CHECK(d_wrong > 20 * tol);  // measured: ~650x (SGD), ~75x (momentum, whose late gradients are small)
   }
+}
+
+TEST_CASE("the same on the first 7,992 real MNIST digits (../shared/data/mnist)") {
+  const std::string dir = std::string(MG_SHARED_DATA_DIR) + "/mnist";
+  if (!std::filesystem::exists(dir + "/t10k-images-idx3-ubyte.gz")) {
+    MESSAGE("skipped: no MNIST in " << dir);
+    return;
+  }
+  const data::Dataset real = data::load_mnist_auto(dir).train.limit(kEpochSamples);
+  REQUIRE(real.size() == kEpochSamples);
+  RunResult big = run(64, 1, Opt::sgd, 0.05f, 1, optim::Normalize::samples, 0.0f, real);
+  RunResult acc = run(16, 4, Opt::sgd, 0.05f, 1, optim::Normalize::samples, 0.0f, real);
+  RunResult wrong = run(16, 4, Opt::sgd, 0.05f, 1, optim::Normalize::micro_batches, 0.0f, real);
+  MESSAGE("real digits, SGD: |64 - 16x4| = " << max_diff(big.weights, acc.weights)
+          << "; divided by N: " << max_diff(big.weights, wrong.weights));
+  CHECK(max_diff(big.weights, acc.weights) < kRoundingTolSgd);
+  CHECK(max_diff(big.weights, wrong.weights) > 20 * kRoundingTolSgd);
 }
 
 TEST_CASE("the short last window: one accumulated step equals the step on the concatenated batch") {
@@ -199,13 +218,26 @@ TEST_CASE("accumulation schedule switches N by epoch, and each epoch matches the
   }
   CHECK(steps == std::vector<int64_t>{4, 7});
   CHECK(opt.step_count() == 11);
-  // The same run as batch 64 then batch 32, without accumulation.
+  // on_step (where an LR schedule hooks in) runs once per optimizer step, not per micro-batch.
+  int64_t on_step_calls = 0, on_mb_calls = 0;
+  acc.set_steps(sched.steps_for_epoch(2));
+  optim::train_epoch(*model, loader, acc, 2, {},
+                     {.on_micro_batch = [&](const data::Batch&, double) { ++on_mb_calls; },
+                      .on_step = [&](const optim::StepInfo&) { ++on_step_calls; opt.set_lr(opt.lr() * 0.9f); }});
+  CHECK(on_mb_calls == 13);
+  CHECK(on_step_calls == 7);
+  CHECK(opt.lr() == doctest::Approx(0.05 * std::pow(0.9, 7)));
+  CHECK(opt.step_count() == 18);
+  // The same run as batch 64, then batch 32 (twice, the second with the LR decay), without
+  // accumulation: equal up to rounding.
   auto ref = small_mlp(9);
   optim::SGD ref_opt(ref->parameters(), {.lr = 0.05f, .momentum = 0.9f});
   optim::Accumulator one(ref_opt, {.steps = 1});
   data::DataLoader l64(d, {.batch_size = 64, .seed = 4}), l32(d, {.batch_size = 32, .seed = 4});
   optim::train_epoch(*ref, l64, one, 0);
   optim::train_epoch(*ref, l32, one, 1);
+  optim::train_epoch(*ref, l32, one, 2, {}, {.on_step = [&](const optim::StepInfo&) { ref_opt.set_lr(ref_opt.lr() * 0.9f); }});
+  CHECK(ref_opt.step_count() == 18);
   CHECK(max_diff(snapshot(*model), snapshot(*ref)) < 1e-6);
   // N cannot change in the middle of a window.
   data::Batch b;
@@ -285,6 +317,16 @@ TEST_CASE("clipping by global norm is applied once per optimizer step, to the wi
     for (const Tensor& t : total) for (float v : t.to_vector<float>()) per_mb_norm2 += lr * lr * static_cast<double>(v) * v;
   }
   CHECK(std::abs(std::sqrt(per_mb_norm2) - lr * clip) > 0.05 * lr * clip);
+}
+
+TEST_CASE("AdamW's weight decay is applied once per real step: 16 x 4 matches 64") {
+  const data::Dataset d = data::make_synthetic(1000, 12);
+  RunResult big = run(64, 1, Opt::adamw, 2e-3f, 1, optim::Normalize::samples, 0.0f, d);
+  RunResult acc = run(16, 4, Opt::adamw, 2e-3f, 1, optim::Normalize::samples, 0.0f, d);
+  RunResult per_mb = run(16, 1, Opt::adamw, 2e-3f, 1, optim::Normalize::samples, 0.0f, d);
+  CHECK(acc.step_count == 16);
+  CHECK(max_diff(big.weights, acc.weights) < kRoundingTolAdam);
+  CHECK(max_diff(big.weights, per_mb.weights) > 50 * kRoundingTolAdam);  // decay 63 times: different
 }
 
 TEST_CASE("Adam's step count is the number of real steps, and 16 x 4 matches 64 on a short epoch") {
