@@ -223,6 +223,11 @@ int run(const Config& c, const char* argv0) {
       mg::optim::save_train_state(base + ".state.safetensors", *model, *opt, {.epoch = e + 1, .extra = signature});
     }
   }
+  if (start_epoch >= c.epochs) {
+    last = evaluate(*model, test, dev);
+    std::printf("nothing to train (%lld epochs done, --epochs %lld): test loss %.6f, accuracy %.2f%%\n",
+                static_cast<long long>(start_epoch), static_cast<long long>(c.epochs), last.loss, last.accuracy);
+  }
   const mg::MemoryStats mem = mg::memory_stats(dev);
   std::printf("peak memory in use on %s: %.2f MiB; optimizer steps in total: %lld\n", dev.str().c_str(),
               mem.peak_in_use / 1048576.0, static_cast<long long>(opt->step_count()));
