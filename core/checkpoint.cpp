@@ -152,7 +152,16 @@ void checkpoint_backward(Node& node, const Tensor& grad_out, std::vector<Tensor>
   MG_CHECK(y.shape() == node.out_shape, "checkpoint replay: segment output shape "
                                             << shape_str(y.shape()) << ", first pass "
                                             << shape_str(node.out_shape));
-  if (y.requires_grad()) run_backward(y, grad_out, /*retain_graph=*/false);
+  if (y.requires_grad()) {
+    // Backward needs y's node, not its values (a node that does keeps them in its saved
+    // tensors), so the replayed output is not held for the whole backward of the segment.
+    Tensor root(std::make_shared<TensorImpl>());
+    root.impl().shape = y.shape();
+    root.impl().requires_grad = true;
+    root.impl().grad_fn = y.grad_fn();
+    y = Tensor();
+    run_backward(root, grad_out, /*retain_graph=*/false);
+  }
   for (size_t i = 0; i < fresh.size(); ++i) {
     if (node.inputs[i].requires_grad) grads[i] = fresh[i].grad();
   }

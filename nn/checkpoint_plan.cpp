@@ -238,6 +238,14 @@ struct PieceCost {
   size_t peak = 0;        // the piece's peak (forward and backward) is R + peak
   size_t kept = 0;        // R grows by this
   bool holds_out = false;  // the piece's last unit keeps its output
+  size_t where_unit = 0;   // the moment of the peak: a unit and a phase
+  const char* where_phase = "";
+  void note(size_t bytes, size_t unit, const char* phase) {
+    if (bytes <= peak) return;
+    peak = bytes;
+    where_unit = unit;
+    where_phase = phase;
+  }
 };
 
 // Units [s, e), checkpointed or plain, entered with `holds` = the previous unit keeps A_s.
@@ -256,7 +264,8 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
       const bool out_live = U.saves_output || u + 1 == n;
       const size_t bwd = F + R + (keep_in ? A(u) : 0) + U.extra_bytes + (out_live ? A(u + 1) : 0) +
                          A(u + 1) + U.bwd_peak;
-      pc.peak = std::max({pc.peak, fwd, bwd});
+      pc.note(fwd, u, "forward");
+      pc.note(bwd, u, "backward");
       R += (keep_in ? A(u) : 0) + U.extra_bytes;
       holds = U.saves_output;
     }
@@ -270,7 +279,7 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
     bool h = true;
     for (size_t u = s; u < e; ++u) {
       const UnitCost& U = c.units[u];
-      pc.peak = std::max(pc.peak, F + R + A(u) + U.fwd_peak);
+      pc.note(F + R + A(u) + U.fwd_peak, u, "forward (checkpointed segment, first pass)");
       R += ((h || U.saves_input) ? A(u) : 0) + U.extra_bytes;
       h = U.saves_output;
     }
@@ -286,7 +295,7 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   bool h = true;
   for (size_t u = s; u < e; ++u) {
     const UnitCost& U = c.units[u];
-    pc.peak = std::max(pc.peak, base + R + (u > s ? A(u) : 0) + U.fwd_peak);
+    pc.note(base + R + (u > s ? A(u) : 0) + U.fwd_peak, u, "replay (forward again during backward)");
     r_before[u - s] = R;
     keep_in[u - s] = u > s && (h || U.saves_input);
     R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
@@ -296,11 +305,11 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
     const UnitCost& U = c.units[u];
     const bool last = u + 1 == e;
     const size_t bwd = base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes +
-                       A(e) /* replayed output */ + (!last && U.saves_output ? A(u + 1) : 0) +
-                       (last ? 0 : A(u + 1)) /* gradient in flight */ + U.bwd_peak;
-    pc.peak = std::max(pc.peak, bwd);
+                       (U.saves_output ? A(u + 1) : 0) + (last ? 0 : A(u + 1)) /* gradient in flight */ +
+                       U.bwd_peak;
+    pc.note(bwd, u, "backward of a replayed segment");
   }
-  if (wants_dx0) pc.peak = std::max(pc.peak, base + A(e) + 2 * A(s));  // copy into the boundary leaf
+  if (wants_dx0) pc.note(base + 2 * A(s), s, "end of a replayed segment (gradient copied into the boundary leaf)");
   return pc;
 }
 
@@ -345,17 +354,37 @@ double piece_flops(const ChainCost& c, size_t s, size_t e) {
 
 }  // namespace
 
-size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
+PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
   MG_CHECK(!cost.units.empty(), "predict_peak: the chain has no units (measure it first)");
-  size_t R = 0, peak = 0;
+  PeakBreakdown out;
+  size_t R = 0;
   bool holds = true;  // the caller holds the input
   for (const UnitPiece& p : to_pieces(cost, segments)) {
     PieceCost pc = eval_piece(cost, p.s, p.e, p.ckpt, holds);
-    peak = std::max(peak, R + pc.peak);
+    if (R + pc.peak > out.peak) {
+      out.peak = R + pc.peak;
+      out.unit = pc.where_unit;
+      out.phase = pc.where_phase;
+      out.kept_by_earlier = R;
+    }
     R += pc.kept;
     holds = pc.holds_out;
   }
-  return std::max(peak, head_peak(cost, R));
+  if (head_peak(cost, R) > out.peak) {
+    out.peak = head_peak(cost, R);
+    out.unit = cost.units.size() - 1;
+    out.phase = "loss (end of forward, start of backward)";
+    out.kept_by_earlier = R;
+  }
+  const UnitCost& u = cost.units[out.unit];
+  out.where = out.phase + " of unit " + std::to_string(out.unit) + " (layers [" + std::to_string(u.begin) + ", " +
+              std::to_string(u.end) + "): " + u.name + "), with " + format_bytes(out.kept_by_earlier) +
+              " kept by earlier units and " + format_bytes(cost.fixed_bytes) + " fixed";
+  return out;
+}
+
+size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
+  return explain_peak(cost, segments).peak;
 }
 
 double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments) {

@@ -26,10 +26,10 @@
 //             then drops everything but its input.
 //   loss      F + R + A_n + 2 A_n (probabilities, gradient of the logits).
 //   backward  in reverse; earlier units still hold R. A plain unit: F + R + kept A_u, extra_u,
-//             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input, the incoming gradient
-//             (held by the engine for the whole segment) and the replayed output stay live while
-//             the segment is replayed like plain units and backpropagated unit by unit; the input
-//             gradient is copied once into the fresh boundary leaf at the end.
+//             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input and the incoming
+//             gradient (held by the engine for the whole segment) stay live while the segment is
+//             replayed like plain units and backpropagated unit by unit; the input gradient is
+//             copied once into the fresh boundary leaf at the end.
 // The predicted peak is the largest of these. The budget planner is a dynamic programme over the
 // chain: the state after a prefix is (R, whether the last plain unit keeps its output), every
 // constraint of a piece depends only on that state and the piece, and labels are pruned by
@@ -112,6 +112,16 @@ ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const Measure
 // end on unit boundaries).
 size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments);
+
+// The predicted peak and the moment it happens at.
+struct PeakBreakdown {
+  size_t peak = 0;
+  size_t unit = 0;             // the unit running at the peak
+  std::string phase;           // forward, backward, replay, loss, ...
+  size_t kept_by_earlier = 0;  // R at that moment: bytes earlier units keep
+  std::string where;           // all of it in words
+};
+PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 
 // Plans. `spec` is none | sqrt | segments=K | budget=SIZE.
 Plan plan_none(const ChainCost& cost);

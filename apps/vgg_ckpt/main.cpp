@@ -142,6 +142,8 @@ int main(int argc, char** argv) {
                 plan.kind.c_str(), plan.str().c_str(), mg::nn::format_bytes(plan.predicted_peak).c_str(),
                 plan.recompute_flops / 1e9, mg::nn::format_bytes(floor).c_str(),
                 mg::nn::format_bytes(cost.fixed_bytes).c_str());
+    const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
+    std::printf("  peak at %s\n", at.where.c_str());
     if (!save_dir.empty()) std::filesystem::create_directories(save_dir);
 
     std::vector<double> step_ms;
@@ -204,6 +206,8 @@ int main(int argc, char** argv) {
       j["measured_peak_in_use_bytes"] = peak_in_use;
       j["peak_reserved_bytes"] = peak_reserved;
       j["min_feasible_peak_bytes"] = floor;
+      j["predicted_peak_at"] = at.where;
+      j["min_feasible_plan"] = mg::nn::plan_min_peak(cost).str();
       j["fixed_bytes"] = cost.fixed_bytes;
       if (plan.budget) j["budget_bytes"] = plan.budget;
       j["recompute_gflop"] = plan.recompute_flops / 1e9;
