@@ -49,9 +49,11 @@ struct Batch {
 // philox_u32 under a key mixed from (seed, epoch).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
 
+// Keeps a reference to `data`, which must outlive the loader.
 class DataLoader {
  public:
   DataLoader(const Dataset& data, LoaderOptions opts);
+  DataLoader(Dataset&& data, LoaderOptions opts) = delete;  // would dangle
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
