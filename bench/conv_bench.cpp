@@ -1,6 +1,7 @@
 // conv2d forward and forward+backward for each convolution of VGG16 (torchvision cfg D), channel
-// widths divided by --width-div, on one device. Median times over --reps; one JSON line per layer
-// and one for the sum, same schema as bench/reference/conv_bench_torch.py.
+// widths divided by --width-div, on one device. Median and minimum times over --reps (the minimum
+// is the steadier figure on a shared machine); one JSON line per layer and one for the sum, same
+// schema as bench/reference/conv_bench_torch.py.
 //
 //   build/bin/conv_bench --batch 8 --width-div 8 --size 224
 //   /usr/bin/python3 bench/reference/conv_bench_torch.py --batch 8 --width-div 8 --size 224
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
     auto sync = [&](const mg::Tensor& t) {
       if (dev.is_cuda()) (void)t.cpu();
     };
-    double total_fwd = 0, total_step = 0, total_gflop = 0;
+    double total_fwd = 0, total_step = 0, total_gflop = 0, total_min_fwd = 0, total_min_step = 0;
     const auto layers = vgg16_convs(width_div, size);
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& L = layers[l];
@@ -103,6 +104,8 @@ int main(int argc, char** argv) {
       total_fwd += mf;
       total_step += ms;
       total_gflop += step_gflop;
+      total_min_fwd += *std::min_element(fwd.begin(), fwd.end());
+      total_min_step += *std::min_element(step.begin(), step.end());
       nlohmann::json j = {{"framework", "libminigrad"},
                           {"workload", "conv_vgg16_l" + std::to_string(l)},
                           {"device", dev.str()},
@@ -112,6 +115,8 @@ int main(int argc, char** argv) {
                           {"size", L.size},
                           {"median_fwd_s", mf},
                           {"median_fwd_bwd_s", ms},
+                          {"min_fwd_s", *std::min_element(fwd.begin(), fwd.end())},
+                          {"min_fwd_bwd_s", *std::min_element(step.begin(), step.end())},
                           {"fwd_bwd_gflops", step_gflop / ms}};
       std::cout << j.dump() << std::endl;
     }
@@ -123,6 +128,8 @@ int main(int argc, char** argv) {
                         {"size", size},
                         {"median_fwd_s", total_fwd},
                         {"median_fwd_bwd_s", total_step},
+                        {"min_fwd_s", total_min_fwd},
+                        {"min_fwd_bwd_s", total_min_step},
                         {"fwd_bwd_gflops", total_gflop / total_step}};
     std::cout << j.dump() << std::endl;
   } catch (const mg::Error& e) {
