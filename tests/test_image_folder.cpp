@@ -1,0 +1,127 @@
+// data/image_folder.h: decoding, resizing (against PyTorch's interpolate), ImageNet
+// normalisation, reproducible flips, and the errors for bad folders and files.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb/stb_image_write.h>
+
+#include "data/image_folder.h"
+#include "helpers.h"
+
+using namespace mg;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("mg_image_folder_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// An RGB image whose pixel (y, x, c) is a distinct function of its position.
+std::vector<uint8_t> pattern(int h, int w, int salt) {
+  std::vector<uint8_t> p(static_cast<size_t>(h) * w * 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) p[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>((y * 37 + x * 11 + c * 71 + salt) % 256);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("resize_rgb_bilinear matches torch interpolate(bilinear, align_corners=False)") {
+  // Golden values: F.interpolate(src.view(1,1,2,3), size=(4,4), mode='bilinear',
+  // align_corners=False, antialias=False) / 255 with torch 1.13, src = [[10,200,30],[90,0,255]].
+  const uint8_t gray[6] = {10, 200, 30, 90, 0, 255};
+  std::vector<uint8_t> rgb;
+  for (uint8_t v : gray) rgb.resize(rgb.size() + 3, v);
+  const float golden[16] = {0.03921568766236305f, 0.5049019455909729f, 0.5343137383460999f, 0.11764705926179886f,
+                            0.11764705926179886f, 0.4117647111415863f, 0.4944852888584137f, 0.3382352888584137f,
+                            0.27450981736183167f, 0.22549019753932953f, 0.41482841968536377f, 0.779411792755127f,
+                            0.3529411852359772f, 0.13235294818878174f, 0.375f, 1.0f};
+  std::vector<float> out(3 * 16, -7.0f);
+  data::resize_rgb_bilinear(rgb.data(), 2, 3, 4, out.data());
+  for (int c = 0; c < 3; ++c)
+    for (int i = 0; i < 16; ++i) CHECK(out[c * 16 + i] == doctest::Approx(golden[i]).epsilon(1e-6));
+  std::vector<float> one(3, -7.0f);
+  data::resize_rgb_bilinear(rgb.data(), 2, 3, 1, one.data());
+  CHECK(one[0] == doctest::Approx(100.0f / 255.0f));
+}
+
+TEST_CASE("ImageFolder: classes, files, decoding, normalisation and flips") {
+  TempDir dir;
+  fs::create_directories(dir.path / "b_dogs");
+  fs::create_directories(dir.path / "a_cats");
+  const int s = 6;
+  auto cat0 = pattern(s, s, 1), cat1 = pattern(9, 13, 2), dog0 = pattern(s, s, 3);
+  REQUIRE(stbi_write_png((dir.path / "a_cats/0.png").c_str(), s, s, 3, cat0.data(), s * 3));
+  REQUIRE(stbi_write_jpg((dir.path / "a_cats/1.JPG").c_str(), 13, 9, 3, cat1.data(), 95));
+  REQUIRE(stbi_write_png((dir.path / "b_dogs/0.png").c_str(), s, s, 3, dog0.data(), s * 3));
+  const uint8_t grey[4] = {0, 85, 170, 255};
+  REQUIRE(stbi_write_png((dir.path / "b_dogs/grey.png").c_str(), 2, 2, 1, grey, 2));
+  std::ofstream(dir.path / "b_dogs/readme.txt") << "not an image";
+
+  data::ImageFolder ds(dir.path.string(), {.image_size = s, .random_flip = true, .seed = 5});
+  CHECK(ds.classes() == std::vector<std::string>{"a_cats", "b_dogs"});
+  CHECK(ds.size() == 4);
+  CHECK(ds.label(0) == 0);
+  CHECK(ds.label(1) == 0);
+  CHECK(ds.label(2) == 1);
+  CHECK(ds.label(3) == 1);
+
+  // A PNG already at the target size: exactly (p / 255 - mean) / std, flipped or not.
+  std::vector<float> img(3 * s * s, -99.0f), flipped(3 * s * s, -99.0f);
+  ds.load(0, false, img.data());
+  ds.load(0, true, flipped.data());
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < s; ++y)
+      for (int x = 0; x < s; ++x) {
+        const float p = static_cast<float>(cat0[(static_cast<size_t>(y) * s + x) * 3 + c]) / 255.0f;
+        const float want = (p - data::kImageNetMean[c]) / data::kImageNetStd[c];
+        CHECK(img[(c * s + y) * s + x] == want);
+        CHECK(flipped[(c * s + y) * s + (s - 1 - x)] == want);
+      }
+  // Grey becomes RGB: the three channels hold the same pixel, each normalised with its own stats.
+  std::vector<float> g(3 * s * s);
+  ds.load(3, false, g.data());
+  CHECK(g[0] * data::kImageNetStd[0] + data::kImageNetMean[0] ==
+        doctest::Approx(g[s * s] * data::kImageNetStd[1] + data::kImageNetMean[1]));
+
+  // Flips are a pure function of (seed, epoch, index), and both outcomes happen.
+  int flips = 0;
+  for (uint64_t e = 0; e < 8; ++e)
+    for (int64_t i = 0; i < ds.size(); ++i) {
+      CHECK(ds.flipped(i, e) == ds.flipped(i, e));
+      flips += ds.flipped(i, e);
+    }
+  CHECK(flips > 0);
+  CHECK(flips < 32);
+
+  auto [x, y] = ds.batch({2, 0, 1}, 3);
+  CHECK(x.shape() == Shape{3, 3, s, s});
+  CHECK(y.to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0});
+  std::vector<float> first(3 * s * s);
+  ds.load(2, ds.flipped(2, 3), first.data());
+  auto xv = x.to_vector<float>();
+  CHECK(std::equal(first.begin(), first.end(), xv.begin()));
+  CHECK_THROWS_AS(ds.batch({4}, 0), Error);
+}
+
+TEST_CASE("ImageFolder: errors name the folder or the file") {
+  TempDir dir;
+  CHECK_THROWS_WITH_AS(data::ImageFolder((dir.path / "missing").string()), doctest::Contains("is not a directory"), Error);
+  CHECK_THROWS_WITH_AS(data::ImageFolder(dir.path.string()), doctest::Contains("no class sub-folders"), Error);
+  fs::create_directories(dir.path / "only");
+  CHECK_THROWS_WITH_AS(data::ImageFolder(dir.path.string()), doctest::Contains("no .jpg"), Error);
+  std::ofstream(dir.path / "only/broken.jpg") << "definitely not a jpeg";
+  data::ImageFolder ds(dir.path.string(), {.image_size = 4});
+  std::vector<float> buf(48);
+  CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()), doctest::Contains("broken.jpg"), Error);
+}
