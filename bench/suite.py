@@ -106,7 +106,7 @@ class Suite:
         try:
             head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                   text=True, timeout=10).stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd=REPO,
                                    capture_output=True, text=True, timeout=10).stdout.strip()
             return head + ("-dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
