@@ -292,6 +292,17 @@ TEST_CASE("conv2d backward skips what is undefined") {
   CHECK(bit_equal(dw_only, dw));
 }
 
+TEST_CASE("conv2d backward of an empty batch gives zero dw and db") {
+  const Tensor x = Tensor::empty({0, 3, 7, 5}), w = rand_tensor({4, 3, 3, 3}, 54);
+  const Tensor dy = Tensor::empty({0, 4, 7, 5});
+  Tensor y = Tensor::empty({0, 4, 7, 5}), dx = Tensor::empty(x.shape());
+  Tensor dw = poisoned(w.shape()), db = poisoned({4});
+  conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1);
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false);
+  CHECK(bit_equal(dw, Tensor::zeros(w.shape())));
+  CHECK(bit_equal(db, Tensor::zeros({4})));
+}
+
 TEST_CASE("conv2d is deterministic: two runs give the same bits") {
   // Big enough for Eigen's blocked GEMM and for every thread to get images.
   const Tensor x = rand_tensor({8, 16, 28, 28}, 61), w = rand_tensor({32, 16, 3, 3}, 62);

@@ -119,13 +119,13 @@ constexpr int64_t kColBlockBytes = 512 << 10;
 
 // Output rows per im2col block: as many as fit in kColBlockBytes, at least one.
 int64_t block_rows(const ConvGeom& g) {
-  const int64_t row_bytes = g.ckk() * g.ow * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = std::max<int64_t>(g.ckk() * g.ow * static_cast<int64_t>(sizeof(float)), 1);
   return std::clamp<int64_t>(kColBlockBytes / row_bytes, 1, g.oh);
 }
 
 // Threads to split the batch over: no more than there are images.
 int batch_threads(int64_t n) {
-  return static_cast<int>(std::clamp<int64_t>(omp_get_max_threads(), 1, n));
+  return static_cast<int>(std::max<int64_t>(std::min<int64_t>(omp_get_max_threads(), n), 1));
 }
 
 }  // namespace
@@ -190,7 +190,8 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
       dbp[o] = accumulate ? dbp[o] + s : s;
     }
   }
-  if (!dx.defined() && !dw.defined()) return;
+  if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
+  if (g.n == 0 || (!dx.defined() && !dw.defined())) return;
 
   const int threads = batch_threads(g.n);
   const bool pointwise = g.pointwise();
