@@ -68,6 +68,34 @@ MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, i
   return g;
 }
 
+// ---- linear through a column-major GEMM ----------------------------------------------------------
+
+// cuBLAS is column-major: a row-major (R, C) matrix is its column-major transpose (C, R). These
+// say which GEMM computes each product of linear (kernels/cuda/linear.cu), with
+// x: (N, K), w: (M, K), y and dy: (N, M), all row-major:
+//   C (m x n, column-major, leading dim ldc) = op(A) op(B),  op = transpose when trans_*.
+enum class GemmOperand : uint8_t { x, w, dy };
+struct GemmCall {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  GemmOperand a;
+  int64_t lda;
+  GemmOperand b;
+  int64_t ldb, ldc;
+};
+// y^T (M, N) = w x^T:   A = w as (K, M) transposed, B = x as (K, N).
+inline GemmCall linear_forward_gemm(int64_t n, int64_t k, int64_t m) {
+  return {true, false, m, n, k, GemmOperand::w, k, GemmOperand::x, k, m};
+}
+// dx^T (K, N) = w^T dy^T:  A = w as (K, M), B = dy as (M, N).
+inline GemmCall linear_dx_gemm(int64_t n, int64_t k, int64_t m) {
+  return {false, false, k, n, m, GemmOperand::w, k, GemmOperand::dy, m, k};
+}
+// dw^T (K, M) = x^T dy:  A = x as (K, N), B = dy as (M, N) transposed.
+inline GemmCall linear_dw_gemm(int64_t n, int64_t k, int64_t m) {
+  return {false, true, k, m, n, GemmOperand::x, k, GemmOperand::dy, m, k};
+}
+
 // ---- dropout ----------------------------------------------------------------------------------
 
 // Elements first .. first+3 (those below n): one Philox block serves all four when the offset

@@ -3,13 +3,12 @@
 //   backward: dx = dy w                              (=)    skipped when dx is undefined
 //             dw = dy^T x                            (= or += when accumulate: GEMM beta = 1)
 //             db = sum_n dy[n, :]                    (= or += when accumulate)
-// cuBLAS is column-major: a row-major (R, C) matrix is its column-major transpose (C, R), so
-//   y^T (M,N) = w x^T:     gemm(T, N, M, N, K, w[K x M], x[K x N])  -> y  [M x N]
-//   dx^T (K,N) = w^T dy^T: gemm(N, N, K, N, M, w[K x M], dy[M x N]) -> dx [K x N]
-//   dw^T (K,M) = x^T dy:   gemm(N, T, K, M, N, x[K x N], dy[M x N]) -> dw [K x M]
+// cuBLAS is column-major: the three GEMMs are described by kernels/cuda/kernel_math.h
+// (linear_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU.
 // Math mode (Note [cuda math modes], docs/cuda.md): strict FP32 (CUBLAS_COMPUTE_32F on a handle
 // left in CUBLAS_DEFAULT_MATH) unless mg::cuda::set_tf32_matmul(true) (CUBLAS_COMPUTE_32F_FAST_TF32).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/linear.h"
 
 namespace mg {
@@ -43,13 +42,18 @@ cublasComputeType_t compute_type() {
   return cuda::tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-// C (m x n, column-major) = alpha op(A) op(B) + beta C, all float32.
-void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// Runs one GEMM of linear: C = op(A) op(B) + beta C, all float32 (see cuda::math::GemmCall).
+void gemm(cublasHandle_t h, const cuda::math::GemmCall& g, const Tensor& x, const Tensor& w, const Tensor& dy,
+          float beta, float* c) {
+  auto operand = [&](cuda::math::GemmOperand o) {
+    return o == cuda::math::GemmOperand::x ? x.data<float>() : o == cuda::math::GemmOperand::w ? w.data<float>()
+                                                                                                 : dy.data<float>();
+  };
   const float alpha = 1.0f;
-  MG_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                               &alpha, a, CUDA_R_32F, static_cast<int>(lda), b, CUDA_R_32F,
-                               static_cast<int>(ldb), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
+  MG_CUBLAS_CHECK(cublasGemmEx(h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha,
+                               operand(g.a), CUDA_R_32F, static_cast<int>(g.lda), operand(g.b), CUDA_R_32F,
+                               static_cast<int>(g.ldb), &beta, c, CUDA_R_32F, static_cast<int>(g.ldc),
                                compute_type(), CUBLAS_GEMM_DEFAULT));
 }
 
@@ -71,8 +75,7 @@ template <> void linear_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& 
   if (k == 0) {
     MG_CUDA_CHECK(cudaMemsetAsync(y.raw_data(), 0, y.nbytes(), ctx.stream));
   } else {
-    gemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, w.data<float>(), k, x.data<float>(), k, 0.0f,
-         y.data<float>(), m);
+    gemm(ctx.cublas, cuda::math::linear_forward_gemm(n, k, m), x, w, Tensor(), 0.0f, y.data<float>());
   }
   if (b.defined()) {
     add_bias_rows_kernel<<<cuda::grid_for(n * m), cuda::kThreads, 0, ctx.stream>>>(y.data<float>(), b.data<float>(), n, m);
@@ -90,15 +93,13 @@ void linear_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
   cuda::Context& ctx = cuda::context(dev);
   if (dx.defined() && dx.numel() > 0) {
     if (m == 0) MG_CUDA_CHECK(cudaMemsetAsync(dx.raw_data(), 0, dx.nbytes(), ctx.stream));
-    else gemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, w.data<float>(), k, dy.data<float>(), m, 0.0f,
-              dx.data<float>(), k);
+    else gemm(ctx.cublas, cuda::math::linear_dx_gemm(n, k, m), x, w, dy, 0.0f, dx.data<float>());
   }
   if (dw.defined() && dw.numel() > 0) {
     if (n == 0) {
       if (!accumulate) MG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), ctx.stream));
     } else {
-      gemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, x.data<float>(), k, dy.data<float>(), m,
-           accumulate ? 1.0f : 0.0f, dw.data<float>(), k);
+      gemm(ctx.cublas, cuda::math::linear_dw_gemm(n, k, m), x, w, dy, accumulate ? 1.0f : 0.0f, dw.data<float>());
     }
   }
   if (db.defined() && m > 0) {
