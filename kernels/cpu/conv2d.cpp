@@ -147,17 +147,19 @@ void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tens
   auto one_image = [&](int64_t n, int tid) {
     float* yn = yp + n * out;
     if (pointwise) {
-      cpu::MatMap(yn, g.o, g.ohw()).noalias() = W * cpu::ConstMatMap(xp + n * img, g.c, g.ohw());
-    } else {
-      float* col = ws.data<float>() + tid * block;
-      for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
-        const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
-        im2col(col, xp + n * img, g, i0, i1);
-        BlockMap(yn + i0 * g.ow, g.o, cols, Eigen::OuterStride<>(g.ohw())).noalias() =
-            W * cpu::ConstMatMap(col, g.ckk(), cols);
-      }
+      auto Y = cpu::MatMap(yn, g.o, g.ohw());
+      Y.noalias() = W * cpu::ConstMatMap(xp + n * img, g.c, g.ohw());
+      if (bp) Y.colwise() += cpu::ConstVecMap(bp, g.o);
+      return;
     }
-    if (bp) cpu::MatMap(yn, g.o, g.ohw()).colwise() += cpu::ConstVecMap(bp, g.o);
+    float* col = ws.data<float>() + tid * block;
+    for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
+      const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
+      im2col(col, xp + n * img, g, i0, i1);
+      BlockMap Y(yn + i0 * g.ow, g.o, cols, Eigen::OuterStride<>(g.ohw()));
+      Y.noalias() = W * cpu::ConstMatMap(col, g.ckk(), cols);
+      if (bp) Y.colwise() += cpu::ConstVecMap(bp, g.o);  // while the block is in cache
+    }
   };
 
   if (threads == 1) {
