@@ -15,8 +15,9 @@ namespace {
 // One thread per Philox block of 4 draws: one philox4x32 call serves 4 elements.
 __global__ void dropout_kernel(float* out, const float* in, int64_t n, float p, float keep_scale, uint64_t seed,
                                uint64_t offset) {
-  const int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4;
-  if (first < n) cuda::math::dropout4(out, in, first, n, p, keep_scale, seed, offset);
+  for (int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * 4; first < n;
+       first += int64_t{gridDim.x} * blockDim.x * 4)
+    cuda::math::dropout4(out, in, first, n, p, keep_scale, seed, offset);
 }
 
 void masked_scale(Tensor& out, const Tensor& in, float p, uint64_t seed, uint64_t offset) {
