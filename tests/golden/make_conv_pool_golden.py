@@ -22,7 +22,8 @@ def wave(shape, a, b, scale=1.0, fn=math.sin):
 
 
 def flat(t):
-    return [float(v) for v in t.detach().reshape(-1).tolist()]
+    # 9 significant digits round-trip float32 exactly and keep the file small.
+    return [float(f"{v:.9g}") for v in t.detach().reshape(-1).tolist()]
 
 
 def conv_case(name, x_shape, w_shape, stride, pad, bias=True):
