@@ -298,3 +298,33 @@ TEST_CASE("checkpoint of a function that returns its input keeps the input's his
   Tensor y = checkpoint([](const std::vector<Tensor>& in) { return in[0]; }, {h});
   CHECK(y.same(h));
 }
+
+TEST_CASE("a few SGD steps of a small VGG16 with dropout: weights bit-identical under the sqrt plan") {
+  // vgg_ckpt --checkpoint sqrt against --checkpoint none, in miniature.
+  auto train = [](const std::string& spec) {
+    manual_seed(11);
+    auto m = nn::make_vgg16(2, 16);
+    m->train();
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    const Shape in{2, 3, 32, 32};
+    const nn::Plan plan = nn::make_plan(nn::measure_chain(*m, in), spec);
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = rand_tensor(in, 100 + step);
+      Tensor t = targets({step % 2, (step + 1) % 2});
+      opt.zero_grad();
+      cross_entropy(nn::forward_with_plan(*m, plan, x), t).backward();
+      opt.step();
+    }
+    return std::make_pair(m, plan);
+  };
+  auto [ref, none] = train("none");
+  auto [ck, sqrt_plan] = train("sqrt");
+  CHECK(none.segments.empty());
+  CHECK(sqrt_plan.segments == nn::pytorch_segments(40, 6));
+  auto a = ref->named_parameters(), b = ck->named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(bit_equal(a[i].second, b[i].second));
+  }
+}

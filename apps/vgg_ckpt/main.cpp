@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -146,7 +147,7 @@ int main(int argc, char** argv) {
     std::printf("  peak at %s\n", at.where.c_str());
     if (!save_dir.empty()) std::filesystem::create_directories(save_dir);
 
-    std::vector<double> step_ms;
+    std::vector<double> step_ms, step_cpu_ms;
     size_t peak_in_use = 0, peak_reserved = 0;
     float last_loss = NAN;
     for (int64_t step = 0; step < total_steps; ++step) {
@@ -162,6 +163,7 @@ int main(int argc, char** argv) {
 
       mg::reset_peak_memory_stats(dev);
       const auto t0 = std::chrono::steady_clock::now();
+      const std::clock_t c0 = std::clock();
       opt.zero_grad();
       {
         Tensor logits = mg::nn::forward_with_plan(*model, plan, x);
@@ -171,13 +173,17 @@ int main(int argc, char** argv) {
         last_loss = loss.item();
       }
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      // Process CPU time (all threads): the work done, less sensitive than wall time to other
+      // processes sharing the cores.
+      const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+      step_cpu_ms.push_back(cpu_ms);
       const mg::MemoryStats st = mg::memory_stats(dev);
       step_ms.push_back(ms);
       peak_in_use = std::max(peak_in_use, st.peak_in_use);
       peak_reserved = std::max(peak_reserved, st.peak_reserved);
-      std::printf("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms  peak in use %s  peak reserved %s\n",
+      std::printf("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(total_steps),
-                  static_cast<long long>(epoch), last_loss, ms, mg::nn::format_bytes(st.peak_in_use).c_str(),
+                  static_cast<long long>(epoch), last_loss, ms, cpu_ms, mg::nn::format_bytes(st.peak_in_use).c_str(),
                   mg::nn::format_bytes(st.peak_reserved).c_str());
       std::fflush(stdout);
       if (!save_dir.empty() && b + 1 == batches_per_epoch) {
@@ -213,6 +219,8 @@ int main(int argc, char** argv) {
       j["recompute_gflop"] = plan.recompute_flops / 1e9;
       j["median_step_ms"] = med;
       j["step_ms"] = step_ms;
+      j["median_step_cpu_ms"] = median(step_cpu_ms);
+      j["step_cpu_ms"] = step_cpu_ms;
       j["final_loss"] = last_loss;
       j["steps"] = total_steps;
       j["batch_size"] = batch_size;
