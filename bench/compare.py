@@ -251,7 +251,9 @@ def main():
         device = args.device
         source = f"suite run, raw records appended to {args.out}"
     lines, notes = table(records, device)
-    md = [f"Ratios libminigrad / PyTorch ({device}; {source}):", ""] + lines
+    gpus = sorted({r["gpu_name"] for r in records if r.get("gpu_name")})
+    where = device + (f", {', '.join(gpus)}" if gpus else "")
+    md = [f"Ratios libminigrad / PyTorch ({where}; {source}):", ""] + lines
     if notes:
         md += ["", "Notes:"] + notes
     checks = target_checks(records, device)

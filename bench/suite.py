@@ -40,7 +40,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCH_PY = "/usr/bin/python3"  # Debian's python3 with python3-torch; the pyenv python has no torch
+TORCH_PY = "/usr/bin/python3"  # Debian's python3 with python3-torch (CPU); --torch-python overrides
 
 
 def log(msg):
@@ -163,7 +163,7 @@ class Suite:
                 else:
                     self.run(dict(base, framework="libminigrad", **tf32), [exe] + common + ["--tf32", a.tf32],
                              self.parse_mlp)
-                torch_cmd = [TORCH_PY, os.path.join(REPO, "bench/reference/mlp_torch.py")] + common
+                torch_cmd = [self.args.torch_python, os.path.join(REPO, "bench/reference/mlp_torch.py")] + common
                 if a.device == "cpu":
                     torch_cmd += ["--threads", str(a.threads)]
                 if a.device == "cuda" and a.tf32 == "on":
@@ -286,7 +286,7 @@ class Suite:
                 "tf32": a.tf32, "cudnn_benchmark": a.cudnn_benchmark}
         if mirrors:
             base["mirrors"] = mirrors  # runs our `mirrors` plan's segments
-        cmd = [TORCH_PY, os.path.join(REPO, "bench/reference/vgg_bench_torch.py"), "--device", a.device,
+        cmd = [a.torch_python, os.path.join(REPO, "bench/reference/vgg_bench_torch.py"), "--device", a.device,
                "--width-div", str(wd), "--image-size", str(size), "--batch-size", str(batch),
                "--checkpoint", plan, "--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup),
                "--seed", str(a.seed), "--tf32", a.tf32, "--cudnn-benchmark", a.cudnn_benchmark]
@@ -394,6 +394,8 @@ def parse_args(argv=None):
     ap.add_argument("--tf32", choices=["on", "off"], default="off")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-python", default=TORCH_PY,
+                    help="the Python whose torch runs the references (a CUDA build on a GPU machine)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run and record nothing")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per benchmark process")
     args = ap.parse_args(argv)

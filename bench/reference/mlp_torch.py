@@ -78,6 +78,7 @@ def main():
     if dev.type == "cuda":
         out["peak_in_use_bytes"] = torch.cuda.max_memory_allocated()
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        out["gpu_name"] = torch.cuda.get_device_name()
     print(json.dumps(out))
 
 
