@@ -258,8 +258,11 @@ class Suite:
             timed, median = [], j["median_step_ms"] / 1000.0
         else:
             timed, median = [], first_key(j, "median_step_s")
+        cpu = j.get("step_cpu_ms")
+        cpu = sorted(cpu[warmup:]) if cpu and len(cpu) > warmup else None
         rec = {
             "median_step_s": median,
+            "median_step_cpu_s": cpu[len(cpu) // 2] / 1000.0 if cpu else None,
             "min_step_s": timed[0] if timed else None,
             "max_step_s": timed[-1] if timed else None,
             "peak_in_use_bytes": first_key(j, "measured_peak_bytes", "peak_in_use_bytes", "measured_peak_in_use_bytes",

@@ -172,7 +172,7 @@ def main():
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    times, cpu_times = [], []  # wall; process CPU time of all threads (CPU only)
     for _ in range(args.steps):
         next_batch()
         if dev.type == "cuda":
@@ -183,9 +183,10 @@ def main():
             end.synchronize()
             times.append(start.elapsed_time(end) / 1000.0)
         else:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loss = step()
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
     loss_value = float(loss.item())
     times.sort()
     med = times[len(times) // 2]
@@ -195,6 +196,7 @@ def main():
            "warmup": args.warmup, "plan": args.checkpoint,
            "segments": [list(r) for r in ranges], "n_layers": len(model),
            "median_step_s": med, "samples_per_s": args.batch_size / med,
+           "median_step_cpu_s": sorted(cpu_times)[len(cpu_times) // 2] if cpu_times else None,
            "min_step_s": times[0], "max_step_s": times[-1],
            "predicted_peak_bytes": None,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
