@@ -104,7 +104,8 @@ struct MeasureOptions {
 };
 
 // One measured pass through seq (in its current train/eval mode, on x's device): the cost of
-// every unit. Parameter gradients and the default generator are left as they were.
+// every unit. Parameter gradients and the default generator are left as they were; the
+// device's peak statistics are reset at the end.
 ChainCost measure_chain(Sequential& seq, const Tensor& x, const MeasureOptions& opts = {});
 ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts = {});
 
@@ -123,7 +124,8 @@ struct PeakBreakdown {
 };
 PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 
-// Plans. `spec` is none | sqrt | segments=K | budget=SIZE.
+// Plans. `spec` is none | sqrt | segments=K | budget=SIZE | min. sqrt is segments=K with
+// K = round(sqrt(number of layers)), as Chen et al. (2016) and PyTorch's split.
 Plan plan_none(const ChainCost& cost);
 Plan plan_segments(const ChainCost& cost, int64_t segments);  // PyTorch's split, snapped to units
 Plan plan_sqrt(const ChainCost& cost);
