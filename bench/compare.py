@@ -111,6 +111,12 @@ def table(records, device):
             fmt = lambda s: " ".join(f"[{a},{b})" for a, b in s) if s else "none"  # noqa: E731
             notes.append(f"- {w} {plan_label(p, rep, 1)}: checkpointed layers, ours {fmt(segs_o)}; "
                          f"PyTorch {fmt(segs_t)}")
+    for r in records:
+        app = r.get("app") or {}
+        if r.get("framework") == "libminigrad" and r.get("plan") == "none" and app.get("min_feasible_peak_bytes"):
+            notes.append(f"- {r['workload']}: the planner's smallest feasible peak is {mib(app['min_feasible_peak_bytes'])} MiB"
+                         + (f" (plan {app['min_feasible_plan']})" if app.get("min_feasible_plan") else "")
+                         + f"; parameters, gradients and optimizer state (fixed part): {mib(app.get('fixed_bytes'))} MiB")
     if device == "cpu":
         seen = OrderedDict()
         for r in records:
@@ -197,8 +203,9 @@ def plot(records, device, path):
     styles = {"libminigrad": dict(color="tab:blue", marker="o"), "pytorch": dict(color="tab:red", marker="s")}
     for ax, key, title in panels:
         for fw, st in styles.items():
-            pts = sorted((r["median_step_s"], r[key] / MIB, r["plan"]) for r in vgg
-                         if r["framework"] == fw and r.get(key))
+            # The plans in order of memory: the trade-off curve from none down to the leanest plan.
+            pts = sorted(((r["median_step_s"], r[key] / MIB, r["plan"]) for r in vgg
+                          if r["framework"] == fw and r.get(key)), key=lambda p: -p[1])
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="-", alpha=0.8,
@@ -216,6 +223,11 @@ def plot(records, device, path):
                 for x, y_pred, y_meas in pred:
                     if y_meas:
                         ax.plot([x, x], [y_pred, y_meas], linestyle=":", color="tab:green", alpha=0.7)
+            floors = [r["app"]["min_feasible_peak_bytes"] / MIB for r in vgg
+                      if r["framework"] == "libminigrad" and (r.get("app") or {}).get("min_feasible_peak_bytes")]
+            if floors:
+                ax.axhline(floors[-1], linestyle="--", color="gray", linewidth=1,
+                           label=f"planner's smallest feasible peak ({floors[-1]:.1f} MiB)")
         ax.set_xlabel("median step time (s)")
         ax.set_ylabel("MiB")
         ax.set_title(title, fontsize=10)
