@@ -116,7 +116,7 @@ def table(records, device):
         if r.get("framework") == "libminigrad" and r.get("plan") == "none" and app.get("min_feasible_peak_bytes"):
             notes.append(f"- {r['workload']}: the planner's smallest feasible peak is {mib(app['min_feasible_peak_bytes'])} MiB"
                          + (f" (plan {app['min_feasible_plan']})" if app.get("min_feasible_plan") else "")
-                         + f"; parameters, gradients and optimizer state (fixed part): {mib(app.get('fixed_bytes'))} MiB")
+                         + f"; fixed part (parameters, gradient buffers, optimizer state, targets): {mib(app.get('fixed_bytes'))} MiB")
     if device == "cpu":
         seen = OrderedDict()
         for r in records:
