@@ -10,7 +10,8 @@ checkpoint plans of both frameworks into a PNG.
 
 Every suite flag (--parts, --vgg-steps, --mlp-repeats, --budgets, --tf32, ...) passes through.
 Ratios are libminigrad / PyTorch: below 1 is better for libminigrad in time and memory, above 1 in
-samples/s. On CPU PyTorch has no allocator statistics, so memory is compared as the processes'
+samples/s. Step times are medians over the timed steps; "min-step ratio" compares the fastest
+timed step of each, which other processes on shared cores disturb less. On CPU PyTorch has no allocator statistics, so memory is compared as the processes'
 peak RSS (os.wait4 of each benchmark process) and our allocator's peak in use is given beside it.
 """
 import argparse
@@ -81,11 +82,11 @@ def table(records, device):
         repeats[(w, p)] = max(repeats.get((w, p), 0), rep + 1)
     if device == "cuda":
         head = ["workload", "plan", "ours step ms", "PyTorch step ms", "time ratio", "samples/s ratio",
-                "ours peak in use MiB", "ours predicted MiB", "PyTorch max_allocated MiB", "in-use ratio",
+                "min-step ratio", "ours peak in use MiB", "ours predicted MiB", "PyTorch max_allocated MiB", "in-use ratio",
                 "ours peak reserved MiB", "PyTorch max_reserved MiB", "reserved ratio"]
     else:
         head = ["workload", "plan", "ours step ms", "PyTorch step ms", "time ratio", "samples/s ratio",
-                "ours peak in use MiB (allocator)", "ours predicted MiB", "ours peak RSS MiB",
+                "min-step ratio", "ours peak in use MiB (allocator)", "ours predicted MiB", "ours peak RSS MiB",
                 "PyTorch peak RSS MiB", "RSS ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     notes = []
@@ -96,7 +97,7 @@ def table(records, device):
                 notes.append(f"- {w} {p}: {who} failed: {r['error'][:300]}")
         ot, tt = o.get("median_step_s"), t.get("median_step_s")
         row = [w, plan_label(p, rep, repeats[(w, p)]), ms(ot), ms(tt), ratio(ot, tt),
-               ratio(o.get("samples_per_s"), t.get("samples_per_s"))]
+               ratio(o.get("samples_per_s"), t.get("samples_per_s")), ratio(o.get("min_step_s"), t.get("min_step_s"))]
         if device == "cuda":
             row += [mib(o.get("peak_in_use_bytes")), mib(o.get("predicted_peak_bytes")),
                     mib(t.get("peak_in_use_bytes")), ratio(o.get("peak_in_use_bytes"), t.get("peak_in_use_bytes")),
@@ -198,14 +199,22 @@ def plot(records, device, path):
     vgg = list(latest.values())
     second = ("peak_reserved_bytes", "peak reserved (allocator)") if device == "cuda" else \
         ("peak_rss_bytes", "process peak RSS (getrusage via wait4)")
+    order = {}
+    for r in vgg:
+        if r["framework"] == "libminigrad" and (r.get("predicted_peak_bytes") or r.get("peak_in_use_bytes")):
+            order[r["plan"]] = (r.get("predicted_peak_bytes") or r["peak_in_use_bytes"]) / MIB
+    for r in vgg:
+        if r.get("mirrors") in order:
+            order.setdefault(r["plan"], order[r["mirrors"]])
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     panels = [(axes[0], "peak_in_use_bytes", "peak bytes in use (allocator)"), (axes[1],) + second]
     styles = {"libminigrad": dict(color="tab:blue", marker="o"), "pytorch": dict(color="tab:red", marker="s")}
     for ax, key, title in panels:
         for fw, st in styles.items():
-            # The plans in order of memory: the trade-off curve from none down to the leanest plan.
+            # The plans in the order of our planner's peak (none down to the leanest plan), the
+            # same order in both panels and for both frameworks: a trade-off curve per framework.
             pts = sorted(((r["median_step_s"], r[key] / MIB, r["plan"]) for r in vgg
-                          if r["framework"] == fw and r.get(key)), key=lambda p: -p[1])
+                          if r["framework"] == fw and r.get(key)), key=lambda p: -order.get(p[2], p[1]))
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="-", alpha=0.8,

@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
                         {"median_step_s", median},
                         {"samples_per_s", static_cast<double>(batch * accum) / median},
                         {"median_step_cpu_s", cpu_times[cpu_times.size() / 2]},
+                        {"min_step_s", times.front()},
                         {"peak_in_use_bytes", mem.peak_in_use},
                         {"peak_reserved_bytes", mem.peak_reserved},
                         {"peak_rss_bytes", peak_rss_bytes()},

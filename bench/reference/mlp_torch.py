@@ -74,6 +74,7 @@ def main():
            "workload": f"mlp_b{args.batch}" + (f"x{args.accum}" if args.accum > 1 else ""),
            "device": str(dev), "batch": args.batch, "accum": args.accum, "steps": args.steps,
            "median_step_s": med, "samples_per_s": args.batch * args.accum / med,
+           "min_step_s": times[0],
            "median_step_cpu_s": sorted(cpu_times)[len(cpu_times) // 2] if cpu_times else None,
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "rss_after_setup_bytes": rss_setup}
