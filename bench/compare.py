@@ -95,6 +95,8 @@ def table(records, device):
         for who, r in (("libminigrad", o), ("PyTorch", t)):
             if r.get("error"):
                 notes.append(f"- {w} {p}: {who} failed: {r['error'][:300]}")
+        if o.get("math_mode_mismatch"):
+            notes.append(f"- {w} {p}: math modes differ: {o['math_mode_mismatch']}")
         ot, tt = o.get("median_step_s"), t.get("median_step_s")
         row = [w, plan_label(p, rep, repeats[(w, p)]), ms(ot), ms(tt), ratio(ot, tt),
                ratio(o.get("samples_per_s"), t.get("samples_per_s")), ratio(o.get("min_step_s"), t.get("min_step_s"))]

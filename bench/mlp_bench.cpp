@@ -37,14 +37,14 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed optimizer steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "seed");
   std::string tf32 = "off";
-  app.add_option("--tf32", tf32, "CUDA math mode of matmuls and convolutions: on (TF32) | off (FP32)")
-      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (FP32) | conv (convolutions only)")
+      ->check(CLI::IsMember({"on", "off", "conv"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
     const mg::Device dev = mg::Device::parse(device);
     mg::cuda::set_tf32_matmul(tf32 == "on");
-    mg::cuda::set_tf32_conv(tf32 == "on");
+    mg::cuda::set_tf32_conv(tf32 != "off");
     mg::manual_seed(seed);
     auto model = mg::nn::make_mlp({784, 512, 512, 10});
     model->to(dev);

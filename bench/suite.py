@@ -24,10 +24,11 @@ process's ru_maxrss, read by this driver with os.wait4, the same way for both fr
 cmd, load_avg_1m (os.getloadavg() before the run: other processes may share the cores) and
 error (only when the run failed; the suite goes on).
 
-Math mode on CUDA is pinned and recorded in every record: --tf32 on|off for both frameworks
-(PyTorch: allow_tf32 of cuBLAS and cuDNN; libminigrad: mlp_bench --tf32, and vgg_ckpt's --tf32
-when the app has that flag, else the record says the app's default), --cudnn-benchmark on|off
-(PyTorch; vgg_ckpt likewise when it has the flag).
+Math mode on CUDA is pinned and recorded in every record: --tf32 on|off|conv for both frameworks
+(PyTorch: allow_tf32 of cuBLAS and cuDNN; conv = TF32 convolutions, FP32 matmuls, the default
+of both libraries; libminigrad: mlp_bench --tf32, and vgg_ckpt's --tf32 when the app has that
+flag, else it runs its default, conv, and the record says so and flags a mismatch),
+--cudnn-benchmark on|off (PyTorch; vgg_ckpt likewise when it has the flag).
 CPU threads: OMP_NUM_THREADS=--threads for both, torch.set_num_threads(--threads) for PyTorch.
 """
 import argparse
@@ -166,7 +167,7 @@ class Suite:
                 torch_cmd = [self.args.torch_python, os.path.join(REPO, "bench/reference/mlp_torch.py")] + common
                 if a.device == "cpu":
                     torch_cmd += ["--threads", str(a.threads)]
-                if a.device == "cuda" and a.tf32 == "on":
+                if a.device == "cuda" and a.tf32 == "on":  # the MLP has no convolutions: conv = off
                     torch_cmd += ["--tf32"]
                 self.run(dict(base, framework="pytorch", **tf32), torch_cmd, self.parse_mlp)
 
@@ -237,7 +238,9 @@ class Suite:
             flags += ["--tf32", a.tf32]
             mode["tf32"] = a.tf32
         else:
-            mode["tf32"] = "app default (libminigrad: matmul FP32, conv TF32 allowed on CUDA)"
+            mode["tf32"] = "conv (vgg_ckpt has no --tf32: its default, matmul FP32, conv TF32)"
+            if a.device == "cuda" and a.tf32 != "conv":
+                mode["math_mode_mismatch"] = f"PyTorch ran --tf32 {a.tf32}; vgg_ckpt cannot be set and ran conv"
         if "--cudnn-benchmark" in self.vgg_help():
             flags += ["--cudnn-benchmark", a.cudnn_benchmark]
             mode["cudnn_benchmark"] = a.cudnn_benchmark
@@ -394,7 +397,8 @@ def parse_args(argv=None):
                     help="auto | 0.6x,0.8x (of the none run's measured peak) | sizes (90MiB,...)")
     ap.add_argument("--mirror-sqrt", action="store_true",
                     help="also run our sqrt plan's segments with PyTorch's checkpoint")
-    ap.add_argument("--tf32", choices=["on", "off"], default="off")
+    ap.add_argument("--tf32", choices=["on", "off", "conv"], default="off",
+                    help="CUDA TF32 for both frameworks: on, off (strict FP32), conv (convolutions only)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-python", default=TORCH_PY,

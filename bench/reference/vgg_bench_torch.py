@@ -118,8 +118,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
-    ap.add_argument("--tf32", choices=["on", "off"], default="off",
-                    help="TF32 for cuBLAS matmuls and cuDNN convolutions (CUDA only)")
+    ap.add_argument("--tf32", choices=["on", "off", "conv"], default="off",
+                    help="TF32 on CUDA: on (matmuls and convolutions), off (strict FP32), conv "
+                         "(convolutions only: PyTorch's and libminigrad's defaults)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
     ap.add_argument("--reentrant", choices=["on", "off"], default="on",
                     help="on: checkpoint_sequential / re-entrant checkpoint (input requires grad); "
@@ -130,7 +131,7 @@ def main():
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "on"
-    torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
+    torch.backends.cudnn.allow_tf32 = args.tf32 in ("on", "conv")
     torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     torch.manual_seed(args.seed)
 
