@@ -397,8 +397,9 @@ def parse_args(argv=None):
                     help="auto | 0.6x,0.8x (of the none run's measured peak) | sizes (90MiB,...)")
     ap.add_argument("--mirror-sqrt", action="store_true",
                     help="also run our sqrt plan's segments with PyTorch's checkpoint")
-    ap.add_argument("--tf32", choices=["on", "off", "conv"], default="off",
-                    help="CUDA TF32 for both frameworks: on, off (strict FP32), conv (convolutions only)")
+    ap.add_argument("--tf32", choices=["on", "off", "conv"], default="conv",
+                    help="CUDA TF32 for both frameworks: on, off (strict FP32), conv (convolutions only: "
+                         "both libraries' default)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-python", default=TORCH_PY,
