@@ -31,7 +31,7 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
   MG_DISPATCH(cur.device(), add_inplace, cur, g);
 }
 
-void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   if (root.is_leaf()) {
     accumulate_grad(root, grad);
     return;
@@ -53,7 +53,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq > b->seq; });
 
   std::unordered_map<Node*, Tensor> pending;  // gradient w.r.t. each node's output
-  pending[root.grad_fn().get()] = grad;
+  pending[root.grad_fn().get()] = std::move(grad);
   std::vector<Tensor> grads, accum;
   for (Node* n : order) {
     auto it = pending.find(n);
@@ -71,7 +71,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       const NodeInput& in = n->inputs[i];
       if (in.requires_grad && !in.fn) accum[i] = in.leaf.grad();
     }
-    backward_rule(*n, g, grads, accum);
+    backward_rule(*n, std::move(g), grads, accum);
     g = Tensor();
     if (!retain_graph && !n->saved.empty()) {
       n->saved.clear();

@@ -59,8 +59,9 @@ class NoGradGuard {
 
 uint64_t next_node_seq();
 
-// Runs backward from `root` with incoming gradient `grad` (same shape as root).
-void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+// Runs backward from `root` with incoming gradient `grad` (same shape as root). `grad` is taken
+// by value and, like every gradient in flight, dropped as soon as its node's rule has run.
+void run_backward(const Tensor& root, Tensor grad, bool retain_graph);
 
 // Adds `g` into the leaf's gradient: `grad += g` through the add-in-place kernel, or a copy of
 // `g` when the leaf has no gradient yet.
@@ -69,7 +70,9 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g);
 // Backward of one node: fills grads[i] for each input i with requires_grad. When accum[i] is
 // defined (the leaf's existing gradient buffer), a rule may add its result straight into it and
 // leave grads[i] undefined, saving a temporary and a pass over memory. Defined in gradients.cpp.
-void backward_rule(Node& node, const Tensor& grad_out, std::vector<Tensor>& grads,
+// grad_out is owned by the rule, so that one may release it early (the checkpoint rule hands it
+// to the backward of its replayed segment, which frees it after the segment's last op).
+void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);
 
 }  // namespace mg

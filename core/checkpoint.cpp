@@ -101,7 +101,7 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
   return out;
 }
 
-void checkpoint_backward(Node& node, const Tensor& grad_out, std::vector<Tensor>& grads) {
+void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
   CheckpointSegment& seg = *node.segment;
   // Fresh leaves stand in for the boundary so that gradients w.r.t. the inputs collect there.
   std::vector<Tensor> fresh;
@@ -160,7 +160,7 @@ void checkpoint_backward(Node& node, const Tensor& grad_out, std::vector<Tensor>
     root.impl().requires_grad = true;
     root.impl().grad_fn = y.grad_fn();
     y = Tensor();
-    run_backward(root, grad_out, /*retain_graph=*/false);
+    run_backward(root, std::move(grad_out), /*retain_graph=*/false);
   }
   for (size_t i = 0; i < fresh.size(); ++i) {
     if (node.inputs[i].requires_grad) grads[i] = fresh[i].grad();

@@ -50,6 +50,7 @@ struct CheckpointSegment {
 bool checkpoint_recording();
 
 // The gradient rule of a checkpoint node (called from core/gradients.cpp).
-void checkpoint_backward(Node& node, const Tensor& grad_out, std::vector<Tensor>& grads);
+// grad_out goes on to the replayed segment's backward, which frees it after the segment's last op.
+void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads);
 
 }  // namespace mg

@@ -41,7 +41,7 @@ ParamGrads param_grads(const Node& n, std::vector<Tensor>& grads, const std::vec
 
 }  // namespace
 
-void backward_rule(Node& n, const Tensor& gy, std::vector<Tensor>& grads,
+void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   switch (n.op) {
@@ -113,7 +113,7 @@ void backward_rule(Node& n, const Tensor& gy, std::vector<Tensor>& grads,
     }
     case OpKind::checkpoint: {
       // replay the dropped segment, then backpropagate through the fresh sub-tape
-      checkpoint_backward(n, gy, grads);
+      checkpoint_backward(n, std::move(gy), grads);
       return;
     }
   }

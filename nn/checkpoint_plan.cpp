@@ -286,16 +286,17 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   }
   pc.kept = A(s);
   pc.holds_out = false;
-  // Backward: the boundary, the incoming gradient and (for the last piece) the caller's logits
-  // stay live throughout; replay, then backpropagate unit by unit.
-  const size_t base = F + A(s) + A(e) + (e == n ? A(n) : 0);
+  // Backward: the boundary and (for the last piece) the caller's logits stay live throughout;
+  // the incoming gradient through the replay, until the segment's last unit has used it.
+  const size_t base = F + A(s) + (e == n ? A(n) : 0);
   std::vector<size_t> r_before(e - s);
   std::vector<char> keep_in(e - s);
   size_t R = 0;
   bool h = true;
   for (size_t u = s; u < e; ++u) {
     const UnitCost& U = c.units[u];
-    pc.note(base + R + (u > s ? A(u) : 0) + U.fwd_peak, u, "replay (forward again during backward)");
+    pc.note(base + A(e) /* incoming gradient */ + R + (u > s ? A(u) : 0) + U.fwd_peak, u,
+            "replay (forward again during backward)");
     r_before[u - s] = R;
     keep_in[u - s] = u > s && (h || U.saves_input);
     R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
@@ -303,9 +304,8 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   }
   for (size_t u = e; u-- > s;) {
     const UnitCost& U = c.units[u];
-    const bool last = u + 1 == e;
     const size_t bwd = base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes +
-                       (U.saves_output ? A(u + 1) : 0) + (last ? 0 : A(u + 1)) /* gradient in flight */ +
+                       (U.saves_output ? A(u + 1) : 0) + A(u + 1) /* gradient in flight */ +
                        U.bwd_peak;
     pc.note(bwd, u, "backward of a replayed segment");
   }

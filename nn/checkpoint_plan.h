@@ -26,10 +26,10 @@
 //             then drops everything but its input.
 //   loss      F + R + A_n + 2 A_n (probabilities, gradient of the logits).
 //   backward  in reverse; earlier units still hold R. A plain unit: F + R + kept A_u, extra_u,
-//             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input and the incoming
-//             gradient (held by the engine for the whole segment) stay live while the segment is
-//             replayed like plain units and backpropagated unit by unit; the input gradient is
-//             copied once into the fresh boundary leaf at the end.
+//             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input stays live while the
+//             segment is replayed like plain units (with the incoming gradient waiting) and
+//             backpropagated unit by unit; the input gradient is copied once into the fresh
+//             boundary leaf at the end.
 // The predicted peak is the largest of these. The budget planner is a dynamic programme over the
 // chain: the state after a prefix is (R, whether the last plain unit keeps its output), every
 // constraint of a piece depends only on that state and the piece, and labels are pruned by
