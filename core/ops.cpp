@@ -112,7 +112,9 @@ Tensor forward(OpKind op, const OpAttrs& a, const std::vector<Tensor>& in, std::
       check_float(name, "input", in[0]);
       Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
       MG_DISPATCH(y.device(), relu_forward, y, in[0]);
-      save({y});
+      // The values only: saving y itself would make y -> grad_fn -> saved y a reference cycle,
+      // and a graph dropped without backward would never be freed.
+      save({y.detach()});
       return y;
     }
     case OpKind::max_pool2d: {

@@ -166,3 +166,15 @@ TEST_CASE("device strings") {
     CHECK_THROWS_AS(Tensor::zeros({2}).to(Device::cuda()), Error);
   }
 }
+
+TEST_CASE("a graph dropped without backward frees everything") {
+  const Device cpu = Device::cpu();
+  Tensor w = rand_tensor({64, 32}, 51, true);
+  const size_t base = memory_stats(cpu).in_use;
+  {
+    Tensor y = relu(linear(rand_tensor({16, 32}, 52), w));
+    y = dropout(relu(y), 0.5f);
+    CHECK(memory_stats(cpu).in_use > base);
+  }
+  CHECK(memory_stats(cpu).in_use == base);
+}
