@@ -73,7 +73,14 @@ template <class System>
 class BlockPool {
  public:
   explicit BlockPool(System system) : system_(std::move(system)) {}
-  ~BlockPool() = default;  // segments are left to the process's end (see allocator.cu)
+  // The device memory of the segments is left to the process's end (see allocator.cu); the
+  // bookkeeping is freed, every block being either cached (a free set) or handed out (active_).
+  ~BlockPool() {
+    for (FreeSet* pool : {&free_small_, &free_large_}) {
+      for (Block* b : *pool) delete b;
+    }
+    for (auto& [ptr, b] : active_) delete b;
+  }
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
