@@ -6,25 +6,47 @@
 
 namespace mg {
 
+namespace {
+// One SGD pass over n elements; the branches on hyper-parameters are compile-time, so each case
+// is a straight vectorised loop.
+template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void sgd_loop(float* p, const float* g, float* buf, int64_t n, const SgdHyper& h) {
+  const float s = h.grad_scale, wd = h.weight_decay, mu = h.momentum, damp = 1.0f - h.dampening, lr = h.lr;
+#pragma omp parallel for simd if (n > cpu::kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    float d = s * g[i];
+    if constexpr (kDecay) d += wd * p[i];
+    if constexpr (kMomentum) {
+      const float b = kFirst ? d : mu * buf[i] + damp * d;
+      buf[i] = b;
+      d = kNesterov ? d + mu * b : b;
+    }
+    p[i] -= lr * d;
+  }
+}
+
+template <bool kDecay>
+void sgd_dispatch(float* p, const float* g, float* buf, int64_t n, const SgdHyper& h) {
+  if (h.momentum == 0.0f) return sgd_loop<kDecay, false, false, false>(p, g, buf, n, h);
+  if (h.first_step) {
+    return h.nesterov ? sgd_loop<kDecay, true, true, true>(p, g, buf, n, h)
+                      : sgd_loop<kDecay, true, true, false>(p, g, buf, n, h);
+  }
+  return h.nesterov ? sgd_loop<kDecay, true, false, true>(p, g, buf, n, h)
+                    : sgd_loop<kDecay, true, false, false>(p, g, buf, n, h);
+}
+}  // namespace
+
 template <>
 void sgd_update<Cpu>(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                      std::vector<Tensor>& momentum_bufs, const SgdHyper& h) {
-  const bool use_momentum = h.momentum != 0.0f;
   for (size_t t = 0; t < params.size(); ++t) {
     float* p = params[t].data<float>();
     const float* g = grads[t].data<float>();
-    float* buf = use_momentum ? momentum_bufs[t].data<float>() : nullptr;
+    float* buf = h.momentum != 0.0f ? momentum_bufs[t].data<float>() : nullptr;
     const int64_t n = params[t].numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      float d = h.grad_scale * g[i];
-      if (h.weight_decay != 0.0f) d += h.weight_decay * p[i];
-      if (use_momentum) {
-        buf[i] = h.first_step ? d : h.momentum * buf[i] + (1.0f - h.dampening) * d;
-        d = h.nesterov ? d + h.momentum * buf[i] : buf[i];
-      }
-      p[i] -= h.lr * d;
-    }
+    if (h.weight_decay != 0.0f) sgd_dispatch<true>(p, g, buf, n, h);
+    else sgd_dispatch<false>(p, g, buf, n, h);
   }
 }
 
