@@ -24,6 +24,7 @@
 #include <optional>
 
 #include "data/image_folder.h"
+#include "kernels/cuda/settings.h"
 #include "minigrad.h"
 #include "nn/checkpoint_plan.h"
 
@@ -107,7 +108,15 @@ int main(int argc, char** argv) {
   app.add_option("--width-div", width_div, "divide channels and hidden sizes by K")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--image-size", image_size, "square input size")->capture_default_str()->check(CLI::Range(32, 4096));
   app.add_option("--data", data_dir, "class sub-folders of JPEG/PNG images (default: synthetic)");
+  std::string tf32 = "conv";
+  bool cudnn_benchmark = false;
+  app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (strict FP32) | conv (convolutions only, the default as in PyTorch)")
+      ->check(CLI::IsMember({"on", "off", "conv"}))->capture_default_str();
+  app.add_flag("--cudnn-benchmark", cudnn_benchmark, "CUDA: time cuDNN's algorithms once per shape (torch.backends.cudnn.benchmark)");
   CLI11_PARSE(app, argc, argv);
+  mg::cuda::set_tf32_matmul(tf32 == "on");
+  mg::cuda::set_tf32_conv(tf32 != "off");
+  mg::cuda::set_cudnn_benchmark(cudnn_benchmark);
 
   try {
     const mg::Device dev = mg::Device::parse(device_str);
@@ -227,6 +236,8 @@ int main(int argc, char** argv) {
       j["width_div"] = width_div;
       j["image_size"] = image_size;
       j["device"] = dev.str();
+      j["tf32"] = tf32;
+      j["cudnn_benchmark"] = cudnn_benchmark;
       j["seed"] = seed;
       j["units"] = nlohmann::json::array();
       for (const auto& u : cost.units) {
