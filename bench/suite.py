@@ -241,8 +241,8 @@ class Suite:
             mode["tf32"] = "conv (vgg_ckpt has no --tf32: its default, matmul FP32, conv TF32)"
             if a.device == "cuda" and a.tf32 != "conv":
                 mode["math_mode_mismatch"] = f"PyTorch ran --tf32 {a.tf32}; vgg_ckpt cannot be set and ran conv"
-        if "--cudnn-benchmark" in self.vgg_help():
-            flags += ["--cudnn-benchmark", a.cudnn_benchmark]
+        if "--cudnn-benchmark" in self.vgg_help():  # a flag without a value
+            flags += ["--cudnn-benchmark"] if a.cudnn_benchmark == "on" else []
             mode["cudnn_benchmark"] = a.cudnn_benchmark
         else:
             mode["cudnn_benchmark"] = "app default (off: cuDNN heuristics)"
