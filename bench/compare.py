@@ -7,6 +7,7 @@ checkpoint plans of both frameworks into a PNG.
     /usr/bin/python3 bench/compare.py --device cpu --build-dir build \
         --png bench/results/cpu_plans.png --md bench/results/cpu.md      # runs the suite first
     /usr/bin/python3 bench/compare.py --from bench/results/cpu.jsonl --png cpu_plans.png   # no run
+    /usr/bin/python3 bench/compare.py --spread bench/results/cpu.jsonl bench/results/cpu_run2.jsonl  # runs side by side
 
 Every suite flag (--parts, --vgg-steps, --mlp-repeats, --budgets, --tf32, ...) passes through.
 Ratios are libminigrad / PyTorch: below 1 is better for libminigrad in time and memory, above 1 in
@@ -162,6 +163,15 @@ def target_checks(records, device):
             o, t = fw.get("libminigrad", {}).get("median_step_s"), fw.get("pytorch", {}).get("median_step_s")
             if o and t:
                 out.append(f"- {w} none: step time {o / t:.2f}x PyTorch eager (target <= 1.0x)")
+    ours_seg2 = {k[0]: v.get("libminigrad") for k, v in vgg if k[1] == "segments=2"}
+    for w, o2 in ours_seg2.items():
+        if not o2 or not o2.get("peak_in_use_bytes") or not o2.get("median_step_s"):
+            continue
+        winners = [p for (w2, p, _), fw in vgg if w2 == w and fw.get("libminigrad", {}).get("plan") == p
+                   and (fw["libminigrad"].get("peak_in_use_bytes") or 1e30) < o2["peak_in_use_bytes"]
+                   and (fw["libminigrad"].get("median_step_s") or 1e30) < o2["median_step_s"]]
+        out.append(f"- {w}: our plans beating PyTorch's split (segments=2) run by libminigrad on both peak in use "
+                   f"and step time: {', '.join(plan_label(p, 0, 1) for p in winners) if winners else 'none'}")
     ref = {k[0]: v.get("pytorch") for k, v in vgg if k[1] == "segments=2"}
     for w, t in ref.items():
         if not t or not t.get(mem) or not t.get("median_step_s"):
@@ -174,6 +184,33 @@ def target_checks(records, device):
                    f"{'peak in use' if device == 'cuda' else 'peak RSS'} and step time: "
                    f"{', '.join(plan_label(p, 0, 1) for p in winners) if winners else 'none'}")
     return out
+
+
+def spread(paths):
+    """One row per workload and plan: each run's time ratio and our/PyTorch median step times,
+    across several suite runs (files), to show how much the figures move between runs."""
+    runs = [pair_up(load(p)) for p in paths]
+    keys = OrderedDict()
+    for pairs in runs:
+        for (w, p, _rep) in pairs:
+            keys[(w, p)] = True
+    head = ["workload", "plan"] + [f"run {i + 1}: ours / PyTorch ms (ratio)" for i in range(len(runs))] + \
+        ["time ratio min..max"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    for (w, p) in keys:
+        cells, ratios = [], []
+        for pairs in runs:
+            items = [fw for (w2, p2, _), fw in pairs.items() if (w2, p2) == (w, p)]
+            txt = []
+            for fw in items:
+                o, t = fw.get("libminigrad", {}).get("median_step_s"), fw.get("pytorch", {}).get("median_step_s")
+                if o and t:
+                    ratios.append(o / t)
+                    txt.append(f"{ms(o)} / {ms(t)} ({o / t:.2f})")
+            cells.append("; ".join(txt) or "—")
+        rng = f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "—"
+        lines.append("| " + " | ".join([w, plan_label(p, 0, 1)] + cells + [rng]) + " |")
+    return lines
 
 
 def short(plan):
@@ -256,6 +293,8 @@ def plot(records, device, path):
 def main():
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--from", dest="src", default=None, help="read these JSON lines instead of running the suite")
+    ap.add_argument("--spread", nargs="+", default=None, metavar="JSONL",
+                    help="only print the time ratios of several recorded runs side by side")
     ap.add_argument("--png", default=None, help="where to draw the plans' memory-vs-time curve")
     ap.add_argument("--md", default=None, help="also write the markdown here")
     ap.add_argument("-h", "--help", action="store_true")
@@ -263,6 +302,9 @@ def main():
     if mine.help:
         print(__doc__)
         suite.parse_args(["--help"])
+    if mine.spread:
+        print("\n".join(spread(mine.spread)))
+        return
     if mine.src:
         records = load(mine.src)
         devices = {r.get("device", "cpu").split(":")[0] for r in records}
