@@ -4,16 +4,16 @@ prints ONE markdown table of ratios libminigrad / PyTorch per workload and plan,
 issue-6 targets that the figures allow, and draws the memory-versus-time curve of the
 checkpoint plans of both frameworks into a PNG.
 
-    /usr/bin/python3 bench/compare.py --device cpu --build-dir build \
-        --png bench/results/cpu_plans.png --md bench/results/cpu.md      # runs the suite first
+    /usr/bin/python3 bench/compare.py --device cpu --build-dir build --mlp-repeats 2 \\
+        --png bench/results/cpu_plans.png --md bench/results/cpu.md          # runs the suite first
     /usr/bin/python3 bench/compare.py --from bench/results/cpu.jsonl --png cpu_plans.png   # no run
     /usr/bin/python3 bench/compare.py --spread bench/results/cpu.jsonl bench/results/cpu_run2.jsonl  # runs side by side
 
 Every suite flag (--parts, --vgg-steps, --mlp-repeats, --budgets, --tf32, ...) passes through.
 Ratios are libminigrad / PyTorch: below 1 is better for libminigrad in time and memory, above 1 in
 samples/s. Step times are medians over the timed steps; "min-step ratio" compares the fastest
-timed step of each, which other processes on shared cores disturb less. On CPU PyTorch has no allocator statistics, so memory is compared as the processes'
-peak RSS (os.wait4 of each benchmark process) and our allocator's peak in use is given beside it.
+timed step of each. On CPU PyTorch has no allocator statistics, so memory is compared as the
+processes' peak RSS (os.wait4 of each benchmark process), our allocator's peak in use beside it.
 """
 import argparse
 import json
