@@ -107,8 +107,10 @@ class Suite:
         try:
             head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                   text=True, timeout=10).stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal"], cwd=REPO,
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            # bench/results/ is where the suite writes; its own output does not make the tree dirty.
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--", ".",
+                                    ":!bench/results"], cwd=REPO, capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
             return head + ("-dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
             return None
