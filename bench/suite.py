@@ -29,7 +29,8 @@ Math mode on CUDA is pinned and recorded in every record: --tf32 on|off|conv for
 of both libraries; libminigrad: mlp_bench --tf32, and vgg_ckpt's --tf32 when the app has that
 flag, else it runs its default, conv, and the record says so and flags a mismatch),
 --cudnn-benchmark on|off (PyTorch; vgg_ckpt likewise when it has the flag).
-CPU threads: OMP_NUM_THREADS=--threads for both, torch.set_num_threads(--threads) for PyTorch.
+CPU threads: OMP_NUM_THREADS=--threads for both, torch.set_num_threads(--threads) for PyTorch's VGG and
+--torch-mlp-threads (default 1, its OpenBLAS using every core) for PyTorch's MLP.
 """
 import argparse
 import json
@@ -168,7 +169,7 @@ class Suite:
                              self.parse_mlp)
                 torch_cmd = [self.args.torch_python, os.path.join(REPO, "bench/reference/mlp_torch.py")] + common
                 if a.device == "cpu":
-                    torch_cmd += ["--threads", str(a.threads)]
+                    torch_cmd += ["--threads", str(a.torch_mlp_threads)]
                 if a.device == "cuda" and a.tf32 == "on":  # the MLP has no convolutions: conv = off
                     torch_cmd += ["--tf32"]
                 self.run(dict(base, framework="pytorch", **tf32), torch_cmd, self.parse_mlp)
@@ -387,6 +388,13 @@ def parse_args(argv=None):
     ap.add_argument("--build-dir", default=os.path.join(REPO, "build"), help="where bin/mlp_bench and bin/vgg_ckpt are")
     ap.add_argument("--parts", default="mlp,vgg", help="comma list of: mlp, vgg")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for both frameworks")
+    # Debian's PyTorch runs its matmuls in OpenBLAS (pthreads), which uses every core by itself:
+    # with torch.set_num_threads(2) on top, the two pools oversubscribe the 2 cores and the MLP
+    # runs ~1.5x slower than with 1 intra-op thread (measured: 13-15k against 15-27k samples/s).
+    # The VGG convolutions run in oneDNN on torch's own threads, where 2 is faster (0.23 against
+    # 0.30 s per step). Each workload gets PyTorch's faster setting.
+    ap.add_argument("--torch-mlp-threads", type=int, default=1,
+                    help="torch.set_num_threads for PyTorch's MLP on CPU (default 1: its BLAS threads itself)")
     ap.add_argument("--mlp-steps", type=int, default=200)
     ap.add_argument("--mlp-warmup", type=int, default=20)
     ap.add_argument("--mlp-repeats", type=int, default=1, help="run each MLP pair this many times (spread)")
