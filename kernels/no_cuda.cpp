@@ -20,20 +20,7 @@ void no_cuda_build(const char* what) {
 }
 }  // namespace detail
 
-// The CUDA settings only record their value here (so a --tf32 flag costs a CPU build nothing).
 namespace cuda {
-namespace {
-bool g_tf32_matmul = false, g_tf32_conv = true, g_benchmark = false;
-size_t g_ws_limit = size_t{1} << 30;
-}  // namespace
-void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
-bool tf32_matmul() { return g_tf32_matmul; }
-void set_tf32_conv(bool allow) { g_tf32_conv = allow; }
-bool tf32_conv() { return g_tf32_conv; }
-void set_cudnn_benchmark(bool on) { g_benchmark = on; }
-bool cudnn_benchmark() { return g_benchmark; }
-void set_conv_workspace_limit(size_t bytes) { g_ws_limit = bytes; }
-size_t conv_workspace_limit() { return g_ws_limit; }
 void synchronize(int) { detail::no_cuda_build("cuda::synchronize"); }
 }  // namespace cuda
 

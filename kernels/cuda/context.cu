@@ -1,4 +1,4 @@
-// The CUDA backend's per-device context (handles, stream, error flag), its settings, and the
+// The CUDA backend's per-device context (handles, stream, error flag) and the
 // device queries of core/device.h. Handles are created once per device, on first use, and live
 // for the whole program (destroying them at exit would race the driver's own teardown).
 #include <atomic>
@@ -26,22 +26,6 @@ int cuda_device_count() {
 }
 
 namespace cuda {
-
-namespace {
-std::atomic<bool> g_tf32_matmul{false};
-std::atomic<bool> g_tf32_conv{true};
-std::atomic<bool> g_benchmark{false};
-std::atomic<size_t> g_ws_limit{size_t{1} << 30};
-}  // namespace
-
-void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
-bool tf32_matmul() { return g_tf32_matmul; }
-void set_tf32_conv(bool allow) { g_tf32_conv = allow; }
-bool tf32_conv() { return g_tf32_conv; }
-void set_cudnn_benchmark(bool on) { g_benchmark = on; }
-bool cudnn_benchmark() { return g_benchmark; }
-void set_conv_workspace_limit(size_t bytes) { g_ws_limit = bytes; }
-size_t conv_workspace_limit() { return g_ws_limit; }
 
 DeviceGuard::DeviceGuard(int index) {
   MG_CUDA_CHECK(cudaGetDevice(&prev_));
