@@ -4,7 +4,9 @@
 //
 //   MG_DISPATCH(x.device(), relu_forward, y, x);
 //
-// In a build without CUDA the Cuda branch throws instead of referring to code that is not there.
+// In a build without CUDA the Cuda branch throws instead of referring to code that is not there;
+// the comma keeps the expression's type that of the Cpu call, so kernels that return a value
+// (sum_squares) dispatch the same way.
 #pragma once
 
 #include "core/error.h"
@@ -26,5 +28,6 @@ namespace detail {
   ((device).is_cuda() ? ::mg::fn<::mg::Cuda>(__VA_ARGS__) : ::mg::fn<::mg::Cpu>(__VA_ARGS__))
 #else
 #define MG_DISPATCH(device, fn, ...)                                  \
-  ((device).is_cuda() ? ::mg::detail::no_cuda_build(#fn) : ::mg::fn<::mg::Cpu>(__VA_ARGS__))
+  ((device).is_cuda() ? (::mg::detail::no_cuda_build(#fn), ::mg::fn<::mg::Cpu>(__VA_ARGS__)) \
+                      : ::mg::fn<::mg::Cpu>(__VA_ARGS__))
 #endif

@@ -12,17 +12,7 @@ namespace mg::optim {
 
 double global_grad_norm(const std::vector<Tensor>& grads, double scale) {
   double ss = 0.0;
-  for (const Tensor& g : grads) {
-    if (g.is_cuda()) {
-#ifdef MINIGRAD_WITH_CUDA
-      ss += sum_squares<Cuda>(g);
-#else
-      detail::no_cuda_build("sum_squares");
-#endif
-    } else {
-      ss += sum_squares<Cpu>(g);
-    }
-  }
+  for (const Tensor& g : grads) ss += MG_DISPATCH(g.device(), sum_squares, g);
   return std::sqrt(ss) * std::abs(scale);
 }
 
