@@ -9,6 +9,7 @@
 #include "kernels/cuda/kernel_math.h"
 #include "kernels/dropout.h"
 #include "kernels/linear.h"
+#include "kernels/pooling.h"
 
 using namespace mg;
 namespace km = mg::cuda::math;
@@ -56,13 +57,48 @@ TEST_CASE("kernel math: max-pool windows, first maximum wins, NaN propagates, pa
       }
     }
   }
-  // A NaN in the window wins, and stays the first NaN.
+  // A NaN in the window wins, and of several NaNs the last one (PyTorch's rule).
   std::vector<float> x = {1.0f, std::nanf(""), 5.0f, std::nanf("")};
   float y = 0;
   int64_t idx = -1;
   km::max_pool_window(x.data(), 2, 2, 2, 2, 0, 0, 0, &y, &idx);
   CHECK(std::isnan(y));
-  CHECK(idx == 1);
+  CHECK(idx == 3);
+}
+
+TEST_CASE("kernel math: max-pool windows give the CPU kernel's values and indices, NaNs and ties included") {
+  struct Case { int h, w, k, s, pad; };
+  for (Case c : {Case{15, 13, 3, 2, 1}, Case{11, 9, 2, 2, 0}, Case{7, 10, 3, 1, 1}, Case{9, 7, 4, 3, 2}}) {
+    CAPTURE(c.h); CAPTURE(c.w); CAPTURE(c.k); CAPTURE(c.s); CAPTURE(c.pad);
+    const int64_t planes = 3;
+    std::vector<float> v = random_values(static_cast<size_t>(planes * c.h * c.w), 40 + c.w, 4);  // many ties
+    std::mt19937_64 rng(c.h);
+    for (float& e : v) {
+      const uint64_t r = rng() % 10;
+      if (r == 0) e = std::nanf("");
+      else if (r == 1) e = -std::numeric_limits<float>::infinity();
+    }
+    Tensor x = Tensor::from_vector(v, {1, planes, c.h, c.w});
+    const int oh = (c.h + 2 * c.pad - c.k) / c.s + 1, ow = (c.w + 2 * c.pad - c.k) / c.s + 1;
+    Tensor y = Tensor::full({1, planes, oh, ow}, 123.0f);
+    Tensor idx = Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(planes * oh * ow), -5), {1, planes, oh, ow});
+    max_pool2d_forward<Cpu>(y, idx, x, c.k, c.s, c.pad);
+    const std::vector<float> y_cpu = y.to_vector<float>();
+    const std::vector<int64_t> idx_cpu = idx.to_vector<int64_t>();
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      for (int i = 0; i < oh; ++i) {
+        for (int j = 0; j < ow; ++j) {
+          float yk = 7.0f;
+          int64_t ik = -7;
+          km::max_pool_window(v.data() + pl * c.h * c.w, c.h, c.w, c.k, c.s, c.pad, i, j, &yk, &ik);
+          const int64_t o = (pl * oh + i) * ow + j;
+          CAPTURE(o);
+          CHECK(ik == idx_cpu[o]);
+          CHECK((yk == y_cpu[o] || (std::isnan(yk) && std::isnan(y_cpu[o]))));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("kernel math: adaptive average pooling windows and their gradient") {

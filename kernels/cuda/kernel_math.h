@@ -15,7 +15,8 @@ namespace mg::cuda::math {
 // ---- pooling (x plane: h x w, row-major) -----------------------------------------------------
 
 // Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
-// in row-major window order wins, a NaN wins over numbers (as PyTorch). idx = hh * w + ww.
+// in row-major window order wins, a NaN wins over numbers and the last NaN wins (as PyTorch's
+// CPU and CUDA kernels and kernels/cpu/pooling.cpp). idx = hh * w + ww.
 MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s, int pad, int i, int j,
                                     float* y, int64_t* idx) {
   float best = 0.0f;
@@ -28,8 +29,7 @@ MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s,
       const int ww = w0 + q;
       if (ww < 0 || ww >= w) continue;
       const float v = xp[hh * w + ww];
-      const bool v_nan = v != v, best_nan = best != best;
-      if (best_idx < 0 || (!best_nan && (v > best || v_nan))) {
+      if (best_idx < 0 || v > best || v != v) {
         best = v;
         best_idx = int64_t{hh} * w + ww;
       }
