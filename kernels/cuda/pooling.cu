@@ -97,6 +97,8 @@ template <> void adaptive_avg_pool2d_forward<Cuda>(Tensor& y, const Tensor& x) {
   const int oh = as_int(y.size(2), "OH"), ow = as_int(y.size(3), "OW");
   as_int(int64_t{h} * oh, "H*OH");
   as_int(int64_t{w} * ow, "W*OW");
+  as_int(int64_t{h} * w, "H*W");
+  as_int(int64_t{oh} * ow, "OH*OW");
   if (y.numel() == 0) return;
   MG_CHECK(h > 0 && w > 0, "adaptive_avg_pool2d: empty input plane " << shape_str(x.shape()));
   cuda::DeviceGuard guard(cuda::device_of(x));
@@ -111,6 +113,8 @@ template <> void adaptive_avg_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy
   const int oh = as_int(dy.size(2), "OH"), ow = as_int(dy.size(3), "OW");
   as_int(int64_t{h} * oh, "H*OH");
   as_int(int64_t{w} * ow, "W*OW");
+  as_int(int64_t{h} * w, "H*W");
+  as_int(int64_t{oh} * ow, "OH*OW");
   if (dx.numel() == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(dx));
   adaptive_avg_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads>>>(
