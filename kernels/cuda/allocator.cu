@@ -1,8 +1,7 @@
 // The CUDA caching allocator: BlockPool (Note [caching allocator] in block_pool.h) over
 // cudaMalloc/cudaFree, one per device, created on first use and kept for the whole program.
-#include <memory>
+#include <atomic>
 #include <mutex>
-#include <vector>
 
 #include "core/allocator.h"
 #include "kernels/cuda/block_pool.h"
@@ -60,18 +59,29 @@ class CudaCachingAllocator final : public Allocator {
 }  // namespace
 
 Allocator& cuda_allocator(int device_index) {
+  // Every tensor's allocation and free comes here: after the first call for a device, one
+  // atomic load. The table is trivially destructible and the allocators are leaked on purpose,
+  // so tensors in static storage freed after main returns (after other statics are destroyed)
+  // still find their allocator.
+  static std::atomic<CudaCachingAllocator*> allocators[cuda::kMaxDevices] = {};
   static std::mutex mu;
-  // Leaked on purpose: tensors in static storage may be freed after main returns.
-  static std::vector<CudaCachingAllocator*> allocators;
-  std::lock_guard<std::mutex> lock(mu);
+  if (device_index >= 0 && device_index < cuda::kMaxDevices) {
+    if (CudaCachingAllocator* a = allocators[device_index].load(std::memory_order_acquire)) return *a;
+  }
   const int n = cuda_device_count();
   MG_CHECK(n > 0, "no CUDA device is available (cudaGetDeviceCount found none), so cuda:"
                       << device_index << " cannot be used");
   MG_CHECK(device_index >= 0 && device_index < n,
            "cuda:" << device_index << " does not exist (" << n << " CUDA devices visible)");
-  if (allocators.empty()) allocators.resize(n, nullptr);
-  if (allocators[device_index] == nullptr) allocators[device_index] = new CudaCachingAllocator(device_index);
-  return *allocators[device_index];
+  MG_CHECK(device_index < cuda::kMaxDevices, "cuda:" << device_index << ": at most " << cuda::kMaxDevices
+                                                   << " CUDA devices are supported");
+  std::lock_guard<std::mutex> lock(mu);
+  CudaCachingAllocator* a = allocators[device_index].load(std::memory_order_relaxed);
+  if (a == nullptr) {
+    a = new CudaCachingAllocator(device_index);
+    allocators[device_index].store(a, std::memory_order_release);
+  }
+  return *a;
 }
 
 }  // namespace mg

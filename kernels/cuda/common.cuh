@@ -16,6 +16,8 @@
 namespace mg::cuda {
 
 constexpr int kThreads = 256;
+// Size of the per-device tables (allocators, contexts): fixed, so lookups need no lock.
+constexpr int kMaxDevices = 64;
 
 // The stream all work goes to (Note [cuda stream]): the legacy default stream.
 inline const cudaStream_t kStream = nullptr;

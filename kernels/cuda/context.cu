@@ -4,7 +4,6 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "core/device.h"
 #include "kernels/cuda/common.cuh"
@@ -38,42 +37,43 @@ DeviceGuard::~DeviceGuard() {
 }
 
 namespace {
-std::mutex g_context_mu;
-std::vector<Context*> g_contexts;  // leaked on purpose: see the file comment
+// Fixed and trivially destructible, the contexts leaked (see the file comment): a lookup is one
+// atomic load, and still works from destructors of statics that run after main returns.
+std::atomic<Context*> g_contexts[kMaxDevices] = {};
+std::mutex g_context_mu;  // taken only to create a context
 
 Context* find_context(int device_index) {
-  std::lock_guard<std::mutex> lock(g_context_mu);
-  return device_index >= 0 && device_index < static_cast<int>(g_contexts.size()) ? g_contexts[device_index]
-                                                                                 : nullptr;
+  return device_index >= 0 && device_index < kMaxDevices ? g_contexts[device_index].load(std::memory_order_acquire)
+                                                         : nullptr;
 }
 }  // namespace
 
 Context& context(int device_index) {
-  std::lock_guard<std::mutex> lock(g_context_mu);
-  MG_CHECK(device_index >= 0 && device_index < cuda_device_count(),
+  if (Context* ctx = find_context(device_index)) return *ctx;
+  MG_CHECK(device_index >= 0 && device_index < cuda_device_count() && device_index < kMaxDevices,
            "cuda:" << device_index << " does not exist (" << cuda_device_count()
                    << " CUDA devices visible)");
-  if (g_contexts.empty()) g_contexts.resize(cuda_device_count(), nullptr);
-  if (g_contexts[device_index] == nullptr) {
-    DeviceGuard guard(device_index);
-    auto ctx = std::make_unique<Context>();
-    ctx->device = device_index;
-    MG_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
-    MG_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
-    // cuBLAS's workspace comes from our allocator, so it is counted (size: cuBLAS's advice,
-    // 32 MiB on Hopper, 4 MiB before).
-    cudaDeviceProp prop{};
-    MG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
-    const size_t ws = prop.major >= 9 ? (size_t{32} << 20) : (size_t{4} << 20);
-    void* ws_ptr = cuda_allocator(device_index).allocate(ws);
-    MG_CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ws_ptr, ws));
-    MG_CUDNN_CHECK(cudnnCreate(&ctx->cudnn));
-    MG_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, ctx->stream));
-    ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
-    MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, 3 * sizeof(long long)));
-    g_contexts[device_index] = ctx.release();
-  }
-  return *g_contexts[device_index];
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  if (Context* ctx = find_context(device_index)) return *ctx;
+  DeviceGuard guard(device_index);
+  auto ctx = std::make_unique<Context>();
+  ctx->device = device_index;
+  MG_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
+  MG_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
+  // cuBLAS's workspace comes from our allocator, so it is counted (size: cuBLAS's advice,
+  // 32 MiB on Hopper, 4 MiB before).
+  cudaDeviceProp prop{};
+  MG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+  const size_t ws = prop.major >= 9 ? (size_t{32} << 20) : (size_t{4} << 20);
+  void* ws_ptr = cuda_allocator(device_index).allocate(ws);
+  MG_CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ws_ptr, ws));
+  MG_CUDNN_CHECK(cudnnCreate(&ctx->cudnn));
+  MG_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, ctx->stream));
+  ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
+  MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, 3 * sizeof(long long)));
+  Context* created = ctx.release();
+  g_contexts[device_index].store(created, std::memory_order_release);
+  return *created;
 }
 
 void check_error_flag(int device_index) {
