@@ -55,25 +55,42 @@ struct Descs {
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   Descs(const ConvKey& k, int oh, int ow) {
-    MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
-    MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
-    MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
-    MG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
-    MG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-    MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.c, k.h, k.w));
-    MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.o, oh, ow));
-    MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k.o, 1, 1));
-    MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k.o, k.c, k.kh, k.kw));
-    MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, k.pad, k.pad, k.stride, k.stride, 1, 1,
-                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    try {  // a throwing constructor runs no destructor: release what was created
+      MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+      MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+      MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
+      MG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+      MG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.c, k.h, k.w));
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.o, oh, ow));
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k.o, 1, 1));
+      MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k.o, k.c, k.kh, k.kw));
+      MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, k.pad, k.pad, k.stride, k.stride, 1, 1,
+                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+      reset_math(k);
+      // Our output size (core/ops.cpp) and cuDNN's must agree, or cuDNN reads or writes out of shape.
+      int cn = 0, co = 0, ch = 0, cw = 0;
+      MG_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &cn, &co, &ch, &cw));
+      MG_CHECK(cn == k.n && co == k.o && ch == oh && cw == ow,
+               "conv2d on CUDA: output (" << k.n << ", " << k.o << ", " << oh << ", " << ow << ") but cuDNN expects ("
+                                          << cn << ", " << co << ", " << ch << ", " << cw << ")");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Descs() { release(); }
+  // Back to the key's math type: a choice made for one direction sets its own on `conv`, and the
+  // next direction's search must not inherit it.
+  void reset_math(const ConvKey& k) {
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, k.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
-  ~Descs() {
-    cudnnDestroyTensorDescriptor(x);
-    cudnnDestroyTensorDescriptor(y);
-    cudnnDestroyTensorDescriptor(b);
-    cudnnDestroyFilterDescriptor(w);
-    cudnnDestroyConvolutionDescriptor(conv);
+  void release() noexcept {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (b) cudnnDestroyTensorDescriptor(b);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
   }
   Descs(const Descs&) = delete;
   Descs& operator=(const Descs&) = delete;
@@ -101,7 +118,8 @@ size_t find_workspace(const Perf* perf, int count, const ConvKey& k) {
 
 constexpr int kMaxAlgos = 16;
 
-Choice choose_forward(cudnnHandle_t h, const Descs& d, const ConvKey& k, const float* x, const float* w, float* y) {
+Choice choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* x, const float* w, float* y) {
+  d.reset_math(k);
   cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMaxAlgos, &count, perf));
@@ -113,12 +131,16 @@ Choice choose_forward(cudnnHandle_t h, const Descs& d, const ConvKey& k, const f
   Choice c = pick(perf, count, k);
   if (!c.set) {  // implicit GEMM runs in FMA math with no workspace, for every shape
     c = Choice{true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH, 0};
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+    MG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y,
+                                                           CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &c.workspace));
   }
   return c;
 }
 
-Choice choose_backward_data(cudnnHandle_t h, const Descs& d, const ConvKey& k, const float* w, const float* dy,
+Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* w, const float* dy,
                             float* dx) {
+  d.reset_math(k);
   cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMaxAlgos, &count, perf));
@@ -128,12 +150,18 @@ Choice choose_backward_data(cudnnHandle_t h, const Descs& d, const ConvKey& k, c
                                                                &count, perf, ws.get(), ws.size()));
   }
   Choice c = pick(perf, count, k);
-  if (!c.set) c = Choice{true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_FMA_MATH, 0};
+  if (!c.set) {  // the last resort, in FMA math; its workspace (none, or little) is asked, not assumed
+    c = Choice{true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_FMA_MATH, 0};
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+    MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x,
+                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, &c.workspace));
+  }
   return c;
 }
 
-Choice choose_backward_filter(cudnnHandle_t h, const Descs& d, const ConvKey& k, const float* x,
+Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* x,
                               const float* dy, size_t dw_bytes) {
+  d.reset_math(k);
   cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMaxAlgos, &count, perf));
@@ -146,7 +174,12 @@ Choice choose_backward_filter(cudnnHandle_t h, const Descs& d, const ConvKey& k,
                                                                  &count, perf, ws.get(), ws.size()));
   }
   Choice c = pick(perf, count, k);
-  if (!c.set) c = Choice{true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_FMA_MATH, 0};
+  if (!c.set) {  // as for backward data
+    c = Choice{true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_FMA_MATH, 0};
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+    MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w,
+                                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, &c.workspace));
+  }
   return c;
 }
 
@@ -155,7 +188,17 @@ int as_int(int64_t v) {
   return static_cast<int>(v);
 }
 
-ConvKey key_for(const Tensor& x, const Tensor& w, int stride, int pad) {
+// y: the output (forward) or its gradient (backward).
+ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, int pad) {
+  // cuDNN's legacy API indexes a tensor with int: at most 2^31 - 1 elements each.
+  for (const Tensor* t : {&x, &y}) {
+    MG_CHECK(t->numel() <= 2147483647, "conv2d on CUDA: a tensor of shape " << shape_str(t->shape()) << " has "
+                                            << t->numel() << " elements, more than cuDNN's 2^31 - 1 "
+                                            << "(split the batch, e.g. with gradient accumulation)");
+  }
+  MG_CHECK(x.numel() > 0 && w.numel() > 0, "conv2d on CUDA: input " << shape_str(x.shape()) << " and weight "
+                                               << shape_str(w.shape()) << " must not be empty (cuDNN rejects "
+                                               << "zero channels, rows, columns or kernel size)");
   ConvKey k{};
   k.dev = cuda::device_of(x);
   k.n = as_int(x.size(0));
@@ -192,7 +235,7 @@ Choice cached(const ConvKey& k, Choice ConvAlgos::*which, Choose choose) {
 template <>
 void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
   if (y.numel() == 0) return;
-  const ConvKey k = key_for(x, w, stride, pad);
+  const ConvKey k = key_for(x, w, y, stride, pad);
   cuda::DeviceGuard guard(k.dev);
   cudnnHandle_t h = cuda::context(k.dev).cudnn;
   Descs d(k, as_int(y.size(2)), as_int(y.size(3)));
@@ -211,18 +254,19 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
 template <>
 void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
                            const Tensor& w, int stride, int pad, bool accumulate) {
-  const ConvKey k = key_for(x, w, stride, pad);
-  cuda::DeviceGuard guard(k.dev);
-  cudnnHandle_t h = cuda::context(k.dev).cudnn;
   const float one = 1.0f, zero = 0.0f;
   const float beta_w = accumulate ? 1.0f : 0.0f;
-  if (dy.numel() == 0) {  // an empty batch: no gradient flows; plain (=) outputs become zero
+  if (dy.numel() == 0) {  // an empty batch or no output channels: plain (=) outputs become zero
+    if (dx.defined() && dx.numel() > 0) dx.fill_(0.0f);  // O = 0: dx sums over no channel
     if (!accumulate) {
       if (dw.defined()) dw.fill_(0.0f);
       if (db.defined()) db.fill_(0.0f);
     }
     return;
   }
+  const ConvKey k = key_for(x, w, dy, stride, pad);
+  cuda::DeviceGuard guard(k.dev);
+  cudnnHandle_t h = cuda::context(k.dev).cudnn;
   Descs d(k, as_int(dy.size(2)), as_int(dy.size(3)));
   if (dx.defined()) {
     const Choice c = cached(k, &ConvAlgos::bwd_data, [&] {
