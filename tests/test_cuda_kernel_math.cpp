@@ -210,7 +210,15 @@ TEST_CASE("kernel math: SGD and Adam element updates are the CPU kernels' formul
 
 namespace {
 // A reference column-major GEMM with cuBLAS's argument conventions: C = op(A) op(B) + beta C.
+// First the checks cublasGemmEx makes (CUBLAS_STATUS_INVALID_VALUE otherwise): A is stored
+// m x k (k x m when transposed) with lda >= its row count, B k x n (n x k), C m x n.
 void ref_gemm(const km::GemmCall& g, const float* a, const float* b, float beta, float* c) {
+  REQUIRE(g.m >= 1);
+  REQUIRE(g.n >= 1);
+  REQUIRE(g.k >= 1);
+  CHECK(g.lda >= (g.trans_a ? g.k : g.m));
+  CHECK(g.ldb >= (g.trans_b ? g.n : g.k));
+  CHECK(g.ldc >= g.m);
   for (int64_t j = 0; j < g.n; ++j) {
     for (int64_t i = 0; i < g.m; ++i) {
       double s = 0;
@@ -226,24 +234,28 @@ void ref_gemm(const km::GemmCall& g, const float* a, const float* b, float beta,
 }  // namespace
 
 TEST_CASE("kernel math: the column-major GEMMs of linear compute x w^T, dy w and dy^T x") {
-  const int64_t n = 7, k = 13, m = 5;
-  Tensor x = test::rand_tensor({n, k}, 21), w = test::rand_tensor({m, k}, 22), dy = test::rand_tensor({n, m}, 23);
-  auto operand = [&](km::GemmOperand o) {
-    return o == km::GemmOperand::x ? x.data<float>() : o == km::GemmOperand::w ? w.data<float>() : dy.data<float>();
-  };
-  // Forward.
-  Tensor y_ref = linear(x, w);
-  std::vector<float> y(n * m, 0.0f);  // beta = 0 still reads C: NaN here would poison the reference
-  const km::GemmCall f = km::linear_forward_gemm(n, k, m);
-  ref_gemm(f, operand(f.a), operand(f.b), 0.0f, y.data());
-  CHECK(rel_err(y, y_ref.to_vector<float>()) < 1e-6);
-  // Backward, with accumulation into an existing dw (beta = 1).
-  Tensor dx_ref = Tensor::empty({n, k}), dw_ref = test::rand_tensor({m, k}, 24), db;
-  std::vector<float> dw = dw_ref.to_vector<float>(), dx(n * k, 0.0f);
-  linear_backward<Cpu>(dx_ref, dw_ref, db, dy, x, w, /*accumulate=*/true);
-  const km::GemmCall gx = km::linear_dx_gemm(n, k, m), gw = km::linear_dw_gemm(n, k, m);
-  ref_gemm(gx, operand(gx.a), operand(gx.b), 0.0f, dx.data());
-  ref_gemm(gw, operand(gw.a), operand(gw.b), 1.0f, dw.data());
-  CHECK(rel_err(dx, dx_ref.to_vector<float>()) < 1e-6);
-  CHECK(rel_err(dw, dw_ref.to_vector<float>()) < 1e-6);
+  struct Dims { int64_t n, k, m; };
+  for (Dims dims : {Dims{7, 13, 5}, Dims{1, 9, 4}, Dims{6, 1, 3}, Dims{5, 8, 1}, Dims{3, 17, 11}}) {
+    const int64_t n = dims.n, k = dims.k, m = dims.m;
+    CAPTURE(n); CAPTURE(k); CAPTURE(m);
+    Tensor x = test::rand_tensor({n, k}, 21), w = test::rand_tensor({m, k}, 22), dy = test::rand_tensor({n, m}, 23);
+    auto operand = [&](km::GemmOperand o) {
+      return o == km::GemmOperand::x ? x.data<float>() : o == km::GemmOperand::w ? w.data<float>() : dy.data<float>();
+    };
+    // Forward.
+    Tensor y_ref = linear(x, w);
+    std::vector<float> y(n * m, 0.0f);  // beta = 0 still reads C: NaN here would poison the reference
+    const km::GemmCall f = km::linear_forward_gemm(n, k, m);
+    ref_gemm(f, operand(f.a), operand(f.b), 0.0f, y.data());
+    CHECK(rel_err(y, y_ref.to_vector<float>()) < 1e-6);
+    // Backward, with accumulation into an existing dw (beta = 1).
+    Tensor dx_ref = Tensor::empty({n, k}), dw_ref = test::rand_tensor({m, k}, 24), db;
+    std::vector<float> dw = dw_ref.to_vector<float>(), dx(n * k, 0.0f);
+    linear_backward<Cpu>(dx_ref, dw_ref, db, dy, x, w, /*accumulate=*/true);
+    const km::GemmCall gx = km::linear_dx_gemm(n, k, m), gw = km::linear_dw_gemm(n, k, m);
+    ref_gemm(gx, operand(gx.a), operand(gx.b), 0.0f, dx.data());
+    ref_gemm(gw, operand(gw.a), operand(gw.b), 1.0f, dw.data());
+    CHECK(rel_err(dx, dx_ref.to_vector<float>()) < 1e-6);
+    CHECK(rel_err(dw, dw_ref.to_vector<float>()) < 1e-6);
+  }
 }
