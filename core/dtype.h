@@ -1,5 +1,6 @@
 // Element types. float32 is the only type ops compute in today; i64 carries class labels and
-// pooling indices; bf16 is reserved so that adding it touches no public signature.
+// pooling indices; f64 holds statistics read back once per optimizer step (losses, the squared
+// gradient norm: optim/accumulate.h); bf16 is reserved so that adding it touches no public signature.
 #pragma once
 
 #include <cstddef>
@@ -8,13 +9,14 @@
 
 namespace mg {
 
-enum class DType : uint8_t { f32, bf16, i64 };
+enum class DType : uint8_t { f32, bf16, i64, f64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
     case DType::i64: return 8;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -24,6 +26,7 @@ inline const char* dtype_name(DType t) {
     case DType::f32: return "float32";
     case DType::bf16: return "bfloat16";
     case DType::i64: return "int64";
+    case DType::f64: return "float64";
   }
   return "?";
 }
@@ -31,5 +34,6 @@ inline const char* dtype_name(DType t) {
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
 }  // namespace mg

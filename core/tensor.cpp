@@ -122,10 +122,12 @@ template <typename T> std::vector<T> Tensor::to_vector() const {
 }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
 
 float Tensor::item() const {
   MG_CHECK(numel() == 1, "item() needs a tensor with one element, got shape " << shape_str(shape()));
   if (dtype() == DType::i64) return static_cast<float>(to_vector<int64_t>()[0]);
+  if (dtype() == DType::f64) return static_cast<float>(to_vector<double>()[0]);
   return to_vector<float>()[0];
 }
 
@@ -136,6 +138,12 @@ Tensor& Tensor::fill_(float value) {
     MG_CHECK(device().is_cpu(), "fill_ on an int64 tensor is supported on CPU only");
     int64_t* p = data<int64_t>();
     for (int64_t i = 0; i < numel(); ++i) p[i] = static_cast<int64_t>(value);
+    return *this;
+  }
+  if (dtype() == DType::f64) {
+    MG_CHECK(device().is_cpu(), "fill_ on a float64 tensor is supported on CPU only");
+    double* p = data<double>();
+    for (int64_t i = 0; i < numel(); ++i) p[i] = value;
     return *this;
   }
   MG_CHECK(dtype() == DType::f32, "fill_: unsupported dtype " << dtype_name(dtype()));

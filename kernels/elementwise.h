@@ -3,8 +3,16 @@
 //   add_inplace:  y += x               (+=)  the gradient add-in-place used by accumulation
 //   scale:        y = s * x            (=)   y may be x
 //   fill:         y = v                (=)
-//   sum_squares:  returns sum(x^2) in double (for the global gradient norm)
+//   sum_squares_into: out[slot] = sum over xs of sum(x^2), accumulated in double, in a fixed
+//                 order (deterministic); xs float32 of any sizes, out float64 on their device (=)
+//   store_scalar: out[slot] = x[0] as double; x one float32, out float64, one device          (=)
+// The last two fill the statistics an optimizer step reads back in one copy (the window's
+// losses and the squared gradient norm: optim/accumulate.h), so the host never waits per tensor
+// or per micro-batch.
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/dispatch.h"
@@ -14,7 +22,10 @@ template <class D> void add_forward(Tensor& y, const Tensor& a, const Tensor& b)
 template <class D> void add_inplace(Tensor& y, const Tensor& x);
 template <class D> void scale_forward(Tensor& y, const Tensor& x, float s);
 template <class D> void fill(Tensor& y, float v);
-template <class D> double sum_squares(const Tensor& x);
+template <class D> void sum_squares_into(const std::vector<Tensor>& xs, Tensor& out, int64_t slot);
+template <class D> void store_scalar(Tensor& out, int64_t slot, const Tensor& x);
+// The argument checks both devices' sum_squares_into and store_scalar make.
+void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tensor& out, int64_t slot);
 // Copies bytes between two tensors of equal size on any pair of devices (D = the non-CPU side).
 template <class D> void copy_bytes(Tensor& dst, const Tensor& src);
 }  // namespace mg

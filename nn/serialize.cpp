@@ -44,6 +44,7 @@ const char* st_dtype_name(DType t) {
     case DType::f32: return "F32";
     case DType::bf16: return "BF16";
     case DType::i64: return "I64";
+    case DType::f64: return "F64";
   }
   return "?";
 }
@@ -52,6 +53,7 @@ bool st_dtype_from_name(const std::string& s, DType* out) {
   if (s == "F32") *out = DType::f32;
   else if (s == "BF16") *out = DType::bf16;
   else if (s == "I64") *out = DType::i64;
+  else if (s == "F64") *out = DType::f64;
   else return false;
   return true;
 }
@@ -267,7 +269,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     e.name = name;
     const std::string dt = info["dtype"].get<std::string>();
     MG_CHECK(st_dtype_from_name(dt, &e.dtype),
-             tw << ": dtype '" << dt << "' is not supported (this library reads F32, BF16, I64)");
+             tw << ": dtype '" << dt << "' is not supported (this library reads F32, F64, BF16, I64)");
     uint64_t numel = 1;
     bool overflow = false;
     for (const auto& d : info["shape"]) {

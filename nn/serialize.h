@@ -34,7 +34,7 @@ struct SafetensorsFile {
 };
 
 // Reads and validates a file as the reference implementation does: header length within the file
-// and at most 100 MB, a JSON object without duplicate names, known dtypes (F32, BF16, I64), each
+// and at most 100 MB, a JSON object without duplicate names, known dtypes (F32, F64, BF16, I64), each
 // tensor's byte range exactly numel * dtype size, and the ranges tiling the data buffer with no
 // hole, overlap or trailing byte. Throws mg::Error naming the file and the problem.
 SafetensorsFile load_safetensors(const std::string& path);

@@ -11,9 +11,10 @@
 namespace mg::optim {
 
 double global_grad_norm(const std::vector<Tensor>& grads, double scale) {
-  double ss = 0.0;
-  for (const Tensor& g : grads) ss += MG_DISPATCH(g.device(), sum_squares, g);
-  return std::sqrt(ss) * std::abs(scale);
+  if (grads.empty()) return 0.0;
+  Tensor ss = Tensor::empty({1}, TensorOptions{DType::f64, grads[0].device()});
+  MG_DISPATCH(ss.device(), sum_squares_into, grads, ss, 0);
+  return std::sqrt(ss.to_vector<double>()[0]) * std::abs(scale);
 }
 
 Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), opts_(opts) {
@@ -22,34 +23,55 @@ Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), op
            "Accumulator: clip_norm must be >= 0 (0 = off), got " << opts.clip_norm);
 }
 
-bool Accumulator::note_loss(double value) {
-  if (std::isfinite(value)) return true;
-  if (opts_.non_finite == NonFinite::error) {
-    MG_FAIL("gradient accumulation: loss is " << value << " at micro-batch " << pending_micro_batches_ + 1
-            << " of the window after optimizer step " << opt_.step_count()
-            << ". ---> HINT: lower the learning rate, enable --clip-norm, or check the data; "
-               "NonFinite::skip drops such windows instead");
+// Note [one read per step] (optim/accumulate.h).
+void Accumulator::record_loss(const Tensor& loss, int64_t samples) {
+  MG_CHECK(loss.defined() && loss.numel() == 1 && loss.dtype() == DType::f32,
+           "gradient accumulation: the loss must be a float32 scalar, got "
+               << (loss.defined() ? shape_str(loss.shape()) + " " + dtype_name(loss.dtype()) : "an undefined tensor"));
+  MG_CHECK(samples > 0, "gradient accumulation: a micro-batch of " << samples << " samples");
+  if (pending_micro_batches_ == 0 && stats_.defined() &&
+      (stats_.device() != loss.device() || stats_.numel() != opts_.steps + 1)) {
+    stats_ = Tensor();  // a new window on another device, or N changed
   }
-  poisoned_ = true;
-  return false;
+  MG_CHECK(!stats_.defined() || stats_.device() == loss.device(),
+           "gradient accumulation: a loss on " << loss.device().str() << " in a window whose losses are on "
+                                               << stats_.device().str());
+  if (!stats_.defined()) {
+    stats_ = Tensor::empty({opts_.steps + 1}, TensorOptions{DType::f64, loss.device()});
+  } else if (recorded_ == stats_.numel() - 1) {
+    spill_losses();  // more micro-batches than N in this window: read the slots early
+  }
+  MG_DISPATCH(stats_.device(), store_scalar, stats_, recorded_, loss);
+  ++recorded_;
+  window_samples_.push_back(samples);
 }
 
-double Accumulator::backward(const Tensor& loss, int64_t samples) {
-  MG_CHECK(loss.defined() && loss.numel() == 1,
-           "Accumulator::backward: loss must be a scalar, got shape " << (loss.defined() ? shape_str(loss.shape()) : "undefined"));
-  MG_CHECK(samples > 0, "Accumulator::backward: a micro-batch of " << samples << " samples");
-  const double value = loss.item();
-  if (note_loss(value)) loss.backward();
-  pending_samples_ += samples;
-  ++pending_micro_batches_;
-  return value;
+void Accumulator::spill_losses() {
+  const std::vector<double> v = stats_.to_vector<double>();
+  spilled_losses_.insert(spilled_losses_.end(), v.begin(), v.begin() + recorded_);
+  recorded_ = 0;
 }
 
-void Accumulator::add_micro_batch(int64_t samples, double loss_value) {
-  MG_CHECK(samples > 0, "Accumulator::add_micro_batch: a micro-batch of " << samples << " samples");
-  if (opts_.check_finite) note_loss(loss_value);
+void Accumulator::backward(const Tensor& loss, int64_t samples) {
+  record_loss(loss, samples);
+  loss.backward();
   pending_samples_ += samples;
   ++pending_micro_batches_;
+}
+
+void Accumulator::add_micro_batch(int64_t samples, const Tensor& loss) {
+  record_loss(loss, samples);
+  pending_samples_ += samples;
+  ++pending_micro_batches_;
+}
+
+void Accumulator::drop_window() {
+  opt_.zero_grad();
+  pending_samples_ = 0;
+  pending_micro_batches_ = 0;
+  recorded_ = 0;
+  spilled_losses_.clear();
+  window_samples_.clear();
 }
 
 StepInfo Accumulator::step() {
@@ -60,35 +82,44 @@ StepInfo Accumulator::step() {
   // Note [accumulation normalises by samples] (optim/accumulate.h).
   const double base = opts_.normalize == Normalize::samples ? 1.0 / static_cast<double>(pending_samples_)
                                                             : 1.0 / static_cast<double>(opts_.steps);
-  info.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  bool finite = !poisoned_;
-  if (finite && (opts_.clip_norm > 0.0f || opts_.check_finite)) {
-    // Note [clipping once per step]: the norm of the gradient the step will use.
-    info.grad_norm = global_grad_norm(opt_.grads(), base);
-    if (!std::isfinite(info.grad_norm)) {
-      MG_CHECK(opts_.non_finite == NonFinite::skip,
-               "gradient accumulation: the gradient norm is " << info.grad_norm << " at optimizer step "
-               << opt_.step_count() + 1 << " (" << info.samples << " samples in " << info.micro_batches
-               << " micro-batches). ---> HINT: lower the learning rate or enable clipping; "
-                  "NonFinite::skip drops such windows instead");
-      finite = false;
-    }
+  // The step's one read: the window's losses and, when needed, the squared gradient norm.
+  const bool want_norm = opts_.clip_norm > 0.0f || opts_.check_finite;
+  const int64_t norm_slot = stats_.numel() - 1;
+  if (want_norm) MG_DISPATCH(stats_.device(), sum_squares_into, opt_.grads(), stats_, norm_slot);
+  const std::vector<double> read = stats_.to_vector<double>();
+  std::vector<double> losses = std::move(spilled_losses_);
+  losses.insert(losses.end(), read.begin(), read.begin() + recorded_);
+  const int64_t step_number = opt_.step_count() + 1;
+  int64_t bad = -1;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    // With Normalize::micro_batches each loss is a mean: weight it by its samples.
+    const double w = opts_.normalize == Normalize::samples ? 1.0 : static_cast<double>(window_samples_[i]);
+    info.loss_sum += losses[i] * w;
+    if (bad < 0 && !std::isfinite(losses[i])) bad = static_cast<int64_t>(i);
   }
-  if (finite) {
-    if (opts_.clip_norm > 0.0f && info.grad_norm > opts_.clip_norm) {
-      info.clip_coef = static_cast<float>(opts_.clip_norm / (info.grad_norm + 1e-6));  // torch's clip_grad_norm_
-    }
-    info.grad_scale = static_cast<float>(base * info.clip_coef);
-    opt_.step(info.grad_scale);
-    ++steps_taken_;
-  } else {
+  info.grad_norm = want_norm ? std::sqrt(read[norm_slot]) * base : std::numeric_limits<double>::quiet_NaN();
+  if (bad >= 0 || (want_norm && !std::isfinite(info.grad_norm))) {
+    std::ostringstream what;
+    if (bad >= 0) what << "loss is " << losses[bad] << " at micro-batch " << bad + 1 << " of " << losses.size();
+    else what << "the gradient norm is " << info.grad_norm;
+    drop_window();
+    MG_CHECK(opts_.non_finite == NonFinite::skip,
+             "gradient accumulation: " << what.str() << " in the window of optimizer step " << step_number << " ("
+             << info.samples << " samples in " << info.micro_batches << " micro-batches); the window was dropped. "
+             "---> HINT: lower the learning rate, enable clipping, or check the data; NonFinite::skip drops such "
+             "windows and goes on");
     info.skipped = true;
     ++skipped_steps_;
+    last_ = info;
+    return info;
   }
-  opt_.zero_grad();
-  pending_samples_ = 0;
-  pending_micro_batches_ = 0;
-  poisoned_ = false;
+  if (opts_.clip_norm > 0.0f && info.grad_norm > opts_.clip_norm) {
+    info.clip_coef = static_cast<float>(opts_.clip_norm / (info.grad_norm + 1e-6));  // torch's clip_grad_norm_
+  }
+  info.grad_scale = static_cast<float>(base * info.clip_coef);
+  opt_.step(info.grad_scale);
+  ++steps_taken_;
+  drop_window();
   last_ = info;
   return info;
 }
@@ -189,8 +220,7 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
                        const LossFn& loss_fn, const TrainCallbacks& callbacks) {
   MG_CHECK(acc.pending_micro_batches() == 0,
            "train_epoch: the accumulator has " << acc.pending_micro_batches() << " pending micro-batches; flush() first");
-  const bool by_samples = acc.options().normalize == Normalize::samples;
-  const Reduction red = by_samples ? Reduction::sum : Reduction::mean;
+  const Reduction red = acc.options().normalize == Normalize::samples ? Reduction::sum : Reduction::mean;
   auto t0 = std::chrono::steady_clock::now();
   EpochStats st;
   const int64_t skipped0 = acc.skipped_steps();
@@ -198,17 +228,17 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   loader.start_epoch(epoch);
   data::Batch b;
   auto after_step = [&](const StepInfo& info) {
+    st.loss_sum += info.loss_sum;
     if (!info.skipped) ++st.optimizer_steps;
     if (callbacks.on_step) callbacks.on_step(info);
   };
   while (loader.next(b)) {
     Tensor logits = model.forward(b.x);
     Tensor loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
-    const double v = acc.backward(loss, b.size());
-    st.loss_sum += by_samples ? v : v * static_cast<double>(b.size());
+    acc.backward(loss, b.size());
     st.samples += b.size();
     ++st.micro_batches;
-    if (callbacks.on_micro_batch) callbacks.on_micro_batch(b, v);
+    if (callbacks.on_micro_batch) callbacks.on_micro_batch(b);
     if (acc.ready()) after_step(acc.step());
   }
   StepInfo last;

@@ -5,7 +5,7 @@
 //   mg::optim::Accumulator acc(sgd, {.steps = 4, .clip_norm = 1.0f});
 //   for (loader.start_epoch(e); loader.next(b);) {
 //     acc.backward(mg::cross_entropy(model(b.x), b.y, mg::Reduction::sum), b.size());
-//     if (acc.ready()) acc.step();    // clip, step, zero
+//     if (acc.ready()) acc.step();    // read losses and norm once, clip, step, zero
 //   }
 //   acc.flush();                      // the last, possibly shorter window
 //
@@ -25,6 +25,14 @@
 // (never per micro-batch), and the clipping coefficient min(1, max_norm / (norm + 1e-6)) is
 // folded into grad_scale, so clipping costs one read pass over the gradients and no write.
 //
+// Note [one read per step]: on CUDA the host never waits inside a window. backward() records
+// the micro-batch's loss on the device (one float64 slot of a small statistics tensor) without
+// reading it; step() adds the squared gradient norm to the same tensor (one launch for every
+// gradient) and reads the whole tensor back in one copy: the only host synchronisation of an
+// optimizer step, needed anyway to decide whether to clip, skip or raise. A NaN or infinite loss
+// is therefore found at the step, named by its micro-batch, and its window is dropped (its
+// gradients are NaN by then).
+//
 // Optimizer state (Adam's t, momentum initialisation, LR schedules) advances once per real step
 // because the wrapped optimizer's step() is called once per window.
 #pragma once
@@ -33,6 +41,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "data/loader.h"
@@ -65,6 +74,7 @@ struct AccumulateOptions {
 struct StepInfo {
   int64_t samples = 0;        // in the window
   int64_t micro_batches = 0;  // in the window
+  double loss_sum = 0.0;      // the window's loss summed over its samples (non-finite if a loss was)
   double grad_norm = 0.0;     // global norm of the step's gradient before clipping (NaN if not computed)
   float clip_coef = 1.0f;     // 1 when not clipped
   float grad_scale = 1.0f;    // what the optimizer multiplied the summed gradients by
@@ -77,17 +87,18 @@ class Accumulator {
 
   // Backpropagates `loss` of a micro-batch of `samples` samples into the optimizer's gradient
   // buffers. With Normalize::samples the loss must be the SUM over the micro-batch
-  // (Reduction::sum). Checks the loss is finite (see NonFinite). Returns the loss value (one
-  // device sync on CUDA).
-  double backward(const Tensor& loss, int64_t samples);
+  // (Reduction::sum). The loss is recorded on its device, not read (Note [one read per step]);
+  // step() checks it and reports it in StepInfo::loss_sum.
+  void backward(const Tensor& loss, int64_t samples);
   // For callers that ran backward themselves: records a micro-batch of `samples` samples whose
-  // gradients are already in the buffers. `loss_value` is checked when finite-checking is on.
-  void add_micro_batch(int64_t samples, double loss_value = 0.0);
+  // gradients are already in the buffers, and its scalar loss (as backward() does).
+  void add_micro_batch(int64_t samples, const Tensor& loss);
 
   // True when the window holds `steps` micro-batches (or more, after set_steps lowered N).
   bool ready() const { return pending_micro_batches_ > 0 && pending_micro_batches_ >= opts_.steps; }
-  // Clips, steps the optimizer once with the window's grad_scale, zeroes the buffers.
-  // Throws when nothing is pending.
+  // Reads the window's losses and gradient norm (one copy), clips, steps the optimizer once with
+  // the window's grad_scale, zeroes the buffers. Throws when nothing is pending, and on a
+  // non-finite loss or norm under NonFinite::error (the window is dropped first).
   StepInfo step();
   // Steps if anything is pending (end of data). Returns whether it stepped (or skipped).
   bool flush(StepInfo* info = nullptr);
@@ -105,16 +116,23 @@ class Accumulator {
   const StepInfo& last_step() const { return last_; }
 
  private:
-  bool note_loss(double value);
+  void record_loss(const Tensor& loss, int64_t samples);
+  void spill_losses();
+  void drop_window();
   Optimizer& opt_;
   AccumulateOptions opts_;
   int64_t pending_samples_ = 0, pending_micro_batches_ = 0;
-  bool poisoned_ = false;  // a non-finite loss was seen in this window (NonFinite::skip)
+  // Note [one read per step]: float64 [capacity + 1] on the loss's device; slots [0, recorded_)
+  // hold this window's losses not yet read, the last slot the squared gradient norm.
+  Tensor stats_;
+  int64_t recorded_ = 0;
+  std::vector<double> spilled_losses_;   // read early because the window outgrew stats_
+  std::vector<int64_t> window_samples_;  // samples of each micro-batch of the window
   int64_t steps_taken_ = 0, skipped_steps_ = 0;
   StepInfo last_;
 };
 
-// sqrt(sum of squares) over all of `grads`, in double, times `scale`.
+// sqrt(sum of squares) over all of `grads`, in double, times `scale` (one device read).
 double global_grad_norm(const std::vector<Tensor>& grads, double scale = 1.0);
 
 // N by epoch, Lightning's accumulate_grad_batches={0: 8, 4: 2}, parsed from "0:8,4:2": from
@@ -151,8 +169,9 @@ struct EpochStats {
 };
 
 struct TrainCallbacks {
-  std::function<void(const data::Batch&, double loss_value)> on_micro_batch;
-  std::function<void(const StepInfo&)> on_step;  // after each optimizer step (e.g. an LR schedule)
+  std::function<void(const data::Batch&)> on_micro_batch;  // after its backward
+  // After each optimizer step (an LR schedule, progress: StepInfo has the window's loss).
+  std::function<void(const StepInfo&)> on_step;
 };
 
 // One epoch: loader.start_epoch(epoch), a forward/backward per micro-batch, a step per window,

@@ -222,7 +222,7 @@ TEST_CASE("accumulation schedule switches N by epoch, and each epoch matches the
   int64_t on_step_calls = 0, on_mb_calls = 0;
   acc.set_steps(sched.steps_for_epoch(2));
   optim::train_epoch(*model, loader, acc, 2, {},
-                     {.on_micro_batch = [&](const data::Batch&, double) { ++on_mb_calls; },
+                     {.on_micro_batch = [&](const data::Batch&) { ++on_mb_calls; },
                       .on_step = [&](const optim::StepInfo&) { ++on_step_calls; opt.set_lr(opt.lr() * 0.9f); }});
   CHECK(on_mb_calls == 13);
   CHECK(on_step_calls == 7);
@@ -348,7 +348,7 @@ TEST_CASE("Adam's step count is the number of real steps, and 16 x 4 matches 64 
   CHECK(max_diff(big.weights, wrong.weights) > 50 * kRoundingTolAdam);
 }
 
-TEST_CASE("non-finite loss or gradient: error by default, skip on request") {
+TEST_CASE("non-finite loss or gradient: found at the step, error by default, skip on request") {
   auto model = small_mlp(1);
   optim::SGD opt(model->parameters(), {.lr = 0.1f});
   auto init = snapshot(*model);
@@ -357,47 +357,116 @@ TEST_CASE("non-finite loss or gradient: error by default, skip on request") {
   data::Batch b;
   l.start_epoch(0);
   REQUIRE(l.next(b));
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto good_loss = [&] { return cross_entropy(model->forward(b.x), b.y, Reduction::sum); };
+  auto all_grads_zero = [&] {
+    for (const Tensor& g : opt.grads()) if (max_abs({g}) != 0.0) return false;
+    return true;
+  };
   {
-    optim::Accumulator acc(opt, {.steps = 2});
-    Tensor bad = scale(cross_entropy(model->forward(b.x), b.y, Reduction::sum), std::numeric_limits<float>::quiet_NaN());
-    CHECK_THROWS_WITH_AS(acc.backward(bad, b.size()), doctest::Contains("loss is nan"), Error);
-    CHECK_THROWS_WITH_AS(acc.add_micro_batch(16, std::numeric_limits<double>::infinity()), doctest::Contains("loss is inf"), Error);
+    // Note [one read per step]: backward does not read the loss, so it does not throw; the step
+    // names the micro-batch, drops the window and leaves the weights alone.
+    optim::Accumulator acc(opt, {.steps = 3});
+    acc.backward(good_loss(), b.size());
+    acc.backward(scale(good_loss(), nan), b.size());
+    acc.backward(good_loss(), b.size());
+    CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("loss is nan at micro-batch 2 of 3"), Error);
+    CHECK(acc.pending_micro_batches() == 0);
+    CHECK(all_grads_zero());
+    acc.add_micro_batch(16, Tensor::full({1}, inf));
+    CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("loss is inf at micro-batch 1 of 1"), Error);
+    CHECK(opt.step_count() == 0);
+    CHECK(max_diff(init, snapshot(*model)) == 0.0);
+    // The window after a dropped one steps normally.
+    acc.backward(good_loss(), b.size());
+    acc.backward(good_loss(), b.size());
+    acc.backward(good_loss(), b.size());
+    CHECK(!acc.step().skipped);
+    CHECK(opt.step_count() == 1);
+    CHECK_THROWS_WITH_AS(acc.backward(Tensor::zeros({2}), 16), doctest::Contains("float32 scalar"), Error);
+    CHECK_THROWS_WITH_AS(acc.backward(good_loss(), 0), doctest::Contains("0 samples"), Error);
   }
-  opt.zero_grad();
+  init = snapshot(*model);
   {
     // A finite loss whose gradient is not: poison one element of the accumulated gradient.
     optim::Accumulator acc(opt, {.steps = 1});
-    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
-    opt.grads()[1].data<float>()[3] = std::numeric_limits<float>::infinity();
-    CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("gradient norm is inf"), Error);
-    opt.grads()[1].data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
-    CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("gradient norm is nan"), Error);
-    CHECK(opt.step_count() == 0);
+    for (float bad : {inf, nan}) {
+      acc.backward(good_loss(), b.size());
+      opt.grads()[1].data<float>()[3] = bad;
+      CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains(std::isnan(bad) ? "gradient norm is nan" : "gradient norm is inf"), Error);
+      CHECK(all_grads_zero());
+    }
+    CHECK(opt.step_count() == 1);
     CHECK(max_diff(init, snapshot(*model)) == 0.0);
   }
-  opt.zero_grad();
   {
     optim::Accumulator acc(opt, {.steps = 2, .non_finite = optim::NonFinite::skip});
-    Tensor bad = scale(cross_entropy(model->forward(b.x), b.y, Reduction::sum), std::numeric_limits<float>::quiet_NaN());
-    acc.backward(bad, b.size());
-    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
+    acc.backward(scale(good_loss(), nan), b.size());
+    acc.backward(good_loss(), b.size());
     REQUIRE(acc.ready());
     optim::StepInfo info = acc.step();
     CHECK(info.skipped);
+    CHECK(std::isnan(info.loss_sum));
     CHECK(acc.skipped_steps() == 1);
-    CHECK(opt.step_count() == 0);
-    CHECK(max_diff(init, snapshot(*model)) == 0.0);
-    for (const Tensor& g : opt.grads()) CHECK(max_abs({g}) == 0.0);
-    // The next window is clean and steps.
-    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
-    acc.backward(cross_entropy(model->forward(b.x), b.y, Reduction::sum), b.size());
-    CHECK(!acc.step().skipped);
     CHECK(opt.step_count() == 1);
+    CHECK(max_diff(init, snapshot(*model)) == 0.0);
+    CHECK(all_grads_zero());
+    // The next window is clean and steps.
+    acc.backward(good_loss(), b.size());
+    acc.backward(good_loss(), b.size());
+    CHECK(!acc.step().skipped);
+    CHECK(opt.step_count() == 2);
   }
   CHECK_THROWS_AS(optim::Accumulator(opt, {.steps = 0}), Error);
   CHECK_THROWS_AS(optim::Accumulator(opt, {.clip_norm = -1.0f}), Error);
   optim::Accumulator acc(opt, {.steps = 2});
   CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("no micro-batch"), Error);
+}
+
+TEST_CASE("the step reports the window's summed loss, however many micro-batches it holds") {
+  const data::Dataset d = data::make_synthetic(120, 5);
+  auto model = small_mlp(4);
+  // The per-sample losses of the 120 samples at the initial weights, in double.
+  std::vector<double> per_batch;  // summed loss of each micro-batch of 16 (the last has 8)
+  {
+    data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
+    data::Batch b;
+    NoGradGuard no_grad;
+    for (l.start_epoch(0); l.next(b);) per_batch.push_back(cross_entropy(model->forward(b.x), b.y, Reduction::sum).item());
+  }
+  REQUIRE(per_batch.size() == 8);
+  for (auto normalize : {optim::Normalize::samples, optim::Normalize::micro_batches}) {
+    INFO("normalize " << static_cast<int>(normalize));
+    // lr 0 keeps the weights, so every window sees the initial model.
+    optim::SGD opt(model->parameters(), {.lr = 0.0f});
+    optim::Accumulator acc(opt, {.steps = 2, .normalize = normalize});
+    const Reduction red = normalize == optim::Normalize::samples ? Reduction::sum : Reduction::mean;
+    data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
+    data::Batch b;
+    l.start_epoch(0);
+    // 3 micro-batches with N = 2 (the window outgrows its statistics slots), then N = 4 with 5.
+    for (int k = 0; k < 3 && l.next(b); ++k) acc.backward(cross_entropy(model->forward(b.x), b.y, red), b.size());
+    optim::StepInfo first = acc.step();
+    CHECK(first.micro_batches == 3);
+    CHECK(first.loss_sum == doctest::Approx(per_batch[0] + per_batch[1] + per_batch[2]).epsilon(1e-6));
+    acc.set_steps(4);
+    for (int k = 0; k < 5 && l.next(b); ++k) acc.backward(cross_entropy(model->forward(b.x), b.y, red), b.size());
+    optim::StepInfo second = acc.step();
+    CHECK(second.micro_batches == 5);
+    CHECK(second.samples == 72);
+    double rest = 0;
+    for (size_t k = 3; k < 8; ++k) rest += per_batch[k];
+    CHECK(second.loss_sum == doctest::Approx(rest).epsilon(1e-6));
+  }
+  // train_epoch's mean loss is the same sum, divided by the epoch's samples.
+  optim::SGD opt(model->parameters(), {.lr = 0.0f});
+  optim::Accumulator acc(opt, {.steps = 3});
+  data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
+  const optim::EpochStats st = optim::train_epoch(*model, l, acc, 0);
+  double all = 0;
+  for (double v : per_batch) all += v;
+  CHECK(st.samples == 120);
+  CHECK(st.mean_loss() == doctest::Approx(all / 120).epsilon(1e-6));
 }
 
 TEST_CASE("linear LR scaling") {

@@ -1,4 +1,5 @@
 #include "helpers.h"
+#include "kernels/elementwise.h"
 
 using namespace mg;
 using mg::test::rand_tensor;
@@ -177,4 +178,29 @@ TEST_CASE("a graph dropped without backward frees everything") {
     CHECK(memory_stats(cpu).in_use > base);
   }
   CHECK(memory_stats(cpu).in_use == base);
+}
+
+TEST_CASE("step statistics: squared norms of many tensors and stored losses, in float64") {
+  std::vector<Tensor> xs;
+  double expect = 0.0;
+  for (int i = 0; i < 5; ++i) {
+    xs.push_back(test::rand_tensor({3 + 17 * i, 1 + i}, 40 + i));
+    for (float v : xs.back().to_vector<float>()) expect += static_cast<double>(v) * v;
+  }
+  xs.push_back(Tensor::empty({0, 4}));  // empty tensors add nothing
+  Tensor st = Tensor::full({3}, -1.0f, TensorOptions{DType::f64});
+  CHECK(st.nbytes() == 24);
+  CHECK(std::string(dtype_name(st.dtype())) == "float64");
+  sum_squares_into<Cpu>(xs, st, 1);
+  store_scalar<Cpu>(st, 2, Tensor::full({1}, 2.5f));
+  const std::vector<double> v = st.to_vector<double>();
+  CHECK(v[0] == -1.0);
+  CHECK(std::abs(v[1] - expect) <= 1e-12 * expect);
+  CHECK(v[2] == 2.5);
+  CHECK_THROWS_WITH_AS(sum_squares_into<Cpu>(xs, st, 3), doctest::Contains("slot 3 outside a statistics tensor of 3"), Error);
+  Tensor f32 = Tensor::zeros({2});
+  CHECK_THROWS_WITH_AS(sum_squares_into<Cpu>(xs, f32, 0), doctest::Contains("must be float64, got float32"), Error);
+  CHECK_THROWS_WITH_AS(store_scalar<Cpu>(st, 0, Tensor::zeros({2})), doctest::Contains("one element, got [2]"), Error);
+  Tensor labels = Tensor::from_vector(std::vector<int64_t>{1}, {1});
+  CHECK_THROWS_WITH_AS(store_scalar<Cpu>(st, 0, labels), doctest::Contains("tensor 0 is int64"), Error);
 }

@@ -193,13 +193,12 @@ int run(const Config& c, const char* argv0) {
     int64_t seen = 0, seen_samples = 0;
     double loss_sum = 0;
     if (tty) {
-      cb.on_micro_batch = [&](const mg::data::Batch& b, double v) {
-        ++seen;
-        seen_samples += b.size();
-        loss_sum += c.divide_by_n ? v * b.size() : v;
-        if (seen % 10 == 0 || seen == loader.num_batches()) {
-          progress(seen, loader.num_batches(), loss_sum / seen_samples, e + 1);
-        }
+      // Per optimizer step: the losses come back once per step (Note [one read per step]).
+      cb.on_step = [&](const mg::optim::StepInfo& info) {
+        seen += info.micro_batches;
+        seen_samples += info.samples;
+        loss_sum += info.loss_sum;
+        progress(seen, loader.num_batches(), loss_sum / seen_samples, e + 1);
       };
     }
     mg::optim::EpochStats st = mg::optim::train_epoch(*model, loader, acc, e, {}, cb);

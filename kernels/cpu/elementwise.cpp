@@ -38,13 +38,38 @@ template <> void fill<Cpu>(Tensor& y, float v) {
   for (int64_t i = 0; i < n; ++i) py[i] = v;
 }
 
-template <> double sum_squares<Cpu>(const Tensor& x) {
-  const float* px = x.data<float>();
-  const int64_t n = x.numel();
-  double s = 0.0;
+void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tensor& out, int64_t slot) {
+  MG_CHECK(out.defined() && out.dtype() == DType::f64,
+           op << ": the statistics tensor must be float64, got "
+              << (out.defined() ? dtype_name(out.dtype()) : "an undefined tensor"));
+  MG_CHECK(slot >= 0 && slot < out.numel(),
+           op << ": slot " << slot << " outside a statistics tensor of " << out.numel() << " elements");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    MG_CHECK(xs[i].dtype() == DType::f32 && xs[i].device() == out.device(),
+             op << ": tensor " << i << " is " << dtype_name(xs[i].dtype()) << " on " << xs[i].device().str()
+                << ", expected float32 on " << out.device().str() << " (the statistics tensor's device)");
+  }
+}
+
+template <> void sum_squares_into<Cpu>(const std::vector<Tensor>& xs, Tensor& out, int64_t slot) {
+  check_stats_args("sum_squares_into", xs, out, slot);
+  double total = 0.0;
+  for (const Tensor& x : xs) {
+    const float* px = x.data<float>();
+    const int64_t n = x.numel();
+    double s = 0.0;
 #pragma omp parallel for simd reduction(+ : s) if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(px[i]) * px[i];
-  return s;
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(px[i]) * px[i];
+    total += s;
+  }
+  out.data<double>()[slot] = total;
+}
+
+template <> void store_scalar<Cpu>(Tensor& out, int64_t slot, const Tensor& x) {
+  MG_CHECK(x.defined() && x.numel() == 1, "store_scalar: expected a tensor of one element, got "
+                                              << (x.defined() ? shape_str(x.shape()) : "an undefined tensor"));
+  check_stats_args("store_scalar", {x}, out, slot);
+  out.data<double>()[slot] = static_cast<double>(x.data<float>()[0]);
 }
 
 }  // namespace mg

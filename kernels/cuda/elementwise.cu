@@ -3,10 +3,14 @@
 //   add_inplace:  y += x               (+=)  the gradient add-in-place used by accumulation
 //   scale:        y = s * x            (=)   y may be x
 //   fill:         y = v                (=)
-//   sum_squares:  sum(x^2), accumulated in double: per-block partial sums, then one block adds
-//                 the partials in a fixed order (deterministic); the host waits for the value.
+//   sum_squares_into: out[slot] = sum over xs of sum(x^2), accumulated in double: one launch
+//                 for a whole list of tensors (each block sums kChunk elements of one tensor into
+//                 a partial), then one block adds the partials in a fixed order (deterministic).
+//                 Nothing comes back to the host: the caller reads `out` when it needs the value.
+//   store_scalar: out[slot] = x[0] as double, on the device (no host read)
 //   copy_bytes:   cudaMemcpy(Async) between any two devices (host waits only when the host reads).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/elementwise.h"
 
 namespace mg {
@@ -46,20 +50,37 @@ __device__ double block_sum(double v) {
   return r;
 }
 
-__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+// The tensors of one sum_squares_into launch travel as a kernel argument (as in optim.cu).
+constexpr int kMaxTensors = 256;  // 256 * 24 bytes: ~6 KB of the 32 KB argument limit
+constexpr int kChunk = 4096;      // elements per block
+
+struct SquaresList {
+  int count;
+  const float* x[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int64_t first_block[kMaxTensors + 1];
+};
+
+// partial[block_offset + b] = sum of squares of block b's chunk.
+__global__ void sum_squares_partial_kernel(double* partial, const __grid_constant__ SquaresList l) {
+  const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
+  const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
+  const int64_t end = min(begin + kChunk, l.n[t]);
+  const float* x = l.x[t];
   double s = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    s += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
   s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_partials_kernel(double* out, const double* partial, int count) {
+__global__ void sum_partials_kernel(double* out, const double* partial, int64_t count) {
   double s = 0.0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
   s = block_sum(s);
   if (threadIdx.x == 0) *out = s;
 }
+
+__global__ void store_scalar_kernel(double* out, const float* x) { *out = static_cast<double>(*x); }
 
 // Grids of at most this many blocks; the loops above stride over the rest.
 constexpr int64_t kMaxBlocks = 4096;
@@ -109,21 +130,53 @@ template <> void fill<Cuda>(Tensor& y, float v) {
   MG_CUDA_CHECK_LAUNCH();
 }
 
-template <> double sum_squares<Cuda>(const Tensor& x) {
-  const int64_t n = x.numel();
-  if (n == 0) return 0.0;
-  const int dev = cuda::device_of(x);
+template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& out, int64_t slot) {
+  check_stats_args("sum_squares_into", xs, out, slot);
+  const int dev = cuda::device_of(out);
   cuda::DeviceGuard guard(dev);
-  const unsigned blocks = grid_capped(n);
-  cuda::Workspace partial(dev, (blocks + 1) * sizeof(double));
+  int64_t total_blocks = 0;
+  for (const Tensor& x : xs) total_blocks += (x.numel() + kChunk - 1) / kChunk;
+  double* result = out.data<double>() + slot;
+  if (total_blocks == 0) {
+    MG_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), cuda::kStream));
+    return;
+  }
+  cuda::Workspace partial(dev, static_cast<size_t>(total_blocks) * sizeof(double));
   double* p = static_cast<double*>(partial.get());
-  sum_squares_partial_kernel<<<blocks, cuda::kThreads>>>(p, x.data<float>(), n);
+  // One launch per kMaxTensors tensors, each writing its own range of the partials.
+  SquaresList l{};
+  int64_t blocks = 0, offset = 0;
+  auto launch = [&] {
+    if (l.count == 0) return;
+    l.first_block[l.count] = blocks;
+    MG_CHECK(blocks < (int64_t{1} << 31), "sum_squares_into: too many elements for one launch");
+    sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(p + offset, l);
+    MG_CUDA_CHECK_LAUNCH();
+    offset += blocks;
+    l = SquaresList{};
+    blocks = 0;
+  };
+  for (const Tensor& x : xs) {
+    if (x.numel() == 0) continue;
+    const int k = l.count++;
+    l.x[k] = x.data<float>();
+    l.n[k] = x.numel();
+    l.first_block[k] = blocks;
+    blocks += (x.numel() + kChunk - 1) / kChunk;
+    if (l.count == kMaxTensors) launch();
+  }
+  launch();
+  sum_partials_kernel<<<1, cuda::kThreads>>>(result, p, total_blocks);
   MG_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, cuda::kThreads>>>(p + blocks, p, static_cast<int>(blocks));
+}
+
+template <> void store_scalar<Cuda>(Tensor& out, int64_t slot, const Tensor& x) {
+  MG_CHECK(x.defined() && x.numel() == 1, "store_scalar: expected a tensor of one element, got "
+                                              << (x.defined() ? shape_str(x.shape()) : "an undefined tensor"));
+  check_stats_args("store_scalar", {x}, out, slot);
+  cuda::DeviceGuard guard(cuda::device_of(out));
+  store_scalar_kernel<<<1, 1>>>(out.data<double>() + slot, x.data<float>());
   MG_CUDA_CHECK_LAUNCH();
-  double result = 0.0;
-  MG_CUDA_CHECK(cudaMemcpy(&result, p + blocks, sizeof(double), cudaMemcpyDeviceToHost));
-  return result;
 }
 
 template <> void copy_bytes<Cuda>(Tensor& dst, const Tensor& src) {
