@@ -185,6 +185,7 @@ TEST_CASE("block pool: out of memory names the request, the statistics and the r
   CHECK(msg.find("gradient accumulation") != std::string::npos);
   CHECK(msg.find("mg::checkpoint") != std::string::npos);
   CHECK(msg.find("memory budget") != std::string::npos);
+  CHECK(msg.find("nn/checkpoint_plan.h") != std::string::npos);
   CHECK(f.st->refusals == 2);  // tried, released nothing useful, retried once, gave up
   // A failed request leaves the pool as it was.
   CHECK(f.pool->stats().in_use == before.in_use);

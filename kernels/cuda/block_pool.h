@@ -240,7 +240,8 @@ class BlockPool {
                            << "---> HINT: hold less per step: gradient accumulation (optim/accumulate.h: "
                               "smaller micro-batches, the same gradients), gradient checkpointing "
                               "(mg::checkpoint in core/checkpoint.h, or a memory budget plan that picks "
-                              "the segments to drop), or a smaller batch.");
+                              "the segments to drop: mg::nn::make_plan(cost, \"budget=...\") in "
+                              "nn/checkpoint_plan.h), or a smaller batch.");
   }
 
   System system_;
