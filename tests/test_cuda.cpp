@@ -27,6 +27,7 @@ const bool kSkipWithoutBackend = [] {
 
 #include "helpers.h"
 #include "kernels/conv2d.h"
+#include "kernels/dropout.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
@@ -118,7 +119,7 @@ TEST_CASE("cuda: copies between host and device are exact, for float and int64")
   CHECK(idx.to(kGpu).to_vector<int64_t>() == idx.to_vector<int64_t>());
 }
 
-TEST_CASE("cuda: element-wise kernels and sum_squares") {
+TEST_CASE("cuda: element-wise kernels and the step statistics") {
   Tensor a = rand_tensor({17, 19}, 3, true), b = rand_tensor({17, 19}, 4, true);
   compare_op("add", [](const std::vector<Tensor>& in) { return add(in[0], in[1]); }, {a, b}, kStrict);
   compare_op("scale", [](const std::vector<Tensor>& in) { return scale(in[0], -1.75f); },
@@ -134,9 +135,26 @@ TEST_CASE("cuda: element-wise kernels and sum_squares") {
   fill<Cuda>(f, 3.25f);
   for (float v : f.to_vector<float>()) CHECK(v == 3.25f);
 
-  Tensor big = rand_tensor({1000003}, 8);
-  const double cpu = sum_squares<Cpu>(big), gpu = sum_squares<Cuda>(big.to(kGpu));
-  CHECK(std::abs(gpu - cpu) / cpu < 1e-12);  // both accumulate in double
+  // The step statistics (optim/accumulate.h): squared norms of many tensors of odd sizes, in
+  // more than one launch (over 256 tensors), and a stored loss.
+  std::vector<Tensor> xs, xs_gpu;
+  for (int i = 0; i < 300; ++i) xs.push_back(rand_tensor({i % 7 == 0 ? 1000003 : 1 + 37 * i}, 100 + i));
+  for (const Tensor& t : xs) xs_gpu.push_back(t.to(kGpu));
+  Tensor st = Tensor::full({3}, -1.0f, TensorOptions{DType::f64});
+  Tensor st_gpu = st.to(kGpu);
+  sum_squares_into<Cpu>(xs, st, 1);
+  sum_squares_into<Cuda>(xs_gpu, st_gpu, 1);
+  Tensor loss = rand_tensor({1}, 9);
+  Tensor loss_gpu = loss.to(kGpu);
+  store_scalar<Cpu>(st, 2, loss);
+  store_scalar<Cuda>(st_gpu, 2, loss_gpu);
+  const std::vector<double> cpu = st.to_vector<double>(), gpu = st_gpu.to_vector<double>();
+  CHECK(gpu[0] == -1.0);  // untouched
+  CHECK(std::abs(gpu[1] - cpu[1]) / cpu[1] < 1e-12);  // both accumulate in double
+  CHECK(gpu[2] == cpu[2]);
+  CHECK(gpu[2] == static_cast<double>(loss.item()));
+  sum_squares_into<Cuda>({}, st_gpu, 0);
+  CHECK(st_gpu.to_vector<double>()[0] == 0.0);
 }
 
 TEST_CASE("cuda: linear forward and backward, strict FP32 by default") {
@@ -229,6 +247,23 @@ TEST_CASE("cuda: dropout masks are the same on both devices") {
   }
 }
 
+TEST_CASE("cuda: dropout kernels at offsets that are not a multiple of 4") {
+  // Generator::advance keeps offsets block-aligned; a (seed, offset) set by hand need not be, and
+  // then each element draws on its own (kernels/cuda/kernel_math.h dropout4).
+  for (uint64_t offset : {uint64_t{13}, uint64_t{6}, (uint64_t{1} << 35) + 3}) {
+    CAPTURE(offset);
+    Tensor x = rand_tensor({3, 1001}, 83);
+    Tensor y = poisoned({3, 1001}, Device::cpu()), yg = poisoned({3, 1001}, kGpu);
+    dropout_forward<Cpu>(y, x, 0.3f, 99, offset);
+    dropout_forward<Cuda>(yg, x.to(kGpu), 0.3f, 99, offset);
+    CHECK(test::bit_equal(yg.cpu(), y));
+    Tensor dx = poisoned({3, 1001}, Device::cpu()), dxg = poisoned({3, 1001}, kGpu);
+    dropout_backward<Cpu>(dx, x, 0.3f, 99, offset);
+    dropout_backward<Cuda>(dxg, x.to(kGpu), 0.3f, 99, offset);
+    CHECK(test::bit_equal(dxg.cpu(), dx));
+  }
+}
+
 TEST_CASE("cuda: cross-entropy, mean and sum, small and many classes") {
   for (Reduction r : {Reduction::mean, Reduction::sum}) {
     Tensor logits = rand_tensor({37, 11}, 91, true);
@@ -238,6 +273,15 @@ TEST_CASE("cuda: cross-entropy, mean and sum, small and many classes") {
     Tensor wide = rand_tensor({9, 1000}, 93, true);
     compare_op("cross_entropy 9x1000", [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); },
                {wide, labels(9, 1000, 94)}, kStrict);
+    // Logits in (-90, 90): exp overflows float without the max subtraction; 300 classes leave
+    // threads of the 256-wide block with one and with two columns.
+    std::vector<float> big = rand_tensor({13, 300}, 96).to_vector<float>();
+    for (float& v : big) v *= 90.0f;
+    Tensor large = Tensor::from_vector(big, {13, 300});
+    large.requires_grad_();
+    compare_op("cross_entropy 13x300, large logits",
+               [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); },
+               {large, labels(13, 300, 97)}, kStrict);
   }
 }
 
@@ -286,6 +330,7 @@ TEST_CASE("cuda: fused SGD update matches the CPU (momentum, nesterov, weight de
       h.momentum = 0.9f;
       h.weight_decay = 1e-3f;
       h.nesterov = nesterov;
+      h.dampening = nesterov ? 0.0f : 0.1f;  // PyTorch allows nesterov only without dampening
       h.grad_scale = 0.25f;
       for (int step = 0; step < 3; ++step) {
         h.first_step = step == 0;
@@ -413,6 +458,34 @@ TEST_CASE("cuda allocator: out of memory names the stats and the remedies, and r
   CHECK(memory_stats(kGpu).in_use == s0.in_use);
   Tensor after = rand_tensor({257}, 9).to(kGpu);  // the allocator and the device still work
   CHECK(test::bit_equal(after.cpu(), rand_tensor({257}, 9)));
+}
+
+TEST_CASE("cuda allocator: on a full device the cache is released and the request retried once") {
+  empty_cache(kGpu);
+  constexpr int64_t kGiBFloats = int64_t{1} << 28;  // 1 GiB: a segment of its own
+  std::vector<Tensor> hold;
+  std::string msg;
+  try {
+    for (int i = 0; i < 4096; ++i) hold.push_back(Tensor::empty({kGiBFloats}, TensorOptions{}.with_device(kGpu)));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  REQUIRE(msg.find("out of memory") != std::string::npos);
+  REQUIRE(hold.size() >= 2);
+  const size_t held = hold.size();
+  hold.clear();  // every 1 GiB segment is now cached, none returned
+  const MemoryStats s0 = memory_stats(kGpu);
+  CHECK(s0.reserved >= held * (size_t{1} << 30));
+  // 1.5 GiB: no cached block is large enough and the device has less than 1 GiB free, so the
+  // first cudaMalloc fails; the free segments go back and the retry succeeds.
+  Tensor big = Tensor::empty({kGiBFloats * 3 / 2}, TensorOptions{}.with_device(kGpu));
+  const MemoryStats s1 = memory_stats(kGpu);
+  CHECK(s1.system_alloc_count == s0.system_alloc_count + 1);
+  CHECK(s1.reserved < s0.reserved);
+  CHECK(s1.in_use == s0.in_use + (size_t{3} << 29));
+  big = Tensor();
+  empty_cache(kGpu);
 }
 
 #endif  // MINIGRAD_WITH_CUDA
