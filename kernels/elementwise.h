@@ -3,6 +3,7 @@
 //   add_inplace:  y += x               (+=)  the gradient add-in-place used by accumulation
 //   scale:        y = s * x            (=)   y may be x
 //   fill:         y = v                (=)
+//   zero_many:    every y of ys = 0    (=)   one launch for the whole list (Optimizer::zero_grad)
 //   sum_squares_into: out[slot] = sum over xs of sum(x^2), accumulated in double, in a fixed
 //                 order (deterministic); xs float32 of any sizes, out float64 on their device (=)
 //   store_scalar: out[slot] = x[0] as double; x one float32, out float64, one device          (=)
@@ -22,6 +23,7 @@ template <class D> void add_forward(Tensor& y, const Tensor& a, const Tensor& b)
 template <class D> void add_inplace(Tensor& y, const Tensor& x);
 template <class D> void scale_forward(Tensor& y, const Tensor& x, float s);
 template <class D> void fill(Tensor& y, float v);
+template <class D> void zero_many(const std::vector<Tensor>& ys);
 template <class D> void sum_squares_into(const std::vector<Tensor>& xs, Tensor& out, int64_t slot);
 template <class D> void store_scalar(Tensor& out, int64_t slot, const Tensor& x);
 // The argument checks both devices' sum_squares_into and store_scalar make.

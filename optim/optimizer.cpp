@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/elementwise.h"
+
 namespace mg::optim {
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
@@ -37,7 +39,8 @@ void Optimizer::step(float grad_scale) {
 }
 
 void Optimizer::zero_grad() {
-  for (Tensor& g : grads()) g.zero_();
+  const std::vector<Tensor> g = grads();
+  MG_DISPATCH(g[0].device(), zero_many, g);  // one launch on CUDA
 }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions opts) : Optimizer(std::move(params)), opts_(opts) {

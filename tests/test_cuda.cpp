@@ -155,6 +155,11 @@ TEST_CASE("cuda: element-wise kernels and the step statistics") {
   CHECK(gpu[2] == static_cast<double>(loss.item()));
   sum_squares_into<Cuda>({}, st_gpu, 0);
   CHECK(st_gpu.to_vector<double>()[0] == 0.0);
+  // zero_many (Optimizer::zero_grad) over the same 300 tensors: two launches, every element.
+  zero_many<Cuda>(xs_gpu);
+  sum_squares_into<Cuda>(xs_gpu, st_gpu, 1);
+  CHECK(st_gpu.to_vector<double>()[1] == 0.0);
+  for (size_t i = 0; i < xs_gpu.size(); i += 37) CHECK(test::max_abs_diff(xs_gpu[i].cpu(), Tensor::zeros(xs[i].shape())) == 0.0);
 }
 
 TEST_CASE("cuda: linear forward and backward, strict FP32 by default") {

@@ -38,6 +38,14 @@ template <> void fill<Cpu>(Tensor& y, float v) {
   for (int64_t i = 0; i < n; ++i) py[i] = v;
 }
 
+template <> void zero_many<Cpu>(const std::vector<Tensor>& ys) {
+  for (const Tensor& y : ys) {
+    MG_CHECK(y.dtype() == DType::f32 && y.device().is_cpu(),
+             "zero_many: expected float32 tensors on cpu, got " << dtype_name(y.dtype()) << " on " << y.device().str());
+  }
+  for (const Tensor& y : ys) std::memset(y.raw_data(), 0, y.nbytes());
+}
+
 void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tensor& out, int64_t slot) {
   MG_CHECK(out.defined() && out.dtype() == DType::f64,
            op << ": the statistics tensor must be float64, got "

@@ -8,6 +8,7 @@
 //                 a partial), then one block adds the partials in a fixed order (deterministic).
 //                 Nothing comes back to the host: the caller reads `out` when it needs the value.
 //   store_scalar: out[slot] = x[0] as double, on the device (no host read)
+//   zero_many:    zeroes a list of tensors in one launch (a block per kChunk elements)
 //   copy_bytes:   cudaMemcpy(Async) between any two devices (host waits only when the host reads).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernel_math.h"
@@ -50,19 +51,54 @@ __device__ double block_sum(double v) {
   return r;
 }
 
-// The tensors of one sum_squares_into launch travel as a kernel argument (as in optim.cu).
+// The tensors of one multi-tensor launch (sum_squares_into, zero_many) travel as a kernel
+// argument (as in optim.cu); each block handles kChunk elements of one tensor.
 constexpr int kMaxTensors = 256;  // 256 * 24 bytes: ~6 KB of the 32 KB argument limit
 constexpr int kChunk = 4096;      // elements per block
 
-struct SquaresList {
+struct ChunkList {
   int count;
-  const float* x[kMaxTensors];
+  float* x[kMaxTensors];
   int64_t n[kMaxTensors];
   int64_t first_block[kMaxTensors + 1];
 };
+static_assert(sizeof(ChunkList) <= 32764, "kernel arguments are limited to 32764 bytes");
+
+// Calls launch(list, blocks) for each group of at most kMaxTensors non-empty tensors.
+template <class Launch>
+void for_each_chunk_list(const std::vector<Tensor>& xs, Launch launch) {
+  ChunkList l{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (l.count == 0) return;
+    l.first_block[l.count] = blocks;
+    MG_CHECK(blocks < (int64_t{1} << 31), "multi-tensor launch: too many elements");
+    launch(l, blocks);
+    l = ChunkList{};
+    blocks = 0;
+  };
+  for (const Tensor& x : xs) {
+    if (x.numel() == 0) continue;
+    const int k = l.count++;
+    l.x[k] = static_cast<float*>(x.raw_data());
+    l.n[k] = x.numel();
+    l.first_block[k] = blocks;
+    blocks += (x.numel() + kChunk - 1) / kChunk;
+    if (l.count == kMaxTensors) flush();
+  }
+  flush();
+}
+
+__global__ void zero_many_kernel(const __grid_constant__ ChunkList l) {
+  const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
+  const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
+  const int64_t end = min(begin + kChunk, l.n[t]);
+  float* x = l.x[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = 0.0f;
+}
 
 // partial[block_offset + b] = sum of squares of block b's chunk.
-__global__ void sum_squares_partial_kernel(double* partial, const __grid_constant__ SquaresList l) {
+__global__ void sum_squares_partial_kernel(double* partial, const __grid_constant__ ChunkList l) {
   const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
   const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
   const int64_t end = min(begin + kChunk, l.n[t]);
@@ -130,6 +166,20 @@ template <> void fill<Cuda>(Tensor& y, float v) {
   MG_CUDA_CHECK_LAUNCH();
 }
 
+template <> void zero_many<Cuda>(const std::vector<Tensor>& ys) {
+  if (ys.empty()) return;
+  const Device d = ys[0].device();
+  for (const Tensor& y : ys) {
+    MG_CHECK(y.dtype() == DType::f32 && y.device() == d, "zero_many: expected float32 tensors on " << d.str()
+                                                             << ", got " << dtype_name(y.dtype()) << " on " << y.device().str());
+  }
+  cuda::DeviceGuard guard(cuda::device_of(ys[0]));
+  for_each_chunk_list(ys, [&](const ChunkList& l, int64_t blocks) {
+    zero_many_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(l);
+    MG_CUDA_CHECK_LAUNCH();
+  });
+}
+
 template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& out, int64_t slot) {
   check_stats_args("sum_squares_into", xs, out, slot);
   const int dev = cuda::device_of(out);
@@ -144,28 +194,12 @@ template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& o
   cuda::Workspace partial(dev, static_cast<size_t>(total_blocks) * sizeof(double));
   double* p = static_cast<double*>(partial.get());
   // One launch per kMaxTensors tensors, each writing its own range of the partials.
-  SquaresList l{};
-  int64_t blocks = 0, offset = 0;
-  auto launch = [&] {
-    if (l.count == 0) return;
-    l.first_block[l.count] = blocks;
-    MG_CHECK(blocks < (int64_t{1} << 31), "sum_squares_into: too many elements for one launch");
+  int64_t offset = 0;
+  for_each_chunk_list(xs, [&](const ChunkList& l, int64_t blocks) {
     sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(p + offset, l);
     MG_CUDA_CHECK_LAUNCH();
     offset += blocks;
-    l = SquaresList{};
-    blocks = 0;
-  };
-  for (const Tensor& x : xs) {
-    if (x.numel() == 0) continue;
-    const int k = l.count++;
-    l.x[k] = x.data<float>();
-    l.n[k] = x.numel();
-    l.first_block[k] = blocks;
-    blocks += (x.numel() + kChunk - 1) / kChunk;
-    if (l.count == kMaxTensors) launch();
-  }
-  launch();
+  });
   sum_partials_kernel<<<1, cuda::kThreads>>>(result, p, total_blocks);
   MG_CUDA_CHECK_LAUNCH();
 }
