@@ -32,8 +32,28 @@ std::vector<Tensor> Optimizer::grads() const {
   return g;
 }
 
+namespace {
+// Module::to(d) moves parameters and their gradient buffers in place, not an optimizer's state
+// (momentum, moments) allocated at construction: bring it along, values kept, so an optimizer
+// built before model.to(cuda) stays valid (as nn/module.h promises) instead of handing host
+// pointers to a device kernel (or device pointers to the CPU one).
+void state_follows_params(const Optimizer& opt) {
+  const std::vector<Tensor>& params = opt.params();
+  const Device d = params[0].device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    MG_CHECK(params[i].device() == d, "optimizer step: parameter " << i << " is on " << params[i].device().str()
+                                          << ", parameter 0 on " << d.str()
+                                          << " (was only part of the model moved with to()?)");
+  }
+  for (const auto& [name, t] : opt.state_tensors()) {
+    if (t.device() != d) t.impl().storage = t.to(d).impl().storage;
+  }
+}
+}  // namespace
+
 void Optimizer::step(float grad_scale) {
   MG_CHECK(std::isfinite(grad_scale), "optimizer step: gradient scale is " << grad_scale);
+  state_follows_params(*this);
   ++step_count_;
   update(grad_scale);
 }
