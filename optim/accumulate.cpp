@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "kernels/cuda/settings.h"
 #include "kernels/elementwise.h"
 
 namespace mg::optim {
@@ -244,6 +245,8 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   StepInfo last;
   if (acc.flush(&last)) after_step(last);
   st.skipped_steps = acc.skipped_steps() - skipped0;
+  // The last update is still running on a GPU: the epoch's time includes it.
+  if (const Device d = loader.options().device; d.is_cuda()) cuda::synchronize(d.index);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
