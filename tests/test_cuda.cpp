@@ -9,8 +9,11 @@
 //
 // Without a CUDA device the whole binary is skipped: it prints why and exits with 77, which
 // ctest reports as skipped (tests/CMakeLists.txt: SKIP_RETURN_CODE 77).
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #ifndef MINIGRAD_WITH_CUDA
 // A build without the CUDA backend has no Cuda kernels to call: nothing to test.
@@ -32,8 +35,15 @@ const bool kSkipWithoutBackend = [] {
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/optim.h"
+#include "core/checkpoint.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "nn/checkpoint_plan.h"
 #include "nn/models.h"
+#include "nn/serialize.h"
+#include "optim/accumulate.h"
 #include "optim/optimizer.h"
+#include "optim/train_state.h"
 
 using namespace mg;
 using test::rand_tensor;
@@ -491,6 +501,374 @@ TEST_CASE("cuda allocator: on a full device the cache is released and the reques
   CHECK(s1.in_use == s0.in_use + (size_t{3} << 29));
   big = Tensor();
   empty_cache(kGpu);
+}
+
+// ---- the host side of training on the device: model.to, optimizers, accumulation, checkpointing,
+// saving and resuming -------------------------------------------------------------------------------
+
+TEST_CASE("cuda: tensors of every dtype on the device; device strings; what is not supported says so") {
+  CHECK(Device::parse("cuda") == Device::cuda(0));
+  CHECK(Device::parse("cuda:0") == kGpu);
+  CHECK(Device::parse("cuda:1") == Device::cuda(1));
+  CHECK_THROWS_WITH_AS(Device::parse("gpu"), doctest::Contains("expected cpu, cuda or cuda:N"), Error);
+  CHECK_THROWS_WITH_AS(Device::parse("cuda:-1"), doctest::Contains("expected cpu, cuda or cuda:N"), Error);
+  const int n = cuda_device_count();
+  CHECK_THROWS_WITH_AS(Tensor::empty({3}, TensorOptions{}.with_device(Device::cuda(n))),
+                       doctest::Contains("does not exist"), Error);
+  // int64 and float64 tensors live on the device (labels, pooling indices, step statistics), but
+  // fill_ has a float32 kernel only: a clear error, not a kernel reading the wrong width.
+  Tensor i = Tensor::empty({5}, TensorOptions{DType::i64, kGpu});
+  CHECK_THROWS_WITH_AS(i.fill_(1.0f), doctest::Contains("int64"), Error);
+  Tensor d = Tensor::empty({5}, TensorOptions{DType::f64, kGpu});
+  CHECK_THROWS_WITH_AS(d.zero_(), doctest::Contains("float64"), Error);
+  Tensor dh = Tensor::full({1}, 0.5f, TensorOptions{DType::f64});
+  CHECK(dh.to(kGpu).item() == 0.5f);
+  CHECK(Tensor::from_vector(std::vector<int64_t>{-3}, {1}).to(kGpu).item() == -3.0f);
+  Tensor f = rand_tensor({1}, 5);
+  CHECK(f.to(kGpu).item() == f.item());
+  CHECK_THROWS_WITH_AS(rand_tensor({2}, 5).to(kGpu).item(), doctest::Contains("one element"), Error);
+  // clone and copy_ on the device, and copy_ across devices in both directions.
+  Tensor a = rand_tensor({3, 7}, 6).to(kGpu), b = poisoned({3, 7}, kGpu);
+  b.copy_(a);
+  CHECK(test::bit_equal(b.cpu(), a.cpu()));
+  Tensor host = poisoned({3, 7}, Device::cpu());
+  host.copy_(a);
+  CHECK(test::bit_equal(host, a.cpu()));
+  Tensor c = a.clone();
+  CHECK(c.is_cuda());
+  CHECK(!c.shares_storage(a));
+}
+
+namespace {
+std::shared_ptr<nn::Sequential> mlp_for_moves(uint64_t seed) {
+  manual_seed(seed);
+  return nn::make_mlp({29, 33, 10});
+}
+
+// Three steps of `opt` on `model` (on `d`), the same data whatever the device.
+void three_steps(nn::Module& model, optim::Optimizer& opt, Device d, uint64_t seed) {
+  for (int s = 0; s < 3; ++s) {
+    Tensor x = rand_tensor({11, 29}, seed + s).to(d), y = labels(11, 10, seed + 10 + s).to(d);
+    opt.zero_grad();
+    cross_entropy(model.forward(x), y).backward();
+    opt.step();
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda: an optimizer built before model.to(cuda) follows the model, state and gradients") {
+  for (int kind = 0; kind < 2; ++kind) {
+    INFO((kind == 0 ? "SGD with momentum" : "Adam"));
+    auto make = [&](const nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      if (kind == 0) return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1f, .momentum = 0.9f});
+      return std::make_unique<optim::Adam>(m.parameters(), optim::AdamOptions{.lr = 1e-2f});
+    };
+    // Built on the host, one step there, then the model moves: momentum/moments must come along.
+    auto before = mlp_for_moves(7);
+    auto opt_before = make(*before);
+    three_steps(*before, *opt_before, Device::cpu(), 100);
+    before->to(kGpu);
+    for (const Tensor& g : opt_before->grads()) CHECK(g.is_cuda());
+    three_steps(*before, *opt_before, kGpu, 200);
+    for (const auto& [name, t] : opt_before->state_tensors()) {
+      INFO(name);
+      CHECK(t.is_cuda());
+    }
+    // Reference: the same three host steps, then the state copied by hand to a device optimizer.
+    auto ref = mlp_for_moves(7);
+    auto opt_cpu = make(*ref);
+    three_steps(*ref, *opt_cpu, Device::cpu(), 100);
+    ref->to(kGpu);
+    auto opt_ref = make(*ref);
+    auto sc = opt_cpu->state_tensors(), sr = opt_ref->state_tensors();
+    REQUIRE(sc.size() == sr.size());
+    for (size_t i = 0; i < sc.size(); ++i) {
+      Tensor dst = sr[i].second;
+      dst.copy_(sc[i].second);
+    }
+    opt_ref->set_step_count(opt_cpu->step_count());
+    three_steps(*ref, *opt_ref, kGpu, 200);
+    auto pb = before->parameters(), pr = ref->parameters();
+    for (size_t i = 0; i < pb.size(); ++i) {
+      CHECK(pb[i].is_cuda());
+      CHECK(test::bit_equal(pb[i].cpu(), pr[i].cpu()));  // the same kernels on the same values
+    }
+    // And back to the host: the state follows again (the CPU kernel would read device pointers).
+    before->to(Device::cpu());
+    three_steps(*before, *opt_before, Device::cpu(), 300);
+    ref->to(Device::cpu());
+    three_steps(*ref, *opt_ref, Device::cpu(), 300);
+    for (const auto& [name, t] : opt_before->state_tensors()) CHECK(!t.is_cuda());
+    pb = before->parameters();
+    pr = ref->parameters();
+    for (size_t i = 0; i < pb.size(); ++i) CHECK(test::bit_equal(pb[i], pr[i]));
+  }
+  // Only part of a model moved: a clear error at the step, not a kernel on mixed pointers.
+  auto m = mlp_for_moves(8);
+  optim::SGD opt(m->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  (*m)[1].to(kGpu);
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("only part of the model"), Error);
+}
+
+namespace {
+// Note [batch-size independent order] and Note [accumulation normalises by samples]: the
+// setting of tests/test_accumulate.cpp (7,992 samples: a short last window of 3 x 16 + 8), on `d`.
+std::vector<Tensor> train_one_epoch(Device d, int64_t batch, int64_t accum, optim::Normalize norm, int64_t* steps) {
+  static const data::Dataset data = data::make_synthetic(7992, 7);
+  manual_seed(3);
+  auto model = nn::make_mlp({784, 64, 10});
+  model->to(d);
+  optim::SGD opt(model->parameters(), {.lr = 0.05f});
+  optim::Accumulator acc(opt, {.steps = accum, .normalize = norm});
+  data::DataLoader loader(data, {.batch_size = batch, .seed = 11, .device = d});
+  optim::TrainCallbacks cb;
+  int64_t on_device = 0, micro = 0;
+  cb.on_micro_batch = [&](const data::Batch& b) {
+    ++micro;
+    on_device += b.x.device() == d && b.y.device() == d && b.y.dtype() == DType::i64;
+  };
+  const optim::EpochStats st = optim::train_epoch(*model, loader, acc, 0, {}, cb);
+  CHECK(on_device == micro);
+  CHECK(st.samples == 7992);
+  CHECK(std::isfinite(st.loss_sum));
+  *steps = st.optimizer_steps;
+  std::vector<Tensor> w;
+  for (const Tensor& p : model->parameters()) {
+    CHECK(p.device() == d);
+    w.push_back(p.cpu());
+  }
+  return w;
+}
+
+double max_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, test::max_abs_diff(a[i], b[i]));
+  return m;
+}
+}  // namespace
+
+TEST_CASE("cuda: accumulation 16x4 equals 64 on the device and matches the CPU") {
+  int64_t s64 = 0, s16 = 0, scpu = 0, swrong = 0;
+  const std::vector<Tensor> big = train_one_epoch(kGpu, 64, 1, optim::Normalize::samples, &s64);
+  const std::vector<Tensor> acc = train_one_epoch(kGpu, 16, 4, optim::Normalize::samples, &s16);
+  const std::vector<Tensor> cpu = train_one_epoch(Device::cpu(), 64, 1, optim::Normalize::samples, &scpu);
+  const std::vector<Tensor> wrong = train_one_epoch(kGpu, 16, 4, optim::Normalize::micro_batches, &swrong);
+  CHECK(s64 == 125);  // 124 full windows and the short one
+  CHECK(s16 == 125);
+  CHECK(scpu == 125);
+  manual_seed(3);
+  auto init = nn::make_mlp({784, 64, 10})->parameters();
+  std::vector<Tensor> init_w(init.begin(), init.end());
+  CHECK(max_diff(big, init_w) > 1e-2);  // the weights did move
+  for (size_t i = 0; i < big.size(); ++i) {
+    INFO("parameter " << i << ": rel err 16x4 vs 64 (device) " << rel_err(acc[i], big[i]) << ", device vs CPU "
+                      << rel_err(big[i], cpu[i]));
+    CHECK(rel_err(acc[i], big[i]) < kStrict);
+    CHECK(rel_err(big[i], cpu[i]) < kStrict);
+  }
+  // The usual recipe (mean per micro-batch / N) is off on the short last window: well above
+  // rounding (on the CPU, tests/test_accumulate.cpp measures ~650x its 1e-6 bound).
+  MESSAGE("device: |64 - 16x4| = " << max_diff(big, acc) << ", |64 - 16x4 divided by N| = " << max_diff(big, wrong));
+  CHECK(max_diff(big, wrong) > 20e-6);
+}
+
+TEST_CASE("cuda: the step statistics stay on the device and a NaN loss is named at the step") {
+  manual_seed(4);
+  auto model = nn::make_mlp({6, 8, 3});
+  model->to(kGpu);
+  optim::SGD opt(model->parameters(), {.lr = 0.1f});
+  optim::Accumulator acc(opt, {.steps = 2, .clip_norm = 0.5f});
+  double want = 0;
+  for (int m = 0; m < 3; ++m) {  // three micro-batches with N = 2: the window outgrows it once
+    Tensor x = rand_tensor({5, 6}, 40 + m).to(kGpu);
+    Tensor loss = cross_entropy(model->forward(x), labels(5, 3, 50 + m).to(kGpu), Reduction::sum);
+    want += loss.item();
+    acc.backward(loss, 5);
+  }
+  const optim::StepInfo info = acc.step();
+  CHECK(info.samples == 15);
+  CHECK(info.micro_batches == 3);
+  CHECK(std::abs(info.loss_sum - want) <= 1e-6 * std::abs(want));
+  CHECK(std::isfinite(info.grad_norm));
+  CHECK(info.clip_coef <= 1.0f);
+  Tensor x = rand_tensor({5, 6}, 60).to(kGpu);
+  Tensor loss = scale(cross_entropy(model->forward(x), labels(5, 3, 61).to(kGpu), Reduction::sum), std::nanf(""));
+  acc.backward(loss, 5);
+  CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("at micro-batch 1 of 1"), Error);
+  CHECK(acc.pending_micro_batches() == 0);
+}
+
+namespace {
+std::shared_ptr<nn::Sequential> ckpt_mlp() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(20, 32);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.3f);
+  m->add<nn::Linear>(32, 24);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.4f);
+  m->add<nn::Linear>(24, 5);
+  return m;
+}
+
+std::shared_ptr<nn::Sequential> ckpt_cnn() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Conv2d>(3, 4, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::MaxPool2d>(2);
+  m->add<nn::Conv2d>(4, 6, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::AdaptiveAvgPool2d>(3, 3);
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(54, 10);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.5f);
+  m->add<nn::Linear>(10, 3);
+  return m;
+}
+
+// One training-mode forward/backward under `plan`, dropout from seed 77, into zeroed buffers;
+// the parameters' gradients and the input's, on the host.
+std::vector<Tensor> ckpt_grads(nn::Sequential& m, const std::vector<nn::Segment>& plan, const Tensor& x_data,
+                               const Tensor& target) {
+  const Device d = m.parameters()[0].device();
+  m.zero_grad();
+  for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, d}));
+  Tensor x = x_data.to(d).requires_grad_();
+  manual_seed(77);
+  cross_entropy(nn::forward_with_plan(m, plan, x), target.to(d)).backward();
+  std::vector<Tensor> g;
+  for (const Tensor& p : m.parameters()) g.push_back(p.grad().cpu());
+  g.push_back(x.grad().cpu());
+  return g;
+}
+}  // namespace
+
+TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the device, dropout included") {
+  Tf32Conv off(false);
+  struct Case {
+    const char* name;
+    std::shared_ptr<nn::Sequential> (*make)();
+    Shape in;
+    std::vector<std::vector<nn::Segment>> plans;
+  };
+  const std::vector<Case> cases = {
+      {"MLP with dropout", ckpt_mlp, {7, 4, 5}, {{{0, 8}}, {{1, 4}, {4, 7}}, {{3, 4}}, {{2, 3}, {5, 8}}}},
+      {"CNN with dropout", ckpt_cnn, {3, 3, 11, 13}, {{{0, 3}}, {{0, 2}, {2, 5}}, {{0, 11}}, {{1, 2}, {4, 8}, {9, 10}}}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    manual_seed(5);
+    auto cpu_model = c.make();
+    manual_seed(5);
+    auto m = c.make();
+    m->to(kGpu);
+    const Tensor x = rand_tensor(c.in, 12);
+    const Tensor t = labels(c.in[0], c.name[0] == 'M' ? 5 : 3, 13);
+    const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
+    // The device computes what the host does (dropout masks from the same (seed, offset)).
+    const std::vector<Tensor> host = ckpt_grads(*cpu_model, {}, x, t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
+      CHECK(rel_err(ref[i], host[i]) < kStrict);
+    }
+    // Bit-identity under checkpointing can be no stronger than the kernels' own run-to-run
+    // determinism: cuDNN's heuristics may pick a backward algorithm that adds with atomics.
+    const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
+    bool deterministic = true;
+    for (size_t i = 0; i < ref.size(); ++i) deterministic = deterministic && test::bit_equal(again[i], ref[i]);
+    if (!deterministic) MESSAGE(c.name << ": two plain runs differ on this device (non-deterministic kernels): "
+                                          "checkpointed runs held to " << kStrict << " instead of bit equality");
+    for (const auto& plan : c.plans) {
+      nn::Plan p;
+      p.segments = plan;
+      const std::vector<Tensor> got = ckpt_grads(*m, plan, x, t);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
+        if (deterministic) CHECK(test::bit_equal(got[i], ref[i]));
+        else CHECK(rel_err(got[i], ref[i]) < kStrict);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchmark on and off") {
+  for (bool bench : {false, true}) {
+    cuda::set_cudnn_benchmark(bench);
+    INFO("cudnn benchmark " << bench);
+    manual_seed(1);
+    auto m = ckpt_cnn();
+    m->to(kGpu);
+    m->train();
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    // Shapes no other test used, so the first measurement meets cold algorithm caches.
+    const Shape in{5, 3, 37 + (bench ? 2 : 0), 41};
+    const nn::ChainCost first = nn::measure_chain(*m, in);
+    const nn::ChainCost second = nn::measure_chain(*m, in);
+    // Algorithm searches and context creation happen once, outside what is measured.
+    CHECK(first.fixed_bytes == second.fixed_bytes);
+    for (size_t u = 0; u < first.units.size(); ++u) {
+      INFO("unit " << u << " " << first.units[u].name);
+      CHECK(first.units[u].fwd_peak == second.units[u].fwd_peak);
+      CHECK(first.units[u].bwd_peak == second.units[u].bwd_peak);
+      CHECK(first.units[u].extra_bytes == second.units[u].extra_bytes);
+    }
+    const size_t lo = nn::min_feasible_peak(first), hi = nn::plan_none(first).predicted_peak;
+    for (const nn::Plan& p : {nn::plan_none(first), nn::plan_sqrt(first), nn::plan_min_peak(first),
+                              nn::plan_budget(first, lo + (hi - lo) / 2)}) {
+      Tensor x = rand_tensor(in, 31).to(kGpu);
+      Tensor target = labels(in[0], 3, 32).to(kGpu);
+      cuda::synchronize(0);
+      reset_peak_memory_stats(kGpu);
+      opt.zero_grad();
+      {
+        Tensor loss = cross_entropy(nn::forward_with_plan(*m, p, x), target);
+        loss.backward();
+        opt.step();
+      }
+      cuda::synchronize(0);
+      const size_t measured = memory_stats(kGpu).peak_in_use;
+      const double ratio = static_cast<double>(measured) / static_cast<double>(p.predicted_peak);
+      INFO("plan " << p.kind << " " << p.str() << ": predicted " << p.predicted_peak << ", measured " << measured);
+      CHECK(ratio > 0.9);
+      CHECK(ratio < 1.1);
+    }
+  }
+  cuda::set_cudnn_benchmark(false);
+}
+
+TEST_CASE("cuda: a training state saved from the device resumes on the device bit for bit") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("mg_test_cuda_" + std::to_string(::getpid()) + ".state.safetensors")).string();
+  auto a = mlp_for_moves(9);
+  a->to(kGpu);
+  optim::Adam opt_a(a->parameters(), {.lr = 1e-2f});
+  three_steps(*a, opt_a, kGpu, 400);
+  manual_seed(1234);
+  default_generator().advance(5);
+  optim::save_train_state(path, *a, opt_a, {.epoch = 2});
+  auto b = mlp_for_moves(10);  // other weights, overwritten by the load
+  b->to(kGpu);
+  optim::Adam opt_b(b->parameters(), {.lr = 1e-2f});
+  manual_seed(0);
+  const optim::TrainState st = optim::load_train_state(path, *b, opt_b);
+  std::filesystem::remove(path);
+  CHECK(st.epoch == 2);
+  CHECK(opt_b.step_count() == 3);
+  CHECK(default_generator().seed() == 1234);
+  auto sa = opt_a.state_tensors(), sb = opt_b.state_tensors();
+  for (size_t i = 0; i < sa.size(); ++i) {
+    CHECK(sb[i].second.is_cuda());
+    CHECK(test::bit_equal(sb[i].second.cpu(), sa[i].second.cpu()));
+  }
+  three_steps(*a, opt_a, kGpu, 500);
+  three_steps(*b, opt_b, kGpu, 500);
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CHECK(pb[i].is_cuda());
+    CHECK(test::bit_equal(pb[i].cpu(), pa[i].cpu()));
+  }
 }
 
 #endif  // MINIGRAD_WITH_CUDA
