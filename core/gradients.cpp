@@ -71,7 +71,8 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads,
     case OpKind::max_pool2d: {
       // dx[argmax of each window] += dy
       grads[0] = empty_like_input(n, 0, d);
-      MG_DISPATCH(d, max_pool2d_backward, grads[0], gy, n.saved[0]);
+      MG_DISPATCH(d, max_pool2d_backward, grads[0], gy, n.saved[0], n.attrs.kernel_h, n.attrs.stride_h,
+                  n.attrs.pad_h);
       return;
     }
     case OpKind::adaptive_avg_pool2d: {

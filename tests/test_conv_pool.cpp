@@ -147,7 +147,7 @@ TEST_CASE("max_pool2d forward, indices and backward match PyTorch") {
     CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
     CHECK(idx.to_vector<int64_t>() == c["idx"].get<std::vector<int64_t>>());
     Tensor dx = poisoned(x.shape());
-    max_pool2d_backward<Cpu>(dx, dy, idx);
+    max_pool2d_backward<Cpu>(dx, dy, idx, kernel, stride, pad);
     CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
 
     Tensor xt = x.clone().requires_grad_();

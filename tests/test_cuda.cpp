@@ -25,12 +25,14 @@ const bool kSkipWithoutBackend = [] {
 }();
 }  // namespace
 #else
+#include <cstring>
 #include <functional>
 #include <random>
 
 #include "helpers.h"
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
+#include "kernels/pooling.h"
 #include "kernels/cuda/settings.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
@@ -773,24 +775,67 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
       INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
       CHECK(rel_err(ref[i], host[i]) < kStrict);
     }
-    // Bit-identity under checkpointing can be no stronger than the kernels' own run-to-run
-    // determinism: cuDNN's heuristics may pick a backward algorithm that adds with atomics.
+    // Deterministic convolutions are the default (Note [deterministic convolutions],
+    // kernels/cuda/conv2d.cu) and max-pool backward gathers without atomics: two plain runs,
+    // and every checkpointed run, give the same bits.
+    REQUIRE(cuda::cudnn_deterministic());
     const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
-    bool deterministic = true;
-    for (size_t i = 0; i < ref.size(); ++i) deterministic = deterministic && test::bit_equal(again[i], ref[i]);
-    if (!deterministic) MESSAGE(c.name << ": two plain runs differ on this device (non-deterministic kernels): "
-                                          "checkpointed runs held to " << kStrict << " instead of bit equality");
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(test::bit_equal(again[i], ref[i]));
     for (const auto& plan : c.plans) {
       nn::Plan p;
       p.segments = plan;
       const std::vector<Tensor> got = ckpt_grads(*m, plan, x, t);
       for (size_t i = 0; i < ref.size(); ++i) {
         INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
-        if (deterministic) CHECK(test::bit_equal(got[i], ref[i]));
-        else CHECK(rel_err(got[i], ref[i]) < kStrict);
+        CHECK(test::bit_equal(got[i], ref[i]));
       }
     }
   }
+}
+
+TEST_CASE("cuda: max-pool backward with overlapping windows is bit-identical to the CPU (no atomics)") {
+  // 3x3 stride 2 padding 1: windows overlap, and few distinct values make inputs the argmax of
+  // several windows, whose dy are then summed.
+  Tensor x = Tensor::from_vector([] {
+    std::vector<float> v(2 * 5 * 17 * 15);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 7919) % 4);
+    return v;
+  }(), {2, 5, 17, 15});
+  Tensor y = Tensor::empty({2, 5, 9, 8}), idx = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::i64});
+  max_pool2d_forward<Cpu>(y, idx, x, 3, 2, 1);
+  Tensor yg = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::f32, kGpu});
+  Tensor idxg = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::i64, kGpu});
+  max_pool2d_forward<Cuda>(yg, idxg, x.to(kGpu), 3, 2, 1);
+  CHECK(idxg.to_vector<int64_t>() == idx.to_vector<int64_t>());
+  Tensor dy = rand_tensor({2, 5, 9, 8}, 31);
+  Tensor dx = poisoned({2, 5, 17, 15}, Device::cpu()), dxg = poisoned({2, 5, 17, 15}, kGpu);
+  max_pool2d_backward<Cpu>(dx, dy, idx, 3, 2, 1);
+  max_pool2d_backward<Cuda>(dxg, dy.to(kGpu), idxg, 3, 2, 1);
+  CHECK(test::bit_equal(dxg.cpu(), dx));
+}
+
+TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run after run") {
+  Tf32Conv off(false);
+  for (bool bench : {false, true}) {
+    cuda::set_cudnn_benchmark(bench);
+    INFO("cudnn benchmark " << bench);
+    Tensor x = rand_tensor({8, 16, 19, 17}, 41).to(kGpu), w = rand_tensor({32, 16, 3, 3}, 42).to(kGpu);
+    Tensor dy = rand_tensor({8, 32, 19, 17}, 43).to(kGpu);
+    std::vector<std::vector<float>> runs;
+    for (int r = 0; r < 3; ++r) {
+      Tensor dx = Tensor::empty(x.shape(), TensorOptions{DType::f32, kGpu});
+      Tensor dw = Tensor::empty(w.shape(), TensorOptions{DType::f32, kGpu});
+      Tensor db = Tensor::empty({32}, TensorOptions{DType::f32, kGpu});
+      conv2d_backward<Cuda>(dx, dw, db, dy, x, w, 1, 1, false);
+      std::vector<float> all = dx.to_vector<float>(), vw = dw.to_vector<float>(), vb = db.to_vector<float>();
+      all.insert(all.end(), vw.begin(), vw.end());
+      all.insert(all.end(), vb.begin(), vb.end());
+      runs.push_back(std::move(all));
+    }
+    CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * sizeof(float)) == 0);
+  }
+  cuda::set_cudnn_benchmark(false);
 }
 
 TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchmark on and off") {

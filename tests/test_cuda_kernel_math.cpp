@@ -2,6 +2,7 @@
 // against the CPU kernels and naive references, so the index arithmetic and formulas the GPU
 // runs are checked on every machine, GPU or not.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -98,6 +99,44 @@ TEST_CASE("kernel math: max-pool windows give the CPU kernel's values and indice
         }
       }
     }
+  }
+}
+
+TEST_CASE("kernel math: the max-pool gradient gathered per input equals the CPU's scatter, bit for bit") {
+  struct Case { int h, w, k, s, pad; };
+  for (Case c : {Case{15, 13, 3, 2, 1}, Case{11, 9, 2, 2, 0}, Case{7, 10, 3, 1, 1}, Case{9, 7, 4, 3, 2},
+                 Case{12, 12, 5, 2, 2}, Case{6, 8, 2, 3, 0}, Case{1, 1, 1, 1, 0}}) {
+    CAPTURE(c.h); CAPTURE(c.w); CAPTURE(c.k); CAPTURE(c.s); CAPTURE(c.pad);
+    const int64_t planes = 3;
+    // Few distinct values: many ties, so overlapping windows often share an argmax and the
+    // gradient of one input is a sum of several dy (the order of the adds matters).
+    std::vector<float> v = random_values(static_cast<size_t>(planes * c.h * c.w), 70 + c.w, 3);
+    Tensor x = Tensor::from_vector(v, {1, planes, c.h, c.w});
+    const int oh = (c.h + 2 * c.pad - c.k) / c.s + 1, ow = (c.w + 2 * c.pad - c.k) / c.s + 1;
+    Tensor y = Tensor::empty({1, planes, oh, ow});
+    Tensor idx = Tensor::empty({1, planes, oh, ow}, TensorOptions{DType::i64});
+    max_pool2d_forward<Cpu>(y, idx, x, c.k, c.s, c.pad);
+    const std::vector<float> dy = random_values(static_cast<size_t>(planes * oh * ow), 90 + c.h);
+    Tensor dx = Tensor::full({1, planes, c.h, c.w}, 5.0f);
+    max_pool2d_backward<Cpu>(dx, Tensor::from_vector(dy, {1, planes, oh, ow}), idx, c.k, c.s, c.pad);
+    const std::vector<float> dx_cpu = dx.to_vector<float>();
+    const std::vector<int64_t> ix = idx.to_vector<int64_t>();
+    int shared = 0;  // inputs that are the argmax of more than one window
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      for (int hh = 0; hh < c.h; ++hh) {
+        for (int ww = 0; ww < c.w; ++ww) {
+          const float g = km::max_pool_grad(dy.data() + pl * oh * ow, ix.data() + pl * oh * ow, c.w, oh, ow, c.k, c.s,
+                                            c.pad, hh, ww);
+          const float want = dx_cpu[(pl * c.h + hh) * c.w + ww];
+          CAPTURE(pl); CAPTURE(hh); CAPTURE(ww);
+          CHECK(std::memcmp(&g, &want, sizeof g) == 0);
+          int windows = 0;
+          for (int64_t o = 0; o < int64_t{oh} * ow; ++o) windows += ix[pl * oh * ow + o] == int64_t{hh} * c.w + ww;
+          shared += windows > 1;
+        }
+      }
+    }
+    if (c.s < c.k) CHECK(shared > 0);  // overlapping windows: the sums were really exercised
   }
 }
 

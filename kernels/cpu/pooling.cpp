@@ -61,7 +61,9 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
   }
 }
 
-template <> void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx) {
+template <>
+void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, int /*kernel*/, int /*stride*/,
+                             int /*pad*/) {
   const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
   const int64_t ohw = dy.size(2) * dy.size(3);
   const float* gp = dy.data<float>();

@@ -5,13 +5,18 @@
 //   backward: dx = conv_transpose(dy, w) (cudnnConvolutionBackwardData)    (=), skipped if undefined
 //             dw = corr(x, dy)  (cudnnConvolutionBackwardFilter, beta = accumulate)  (= or +=)
 //             db = sum_{n,i,j} dy (cudnnConvolutionBackwardBias, beta = accumulate)  (= or +=)
-// Algorithms: chosen once per (device, shape, stride, pad, math mode, workspace limit, mode) and
+// Algorithms: chosen once per (device, shape, stride, pad, math mode, workspace limit, mode, determinism) and
 // cached. Default: cuDNN's heuristics (cudnnGet*_v7); benchmark mode (set_cudnn_benchmark)
 // times them all once (cudnnFind*Ex). Only algorithms whose workspace fits
 // mg::cuda::conv_workspace_limit() are used; the workspace comes from the caching allocator.
 // Math (Note [cuda math modes], docs/cuda.md): TF32 allowed by default (CUDNN_DEFAULT_MATH, as
 // PyTorch's allow_tf32 for cuDNN), strict FP32 after set_tf32_conv(false) (CUDNN_FMA_MATH; an
 // algorithm is then used only if cuDNN reports it runs in FMA math).
+// Determinism (Note [deterministic convolutions]): by default only algorithms cuDNN reports as
+// CUDNN_DETERMINISTIC are used, so the same inputs give the same bits run after run: a
+// checkpointed segment's replayed backward equals the plain one, and accumulation's exactness
+// tests hold on the GPU. The backward fallbacks are then ALGO_1 (deterministic) instead of
+// ALGO_0 (atomics). set_cudnn_deterministic(false) admits every algorithm.
 #include <mutex>
 #include <unordered_map>
 
@@ -23,14 +28,15 @@ namespace {
 
 struct ConvKey {
   int dev, n, c, h, w, o, kh, kw, stride, pad;
-  bool tf32, benchmark;
+  bool tf32, benchmark, deterministic;
   size_t ws_limit;
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
     size_t hsh = 1469598103934665603ull;
-    for (int v : {k.dev, k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, int{k.tf32}, int{k.benchmark}})
+    for (int v : {k.dev, k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, int{k.tf32}, int{k.benchmark},
+                  int{k.deterministic}})
       hsh = (hsh ^ static_cast<size_t>(v)) * 1099511628211ull;
     return hsh ^ k.ws_limit;
   }
@@ -102,6 +108,7 @@ Choice pick(const Perf* perf, int count, const ConvKey& k) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > k.ws_limit) continue;
     if (!k.tf32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
     return Choice{true, static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].memory};
   }
   return Choice{};
@@ -151,10 +158,11 @@ Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const f
   }
   Choice c = pick(perf, count, k);
   if (!c.set) {  // the last resort, in FMA math; its workspace (none, or little) is asked, not assumed
-    c = Choice{true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_FMA_MATH, 0};
+    // ALGO_0 adds with atomics (not deterministic); ALGO_1 is.
+    const auto algo = k.deterministic ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    c = Choice{true, algo, CUDNN_FMA_MATH, 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
-    MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x,
-                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, &c.workspace));
+    MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &c.workspace));
   }
   return c;
 }
@@ -174,11 +182,11 @@ Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const
                                                                  &count, perf, ws.get(), ws.size()));
   }
   Choice c = pick(perf, count, k);
-  if (!c.set) {  // as for backward data
-    c = Choice{true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_FMA_MATH, 0};
+  if (!c.set) {  // as for backward data: ALGO_0 (and ALGO_3) use atomics, ALGO_1 does not
+    const auto algo = k.deterministic ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    c = Choice{true, algo, CUDNN_FMA_MATH, 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
-    MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w,
-                                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, &c.workspace));
+    MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &c.workspace));
   }
   return c;
 }
@@ -212,6 +220,7 @@ ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, i
   k.pad = pad;
   k.tf32 = cuda::tf32_conv();
   k.benchmark = cuda::cudnn_benchmark();
+  k.deterministic = cuda::cudnn_deterministic();
   k.ws_limit = cuda::conv_workspace_limit();
   return k;
 }

@@ -14,6 +14,8 @@ namespace mg::cuda::math {
 
 // ---- pooling (x plane: h x w, row-major) -----------------------------------------------------
 
+MG_HOST_DEVICE int min_int(int a, int b) { return a < b ? a : b; }
+
 // Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
 // in row-major window order wins, a NaN wins over numbers and the last NaN wins (as PyTorch's
 // CPU and CUDA kernels and kernels/cpu/pooling.cpp). idx = hh * w + ww.
@@ -37,6 +39,25 @@ MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s,
   }
   *y = best;
   *idx = best_idx;
+}
+
+// d x[hh, ww] of max pooling, gathered: the windows that can hold (hh, ww) are rows i with
+// i s - pad <= hh < i s - pad + k (likewise columns); each whose argmax is (hh, ww) adds its dy.
+// Visiting them in row-major output order adds the same values in the same order as the CPU
+// kernel's scatter (kernels/cpu/pooling.cpp), so the result is bit-identical to it, with no
+// atomics (deterministic).
+MG_HOST_DEVICE float max_pool_grad(const float* dyp, const int64_t* idxp, int w, int oh, int ow, int k, int s,
+                                   int pad, int hh, int ww) {
+  // First window reaching row hh: i >= (hh + pad - k + 1) / s, rounded up, and >= 0.
+  const int r0 = hh + pad - k + 1, c0 = ww + pad - k + 1;
+  const int i0 = r0 <= 0 ? 0 : (r0 + s - 1) / s, j0 = c0 <= 0 ? 0 : (c0 + s - 1) / s;
+  const int i1 = min_int((hh + pad) / s, oh - 1), j1 = min_int((ww + pad) / s, ow - 1);
+  const int64_t self = int64_t{hh} * w + ww;
+  float g = 0.0f;
+  for (int i = i0; i <= i1; ++i)
+    for (int j = j0; j <= j1; ++j)
+      if (idxp[int64_t{i} * ow + j] == self) g += dyp[int64_t{i} * ow + j];
+  return g;
 }
 
 // PyTorch's adaptive windows: output i of `out` covers [floor(i in / out), ceil((i+1) in / out)).

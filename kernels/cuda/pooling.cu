@@ -2,8 +2,9 @@
 // max_pool2d: y = max over each KxK window (stride s, implicit -inf padding p); the first
 //             maximum in row-major window order wins, NaN propagates (as PyTorch);
 //             idx (int64, shape of y) = argmax as h * W + w within the plane.       (=)
-//   backward: dx = 0, then dx[plane, idx] += dy: one thread per output, atomicAdd
-//             (windows overlap when s < K).                                           (=)
+//   backward: dx[plane, e] = sum of dy over the windows whose argmax is e: one thread per
+//             input element gathers from the at most ceil(K/s)^2 windows that can hold it, in
+//             output order: no atomics, bit-identical to the CPU's scatter.             (=)
 // adaptive_avg_pool2d: window i spans rows [floor(i H / OH), ceil((i+1) H / OH)), likewise
 //             columns (PyTorch's rule); y = mean over the window.                     (=)
 //   backward: dx[h, w] = sum over windows containing (h, w) of dy / window size: one thread
@@ -26,11 +27,14 @@ __global__ void max_pool2d_forward_kernel(float* y, int64_t* idx, const float* x
   }
 }
 
-__global__ void max_pool2d_backward_kernel(float* dx, const float* dy, const int64_t* idx, int64_t total,
-                                           int64_t out_plane, int64_t in_plane) {
-  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t plane = o / out_plane;
-    atomicAdd(dx + plane * in_plane + idx[o], dy[o]);
+__global__ void max_pool2d_backward_kernel(float* dx, const float* dy, const int64_t* idx, int64_t planes, int h,
+                                           int w, int oh, int ow, int k, int s, int pad) {
+  const int64_t total = planes * h * w;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int ww = static_cast<int>(e % w);
+    const int hh = static_cast<int>((e / w) % h);
+    const int64_t out = (e / (int64_t{h} * w)) * oh * ow;
+    dx[e] = cuda::math::max_pool_grad(dy + out, idx + out, w, oh, ow, k, s, pad, hh, ww);
   }
 }
 
@@ -79,15 +83,18 @@ void max_pool2d_forward<Cuda>(Tensor& y, Tensor& idx, const Tensor& x, int kerne
   MG_CUDA_CHECK_LAUNCH();
 }
 
-template <> void max_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& idx) {
+template <>
+void max_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& idx, int kernel, int stride, int pad) {
+  const int64_t planes = dx.size(0) * dx.size(1);
+  const int h = as_int(dx.size(2), "H"), w = as_int(dx.size(3), "W");
+  const int oh = as_int(dy.size(2), "OH"), ow = as_int(dy.size(3), "OW");
+  as_int(int64_t{h} * w, "H*W");
+  MG_CHECK(kernel >= 1 && stride >= 1 && pad >= 0, "max_pool2d backward: kernel " << kernel << ", stride " << stride
+                                                       << ", padding " << pad);
   if (dx.numel() == 0) return;
-  const int dev = cuda::device_of(dx);
-  cuda::DeviceGuard guard(dev);
-  MG_CUDA_CHECK(cudaMemsetAsync(dx.raw_data(), 0, dx.nbytes(), cuda::context(dev).stream));
-  if (dy.numel() == 0) return;
-  max_pool2d_backward_kernel<<<grid_capped(dy.numel()), cuda::kThreads>>>(
-      dx.data<float>(), dy.data<float>(), idx.data<int64_t>(), dy.numel(), dy.size(2) * dy.size(3),
-      dx.size(2) * dx.size(3));
+  cuda::DeviceGuard guard(cuda::device_of(dx));
+  max_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads>>>(
+      dx.data<float>(), dy.data<float>(), idx.data<int64_t>(), planes, h, w, oh, ow, kernel, stride, pad);
   MG_CUDA_CHECK_LAUNCH();
 }
 
