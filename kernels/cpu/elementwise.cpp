@@ -43,7 +43,7 @@ template <> void zero_many<Cpu>(const std::vector<Tensor>& ys) {
     MG_CHECK(y.dtype() == DType::f32 && y.device().is_cpu(),
              "zero_many: expected float32 tensors on cpu, got " << dtype_name(y.dtype()) << " on " << y.device().str());
   }
-  for (const Tensor& y : ys) std::memset(y.raw_data(), 0, y.nbytes());
+  for (Tensor y : ys) fill<Cpu>(y, 0.0f);  // each split over the OpenMP threads when large
 }
 
 void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tensor& out, int64_t slot) {
