@@ -26,8 +26,11 @@ template <class D> void fill(Tensor& y, float v);
 template <class D> void zero_many(const std::vector<Tensor>& ys);
 template <class D> void sum_squares_into(const std::vector<Tensor>& xs, Tensor& out, int64_t slot);
 template <class D> void store_scalar(Tensor& out, int64_t slot, const Tensor& x);
-// The argument checks both devices' sum_squares_into and store_scalar make.
+// The argument checks both devices' multi-tensor kernels make (one place): every tensor float32
+// on `d`; the statistics tensor float64 with `slot` inside it.
+void check_float_list(const char* op, const std::vector<Tensor>& xs, Device d);
 void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tensor& out, int64_t slot);
+void check_store_scalar_args(const Tensor& out, int64_t slot, const Tensor& x);
 // Copies bytes between two tensors of equal size on any pair of devices (D = the non-CPU side).
 template <class D> void copy_bytes(Tensor& dst, const Tensor& src);
 }  // namespace mg

@@ -93,4 +93,35 @@ inline void gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
   }
 }
 
+// Two small models with dropout (input (N, 4, 5) and (N, 3, H, W)) for checkpointing tests
+// on either device: every layer kind of the library appears in one of them.
+inline std::shared_ptr<nn::Sequential> mlp_with_dropout() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(20, 32);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.3f);
+  m->add<nn::Linear>(32, 24);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.4f);
+  m->add<nn::Linear>(24, 5);
+  return m;
+}
+
+inline std::shared_ptr<nn::Sequential> small_cnn() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Conv2d>(3, 4, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::MaxPool2d>(2);
+  m->add<nn::Conv2d>(4, 6, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::AdaptiveAvgPool2d>(3, 3);
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(54, 10);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.5f);
+  m->add<nn::Linear>(10, 3);
+  return m;
+}
+
 }  // namespace mg::test

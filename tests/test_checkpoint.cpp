@@ -8,40 +8,13 @@
 
 using namespace mg;
 using mg::test::bit_equal;
+using mg::test::mlp_with_dropout;
 using mg::test::rand_tensor;
+using mg::test::small_cnn;
 
 namespace {
 
 const Device kCpu = Device::cpu();
-
-std::shared_ptr<nn::Sequential> mlp_with_dropout() {
-  auto m = std::make_shared<nn::Sequential>();
-  m->add<nn::Flatten>();
-  m->add<nn::Linear>(20, 32);
-  m->add<nn::ReLU>();
-  m->add<nn::Dropout>(0.3f);
-  m->add<nn::Linear>(32, 24);
-  m->add<nn::ReLU>();
-  m->add<nn::Dropout>(0.4f);
-  m->add<nn::Linear>(24, 5);
-  return m;
-}
-
-std::shared_ptr<nn::Sequential> small_cnn() {
-  auto m = std::make_shared<nn::Sequential>();
-  m->add<nn::Conv2d>(3, 4, 3, 1, 1);
-  m->add<nn::ReLU>();
-  m->add<nn::MaxPool2d>(2);
-  m->add<nn::Conv2d>(4, 6, 3, 1, 1);
-  m->add<nn::ReLU>();
-  m->add<nn::AdaptiveAvgPool2d>(3, 3);
-  m->add<nn::Flatten>();
-  m->add<nn::Linear>(54, 10);
-  m->add<nn::ReLU>();
-  m->add<nn::Dropout>(0.5f);
-  m->add<nn::Linear>(10, 3);
-  return m;
-}
 
 struct StepResult {
   std::vector<Tensor> grads;  // parameters', then the input's

@@ -701,35 +701,6 @@ TEST_CASE("cuda: the step statistics stay on the device and a NaN loss is named 
 }
 
 namespace {
-std::shared_ptr<nn::Sequential> ckpt_mlp() {
-  auto m = std::make_shared<nn::Sequential>();
-  m->add<nn::Flatten>();
-  m->add<nn::Linear>(20, 32);
-  m->add<nn::ReLU>();
-  m->add<nn::Dropout>(0.3f);
-  m->add<nn::Linear>(32, 24);
-  m->add<nn::ReLU>();
-  m->add<nn::Dropout>(0.4f);
-  m->add<nn::Linear>(24, 5);
-  return m;
-}
-
-std::shared_ptr<nn::Sequential> ckpt_cnn() {
-  auto m = std::make_shared<nn::Sequential>();
-  m->add<nn::Conv2d>(3, 4, 3, 1, 1);
-  m->add<nn::ReLU>();
-  m->add<nn::MaxPool2d>(2);
-  m->add<nn::Conv2d>(4, 6, 3, 1, 1);
-  m->add<nn::ReLU>();
-  m->add<nn::AdaptiveAvgPool2d>(3, 3);
-  m->add<nn::Flatten>();
-  m->add<nn::Linear>(54, 10);
-  m->add<nn::ReLU>();
-  m->add<nn::Dropout>(0.5f);
-  m->add<nn::Linear>(10, 3);
-  return m;
-}
-
 // One training-mode forward/backward under `plan`, dropout from seed 77, into zeroed buffers;
 // the parameters' gradients and the input's, on the host.
 std::vector<Tensor> ckpt_grads(nn::Sequential& m, const std::vector<nn::Segment>& plan, const Tensor& x_data,
@@ -756,8 +727,8 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
     std::vector<std::vector<nn::Segment>> plans;
   };
   const std::vector<Case> cases = {
-      {"MLP with dropout", ckpt_mlp, {7, 4, 5}, {{{0, 8}}, {{1, 4}, {4, 7}}, {{3, 4}}, {{2, 3}, {5, 8}}}},
-      {"CNN with dropout", ckpt_cnn, {3, 3, 11, 13}, {{{0, 3}}, {{0, 2}, {2, 5}}, {{0, 11}}, {{1, 2}, {4, 8}, {9, 10}}}},
+      {"MLP with dropout", test::mlp_with_dropout, {7, 4, 5}, {{{0, 8}}, {{1, 4}, {4, 7}}, {{3, 4}}, {{2, 3}, {5, 8}}}},
+      {"CNN with dropout", test::small_cnn, {3, 3, 11, 13}, {{{0, 3}}, {{0, 2}, {2, 5}}, {{0, 11}}, {{1, 2}, {4, 8}, {9, 10}}}},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -843,7 +814,7 @@ TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchma
     cuda::set_cudnn_benchmark(bench);
     INFO("cudnn benchmark " << bench);
     manual_seed(1);
-    auto m = ckpt_cnn();
+    auto m = test::small_cnn();
     m->to(kGpu);
     m->train();
     optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});

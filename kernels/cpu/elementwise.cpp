@@ -39,11 +39,16 @@ template <> void fill<Cpu>(Tensor& y, float v) {
 }
 
 template <> void zero_many<Cpu>(const std::vector<Tensor>& ys) {
-  for (const Tensor& y : ys) {
-    MG_CHECK(y.dtype() == DType::f32 && y.device().is_cpu(),
-             "zero_many: expected float32 tensors on cpu, got " << dtype_name(y.dtype()) << " on " << y.device().str());
-  }
+  check_float_list("zero_many", ys, Device::cpu());
   for (Tensor y : ys) fill<Cpu>(y, 0.0f);  // each split over the OpenMP threads when large
+}
+
+void check_float_list(const char* op, const std::vector<Tensor>& xs, Device d) {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    MG_CHECK(xs[i].dtype() == DType::f32 && xs[i].device() == d,
+             op << ": tensor " << i << " is " << dtype_name(xs[i].dtype()) << " on " << xs[i].device().str()
+                << ", expected float32 on " << d.str());
+  }
 }
 
 void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tensor& out, int64_t slot) {
@@ -52,11 +57,13 @@ void check_stats_args(const char* op, const std::vector<Tensor>& xs, const Tenso
               << (out.defined() ? dtype_name(out.dtype()) : "an undefined tensor"));
   MG_CHECK(slot >= 0 && slot < out.numel(),
            op << ": slot " << slot << " outside a statistics tensor of " << out.numel() << " elements");
-  for (size_t i = 0; i < xs.size(); ++i) {
-    MG_CHECK(xs[i].dtype() == DType::f32 && xs[i].device() == out.device(),
-             op << ": tensor " << i << " is " << dtype_name(xs[i].dtype()) << " on " << xs[i].device().str()
-                << ", expected float32 on " << out.device().str() << " (the statistics tensor's device)");
-  }
+  check_float_list(op, xs, out.device());
+}
+
+void check_store_scalar_args(const Tensor& out, int64_t slot, const Tensor& x) {
+  MG_CHECK(x.defined() && x.numel() == 1, "store_scalar: expected a tensor of one element, got "
+                                              << (x.defined() ? shape_str(x.shape()) : "an undefined tensor"));
+  check_stats_args("store_scalar", {x}, out, slot);
 }
 
 template <> void sum_squares_into<Cpu>(const std::vector<Tensor>& xs, Tensor& out, int64_t slot) {
@@ -74,9 +81,7 @@ template <> void sum_squares_into<Cpu>(const std::vector<Tensor>& xs, Tensor& ou
 }
 
 template <> void store_scalar<Cpu>(Tensor& out, int64_t slot, const Tensor& x) {
-  MG_CHECK(x.defined() && x.numel() == 1, "store_scalar: expected a tensor of one element, got "
-                                              << (x.defined() ? shape_str(x.shape()) : "an undefined tensor"));
-  check_stats_args("store_scalar", {x}, out, slot);
+  check_store_scalar_args(out, slot, x);
   out.data<double>()[slot] = static_cast<double>(x.data<float>()[0]);
 }
 

@@ -11,7 +11,7 @@
 //   zero_many:    zeroes a list of tensors in one launch (a block per kChunk elements)
 //   copy_bytes:   cudaMemcpy(Async) between any two devices (host waits only when the host reads).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/multi_tensor.cuh"
 #include "kernels/elementwise.h"
 
 namespace mg {
@@ -51,60 +51,23 @@ __device__ double block_sum(double v) {
   return r;
 }
 
-// The tensors of one multi-tensor launch (sum_squares_into, zero_many) travel as a kernel
-// argument (as in optim.cu); each block handles kChunk elements of one tensor.
-constexpr int kMaxTensors = 256;  // 256 * 24 bytes: ~6 KB of the 32 KB argument limit
-constexpr int kChunk = 4096;      // elements per block
-
-struct ChunkList {
-  int count;
-  float* x[kMaxTensors];
-  int64_t n[kMaxTensors];
-  int64_t first_block[kMaxTensors + 1];
-};
+// Multi-tensor launches (kernels/cuda/multi_tensor.cuh): 256 tensors of one pointer each, ~6 KB.
+constexpr int kMaxTensors = 256;
+using ChunkList = cuda::ChunkList<1, kMaxTensors>;
 static_assert(sizeof(ChunkList) <= 32764, "kernel arguments are limited to 32764 bytes");
 
-// Calls launch(list, blocks) for each group of at most kMaxTensors non-empty tensors.
-template <class Launch>
-void for_each_chunk_list(const std::vector<Tensor>& xs, Launch launch) {
-  ChunkList l{};
-  int64_t blocks = 0;
-  auto flush = [&] {
-    if (l.count == 0) return;
-    l.first_block[l.count] = blocks;
-    MG_CHECK(blocks < (int64_t{1} << 31), "multi-tensor launch: too many elements");
-    launch(l, blocks);
-    l = ChunkList{};
-    blocks = 0;
-  };
-  for (const Tensor& x : xs) {
-    if (x.numel() == 0) continue;
-    const int k = l.count++;
-    l.x[k] = static_cast<float*>(x.raw_data());
-    l.n[k] = x.numel();
-    l.first_block[k] = blocks;
-    blocks += (x.numel() + kChunk - 1) / kChunk;
-    if (l.count == kMaxTensors) flush();
-  }
-  flush();
-}
-
 __global__ void zero_many_kernel(const __grid_constant__ ChunkList l) {
-  const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
-  const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
-  const int64_t end = min(begin + kChunk, l.n[t]);
-  float* x = l.x[t];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = 0.0f;
+  const cuda::Chunk c = cuda::chunk_of_block(l);
+  float* x = l.ptr[0][c.tensor];
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) x[i] = 0.0f;
 }
 
 // partial[block_offset + b] = sum of squares of block b's chunk.
 __global__ void sum_squares_partial_kernel(double* partial, const __grid_constant__ ChunkList l) {
-  const int t = cuda::math::tensor_of_block(l.first_block, l.count, blockIdx.x);
-  const int64_t begin = (blockIdx.x - l.first_block[t]) * int64_t{kChunk};
-  const int64_t end = min(begin + kChunk, l.n[t]);
-  const float* x = l.x[t];
+  const cuda::Chunk c = cuda::chunk_of_block(l);
+  const float* x = l.ptr[0][c.tensor];
   double s = 0.0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
   s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -168,13 +131,9 @@ template <> void fill<Cuda>(Tensor& y, float v) {
 
 template <> void zero_many<Cuda>(const std::vector<Tensor>& ys) {
   if (ys.empty()) return;
-  const Device d = ys[0].device();
-  for (const Tensor& y : ys) {
-    MG_CHECK(y.dtype() == DType::f32 && y.device() == d, "zero_many: expected float32 tensors on " << d.str()
-                                                             << ", got " << dtype_name(y.dtype()) << " on " << y.device().str());
-  }
+  check_float_list("zero_many", ys, ys[0].device());
   cuda::DeviceGuard guard(cuda::device_of(ys[0]));
-  for_each_chunk_list(ys, [&](const ChunkList& l, int64_t blocks) {
+  cuda::for_each_chunk_list<1, kMaxTensors>({&ys}, [&](const ChunkList& l, int64_t blocks) {
     zero_many_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(l);
     MG_CUDA_CHECK_LAUNCH();
   });
@@ -185,7 +144,7 @@ template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& o
   const int dev = cuda::device_of(out);
   cuda::DeviceGuard guard(dev);
   int64_t total_blocks = 0;
-  for (const Tensor& x : xs) total_blocks += (x.numel() + kChunk - 1) / kChunk;
+  for (const Tensor& x : xs) total_blocks += (x.numel() + cuda::kChunk - 1) / cuda::kChunk;
   double* result = out.data<double>() + slot;
   if (total_blocks == 0) {
     MG_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), cuda::kStream));
@@ -195,7 +154,7 @@ template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& o
   double* p = static_cast<double*>(partial.get());
   // One launch per kMaxTensors tensors, each writing its own range of the partials.
   int64_t offset = 0;
-  for_each_chunk_list(xs, [&](const ChunkList& l, int64_t blocks) {
+  cuda::for_each_chunk_list<1, kMaxTensors>({&xs}, [&](const ChunkList& l, int64_t blocks) {
     sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(p + offset, l);
     MG_CUDA_CHECK_LAUNCH();
     offset += blocks;
@@ -205,9 +164,7 @@ template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& o
 }
 
 template <> void store_scalar<Cuda>(Tensor& out, int64_t slot, const Tensor& x) {
-  MG_CHECK(x.defined() && x.numel() == 1, "store_scalar: expected a tensor of one element, got "
-                                              << (x.defined() ? shape_str(x.shape()) : "an undefined tensor"));
-  check_stats_args("store_scalar", {x}, out, slot);
+  check_store_scalar_args(out, slot, x);
   cuda::DeviceGuard guard(cuda::device_of(out));
   store_scalar_kernel<<<1, 1>>>(out.data<double>() + slot, x.data<float>());
   MG_CUDA_CHECK_LAUNCH();
