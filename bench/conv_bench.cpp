@@ -16,8 +16,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "kernels/cuda/settings.h"
-#include "minigrad.h"
+#include <minigrad/minigrad.h>
 
 namespace {
 
@@ -66,7 +65,7 @@ int main(int argc, char** argv) {
     mg::Generator gen(1);
     // Waits for all work on the device (not a copy of the result to the host, which would be timed).
     auto sync = [&](const mg::Tensor&) {
-      if (dev.is_cuda()) mg::cuda::synchronize(dev.index);
+      mg::synchronize(dev);
     };
     double total_fwd = 0, total_step = 0, total_gflop = 0, total_min_fwd = 0, total_min_step = 0;
     const auto layers = vgg16_convs(width_div, size);

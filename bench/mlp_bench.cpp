@@ -14,8 +14,8 @@
 
 #include <sys/resource.h>
 
-#include "kernels/cuda/settings.h"
-#include "minigrad.h"
+#include <minigrad/cuda.h>
+#include <minigrad/minigrad.h>
 
 // The process's peak resident set (Linux reports ru_maxrss in KiB), beside the allocator's figure.
 static int64_t peak_rss_bytes() {
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     };
     // The device finishes each step, optimizer update included, before the clock is read.
     auto wait = [&] {
-      if (dev.is_cuda()) mg::cuda::synchronize(dev.index);
+      mg::synchronize(dev);
     };
     for (int i = 0; i < warmup; ++i) step();
     wait();

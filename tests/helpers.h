@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "minigrad.h"
+#include <minigrad/minigrad.h>
 
 namespace mg::test {
 

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <limits>
 
-#include "data/dataset.h"
-#include "data/loader.h"
+#include <minigrad/data/dataset.h>
+#include <minigrad/data/loader.h>
 #include "helpers.h"
-#include "optim/accumulate.h"
-#include "optim/train_state.h"
+#include <minigrad/optim/accumulate.h>
+#include <minigrad/optim/train_state.h>
 
 using namespace mg;
 using mg::test::bit_equal;

@@ -33,19 +33,19 @@ const bool kSkipWithoutBackend = [] {
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
 #include "kernels/pooling.h"
-#include "kernels/cuda/settings.h"
+#include <minigrad/cuda.h>
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/optim.h"
-#include "core/checkpoint.h"
-#include "data/dataset.h"
-#include "data/loader.h"
-#include "nn/checkpoint_plan.h"
-#include "nn/models.h"
-#include "nn/serialize.h"
-#include "optim/accumulate.h"
-#include "optim/optimizer.h"
-#include "optim/train_state.h"
+#include <minigrad/core/checkpoint.h>
+#include <minigrad/data/dataset.h>
+#include <minigrad/data/loader.h>
+#include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/nn/models.h>
+#include <minigrad/nn/serialize.h>
+#include <minigrad/optim/accumulate.h>
+#include <minigrad/optim/optimizer.h>
+#include <minigrad/optim/train_state.h>
 
 using namespace mg;
 using test::rand_tensor;
@@ -835,7 +835,7 @@ TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchma
                               nn::plan_budget(first, lo + (hi - lo) / 2)}) {
       Tensor x = rand_tensor(in, 31).to(kGpu);
       Tensor target = labels(in[0], 3, 32).to(kGpu);
-      cuda::synchronize(0);
+      synchronize(Device::cuda(0));
       reset_peak_memory_stats(kGpu);
       opt.zero_grad();
       {
@@ -843,7 +843,7 @@ TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchma
         loss.backward();
         opt.step();
       }
-      cuda::synchronize(0);
+      synchronize(Device::cuda(0));
       const size_t measured = memory_stats(kGpu).peak_in_use;
       const double ratio = static_cast<double>(measured) / static_cast<double>(p.predicted_peak);
       INFO("plan " << p.kind << " " << p.str() << ": predicted " << p.predicted_peak << ", measured " << measured);

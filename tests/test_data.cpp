@@ -5,9 +5,9 @@
 #include <fstream>
 #include <set>
 
-#include "data/dataset.h"
-#include "data/idx.h"
-#include "data/loader.h"
+#include <minigrad/data/dataset.h>
+#include <minigrad/data/idx.h>
+#include <minigrad/data/loader.h>
 #include "helpers.h"
 
 using namespace mg;

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "helpers.h"
-#include "nn/models.h"
+#include <minigrad/nn/models.h>
 
 using namespace mg;
 using nlohmann::json;

@@ -7,7 +7,7 @@
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb/stb_image_write.h>
 
-#include "data/image_folder.h"
+#include <minigrad/data/image_folder.h>
 #include "helpers.h"
 
 using namespace mg;

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "helpers.h"
-#include "nn/checkpoint_plan.h"
+#include <minigrad/nn/checkpoint_plan.h>
 
 using namespace mg;
 

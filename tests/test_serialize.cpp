@@ -15,8 +15,8 @@
 #include <string>
 
 #include "helpers.h"
-#include "nn/models.h"
-#include "nn/serialize.h"
+#include <minigrad/nn/models.h>
+#include <minigrad/nn/serialize.h>
 
 namespace fs = std::filesystem;
 using namespace mg;

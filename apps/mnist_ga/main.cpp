@@ -18,11 +18,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "data/dataset.h"
-#include "data/loader.h"
-#include "minigrad.h"
-#include "optim/accumulate.h"
-#include "optim/train_state.h"
+#include <minigrad/data/dataset.h>
+#include <minigrad/data/loader.h>
+#include <minigrad/minigrad.h>
+#include <minigrad/optim/accumulate.h>
+#include <minigrad/optim/train_state.h>
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

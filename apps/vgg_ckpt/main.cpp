@@ -23,10 +23,10 @@
 #include <numeric>
 #include <optional>
 
-#include "data/image_folder.h"
-#include "kernels/cuda/settings.h"
-#include "minigrad.h"
-#include "nn/checkpoint_plan.h"
+#include <minigrad/data/image_folder.h>
+#include <minigrad/cuda.h>
+#include <minigrad/minigrad.h>
+#include <minigrad/nn/checkpoint_plan.h>
 
 namespace {
 
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
       yh = Tensor();
 
       mg::reset_peak_memory_stats(dev);
-      if (dev.is_cuda()) mg::cuda::synchronize(dev.index);  // the batch's copy is not timed
+      mg::synchronize(dev);  // the batch's copy is not timed
       const auto t0 = std::chrono::steady_clock::now();
       const std::clock_t c0 = std::clock();
       opt.zero_grad();

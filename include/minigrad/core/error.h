@@ -1,0 +1,40 @@
+// Errors. Every failure the library can see is thrown as mg::Error; the library never exits or
+// aborts, so the user's program decides what to do.
+//
+//   MG_CHECK(x.dim() == 2, "linear: input must be 2-D, got shape " << shape_str(x.shape()));
+//
+// One family of check macros, generated from MG_CHECK_GEN: MG_CHECK here, MG_CUDA_CHECK,
+// MG_CUBLAS_CHECK and MG_CUDNN_CHECK in src/kernels/cuda/cuda_check.h. Each message carries the
+// failed expression, the file and line, and (for library calls) the library's own error string.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace mg {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const char* expr, const char* file, int line, const std::string& msg);
+}  // namespace detail
+
+}  // namespace mg
+
+// MG_CHECK_GEN(ok, expr_text, message-stream): throws mg::Error when `ok` is false.
+#define MG_CHECK_GEN(ok, expr_text, msg)                                   \
+  do {                                                                     \
+    if (!(ok)) {                                                           \
+      std::ostringstream mg_check_os_;                                     \
+      mg_check_os_ << msg;                                                 \
+      ::mg::detail::throw_error(expr_text, __FILE__, __LINE__, mg_check_os_.str()); \
+    }                                                                      \
+  } while (0)
+
+#define MG_CHECK(cond, msg) MG_CHECK_GEN((cond), #cond, msg)
+// An argument error where no expression is worth printing.
+#define MG_FAIL(msg) MG_CHECK_GEN(false, nullptr, msg)

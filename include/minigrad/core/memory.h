@@ -1,0 +1,35 @@
+// Allocators: one per device, and the single source of truth for every memory figure this
+// project reports (tests, apps, benchmarks, docs).
+//
+//   mg::reset_peak_memory_stats(mg::Device::cpu());
+//   train_step();
+//   auto s = mg::memory_stats(mg::Device::cpu());
+//   std::printf("peak in use: %zu bytes\n", s.peak_in_use);
+//
+// in_use counts the bytes of live tensors (as requested, before rounding); reserved counts what
+// the allocator holds from the system, including cached free blocks (the CPU allocator caches
+// nothing, so there reserved == in_use). Workspaces of cuBLAS/cuDNN are allocated here too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <minigrad/core/device.h>
+
+namespace mg {
+
+struct MemoryStats {
+  size_t in_use = 0;         // bytes in live allocations
+  size_t peak_in_use = 0;    // high-water mark of in_use since the last reset
+  size_t reserved = 0;       // bytes held from the system (in use + cached)
+  size_t peak_reserved = 0;  // high-water mark of reserved since the last reset
+  uint64_t alloc_count = 0;  // allocations served since start
+  uint64_t system_alloc_count = 0;  // calls to the system allocator (malloc / cudaMalloc)
+};
+
+MemoryStats memory_stats(Device d);
+void reset_peak_memory_stats(Device d);
+// Returns cached, unused memory of the device's allocator to the system.
+void empty_cache(Device d);
+
+}  // namespace mg

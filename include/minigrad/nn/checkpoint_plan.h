@@ -1,0 +1,141 @@
+// Checkpointing for chain models (Sequential): PyTorch's checkpoint_sequential, a forward pass
+// that follows a plan, and a planner that picks the plan from a cost model of the chain.
+//
+//   auto vgg = mg::nn::make_vgg16(2, 8);
+//   mg::nn::ChainCost cost = mg::nn::measure_chain(*vgg, {8, 3, 224, 224});   // one measured step
+//   mg::nn::Plan plan = mg::nn::make_plan(cost, "budget=120MB");    // or none, sqrt, segments=4
+//   std::printf("%s, predicted peak %zu bytes\n", plan.str().c_str(), plan.predicted_peak);
+//   Tensor logits = mg::nn::forward_with_plan(*vgg, plan, x);
+//
+// Note [checkpoint cost model]
+// ----------------------------
+// The planner works on units: a layer, merged with the view layers (Flatten) in front of it, so
+// that no unit's output shares storage with the next unit's. For each unit, one measured pass
+// (allocator statistics, unit by unit, the kernels and thread count of the real run) gives:
+//   out      bytes of its output;          extra   bytes its tape nodes keep besides input and
+//   si, so   whether its nodes keep its    fwd     output (max-pool indices, ...);
+//            input / its output;           bwd     peak above what was live, in forward
+//   flops    forward work (from shapes).             (output, extra, workspace) and in backward
+//                                                    (input gradient, workspace).
+// With A_k the bytes of activation k (A_0 the input, A_k the output of unit k-1) and F the fixed
+// part (parameters, gradient buffers, optimizer state, targets: whatever is in use when the
+// planner runs, plus the targets), a training step under a plan goes:
+//   forward   unit u runs with F + R + A_u + fwd_u live, where R is what earlier units keep:
+//             A_k when a plain neighbour keeps it (so_{k-1} or si_k) or it is the input of a
+//             checkpointed segment, plus extra_u of plain units. A segment runs like plain units,
+//             then drops everything but its input.
+//   loss      F + R + A_n + 2 A_n (probabilities, gradient of the logits).
+//   backward  in reverse; earlier units still hold R. A plain unit: F + R + kept A_u, extra_u,
+//             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input stays live while the
+//             segment is replayed like plain units (with the incoming gradient waiting) and
+//             backpropagated unit by unit; the input gradient is copied once into the fresh
+//             boundary leaf at the end.
+// The predicted peak is the largest of these. The budget planner is a dynamic programme over the
+// chain: the state after a prefix is (R, whether the last plain unit keeps its output), every
+// constraint of a piece depends only on that state and the piece, and labels are pruned by
+// Pareto dominance on (R, recomputed flops), so the result is the least recomputation of all
+// plans whose predicted peak fits (tests/test_planner.cpp checks it against enumeration).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/tensor.h>
+#include <minigrad/nn/module.h>
+
+namespace mg::nn {
+
+// A checkpointed range of layers [begin, end) of a Sequential.
+struct Segment {
+  size_t begin = 0, end = 0;
+  bool operator==(const Segment&) const = default;
+};
+
+struct Plan {
+  std::string kind;               // "none", "segments=4", "sqrt", "budget=120MB"
+  std::vector<Segment> segments;  // checkpointed layer ranges, increasing and disjoint
+  size_t predicted_peak = 0;      // bytes in use at the peak of a training step (the cost model)
+  double recompute_flops = 0;     // forward work done again in backward
+  size_t budget = 0;              // budget= plans only
+  std::string str() const;        // "[0,6) [6,12)" or "no checkpointing"
+};
+
+// Runs seq's layers; every segment of the plan runs under mg::checkpoint, the rest normally.
+Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, const Tensor& x);
+inline Tensor forward_with_plan(Sequential& seq, const Plan& plan, const Tensor& x) {
+  return forward_with_plan(seq, plan.segments, x);
+}
+
+// torch.utils.checkpoint.checkpoint_sequential's split of n layers into `segments` pieces:
+// size n / segments each, the first segments - 1 checkpointed, the last (with the remainder)
+// run normally.
+std::vector<Segment> pytorch_segments(size_t num_layers, int64_t segments);
+Tensor checkpoint_sequential(Sequential& seq, int64_t segments, const Tensor& x);
+
+// ---- cost model (Note [checkpoint cost model]) ------------------------------------------------
+struct UnitCost {
+  size_t begin = 0, end = 0;  // layers [begin, end)
+  std::string name;
+  size_t out_bytes = 0;
+  size_t extra_bytes = 0;
+  bool saves_input = false, saves_output = false;
+  size_t fwd_peak = 0, bwd_peak = 0;
+  double flops = 0;
+  double forward_ms = 0;  // measured, for information
+};
+
+struct ChainCost {
+  size_t fixed_bytes = 0;  // F
+  size_t input_bytes = 0;  // A_0
+  size_t head_bytes = 0;   // the loss's extra at the start of backward (2 A_n for cross-entropy)
+  bool input_requires_grad = false;
+  size_t num_layers = 0;
+  std::vector<UnitCost> units;
+  size_t activation_bytes(size_t k) const { return k == 0 ? input_bytes : units.at(k - 1).out_bytes; }
+};
+
+struct MeasureOptions {
+  // Bytes in use besides the model's own tensors during a step; by default what is in use when
+  // measure_chain is called (parameters, gradient buffers, optimizer state) plus int64 targets.
+  bool fixed_from_allocator = true;
+  size_t fixed_bytes = 0;  // used when fixed_from_allocator is false; added to it otherwise
+  bool cross_entropy_head = true;
+};
+
+// One measured pass through seq (in its current train/eval mode, on x's device): the cost of
+// every unit. Parameter gradients and the default generator are left as they were; the
+// device's peak statistics are reset at the end.
+ChainCost measure_chain(Sequential& seq, const Tensor& x, const MeasureOptions& opts = {});
+ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts = {});
+
+// The cost model's peak and recomputation for checkpointed layer ranges (which must start and
+// end on unit boundaries).
+size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments);
+double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments);
+
+// The predicted peak and the moment it happens at.
+struct PeakBreakdown {
+  size_t peak = 0;
+  size_t unit = 0;             // the unit running at the peak
+  std::string phase;           // forward, backward, replay, loss, ...
+  size_t kept_by_earlier = 0;  // R at that moment: bytes earlier units keep
+  std::string where;           // all of it in words
+};
+PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments);
+
+// Plans. `spec` is none | sqrt | segments=K | budget=SIZE | min. sqrt is segments=K with
+// K = round(sqrt(number of layers)), as Chen et al. (2016) and PyTorch's split.
+Plan plan_none(const ChainCost& cost);
+Plan plan_segments(const ChainCost& cost, int64_t segments);  // PyTorch's split, snapped to units
+Plan plan_sqrt(const ChainCost& cost);
+Plan plan_budget(const ChainCost& cost, size_t budget);  // throws below min_feasible_peak
+Plan plan_min_peak(const ChainCost& cost);               // the lowest predicted peak of any plan
+size_t min_feasible_peak(const ChainCost& cost);
+Plan make_plan(const ChainCost& cost, const std::string& spec);
+
+// "512MB", "1.5GiB", "100000", "64 KiB" -> bytes (kB/MB/GB powers of 1000, KiB/MiB/GiB of 1024).
+size_t parse_bytes(const std::string& text);
+std::string format_bytes(size_t bytes);  // "12.3 MiB"
+
+}  // namespace mg::nn

@@ -1,0 +1,148 @@
+// Modules: layers with parameters, composed with Sequential, as in torch.nn.
+//
+//   mg::manual_seed(0);
+//   mg::nn::Sequential mlp;
+//   mlp.add<mg::nn::Flatten>();
+//   mlp.add<mg::nn::Linear>(784, 512);
+//   mlp.add<mg::nn::ReLU>();
+//   mlp.add<mg::nn::Linear>(512, 10);
+//   Tensor logits = mlp.forward(x);               // x: (N, 1, 28, 28)
+//   for (auto& [name, p] : mlp.named_parameters()) ...   // "1.weight", "1.bias", "3.weight", ...
+//
+// Parameter names follow PyTorch's for the same nn.Sequential, so weights saved here load there
+// (nn/serialize.h). Default initialisation is PyTorch's: kaiming_uniform(a = sqrt(5)) for
+// weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for biases, drawn from mg::default_generator().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <minigrad/ops/ops.h>
+#include <minigrad/core/rng.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  virtual std::string name() const = 0;  // "Linear(784, 512)"
+
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // Parameters of this module and its children, in registration order, with dotted names.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t parameter_count() const;
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Moves every parameter to `d` (parameters keep their identity: optimizers built before stay valid).
+  void to(Device d);
+  // Sets every parameter's gradient to undefined.
+  void zero_grad();
+
+ protected:
+  Tensor& register_parameter(const std::string& name, Tensor t);
+  Module& register_module(const std::string& name, std::shared_ptr<Module> m);
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+  Tensor& weight() { return params_[0].second; }
+  Tensor& bias();
+  int64_t in_features, out_features;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, int stride = 1, int padding = 0,
+         bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+  Tensor& weight() { return params_[0].second; }
+  int64_t in_channels, out_channels;
+  int kernel_size, stride, padding;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return relu(x); }
+  std::string name() const override { return "ReLU()"; }
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int kernel_size, int stride = 0, int padding = 0)
+      : kernel_size(kernel_size), stride(stride == 0 ? kernel_size : stride), padding(padding) {}
+  Tensor forward(const Tensor& x) override { return max_pool2d(x, kernel_size, stride, padding); }
+  std::string name() const override;
+  int kernel_size, stride, padding;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  AdaptiveAvgPool2d(int out_h, int out_w) : out_h(out_h), out_w(out_w) {}
+  Tensor forward(const Tensor& x) override { return adaptive_avg_pool2d(x, out_h, out_w); }
+  std::string name() const override;
+  int out_h, out_w;
+};
+
+class Flatten : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return x.flatten(1); }
+  std::string name() const override { return "Flatten()"; }
+};
+
+// Active in training mode only; masks come from `gen` or the default generator.
+class Dropout : public Module {
+ public:
+  explicit Dropout(float p = 0.5f, Generator* gen = nullptr) : p(p), gen_(gen) {}
+  Tensor forward(const Tensor& x) override { return is_training() ? dropout(x, p, gen_) : x; }
+  std::string name() const override;
+  float p;
+
+ private:
+  Generator* gen_;
+};
+
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  template <typename M, typename... Args> M& add(Args&&... args) {
+    auto m = std::make_shared<M>(std::forward<Args>(args)...);
+    M& ref = *m;
+    push_back(std::move(m));
+    return ref;
+  }
+  void push_back(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  // Runs layers [begin, end) only.
+  Tensor forward_range(const Tensor& x, size_t begin, size_t end);
+  std::string name() const override;
+  size_t size() const { return children_.size(); }
+  Module& operator[](size_t i) { return *children_.at(i).second; }
+  std::shared_ptr<Module> at(size_t i) const { return children_.at(i).second; }
+};
+
+// Mean (or summed) cross-entropy of logits (N, C) against int64 targets (N).
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(Reduction reduction = Reduction::mean) : reduction(reduction) {}
+  Tensor operator()(const Tensor& logits, const Tensor& target) const {
+    return cross_entropy(logits, target, reduction);
+  }
+  Reduction reduction;
+};
+
+}  // namespace mg::nn

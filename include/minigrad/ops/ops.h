@@ -1,0 +1,33 @@
+// The differentiable ops. Each runs its forward on the inputs' device and, when an input requires
+// grad, records itself on the tape; each is one entry of the op table (src/ops/op.h), defined in
+// src/ops/<op>.cpp with its gradient rule.
+//
+//   Tensor h = mg::relu(mg::linear(x, w1, b1));            // x: (N, 784), w1: (512, 784)
+//   Tensor loss = mg::cross_entropy(mg::linear(h, w2, b2), labels);   // mean over N
+//   loss.backward();
+#pragma once
+
+#include <minigrad/core/autograd.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg {
+
+// x: (N, K), w: (M, K), b: (M) or undefined  ->  (N, M)
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {});
+// x: (N, C, H, W), w: (O, C, KH, KW), b: (O) or undefined  ->  (N, O, OH, OW)
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int stride = 1,
+              int padding = 0);
+Tensor relu(const Tensor& x);
+// stride 0 means stride = kernel, as in PyTorch.
+Tensor max_pool2d(const Tensor& x, int kernel, int stride = 0, int padding = 0);
+Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w);
+// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is drawn from
+// `gen` (the default generator when null) and is a pure function of (seed, offset).
+Tensor dropout(const Tensor& x, float p, Generator* gen = nullptr);
+// logits: (N, C), target: (N) int64 class indices  ->  scalar (mean or sum over N)
+Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                     Reduction reduction = Reduction::mean);
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, float s);
+
+}  // namespace mg

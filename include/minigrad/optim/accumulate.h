@@ -1,0 +1,182 @@
+// Gradient accumulation done exactly: several micro-batches, one optimizer step, the same update
+// as one large batch.
+//
+//   mg::optim::SGD sgd(model.parameters(), {.lr = 0.01f});
+//   mg::optim::Accumulator acc(sgd, {.steps = 4, .clip_norm = 1.0f});
+//   for (loader.start_epoch(e); loader.next(b);) {
+//     acc.backward(mg::cross_entropy(model(b.x), b.y, mg::Reduction::sum), b.size());
+//     if (acc.ready()) acc.step();    // read losses and norm once, clip, step, zero
+//   }
+//   acc.flush();                      // the last, possibly shorter window
+//
+// or the whole loop: mg::optim::train_epoch(model, loader, acc, e).
+//
+// Note [accumulation normalises by samples]: each micro-batch's loss is a SUM over its samples,
+// backward adds its gradient into the optimizer's buffers (optim/optimizer.h), and the step
+// multiplies by grad_scale = 1 / (samples in the window). The step therefore uses the mean
+// gradient over every sample of the window, whatever the sizes of its micro-batches: N
+// micro-batches of b give the update of one batch of N*b, and the short window at the end of an
+// epoch gives the update of the short last batch. The usual recipe (mean loss per micro-batch,
+// divided by N) weights a sample of a short micro-batch more than the others and divides a short
+// window by N instead of by its length; docs/accumulation.md has the numbers.
+//
+// Clipping (Note [clipping once per step]): the global norm is that of the window's MEAN
+// gradient, sqrt(sum over grads of sum_squares) / samples, computed once per optimizer step
+// (never per micro-batch), and the clipping coefficient min(1, max_norm / (norm + 1e-6)) is
+// folded into grad_scale, so clipping costs one read pass over the gradients and no write.
+//
+// Note [one read per step]: on CUDA the host never waits inside a window. backward() records
+// the micro-batch's loss on the device (one float64 slot of a small statistics tensor) without
+// reading it; step() adds the squared gradient norm to the same tensor (one launch for every
+// gradient) and reads the whole tensor back in one copy: the only host synchronisation of an
+// optimizer step, needed anyway to decide whether to clip, skip or raise. A NaN or infinite loss
+// is therefore found at the step, named by its micro-batch, and its window is dropped (its
+// gradients are NaN by then).
+//
+// Optimizer state (Adam's t, momentum initialisation, LR schedules) advances once per real step
+// because the wrapped optimizer's step() is called once per window.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <minigrad/core/tensor.h>
+#include <minigrad/data/loader.h>
+#include <minigrad/nn/module.h>
+#include <minigrad/optim/optimizer.h>
+
+namespace mg::optim {
+
+// How a window's summed gradient is turned into the step's gradient.
+enum class Normalize : uint8_t {
+  samples,         // loss = sum over samples; grad_scale = 1 / samples in window (exact)
+  micro_batches,   // the usual recipe, kept for comparison only: loss = MEAN per micro-batch,
+                   // grad_scale = 1 / N with N the configured steps (wrong for short windows)
+};
+
+// What to do when a loss or the gradient norm is NaN or infinite.
+enum class NonFinite : uint8_t {
+  error,  // throw mg::Error (default)
+  skip,   // drop the window: zero the gradients, do not step, count it in skipped_steps()
+};
+
+struct AccumulateOptions {
+  int64_t steps = 1;        // micro-batches per optimizer step (N)
+  float clip_norm = 0.0f;   // max global norm of the mean gradient; 0 = no clipping
+  NonFinite non_finite = NonFinite::error;
+  Normalize normalize = Normalize::samples;
+  bool check_finite = true; // compute the gradient norm every step (one read pass) to catch NaN/inf
+};
+
+struct StepInfo {
+  int64_t samples = 0;        // in the window
+  int64_t micro_batches = 0;  // in the window
+  double loss_sum = 0.0;      // the window's loss summed over its samples (non-finite if a loss was)
+  double grad_norm = 0.0;     // global norm of the step's gradient before clipping (NaN if not computed)
+  float clip_coef = 1.0f;     // 1 when not clipped
+  float grad_scale = 1.0f;    // what the optimizer multiplied the summed gradients by
+  bool skipped = false;       // non-finite window dropped (NonFinite::skip)
+};
+
+class Accumulator {
+ public:
+  Accumulator(Optimizer& opt, AccumulateOptions opts = {});
+
+  // Backpropagates `loss` of a micro-batch of `samples` samples into the optimizer's gradient
+  // buffers. With Normalize::samples the loss must be the SUM over the micro-batch
+  // (Reduction::sum). The loss is recorded on its device, not read (Note [one read per step]);
+  // step() checks it and reports it in StepInfo::loss_sum.
+  void backward(const Tensor& loss, int64_t samples);
+  // For callers that ran backward themselves: records a micro-batch of `samples` samples whose
+  // gradients are already in the buffers, and its scalar loss (as backward() does).
+  void add_micro_batch(int64_t samples, const Tensor& loss);
+
+  // True when the window holds `steps` micro-batches (or more, after set_steps lowered N).
+  bool ready() const { return pending_micro_batches_ > 0 && pending_micro_batches_ >= opts_.steps; }
+  // Reads the window's losses and gradient norm (one copy), clips, steps the optimizer once with
+  // the window's grad_scale, zeroes the buffers. Throws when nothing is pending, and on a
+  // non-finite loss or norm under NonFinite::error (the window is dropped first).
+  StepInfo step();
+  // Steps if anything is pending (end of data). Returns whether it stepped (or skipped).
+  bool flush(StepInfo* info = nullptr);
+
+  // Changes N between windows (a schedule); throws if micro-batches are pending.
+  void set_steps(int64_t n);
+  int64_t steps() const { return opts_.steps; }
+  const AccumulateOptions& options() const { return opts_; }
+  Optimizer& optimizer() { return opt_; }
+
+  int64_t pending_samples() const { return pending_samples_; }
+  int64_t pending_micro_batches() const { return pending_micro_batches_; }
+  int64_t steps_taken() const { return steps_taken_; }  // real optimizer steps by this wrapper
+  int64_t skipped_steps() const { return skipped_steps_; }
+  const StepInfo& last_step() const { return last_; }
+
+ private:
+  void record_loss(const Tensor& loss, int64_t samples);
+  void spill_losses();
+  void drop_window();
+  Optimizer& opt_;
+  AccumulateOptions opts_;
+  int64_t pending_samples_ = 0, pending_micro_batches_ = 0;
+  // Note [one read per step]: float64 [capacity + 1] on the loss's device; slots [0, recorded_)
+  // hold this window's losses not yet read, the last slot the squared gradient norm.
+  Tensor stats_;
+  int64_t recorded_ = 0;
+  std::vector<double> spilled_losses_;   // read early because the window outgrew stats_
+  std::vector<int64_t> window_samples_;  // samples of each micro-batch of the window
+  int64_t steps_taken_ = 0, skipped_steps_ = 0;
+  StepInfo last_;
+};
+
+// sqrt(sum of squares) over all of `grads`, in double, times `scale` (one device read).
+double global_grad_norm(const std::vector<Tensor>& grads, double scale = 1.0);
+
+// N by epoch, Lightning's accumulate_grad_batches={0: 8, 4: 2}, parsed from "0:8,4:2": from
+// epoch 0 N = 8, from epoch 4 N = 2. Epochs before the first key use N = 1. A single number
+// "4" means 4 from epoch 0.
+class AccumulationSchedule {
+ public:
+  AccumulationSchedule(int64_t fixed = 1);
+  static AccumulationSchedule parse(const std::string& spec);
+  int64_t steps_for_epoch(int64_t epoch) const;
+  const std::map<int64_t, int64_t>& table() const { return table_; }
+  std::string str() const;  // "0:8,4:2"
+
+ private:
+  std::map<int64_t, int64_t> table_;
+};
+
+// Linear LR scaling (Goyal et al. 2017): lr for an effective batch, given one tuned at base_batch.
+float scale_lr_linear(float base_lr, int64_t base_batch, int64_t effective_batch);
+
+// ---- the training-loop helper ----------------------------------------------------------------
+// Returns the loss to backpropagate for (logits, labels); with Normalize::samples it must be the
+// sum over the micro-batch (the default is cross_entropy with Reduction::sum).
+using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+
+struct EpochStats {
+  double loss_sum = 0.0;       // summed per-sample training loss
+  int64_t samples = 0;
+  int64_t micro_batches = 0;
+  int64_t optimizer_steps = 0;  // real steps (skipped windows not counted)
+  int64_t skipped_steps = 0;
+  double seconds = 0.0;
+  double mean_loss() const { return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0; }
+};
+
+struct TrainCallbacks {
+  std::function<void(const data::Batch&)> on_micro_batch;  // after its backward
+  // After each optimizer step (an LR schedule, progress: StepInfo has the window's loss).
+  std::function<void(const StepInfo&)> on_step;
+};
+
+// One epoch: loader.start_epoch(epoch), a forward/backward per micro-batch, a step per window,
+// a flush at the end. The model is put in training mode.
+EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator& acc, int64_t epoch,
+                       const LossFn& loss_fn = {}, const TrainCallbacks& callbacks = {});
+
+}  // namespace mg::optim

@@ -1,0 +1,101 @@
+#include "core/tape.h"
+
+#include <algorithm>
+#include <atomic>
+#include <unordered_map>
+#include <unordered_set>
+
+
+namespace mg {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_next_seq{1};
+}  // namespace
+
+bool GradMode::enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
+const char* node_name(const Node& n) { return n.segment ? "checkpoint" : op_name(*n.op); }
+
+uint64_t next_node_seq() { return g_next_seq.fetch_add(1, std::memory_order_relaxed); }
+
+void accumulate_grad(const Tensor& leaf, const Tensor& g) {
+  MG_CHECK(g.shape() == leaf.shape(), "gradient of shape " << shape_str(g.shape())
+                                          << " for a leaf of shape " << shape_str(leaf.shape()));
+  Tensor cur = leaf.grad();
+  if (!cur.defined()) {
+    // The incoming gradient may alias another (add's backward hands the same tensor to both
+    // inputs), so the leaf gets its own copy, which later accumulation may modify in place.
+    leaf.set_grad(g.clone());
+    return;
+  }
+  add_into_kernel(cur, g);
+}
+
+void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
+  if (root.is_leaf()) {
+    accumulate_grad(root, grad);
+    return;
+  }
+  // Every node reachable through inputs that require grad, in decreasing sequence order: a
+  // topological order, and the exact reverse of the forward pass (see core/autograd.h).
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  seen.insert(stack.back());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    for (const NodeInput& in : n->inputs) {
+      if (in.fn && in.requires_grad && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+    }
+  }
+  std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq > b->seq; });
+
+  std::unordered_map<Node*, Tensor> pending;  // gradient w.r.t. each node's output
+  pending[root.grad_fn().get()] = std::move(grad);
+  std::vector<Tensor> grads, accum;
+  for (Node* n : order) {
+    auto it = pending.find(n);
+    if (it == pending.end()) continue;
+    Tensor g = std::move(it->second);
+    pending.erase(it);
+    MG_CHECK(!n->released,
+             "backward through the graph a second time: the tensors saved by "
+                 << node_name(*n)
+                 << " were freed by the first backward. Pass retain_graph=true to the first "
+                    "backward if you need to backpropagate twice.");
+    grads.assign(n->inputs.size(), Tensor());
+    accum.assign(n->inputs.size(), Tensor());
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      const NodeInput& in = n->inputs[i];
+      if (in.requires_grad && !in.fn) accum[i] = in.leaf.grad();
+    }
+    if (n->segment) checkpoint_backward(*n, std::move(g), grads);
+    else backward_rule(*n, std::move(g), grads, accum);
+    g = Tensor();
+    if (!retain_graph && !n->saved.empty()) {
+      n->saved.clear();
+      n->saved.shrink_to_fit();
+      n->released = true;
+    }
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      const NodeInput& in = n->inputs[i];
+      if (!in.requires_grad || !grads[i].defined()) continue;
+      if (!in.fn) {
+        accumulate_grad(in.leaf, grads[i]);
+      } else {
+        Tensor& slot = pending[in.fn.get()];
+        if (!slot.defined()) {
+          slot = std::move(grads[i]);
+        } else {
+          slot = add_kernel(slot, grads[i]);
+        }
+      }
+      grads[i] = Tensor();
+    }
+  }
+}
+
+}  // namespace mg

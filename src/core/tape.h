@@ -1,0 +1,115 @@
+// The reverse-mode tape (internal). Every recorded op is a Node: which op it is, its attributes,
+// where each input came from, the tensors its backward needs (`saved`) and the metadata of its
+// one output. Nodes are owned through the outputs' grad_fn, so a graph nobody can reach frees
+// itself.
+//
+// Order: each node gets an increasing sequence number when recorded; a node's inputs always
+// have smaller numbers, so backward visits the reachable nodes in decreasing order, which is
+// both a topological order and the exact reverse of the forward pass. Checkpoint replay relies
+// on that (Note [checkpoint replay] in include/minigrad/core/checkpoint.h).
+//
+// Note [op layer hooks]
+// ---------------------
+// core/ sits below the op layer (src/ops/) and includes nothing from it, nor from kernels/. The
+// tape knows an op only as an opaque `const OpDef*` (an entry of the op table, src/ops/op.h) and
+// reaches the op layer through the functions declared under "hooks" below, which src/ops/
+// defines. tests/test_layering.cmake fails the build's tests if a core file includes anything
+// above core.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <minigrad/core/autograd.h>
+#include <minigrad/core/tensor.h>
+
+namespace mg {
+
+struct OpDef;  // an entry of the op table (src/ops/op.h); opaque to core
+struct CheckpointSegment;
+
+// Everything an op needs besides its input tensors. One flat struct for all ops keeps replay
+// (Note [checkpoint replay]) a plain re-run of (op, attrs, inputs).
+struct OpAttrs {
+  int kernel_h = 0, kernel_w = 0;
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int out_h = 0, out_w = 0;     // adaptive_avg_pool2d
+  float scalar = 0.0f;          // dropout p, scale factor
+  uint64_t seed = 0, offset = 0;  // dropout's counter-based RNG position
+  Reduction reduction = Reduction::mean;
+  Shape shape;                  // reshape target
+};
+
+struct NodeInput {
+  std::shared_ptr<Node> fn;  // producer, or null when the input had no history
+  Tensor leaf;       // the input itself when it has no producer and is needed (grad or replay)
+  bool requires_grad = false;
+  Shape shape;       // the input's shape, for rules that need only that and for replay checks
+};
+
+struct Node {
+  const OpDef* op = nullptr;  // null for a checkpoint node (segment set instead)
+  OpAttrs attrs;
+  uint64_t seq = 0;
+  std::vector<NodeInput> inputs;
+  std::vector<Tensor> saved;  // what backward needs; released after use
+  Shape out_shape;
+  DType out_dtype = DType::f32;
+  Device out_device;
+  bool released = false;      // saved tensors were freed by a backward without retain_graph
+  std::shared_ptr<CheckpointSegment> segment;  // checkpoint nodes only
+};
+
+// "linear", "relu", ..., or "checkpoint".
+const char* node_name(const Node& n);
+
+uint64_t next_node_seq();
+
+// Runs backward from `root` with incoming gradient `grad` (same shape as root). `grad` is taken
+// by value and, like every gradient in flight, dropped as soon as its node's rule has run.
+void run_backward(const Tensor& root, Tensor grad, bool retain_graph);
+
+// Adds `g` into the leaf's gradient: `grad += g`, or a copy of `g` when the leaf has none yet.
+void accumulate_grad(const Tensor& leaf, const Tensor& g);
+
+// ---- checkpoint segments (core/checkpoint.cpp) -----------------------------------------------
+struct CheckpointSegment {
+  std::vector<std::shared_ptr<Node>> nodes;  // the sub-tape, in recording order
+  std::vector<Tensor> boundary;  // detached inputs while recording; then the checkpoint node's saved
+  // Where the sub-tape read a boundary tensor: (node index, input index, boundary index). The
+  // nodes do not keep those tensors themselves, so releasing the checkpoint node's saved
+  // boundary frees it even while the outer graph is still alive.
+  struct BoundaryUse {
+    size_t node, input, boundary;
+  };
+  std::vector<BoundaryUse> boundary_uses;
+};
+
+// True while a segment's forward pass records (ops then keep inputs that have no history).
+bool checkpoint_recording();
+
+// The gradient rule of a checkpoint node. grad_out goes on to the replayed segment's backward,
+// which frees it after the segment's last op.
+void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads);
+
+// ---- hooks: defined by the op layer (src/ops/hooks.cpp), Note [op layer hooks] -----------------
+const char* op_name(const OpDef& op);
+// Runs one op and records it on the tape when grad mode is on and an input requires grad
+// (checkpoint replay calls it with a recorded node's op and attrs).
+Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs);
+// Backward of one node: fills grads[i] for each input i with requires_grad. When accum[i] is
+// defined (the leaf's existing gradient buffer), a rule may add its result straight into it and
+// leave grads[i] undefined, saving a temporary and a pass over memory. grad_out is owned by the
+// rule, so that one may release it early.
+void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
+                   const std::vector<Tensor>& accum);
+// The device kernels core itself needs.
+void fill_kernel(Tensor& t, float value);                  // t = value
+void copy_kernel(Tensor& dst, const Tensor& src);          // bytes, any pair of devices
+void add_into_kernel(Tensor& acc, const Tensor& g);        // acc += g
+Tensor add_kernel(const Tensor& a, const Tensor& b);       // a + b, not recorded
+void synchronize_cuda(int device_index);                   // waits for a CUDA device's work
+
+}  // namespace mg

@@ -1,0 +1,212 @@
+#include <minigrad/core/tensor.h>
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include <minigrad/core/rng.h>
+
+#include "core/allocator.h"
+#include "core/tape.h"
+
+namespace mg {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  data_ = allocator_for(device).allocate(nbytes);
+}
+
+StorageImpl::~StorageImpl() { allocator_for(device_).deallocate(data_, nbytes_); }
+
+Tensor Tensor::empty(const Shape& shape, const TensorOptions& opts) {
+  for (int64_t d : shape) MG_CHECK(d >= 0, "tensor shape " << shape_str(shape) << " has a negative size");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = opts.dtype;
+  impl->storage = std::make_shared<StorageImpl>(shape_numel(shape) * dtype_size(opts.dtype), opts.device);
+  impl->requires_grad = opts.requires_grad;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, const TensorOptions& opts) { return full(shape, 0.0f, opts); }
+Tensor Tensor::ones(const Shape& shape, const TensorOptions& opts) { return full(shape, 1.0f, opts); }
+
+Tensor Tensor::full(const Shape& shape, float value, const TensorOptions& opts) {
+  Tensor t = empty(shape, opts);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
+                           const TensorOptions& opts) {
+  MG_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+           "from_vector: " << values.size() << " values for shape " << shape_str(shape));
+  MG_CHECK(opts.dtype == DType::f32, "from_vector: float values need dtype float32");
+  Tensor host = empty(shape, opts.with_device(Device::cpu()).with_requires_grad(false));
+  if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(float));
+  Tensor t = host.to(opts.device);
+  t.requires_grad_(opts.requires_grad);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                           const TensorOptions& opts) {
+  MG_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+           "from_vector: " << values.size() << " values for shape " << shape_str(shape));
+  MG_CHECK(opts.dtype == DType::i64, "from_vector: int64 values need dtype int64");
+  Tensor host = empty(shape, opts.with_device(Device::cpu()).with_requires_grad(false));
+  if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(int64_t));
+  return host.to(opts.device);
+}
+
+Tensor Tensor::randn(const Shape& shape, Generator& gen, const TensorOptions& opts) {
+  const int64_t n = shape_numel(shape);
+  const uint64_t off = gen.advance(2 * static_cast<uint64_t>(n));
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {  // Box-Muller on two uniforms
+    float u1 = philox_uniform(gen.seed(), off + 2 * i), u2 = philox_uniform(gen.seed(), off + 2 * i + 1);
+    double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(u1)));
+    v[i] = static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
+  }
+  return from_vector(v, shape, opts);
+}
+
+Tensor Tensor::uniform(const Shape& shape, float lo, float hi, Generator& gen,
+                       const TensorOptions& opts) {
+  const int64_t n = shape_numel(shape);
+  const uint64_t off = gen.advance(n);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * philox_uniform(gen.seed(), off + i);
+  return from_vector(v, shape, opts);
+}
+
+int64_t Tensor::size(int64_t d) const {
+  int64_t nd = dim();
+  MG_CHECK(d >= -nd && d < nd, "dimension " << d << " out of range for shape " << shape_str(shape()));
+  return shape()[d < 0 ? d + nd : d];
+}
+
+Device Tensor::device() const { return impl().storage->device(); }
+void* Tensor::raw_data() const { return impl().storage->data(); }
+
+bool Tensor::shares_storage(const Tensor& o) const {
+  return defined() && o.defined() && impl().storage == o.impl().storage;
+}
+
+Tensor Tensor::to(Device d) const {
+  Tensor out = empty(shape(), TensorOptions{dtype(), d, false});
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::clone() const { return to(device()); }
+
+template <typename T> std::vector<T> Tensor::to_vector() const {
+  Tensor host = device().is_cpu() ? *this : cpu();
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+
+float Tensor::item() const {
+  MG_CHECK(numel() == 1, "item() needs a tensor with one element, got shape " << shape_str(shape()));
+  if (dtype() == DType::i64) return static_cast<float>(to_vector<int64_t>()[0]);
+  if (dtype() == DType::f64) return static_cast<float>(to_vector<double>()[0]);
+  return to_vector<float>()[0];
+}
+
+Tensor& Tensor::zero_() { return fill_(0.0f); }
+
+Tensor& Tensor::fill_(float value) {
+  if (dtype() == DType::i64) {
+    MG_CHECK(device().is_cpu(), "fill_ on an int64 tensor is supported on CPU only");
+    int64_t* p = data<int64_t>();
+    for (int64_t i = 0; i < numel(); ++i) p[i] = static_cast<int64_t>(value);
+    return *this;
+  }
+  if (dtype() == DType::f64) {
+    MG_CHECK(device().is_cpu(), "fill_ on a float64 tensor is supported on CPU only");
+    double* p = data<double>();
+    for (int64_t i = 0; i < numel(); ++i) p[i] = value;
+    return *this;
+  }
+  MG_CHECK(dtype() == DType::f32, "fill_: unsupported dtype " << dtype_name(dtype()));
+  fill_kernel(*this, value);
+  return *this;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  MG_CHECK(src.shape() == shape() && src.dtype() == dtype(),
+           "copy_: source " << shape_str(src.shape()) << " " << dtype_name(src.dtype())
+                            << " into destination " << shape_str(shape()) << " "
+                            << dtype_name(dtype()));
+  if (nbytes() == 0 || raw_data() == src.raw_data()) return *this;
+  if (device().is_cpu() && src.device().is_cpu()) {
+    std::memcpy(raw_data(), src.raw_data(), nbytes());
+  } else {
+    copy_kernel(*this, src);
+  }
+  return *this;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = this->impl().storage;
+  impl->shape = shape();
+  impl->dtype = dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor& Tensor::requires_grad_(bool r) {
+  MG_CHECK(!r || dtype() == DType::f32, "requires_grad_: only float32 tensors can require grad");
+  MG_CHECK(is_leaf(), "requires_grad_ can only be changed on a leaf tensor (this one was produced by "
+                          << node_name(*grad_fn()) << ")");
+  impl().requires_grad = r;
+  return *this;
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (g.defined()) {
+    MG_CHECK(g.shape() == shape() && g.device() == device(),
+             "set_grad: gradient " << shape_str(g.shape()) << " on " << g.device().str()
+                                   << " for tensor " << shape_str(shape()) << " on " << device().str());
+  }
+  impl().grad = g.impl_ptr();
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  MG_CHECK(requires_grad(), "backward: tensor does not require grad and has no grad_fn");
+  Tensor g = grad;
+  if (!g.defined()) {
+    MG_CHECK(numel() == 1, "backward: grad can be implicit only for a scalar, got shape "
+                               << shape_str(shape()) << "; pass a gradient of that shape");
+    g = Tensor::ones(shape(), TensorOptions{DType::f32, device()});
+  }
+  MG_CHECK(g.shape() == shape(), "backward: gradient shape " << shape_str(g.shape())
+                                     << " does not match tensor shape " << shape_str(shape()));
+  run_backward(*this, g, retain_graph);
+}
+
+Generator& default_generator() {
+  static Generator gen(0);
+  return gen;
+}
+void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+}  // namespace mg

@@ -1,0 +1,112 @@
+#include <minigrad/data/image_folder.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+
+#include <minigrad/core/rng.h>
+
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+#include <stb/stb_image.h>
+
+namespace mg::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_image(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+}  // namespace
+
+ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions opts) : opts_(opts) {
+  MG_CHECK(opts.image_size >= 1, "ImageFolder: image_size must be >= 1, got " << opts.image_size);
+  std::error_code ec;
+  MG_CHECK(fs::is_directory(root, ec), "ImageFolder: '" << root << "' is not a directory");
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory()) classes_.push_back(entry.path().filename().string());
+  }
+  std::sort(classes_.begin(), classes_.end());
+  MG_CHECK(!classes_.empty(), "ImageFolder: '" << root
+                                               << "' has no class sub-folders (expected root/<class>/<image>.jpg)");
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    std::vector<std::string> found;
+    for (const auto& entry : fs::directory_iterator(fs::path(root) / classes_[c])) {
+      if (entry.is_regular_file() && is_image(entry.path())) found.push_back(entry.path().string());
+    }
+    std::sort(found.begin(), found.end());
+    for (auto& f : found) {
+      files_.push_back(std::move(f));
+      labels_.push_back(static_cast<int64_t>(c));
+    }
+  }
+  MG_CHECK(!files_.empty(), "ImageFolder: no .jpg, .jpeg or .png files in the class folders of '" << root << "'");
+}
+
+bool ImageFolder::flipped(int64_t i, uint64_t epoch) const {
+  if (!opts_.random_flip) return false;
+  return (philox_u32(opts_.seed ^ 0x9E3779B97F4A7C15ull, (epoch << 32) + static_cast<uint64_t>(i)) & 1u) != 0;
+}
+
+void resize_rgb_bilinear(const uint8_t* src, int h, int w, int out, float* dst) {
+  const float sy = static_cast<float>(h) / out, sx = static_cast<float>(w) / out;
+  const size_t plane = static_cast<size_t>(out) * out;
+  for (int oy = 0; oy < out; ++oy) {
+    const float fy = std::max((oy + 0.5f) * sy - 0.5f, 0.0f);
+    const int y0 = std::min(static_cast<int>(fy), h - 1), y1 = std::min(y0 + 1, h - 1);
+    const float wy = fy - y0;
+    for (int ox = 0; ox < out; ++ox) {
+      const float fx = std::max((ox + 0.5f) * sx - 0.5f, 0.0f);
+      const int x0 = std::min(static_cast<int>(fx), w - 1), x1 = std::min(x0 + 1, w - 1);
+      const float wx = fx - x0;
+      for (int c = 0; c < 3; ++c) {
+        auto at = [&](int y, int x) { return static_cast<float>(src[(static_cast<size_t>(y) * w + x) * 3 + c]); };
+        const float top = at(y0, x0) + (at(y0, x1) - at(y0, x0)) * wx;
+        const float bot = at(y1, x0) + (at(y1, x1) - at(y1, x0)) * wx;
+        dst[c * plane + static_cast<size_t>(oy) * out + ox] = (top + (bot - top) * wy) / 255.0f;
+      }
+    }
+  }
+}
+
+void ImageFolder::load(int64_t i, bool flip, float* dst) const {
+  const std::string& file = path(i);
+  int w = 0, h = 0, channels = 0;
+  std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load(file.c_str(), &w, &h, &channels, 3), stbi_image_free);
+  MG_CHECK(pixels != nullptr, "ImageFolder: cannot decode '" << file << "': " << stbi_failure_reason());
+  const int s = static_cast<int>(opts_.image_size);
+  resize_rgb_bilinear(pixels.get(), h, w, s, dst);
+  const size_t plane = static_cast<size_t>(s) * s;
+  for (int c = 0; c < 3; ++c) {
+    float* p = dst + c * plane;
+    for (size_t k = 0; k < plane; ++k) p[k] = (p[k] - kImageNetMean[c]) / kImageNetStd[c];
+    if (flip) {
+      for (int y = 0; y < s; ++y) std::reverse(p + static_cast<size_t>(y) * s, p + static_cast<size_t>(y + 1) * s);
+    }
+  }
+}
+
+std::pair<Tensor, Tensor> ImageFolder::batch(const std::vector<int64_t>& indices, uint64_t epoch) const {
+  MG_CHECK(!indices.empty(), "ImageFolder::batch: no indices");
+  const int64_t s = opts_.image_size, n = static_cast<int64_t>(indices.size());
+  Tensor x = Tensor::empty({n, 3, s, s});
+  std::vector<int64_t> y(indices.size());
+  float* px = x.data<float>();
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t i = indices[static_cast<size_t>(k)];
+    MG_CHECK(i >= 0 && i < size(), "ImageFolder::batch: index " << i << " out of " << size() << " samples");
+    load(i, flipped(i, epoch), px + k * 3 * s * s);
+    y[static_cast<size_t>(k)] = label(i);
+  }
+  return {x, Tensor::from_vector(y, {n})};
+}
+
+}  // namespace mg::data

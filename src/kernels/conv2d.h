@@ -1,0 +1,20 @@
+// 2-D convolution (cross-correlation, as in PyTorch), square stride and padding.
+//   x: (N, C, H, W)   w: (O, C, KH, KW)   b: (O)   y: (N, O, OH, OW)
+//   OH = (H + 2 pad - KH) / stride + 1, likewise OW
+//   forward:  y[n,o,i,j] = b[o] + sum_{c,p,q} w[o,c,p,q] x[n,c, i*s-pad+p, j*s-pad+q]   (=)
+//   backward: dx = conv_transpose(dy, w)                       (=)   skipped when undefined
+//             dw[o,c,p,q] = sum_{n,i,j} dy[n,o,i,j] x[n,c,..]   (= or += when accumulate)
+//             db[o] = sum_{n,i,j} dy[n,o,i,j]                  (= or += when accumulate)
+#pragma once
+
+#include <minigrad/core/tensor.h>
+#include "kernels/dispatch.h"
+
+namespace mg {
+template <class D>
+void conv2d_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
+                    int pad);
+template <class D>
+void conv2d_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& w, int stride, int pad, bool accumulate);
+}  // namespace mg

@@ -1,0 +1,83 @@
+// What every CUDA kernel file shares: checks, the per-device context (handles, stream, error
+// flag), a device guard, launch sizes and workspaces from the caching allocator.
+// Note [cuda stream]: all work runs on the legacy default stream of each device, so kernels,
+// cuBLAS, cuDNN and cudaMemcpy are ordered without events, and a block freed to the caching
+// allocator can be reused by the next launch at once (as PyTorch does within one stream). The
+// host waits only where a value must come back: copies to the host and sum_squares.
+#pragma once
+
+#include <cstdint>
+
+#include <minigrad/core/tensor.h>
+#include <minigrad/cuda.h>
+
+#include "core/allocator.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace mg::cuda {
+
+// Waits for all work on the device, then reports any error flagged by a kernel (e.g. an
+// out-of-range cross-entropy target). Copies to the host do the same. Public as mg::synchronize.
+void synchronize(int device_index = 0);
+
+constexpr int kThreads = 256;
+// Size of the per-device tables (allocators, contexts): fixed, so lookups need no lock.
+constexpr int kMaxDevices = 64;
+
+// The stream all work goes to (Note [cuda stream]): the legacy default stream.
+inline const cudaStream_t kStream = nullptr;
+
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > (1 << 30) ? (1 << 30) : blocks));
+}
+
+// Makes `index` the current device for its lifetime.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// Per-device state, created on first use and kept for the whole program.
+struct Context {
+  int device = 0;
+  cudaStream_t stream = kStream;
+  cublasHandle_t cublas = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  // Kernel-raised errors: [0] = error code (0: none), [1], [2] = details. See error_flag.cu.
+  long long* error_flag = nullptr;
+};
+Context& context(int device_index);
+
+// The error codes kernels raise through Context::error_flag.
+enum : long long { kFlagNone = 0, kFlagBadTarget = 1 };
+// Throws mg::Error if a kernel raised the flag since the last check (and clears it). Reads 24
+// bytes from the device, so call it only where the host waits anyway.
+void check_error_flag(int device_index);
+
+// Scratch memory from the caching allocator (so it is counted), freed at scope exit. Stream
+// order makes freeing right after the launches that use it safe (Note [cuda stream]).
+class Workspace {
+ public:
+  Workspace(int device_index, size_t nbytes);
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return ptr_; }
+  size_t size() const { return nbytes_; }
+
+ private:
+  int device_;
+  void* ptr_ = nullptr;
+  size_t nbytes_ = 0;
+};
+
+inline int device_of(const Tensor& t) { return t.device().index; }
+
+}  // namespace mg::cuda

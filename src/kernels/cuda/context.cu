@@ -1,0 +1,115 @@
+// The CUDA backend's per-device context (handles, stream, error flag) and the
+// device queries of core/device.h. Handles are created once per device, on first use, and live
+// for the whole program (destroying them at exit would race the driver's own teardown).
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include <minigrad/core/device.h>
+#include "core/tape.h"
+#include "kernels/cuda/common.cuh"
+
+namespace mg {
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+int cuda_device_count() {
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();  // no driver or no device: not an error for a query
+      n = 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+namespace cuda {
+
+DeviceGuard::DeviceGuard(int index) {
+  MG_CUDA_CHECK(cudaGetDevice(&prev_));
+  if (prev_ != index) MG_CUDA_CHECK(cudaSetDevice(index));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_) (void)cudaSetDevice(prev_);
+}
+
+namespace {
+// Fixed and trivially destructible, the contexts leaked (see the file comment): a lookup is one
+// atomic load, and still works from destructors of statics that run after main returns.
+std::atomic<Context*> g_contexts[kMaxDevices] = {};
+std::mutex g_context_mu;  // taken only to create a context
+
+Context* find_context(int device_index) {
+  return device_index >= 0 && device_index < kMaxDevices ? g_contexts[device_index].load(std::memory_order_acquire)
+                                                         : nullptr;
+}
+}  // namespace
+
+Context& context(int device_index) {
+  if (Context* ctx = find_context(device_index)) return *ctx;
+  MG_CHECK(device_index >= 0 && device_index < cuda_device_count() && device_index < kMaxDevices,
+           "cuda:" << device_index << " does not exist (" << cuda_device_count()
+                   << " CUDA devices visible)");
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  if (Context* ctx = find_context(device_index)) return *ctx;
+  DeviceGuard guard(device_index);
+  auto ctx = std::make_unique<Context>();
+  ctx->device = device_index;
+  MG_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
+  MG_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
+  // cuBLAS's workspace comes from our allocator, so it is counted (size: cuBLAS's advice,
+  // 32 MiB on Hopper, 4 MiB before).
+  cudaDeviceProp prop{};
+  MG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+  const size_t ws = prop.major >= 9 ? (size_t{32} << 20) : (size_t{4} << 20);
+  void* ws_ptr = cuda_allocator(device_index).allocate(ws);
+  MG_CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ws_ptr, ws));
+  MG_CUDNN_CHECK(cudnnCreate(&ctx->cudnn));
+  MG_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, ctx->stream));
+  ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
+  MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, 3 * sizeof(long long)));
+  Context* created = ctx.release();
+  g_contexts[device_index].store(created, std::memory_order_release);
+  return *created;
+}
+
+void check_error_flag(int device_index) {
+  // Kernels that raise the flag run only after the context exists: none yet, nothing to read.
+  Context* ctx = find_context(device_index);
+  if (ctx == nullptr) return;
+  DeviceGuard guard(device_index);
+  long long flag[3] = {0, 0, 0};
+  MG_CUDA_CHECK(cudaMemcpy(flag, ctx->error_flag, sizeof(flag), cudaMemcpyDeviceToHost));
+  if (flag[0] == kFlagNone) return;
+  MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, sizeof(flag)));
+  if (flag[0] == kFlagBadTarget) {
+    MG_FAIL("cross_entropy: target[" << flag[1] << "] = " << flag[2]
+                                     << " is not a class index in [0, C) (found on cuda:" << device_index
+                                     << " at the next synchronisation after the forward)");
+  }
+  MG_FAIL("a CUDA kernel on cuda:" << device_index << " raised error code " << flag[0]);
+}
+
+void synchronize(int device_index) {
+  DeviceGuard guard(device_index);
+  MG_CUDA_CHECK(cudaDeviceSynchronize());
+  check_error_flag(device_index);
+}
+
+Workspace::Workspace(int device_index, size_t nbytes) : device_(device_index), nbytes_(nbytes) {
+  if (nbytes_ > 0) ptr_ = cuda_allocator(device_).allocate(nbytes_);
+}
+
+Workspace::~Workspace() {
+  if (ptr_ != nullptr) cuda_allocator(device_).deallocate(ptr_, nbytes_);
+}
+
+}  // namespace cuda
+
+void synchronize_cuda(int device_index) { cuda::synchronize(device_index); }
+
+}  // namespace mg

@@ -1,0 +1,178 @@
+// The per-element bodies of the CUDA kernels whose index arithmetic or formulas are easy to get
+// wrong, as __host__ __device__ functions: the kernels in pooling.cu, dropout.cu and optim.cu
+// call them on the GPU, and tests/test_cuda_kernel_math.cpp checks them on the CPU against the
+// CPU kernels and naive references, so they are verified on machines without a GPU too.
+// Plain C++ (no CUDA headers): MG_HOST_DEVICE comes from core/rng.h.
+#pragma once
+
+#include <cstdint>
+
+#include <minigrad/core/rng.h>
+#include "kernels/optim.h"
+
+namespace mg::cuda::math {
+
+// ---- pooling (x plane: h x w, row-major) -----------------------------------------------------
+
+MG_HOST_DEVICE int min_int(int a, int b) { return a < b ? a : b; }
+
+// Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
+// in row-major window order wins, a NaN wins over numbers and the last NaN wins (as PyTorch's
+// CPU and CUDA kernels and kernels/cpu/pooling.cpp). idx = hh * w + ww.
+MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s, int pad, int i, int j,
+                                    float* y, int64_t* idx) {
+  float best = 0.0f;
+  int64_t best_idx = -1;
+  const int h0 = i * s - pad, w0 = j * s - pad;
+  for (int p = 0; p < k; ++p) {
+    const int hh = h0 + p;
+    if (hh < 0 || hh >= h) continue;
+    for (int q = 0; q < k; ++q) {
+      const int ww = w0 + q;
+      if (ww < 0 || ww >= w) continue;
+      const float v = xp[hh * w + ww];
+      if (best_idx < 0 || v > best || v != v) {
+        best = v;
+        best_idx = int64_t{hh} * w + ww;
+      }
+    }
+  }
+  *y = best;
+  *idx = best_idx;
+}
+
+// d x[hh, ww] of max pooling, gathered: the windows that can hold (hh, ww) are rows i with
+// i s - pad <= hh < i s - pad + k (likewise columns); each whose argmax is (hh, ww) adds its dy.
+// Visiting them in row-major output order adds the same values in the same order as the CPU
+// kernel's scatter (kernels/cpu/pooling.cpp), so the result is bit-identical to it, with no
+// atomics (deterministic).
+MG_HOST_DEVICE float max_pool_grad(const float* dyp, const int64_t* idxp, int w, int oh, int ow, int k, int s,
+                                   int pad, int hh, int ww) {
+  // First window reaching row hh: i >= (hh + pad - k + 1) / s, rounded up, and >= 0.
+  const int r0 = hh + pad - k + 1, c0 = ww + pad - k + 1;
+  const int i0 = r0 <= 0 ? 0 : (r0 + s - 1) / s, j0 = c0 <= 0 ? 0 : (c0 + s - 1) / s;
+  const int i1 = min_int((hh + pad) / s, oh - 1), j1 = min_int((ww + pad) / s, ow - 1);
+  const int64_t self = int64_t{hh} * w + ww;
+  float g = 0.0f;
+  for (int i = i0; i <= i1; ++i)
+    for (int j = j0; j <= j1; ++j)
+      if (idxp[int64_t{i} * ow + j] == self) g += dyp[int64_t{i} * ow + j];
+  return g;
+}
+
+// PyTorch's adaptive windows: output i of `out` covers [floor(i in / out), ceil((i+1) in / out)).
+MG_HOST_DEVICE int window_start(int i, int in, int out) { return (i * in) / out; }
+MG_HOST_DEVICE int window_end(int i, int in, int out) { return ((i + 1) * in + out - 1) / out; }
+
+MG_HOST_DEVICE float adaptive_avg_window(const float* xp, int h, int w, int oh, int ow, int i, int j) {
+  const int h0 = window_start(i, h, oh), h1 = window_end(i, h, oh);
+  const int w0 = window_start(j, w, ow), w1 = window_end(j, w, ow);
+  float sum = 0.0f;
+  for (int hh = h0; hh < h1; ++hh)
+    for (int ww = w0; ww < w1; ++ww) sum += xp[hh * w + ww];
+  return sum / static_cast<float>((h1 - h0) * (w1 - w0));
+}
+
+// d x[hh, ww]: the windows containing row hh are i = floor(hh OH / H), ... while they start at
+// or before hh (likewise columns); each gives dy / its size.
+MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, int ow, int hh, int ww) {
+  float g = 0.0f;
+  for (int i = (hh * oh) / h; i < oh && window_start(i, h, oh) <= hh; ++i) {
+    if (window_end(i, h, oh) <= hh) continue;
+    const int rows = window_end(i, h, oh) - window_start(i, h, oh);
+    for (int j = (ww * ow) / w; j < ow && window_start(j, w, ow) <= ww; ++j) {
+      if (window_end(j, w, ow) <= ww) continue;
+      const int cols = window_end(j, w, ow) - window_start(j, w, ow);
+      g += dyp[i * ow + j] / static_cast<float>(rows * cols);
+    }
+  }
+  return g;
+}
+
+// ---- linear through a column-major GEMM ----------------------------------------------------------
+
+// cuBLAS is column-major: a row-major (R, C) matrix is its column-major transpose (C, R). These
+// say which GEMM computes each product of linear (kernels/cuda/linear.cu), with
+// x: (N, K), w: (M, K), y and dy: (N, M), all row-major:
+//   C (m x n, column-major, leading dim ldc) = op(A) op(B),  op = transpose when trans_*.
+enum class GemmOperand : uint8_t { x, w, dy };
+struct GemmCall {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  GemmOperand a;
+  int64_t lda;
+  GemmOperand b;
+  int64_t ldb, ldc;
+};
+// y^T (M, N) = w x^T:   A = w as (K, M) transposed, B = x as (K, N).
+inline GemmCall linear_forward_gemm(int64_t n, int64_t k, int64_t m) {
+  return {true, false, m, n, k, GemmOperand::w, k, GemmOperand::x, k, m};
+}
+// dx^T (K, N) = w^T dy^T:  A = w as (K, M), B = dy as (M, N).
+inline GemmCall linear_dx_gemm(int64_t n, int64_t k, int64_t m) {
+  return {false, false, k, n, m, GemmOperand::w, k, GemmOperand::dy, m, k};
+}
+// dw^T (K, M) = x^T dy:  A = x as (K, N), B = dy as (M, N) transposed.
+inline GemmCall linear_dw_gemm(int64_t n, int64_t k, int64_t m) {
+  return {false, true, k, m, n, GemmOperand::x, k, GemmOperand::dy, m, k};
+}
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+// Elements first .. first+3 (those below n): one Philox block serves all four when the offset
+// is block-aligned (as Generator::advance makes it); otherwise each draws on its own.
+MG_HOST_DEVICE void dropout4(float* out, const float* in, int64_t first, int64_t n, float p, float keep_scale,
+                             uint64_t seed, uint64_t offset) {
+  if ((offset & 3) == 0) {
+    const Philox4 r = philox4x32(seed, (offset + static_cast<uint64_t>(first)) >> 2);
+    for (int k = 0; k < 4 && first + k < n; ++k) {
+      const float u = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f);  // = philox_uniform
+      out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
+    }
+  } else {
+    for (int k = 0; k < 4 && first + k < n; ++k) {
+      const float u = philox_uniform(seed, offset + static_cast<uint64_t>(first + k));
+      out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
+    }
+  }
+}
+
+// ---- fused optimizers (kernels/optim.h has the formulas) --------------------------------------
+
+// The tensor that block b of a multi-tensor launch works on: the last t with first_block[t] <= b.
+MG_HOST_DEVICE int tensor_of_block(const int64_t* first_block, int count, int64_t b) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// buf is null when momentum == 0.
+MG_HOST_DEVICE void sgd_element(float* p, float g, float* buf, const SgdHyper& h) {
+  float d = h.grad_scale * g;
+  if (h.weight_decay != 0.0f) d += h.weight_decay * *p;
+  if (h.momentum != 0.0f) {
+    *buf = h.first_step ? d : h.momentum * *buf + (1.0f - h.dampening) * d;
+    d = h.nesterov ? d + h.momentum * *buf : *buf;
+  }
+  *p -= h.lr * d;
+}
+
+// step_size = lr / (1 - b1^t) and bias_c2_sqrt = sqrt(1 - b2^t), computed once per step.
+MG_HOST_DEVICE void adam_element(float* p, float g, float* m, float* v, const AdamHyper& h, float step_size,
+                                 float bias_c2_sqrt) {
+  float d = h.grad_scale * g;
+  if (h.weight_decay != 0.0f) {
+    if (h.decoupled) *p *= 1.0f - h.lr * h.weight_decay;
+    else d += h.weight_decay * *p;
+  }
+  *m += (d - *m) * (1.0f - h.beta1);  // torch: exp_avg.lerp_(grad, 1 - beta1)
+  *v = h.beta2 * *v + (1.0f - h.beta2) * d * d;
+  const float denom = std::sqrt(*v) / bias_c2_sqrt + h.eps;
+  *p -= step_size * (*m / denom);
+}
+
+}  // namespace mg::cuda::math

@@ -1,0 +1,28 @@
+// The CUDA backend's run-time switches (kernels/cuda/settings.h). Plain C++, compiled into every
+// build: without CUDA the setters only record the value, so a --tf32 flag costs a CPU build nothing.
+#include <minigrad/cuda.h>
+
+#include <atomic>
+
+namespace mg::cuda {
+
+namespace {
+std::atomic<bool> g_tf32_matmul{false};
+std::atomic<bool> g_tf32_conv{true};
+std::atomic<bool> g_benchmark{false};
+std::atomic<bool> g_deterministic{true};
+std::atomic<size_t> g_ws_limit{size_t{1} << 30};
+}  // namespace
+
+void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
+bool tf32_matmul() { return g_tf32_matmul; }
+void set_tf32_conv(bool allow) { g_tf32_conv = allow; }
+bool tf32_conv() { return g_tf32_conv; }
+void set_cudnn_benchmark(bool on) { g_benchmark = on; }
+bool cudnn_benchmark() { return g_benchmark; }
+void set_cudnn_deterministic(bool on) { g_deterministic = on; }
+bool cudnn_deterministic() { return g_deterministic; }
+void set_conv_workspace_limit(size_t bytes) { g_ws_limit = bytes; }
+size_t conv_workspace_limit() { return g_ws_limit; }
+
+}  // namespace mg::cuda

@@ -1,0 +1,25 @@
+// Compiled only into builds without the CUDA backend.
+#include "core/allocator.h"
+#include <minigrad/core/device.h>
+#include "core/tape.h"
+#include "kernels/dispatch.h"
+
+namespace mg {
+
+bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+
+Allocator& cuda_allocator(int) {
+  MG_FAIL("this libminigrad was built without CUDA (configure with -DMINIGRAD_CUDA=ON on a machine "
+          "with the CUDA toolkit)");
+}
+
+namespace detail {
+void no_cuda_build(const char* what) {
+  MG_FAIL(what << ": this libminigrad was built without CUDA, so CUDA tensors are not available");
+}
+}  // namespace detail
+
+void synchronize_cuda(int) { detail::no_cuda_build("synchronize"); }
+
+}  // namespace mg

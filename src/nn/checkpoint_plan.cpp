@@ -1,0 +1,630 @@
+// Checkpoint plans for chain models; the cost model is Note [checkpoint cost model] in
+// nn/checkpoint_plan.h.
+#include <minigrad/nn/checkpoint_plan.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <regex>
+#include <unordered_set>
+
+#include <minigrad/core/autograd.h>
+#include <minigrad/core/checkpoint.h>
+#include <minigrad/core/rng.h>
+
+#include "core/tape.h"
+#include "ops/op.h"
+
+namespace mg::nn {
+
+std::string Plan::str() const {
+  if (segments.empty()) return "no checkpointing";
+  std::string s;
+  for (const Segment& g : segments) {
+    if (!s.empty()) s += " ";
+    s += "[" + std::to_string(g.begin) + "," + std::to_string(g.end) + ")";
+  }
+  return s;
+}
+
+namespace {
+
+void check_segments(const std::vector<Segment>& segments, size_t num_layers, const char* who) {
+  size_t prev_end = 0;
+  for (const Segment& g : segments) {
+    MG_CHECK(g.begin < g.end && g.end <= num_layers && g.begin >= prev_end,
+             who << ": segments must be non-empty, increasing, disjoint layer ranges within [0, "
+                 << num_layers << "); got [" << g.begin << ", " << g.end << ") after one ending at "
+                 << prev_end);
+    prev_end = g.end;
+  }
+}
+
+}  // namespace
+
+Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, const Tensor& x) {
+  check_segments(segments, seq.size(), "forward_with_plan");
+  // Layer by layer, so that each activation is dropped as soon as the next layer has run (a
+  // forward_range(h, ...) call would hold h until the whole range is done).
+  Tensor h = x;
+  size_t pos = 0;
+  auto run_plain = [&](size_t end) {
+    for (; pos < end; ++pos) h = seq[pos].forward(h);
+  };
+  for (const Segment& g : segments) {
+    run_plain(g.begin);
+    h = mg::checkpoint(
+        [&seq, g](const std::vector<Tensor>& in) { return seq.forward_range(in[0], g.begin, g.end); }, {h});
+    pos = g.end;
+  }
+  run_plain(seq.size());
+  return h;
+}
+
+std::vector<Segment> pytorch_segments(size_t num_layers, int64_t segments) {
+  MG_CHECK(segments >= 1, "checkpoint_sequential: segments must be >= 1, got " << segments);
+  MG_CHECK(static_cast<size_t>(segments) <= num_layers,
+           "checkpoint_sequential: " << segments << " segments for " << num_layers << " layers");
+  // torch/utils/checkpoint.py (1.13): segment_size = len // segments; the first segments - 1
+  // chunks are checkpointed, the last chunk ("has to be non-volatile") runs normally.
+  const size_t size = num_layers / static_cast<size_t>(segments);
+  std::vector<Segment> out;
+  for (size_t start = 0; start < size * static_cast<size_t>(segments - 1); start += size) {
+    out.push_back({start, start + size});
+  }
+  return out;
+}
+
+Tensor checkpoint_sequential(Sequential& seq, int64_t segments, const Tensor& x) {
+  return forward_with_plan(seq, pytorch_segments(seq.size(), segments), x);
+}
+
+// ---- measurement ---------------------------------------------------------------------------
+
+namespace {
+
+// Groups layers into units: each view layer (Flatten) joins the layer after it; trailing views
+// join the last unit.
+std::vector<std::pair<size_t, size_t>> form_units(Sequential& seq) {
+  std::vector<std::pair<size_t, size_t>> units;
+  size_t start = 0;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    if (dynamic_cast<Flatten*>(&seq[i]) != nullptr) continue;
+    units.push_back({start, i + 1});
+    start = i + 1;
+  }
+  if (start < seq.size()) {
+    if (units.empty()) units.push_back({start, seq.size()});
+    else units.back().second = seq.size();
+  }
+  return units;
+}
+
+size_t in_use(Device d) { return memory_stats(d).in_use; }
+
+}  // namespace
+
+ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
+  MG_CHECK(seq.size() > 0, "measure_chain: empty Sequential");
+  MG_CHECK(x_in.defined() && x_in.dim() >= 1, "measure_chain: the input must be a defined tensor with a batch dimension");
+  const Device dev = x_in.device();
+  const size_t in_use_at_start = in_use(dev);
+  // Host clocks read device time only once the device is done.
+  auto wait = [&] {
+    synchronize(dev);
+  };
+  ChainCost cost;
+  cost.num_layers = seq.size();
+  cost.input_bytes = x_in.nbytes();
+  cost.input_requires_grad = x_in.requires_grad();
+
+  // The fixed part: what is in use now besides x, the gradient buffers backward would create,
+  // and int64 targets for the loss.
+  std::vector<Tensor> params = seq.parameters();
+  size_t fixed = opts.fixed_bytes;
+  if (opts.fixed_from_allocator) {
+    const size_t now = in_use(dev);
+    fixed += now >= x_in.nbytes() ? now - x_in.nbytes() : 0;
+    for (const Tensor& p : params) {
+      if (!p.grad().defined()) fixed += p.nbytes();
+    }
+    if (opts.cross_entropy_head) fixed += static_cast<size_t>(x_in.size(0)) * sizeof(int64_t);
+  }
+  cost.fixed_bytes = fixed;
+
+  // Side effects to undo: gradient buffers (backward adds into them) and the default generator
+  // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does.
+  std::vector<Tensor> saved_grads;
+  for (const Tensor& p : params) {
+    saved_grads.push_back(p.grad());
+    p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
+  }
+  Generator& gen = default_generator();
+  const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
+
+  Generator probe_gen(0x5eed);
+  Tensor h = x_in.detach();
+  bool needs_grad = x_in.requires_grad();
+  for (auto [begin, end] : form_units(seq)) {
+    UnitCost u;
+    u.begin = begin;
+    u.end = end;
+    for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
+
+    Tensor xin = h.detach();
+    if (needs_grad) xin.requires_grad_(true);
+    h = Tensor();
+    if (dev.is_cuda()) {
+      // An unmeasured forward and backward first: the first call of a shape creates the device
+      // context (cuBLAS's workspace stays allocated: it is counted in the fixed part below) and
+      // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
+      // larger than the chosen one's. Both happen once per program, not in the steps planned.
+      Tensor yw = seq.forward_range(xin, begin, end);
+      if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
+      yw = Tensor();
+      if (xin.requires_grad()) xin.set_grad(Tensor());
+      wait();
+    }
+    const uint64_t first_seq = next_node_seq();
+    const size_t base0 = in_use(dev);
+    reset_peak_memory_stats(dev);
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor y = seq.forward_range(xin, begin, end);
+    wait();
+    u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    u.fwd_peak = memory_stats(dev).peak_in_use - base0;
+    const size_t after = in_use(dev);
+    u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
+    u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
+
+    // The unit's nodes: what they keep, and their work.
+    if (y.grad_fn()) {
+      std::vector<Node*> stack{y.grad_fn().get()};
+      std::unordered_set<Node*> seen{stack.back()};
+      while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        if (n->op) u.flops += n->op->flops(*n);
+        for (const Tensor& t : n->saved) {
+          u.saves_input |= t.shares_storage(xin);
+          u.saves_output |= t.shares_storage(y);
+        }
+        for (const NodeInput& in : n->inputs) {
+          if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+        }
+      }
+      Tensor g = Tensor::uniform(y.shape(), -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
+      if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
+      const size_t base1 = in_use(dev);
+      reset_peak_memory_stats(dev);
+      y.backward(g);
+      u.bwd_peak = memory_stats(dev).peak_in_use - base1;
+      needs_grad = true;
+    } else {
+      u.flops = static_cast<double>(y.numel());
+    }
+    h = y.detach();
+    cost.units.push_back(std::move(u));
+  }
+  const size_t out_bytes = h.nbytes();
+  cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 2 * sizeof(float) : 0;
+
+  h = Tensor();
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(saved_grads[i]);
+  gen.manual_seed(gen_seed);
+  gen.set_offset(gen_offset);
+  // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
+  const size_t in_use_at_end = in_use(dev);
+  if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;
+  reset_peak_memory_stats(dev);
+  return cost;
+}
+
+ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts) {
+  Generator g(0x1234);
+  Device dev = Device::cpu();
+  std::vector<Tensor> params = seq.parameters();
+  if (!params.empty()) dev = params[0].device();
+  Tensor x = Tensor::uniform(input_shape, -1.0f, 1.0f, g, TensorOptions{DType::f32, dev});
+  return measure_chain(seq, x, opts);
+}
+
+// ---- the cost model ------------------------------------------------------------------------
+
+namespace {
+
+// What a piece of the chain adds, relative to R (the bytes earlier units keep).
+struct PieceCost {
+  size_t peak = 0;        // the piece's peak (forward and backward) is R + peak
+  size_t kept = 0;        // R grows by this
+  bool holds_out = false;  // the piece's last unit keeps its output
+  size_t where_unit = 0;   // the moment of the peak: a unit and a phase
+  const char* where_phase = "";
+  void note(size_t bytes, size_t unit, const char* phase) {
+    if (bytes <= peak) return;
+    peak = bytes;
+    where_unit = unit;
+    where_phase = phase;
+  }
+};
+
+// Units [s, e), checkpointed or plain, entered with `holds` = the previous unit keeps A_s.
+PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool holds) {
+  const size_t n = c.units.size();
+  auto A = [&](size_t k) { return c.activation_bytes(k); };
+  const size_t F = c.fixed_bytes;
+  const bool wants_dx0 = s > 0 || c.input_requires_grad;
+  PieceCost pc;
+  if (!ckpt) {
+    size_t R = 0;
+    for (size_t u = s; u < e; ++u) {
+      const UnitCost& U = c.units[u];
+      const bool keep_in = holds || U.saves_input;
+      const size_t fwd = F + R + A(u) + U.fwd_peak;
+      const bool out_live = U.saves_output || u + 1 == n;
+      const size_t bwd = F + R + (keep_in ? A(u) : 0) + U.extra_bytes + (out_live ? A(u + 1) : 0) +
+                         A(u + 1) + U.bwd_peak;
+      pc.note(fwd, u, "forward");
+      pc.note(bwd, u, "backward");
+      R += (keep_in ? A(u) : 0) + U.extra_bytes;
+      holds = U.saves_output;
+    }
+    pc.kept = R;
+    pc.holds_out = holds;
+    return pc;
+  }
+  // First pass: the units run as plain ones, then all but the input is dropped.
+  {
+    size_t R = 0;
+    bool h = true;
+    for (size_t u = s; u < e; ++u) {
+      const UnitCost& U = c.units[u];
+      pc.note(F + R + A(u) + U.fwd_peak, u, "forward (checkpointed segment, first pass)");
+      R += ((h || U.saves_input) ? A(u) : 0) + U.extra_bytes;
+      h = U.saves_output;
+    }
+  }
+  pc.kept = A(s);
+  pc.holds_out = false;
+  // Backward: the boundary and (for the last piece) the caller's logits stay live throughout;
+  // the incoming gradient through the replay, until the segment's last unit has used it.
+  const size_t base = F + A(s) + (e == n ? A(n) : 0);
+  std::vector<size_t> r_before(e - s);
+  std::vector<char> keep_in(e - s);
+  size_t R = 0;
+  bool h = true;
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = c.units[u];
+    pc.note(base + A(e) /* incoming gradient */ + R + (u > s ? A(u) : 0) + U.fwd_peak, u,
+            "replay (forward again during backward)");
+    r_before[u - s] = R;
+    keep_in[u - s] = u > s && (h || U.saves_input);
+    R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
+    h = U.saves_output;
+  }
+  for (size_t u = e; u-- > s;) {
+    const UnitCost& U = c.units[u];
+    const size_t bwd = base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes +
+                       (U.saves_output ? A(u + 1) : 0) + A(u + 1) /* gradient in flight */ +
+                       U.bwd_peak;
+    pc.note(bwd, u, "backward of a replayed segment");
+  }
+  if (wants_dx0) pc.note(base + 2 * A(s), s, "end of a replayed segment (gradient copied into the boundary leaf)");
+  return pc;
+}
+
+struct UnitPiece {
+  size_t s, e;
+  bool ckpt;
+};
+
+// Layer segments -> the unit pieces that cover the chain.
+std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>& segments) {
+  check_segments(segments, c.num_layers, "checkpoint plan");
+  auto unit_at = [&](size_t layer, bool is_end) -> size_t {
+    for (size_t u = 0; u < c.units.size(); ++u) {
+      if (!is_end && c.units[u].begin == layer) return u;
+      if (is_end && c.units[u].end == layer) return u + 1;
+    }
+    MG_FAIL("checkpoint plan: a segment " << (is_end ? "ends" : "starts") << " at layer " << layer
+                                          << ", inside a unit (a view layer such as Flatten belongs "
+                                             "to the layer after it); move the boundary");
+  };
+  std::vector<UnitPiece> pieces;
+  size_t pos = 0;
+  for (const Segment& g : segments) {
+    const size_t s = unit_at(g.begin, false), e = unit_at(g.end, true);
+    for (; pos < s; ++pos) pieces.push_back({pos, pos + 1, false});
+    pieces.push_back({s, e, true});
+    pos = e;
+  }
+  for (; pos < c.units.size(); ++pos) pieces.push_back({pos, pos + 1, false});
+  return pieces;
+}
+
+size_t head_peak(const ChainCost& c, size_t R) {
+  return c.fixed_bytes + R + c.activation_bytes(c.units.size()) + c.head_bytes;
+}
+
+double piece_flops(const ChainCost& c, size_t s, size_t e) {
+  double f = 0;
+  for (size_t u = s; u < e; ++u) f += c.units[u].flops;
+  return f;
+}
+
+}  // namespace
+
+PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
+  MG_CHECK(!cost.units.empty(), "predict_peak: the chain has no units (measure it first)");
+  PeakBreakdown out;
+  size_t R = 0;
+  bool holds = true;  // the caller holds the input
+  for (const UnitPiece& p : to_pieces(cost, segments)) {
+    PieceCost pc = eval_piece(cost, p.s, p.e, p.ckpt, holds);
+    if (R + pc.peak > out.peak) {
+      out.peak = R + pc.peak;
+      out.unit = pc.where_unit;
+      out.phase = pc.where_phase;
+      out.kept_by_earlier = R;
+    }
+    R += pc.kept;
+    holds = pc.holds_out;
+  }
+  if (head_peak(cost, R) > out.peak) {
+    out.peak = head_peak(cost, R);
+    out.unit = cost.units.size() - 1;
+    out.phase = "loss (end of forward, start of backward)";
+    out.kept_by_earlier = R;
+  }
+  const UnitCost& u = cost.units[out.unit];
+  out.where = out.phase + " of unit " + std::to_string(out.unit) + " (layers [" + std::to_string(u.begin) + ", " +
+              std::to_string(u.end) + "): " + u.name + "), with " + format_bytes(out.kept_by_earlier) +
+              " kept by earlier units and " + format_bytes(cost.fixed_bytes) + " fixed";
+  return out;
+}
+
+size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
+  return explain_peak(cost, segments).peak;
+}
+
+double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments) {
+  double f = 0;
+  for (const UnitPiece& p : to_pieces(cost, segments)) {
+    if (p.ckpt) f += piece_flops(cost, p.s, p.e);
+  }
+  return f;
+}
+
+// ---- plans ---------------------------------------------------------------------------------
+
+namespace {
+
+Plan finish(const ChainCost& c, std::string kind, std::vector<Segment> segments) {
+  Plan p;
+  p.kind = std::move(kind);
+  p.segments = std::move(segments);
+  p.predicted_peak = predict_peak(c, p.segments);
+  p.recompute_flops = recompute_flops(c, p.segments);
+  return p;
+}
+
+// Moves layer boundaries that fall inside a unit to the unit's start; drops emptied segments.
+std::vector<Segment> snap_to_units(const ChainCost& c, const std::vector<Segment>& segments) {
+  auto snap = [&](size_t layer) {
+    for (const UnitCost& u : c.units) {
+      if (layer >= u.begin && layer < u.end) return u.begin;
+    }
+    return layer;  // == num_layers
+  };
+  std::vector<Segment> out;
+  for (const Segment& g : segments) {
+    Segment s{snap(g.begin), snap(g.end)};
+    if (!out.empty()) s.begin = std::max(s.begin, out.back().end);
+    if (s.begin < s.end) out.push_back(s);
+  }
+  return out;
+}
+
+enum class Objective { least_recompute, least_peak };
+
+struct Label {
+  size_t R = 0;
+  double cost = 0;
+  size_t peak = 0;
+  bool holds = true;
+  int parent = -1;
+  size_t from = 0;  // the piece that led here: units [from, here)
+  bool ckpt = false;
+};
+
+// Dynamic programme over the chain (Note [checkpoint cost model]): exact for the cost model.
+// Returns the layer segments of the best plan, or throws when nothing fits the budget.
+std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, size_t* best_peak) {
+  const size_t n = c.units.size();
+  MG_CHECK(n > 0, "checkpoint planner: the chain has no units (measure it first)");
+  // Precomputed pieces: plain single units (two entry states) and checkpointed ranges.
+  std::vector<std::array<PieceCost, 2>> plain(n);
+  for (size_t s = 0; s < n; ++s) {
+    plain[s][0] = eval_piece(c, s, s + 1, false, false);
+    plain[s][1] = eval_piece(c, s, s + 1, false, true);
+  }
+  std::vector<std::vector<PieceCost>> ck(n, std::vector<PieceCost>(n + 1));
+  for (size_t s = 0; s < n; ++s) {
+    for (size_t e = s + 1; e <= n; ++e) ck[s][e] = eval_piece(c, s, e, true, false);
+  }
+  auto key = [&](const Label& l) { return obj == Objective::least_recompute ? l.cost : static_cast<double>(l.peak); };
+  auto tie = [&](const Label& l) { return obj == Objective::least_recompute ? static_cast<double>(l.peak) : l.cost; };
+
+  std::vector<Label> all;
+  std::vector<std::vector<int>> at(n + 1);
+  all.push_back(Label{});
+  at[0].push_back(0);
+  for (size_t s = 0; s <= n; ++s) {
+    // Pareto pruning on (R, key) within each holds value.
+    std::vector<int> kept;
+    for (int holds = 0; holds < 2; ++holds) {
+      std::vector<int> idx;
+      for (int i : at[s]) {
+        if (all[i].holds == static_cast<bool>(holds)) idx.push_back(i);
+      }
+      std::sort(idx.begin(), idx.end(), [&](int a, int b) {
+        const Label &x = all[a], &y = all[b];
+        if (x.R != y.R) return x.R < y.R;
+        if (key(x) != key(y)) return key(x) < key(y);
+        return tie(x) < tie(y);
+      });
+      double best = std::numeric_limits<double>::infinity();
+      for (int i : idx) {
+        if (key(all[i]) < best) {
+          kept.push_back(i);
+          best = key(all[i]);
+        }
+      }
+    }
+    at[s] = std::move(kept);
+    if (s == n) break;
+    for (int li : at[s]) {
+      const Label l = all[li];
+      auto extend = [&](size_t e, bool ckpt, const PieceCost& pc) {
+        Label m;
+        m.R = l.R + pc.kept;
+        m.peak = std::max(l.peak, l.R + pc.peak);
+        m.cost = l.cost + (ckpt ? piece_flops(c, s, e) : 0.0);
+        m.holds = pc.holds_out;
+        m.parent = li;
+        m.from = s;
+        m.ckpt = ckpt;
+        if (e == n) m.peak = std::max(m.peak, head_peak(c, m.R));
+        if (m.peak > budget) return;
+        all.push_back(m);
+        at[e].push_back(static_cast<int>(all.size() - 1));
+      };
+      extend(s + 1, false, plain[s][l.holds ? 1 : 0]);
+      for (size_t e = s + 1; e <= n; ++e) extend(e, true, ck[s][e]);
+    }
+  }
+  int best = -1;
+  for (int i : at[n]) {
+    if (best < 0 || key(all[i]) < key(all[best]) ||
+        (key(all[i]) == key(all[best]) && tie(all[i]) < tie(all[best]))) {
+      best = i;
+    }
+  }
+  if (best < 0) return {{std::numeric_limits<size_t>::max(), 0}};  // nothing fits: caller reports
+  if (best_peak) *best_peak = all[best].peak;
+  std::vector<Segment> segs;
+  // Each label's piece ends where its successor's begins.
+  std::vector<int> chain;
+  for (int i = best; i >= 0; i = all[i].parent) chain.push_back(i);
+  std::reverse(chain.begin(), chain.end());  // chain[0] is the root
+  for (size_t k = 1; k < chain.size(); ++k) {
+    const Label& l = all[chain[k]];
+    const size_t here = k + 1 < chain.size() ? all[chain[k + 1]].from : n;
+    if (l.ckpt) segs.push_back({c.units[l.from].begin, c.units[here - 1].end});
+  }
+  return segs;
+}
+
+}  // namespace
+
+Plan plan_none(const ChainCost& cost) { return finish(cost, "none", {}); }
+
+Plan plan_segments(const ChainCost& cost, int64_t segments) {
+  return finish(cost, "segments=" + std::to_string(segments),
+                snap_to_units(cost, pytorch_segments(cost.num_layers, segments)));
+}
+
+Plan plan_sqrt(const ChainCost& cost) {
+  const int64_t k = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(cost.num_layers))));
+  Plan p = plan_segments(cost, k);
+  p.kind = "sqrt";
+  return p;
+}
+
+size_t min_feasible_peak(const ChainCost& cost) {
+  size_t peak = 0;
+  solve(cost, Objective::least_peak, std::numeric_limits<size_t>::max(), &peak);
+  return peak;
+}
+
+Plan plan_min_peak(const ChainCost& cost) {
+  const size_t floor = min_feasible_peak(cost);
+  Plan p = plan_budget(cost, floor);
+  p.kind = "min-peak";
+  return p;
+}
+
+Plan plan_budget(const ChainCost& cost, size_t budget) {
+  size_t peak = 0;
+  std::vector<Segment> segs = solve(cost, Objective::least_recompute, budget, &peak);
+  if (!segs.empty() && segs[0].begin == std::numeric_limits<size_t>::max()) {
+    const size_t floor = min_feasible_peak(cost);
+    MG_FAIL("checkpoint planner: budget " << format_bytes(budget) << " (" << budget
+                                          << " bytes) is below the smallest feasible peak "
+                                          << format_bytes(floor) << " (" << floor
+                                          << " bytes) for this model and input; the fixed part "
+                                             "(parameters, gradients, optimizer state, targets) is "
+                                          << format_bytes(cost.fixed_bytes)
+                                          << ". Use a smaller batch (with gradient accumulation) or "
+                                             "a budget of at least the minimum.");
+  }
+  Plan p = finish(cost, "budget=" + format_bytes(budget), std::move(segs));
+  p.budget = budget;
+  MG_CHECK(p.predicted_peak == peak, "checkpoint planner: internal error, DP peak " << peak
+                                         << " != model peak " << p.predicted_peak);
+  return p;
+}
+
+Plan make_plan(const ChainCost& cost, const std::string& spec) {
+  if (spec == "none") return plan_none(cost);
+  if (spec == "sqrt") return plan_sqrt(cost);
+  if (spec == "min") return plan_min_peak(cost);
+  if (spec.rfind("segments=", 0) == 0) {
+    const std::string v = spec.substr(9);
+    MG_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10,
+             "checkpoint plan: segments=K needs a positive integer K, got '" << spec << "'");
+    return plan_segments(cost, std::stoll(v));
+  }
+  if (spec.rfind("budget=", 0) == 0) return plan_budget(cost, parse_bytes(spec.substr(7)));
+  MG_FAIL("checkpoint plan: expected none, sqrt, min, segments=K or budget=SIZE, got '" << spec << "'");
+}
+
+size_t parse_bytes(const std::string& text) {
+  static const std::regex re(R"(^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$)");
+  std::smatch m;
+  MG_CHECK(std::regex_match(text, m, re),
+           "size: expected a number with an optional unit (B, kB, MB, GB, KiB, MiB, GiB), e.g. "
+           "512MB or 1.5GiB; got '" << text << "'");
+  std::string unit = m[3].str();
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  double mult = 0;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb") mult = 1e3;
+  else if (unit == "m" || unit == "mb") mult = 1e6;
+  else if (unit == "g" || unit == "gb") mult = 1e9;
+  else if (unit == "t" || unit == "tb") mult = 1e12;
+  else if (unit == "kib") mult = 1024.0;
+  else if (unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  MG_CHECK(mult > 0, "size: unknown unit '" << m[3].str() << "' in '" << text
+                                            << "' (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+  const double v = std::stod(m[1].str()) * mult;
+  MG_CHECK(v >= 1 && v < 1.8e19, "size: '" << text << "' is " << (v < 1 ? "below one byte" : "too large"));
+  return static_cast<size_t>(std::llround(v));
+}
+
+std::string format_bytes(size_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
+  else std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  return buf;
+}
+
+}  // namespace mg::nn

@@ -1,0 +1,73 @@
+// conv2d: cross-correlation with stride and zero padding (equal in H and W).
+//   x: (N, C, H, W), w: (O, C, KH, KW), b: (O) or undefined  ->  y: (N, O, OH, OW)
+#include "kernels/conv2d.h"
+#include "ops/op.h"
+#include "ops/param_grads.h"
+
+namespace mg {
+
+namespace {
+
+Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  const Tensor &x = in[0], &w = in[1], &b = in[2];
+  check_float("conv2d", "input", x);
+  check_float("conv2d", "weight", w);
+  MG_CHECK(x.dim() == 4, "conv2d: input must be 4-D (N, C, H, W), got shape " << shape_str(x.shape()));
+  MG_CHECK(w.dim() == 4, "conv2d: weight must be 4-D (O, C, KH, KW), got shape " << shape_str(w.shape()));
+  MG_CHECK(x.size(1) == w.size(1), "conv2d: input has " << x.size(1) << " channels, weight expects "
+                                       << w.size(1) << " (input shape " << shape_str(x.shape())
+                                       << ", weight shape " << shape_str(w.shape()) << ")");
+  MG_CHECK(a.stride_h >= 1 && a.pad_h >= 0, "conv2d: stride must be >= 1 and padding >= 0, got stride "
+                                                 << a.stride_h << ", padding " << a.pad_h);
+  if (b.defined()) {
+    check_float("conv2d", "bias", b);
+    MG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "conv2d: bias shape " << shape_str(b.shape())
+                                                         << ", expected [" << w.size(0) << "]");
+  }
+  int64_t oh = window_count(x.size(2), static_cast<int>(w.size(2)), a.stride_h, a.pad_h);
+  int64_t ow = window_count(x.size(3), static_cast<int>(w.size(3)), a.stride_h, a.pad_h);
+  MG_CHECK(oh >= 1 && ow >= 1, "conv2d: input " << shape_str(x.shape()) << " is smaller than kernel "
+                                   << w.size(2) << "x" << w.size(3) << " with padding " << a.pad_h);
+  Tensor y = Tensor::empty({x.size(0), w.size(0), oh, ow}, like(x));
+  MG_DISPATCH(x.device(), conv2d_forward, y, x, w, b, a.stride_h, a.pad_h);
+  save(saved, {x, w});
+  return y;
+}
+
+// dx = transposed convolution of dy with w;  dw = correlation of x with dy;  db = sum of dy
+void conv2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
+  const Device d = gy.device();
+  const Tensor &x = n.saved[0], &w = n.saved[1];
+  Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
+  ParamGrads p = param_grads(n, grads, accum, d);
+  MG_DISPATCH(d, conv2d_backward, dx, p.dw, p.db, gy, x, w, n.attrs.stride_h, n.attrs.pad_h, p.accumulate);
+}
+
+double conv2d_flops(const Node& n) {
+  const Shape& w = n.inputs[1].shape;
+  return 2.0 * out_numel(n) * static_cast<double>(w.at(1) * w.at(2) * w.at(3));
+}
+
+std::vector<OpCase> conv2d_cases() {
+  OpAttrs pad1, stride2;
+  pad1.pad_h = pad1.pad_w = 1;
+  stride2.stride_h = stride2.stride_w = 2;
+  return {
+      {{{.shape = {2, 3, 5, 7}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, pad1},
+      {{{.shape = {1, 2, 7, 6}}, {.shape = {3, 2, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, stride2},
+  };
+}
+
+const OpDef kConv2d{"conv2d", OpKind::contraction, conv2d_fwd, conv2d_bwd, conv2d_flops, conv2d_cases};
+MG_REGISTER_OP(kConv2d);
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int stride, int padding) {
+  OpAttrs a;
+  a.stride_h = a.stride_w = stride;
+  a.pad_h = a.pad_w = padding;
+  return apply(kConv2d, a, {x, w, b});
+}
+
+}  // namespace mg

@@ -1,0 +1,59 @@
+// cross_entropy: loss = reduce_n (logsumexp(logits[n]) - logits[n, target[n]]), reduce = mean or
+// sum over N;  dlogits = dloss * (softmax - onehot(target)) (/ N for mean); no gradient for target.
+//   logits: (N, C) float32, target: (N) int64 in [0, C)  ->  loss: scalar
+#include "kernels/cross_entropy.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  const Tensor &logits = in[0], &target = in[1];
+  check_float("cross_entropy", "logits", logits);
+  MG_CHECK(logits.dim() == 2, "cross_entropy: logits must be 2-D (N, C), got shape "
+                                  << shape_str(logits.shape()));
+  MG_CHECK(target.defined() && target.dtype() == DType::i64,
+           "cross_entropy: target must be int64 class indices, got "
+               << (target.defined() ? dtype_name(target.dtype()) : "undefined"));
+  MG_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
+           "cross_entropy: target shape " << shape_str(target.shape()) << ", expected ["
+                                         << logits.size(0) << "] for logits "
+                                         << shape_str(logits.shape()));
+  MG_CHECK(logits.size(0) > 0, "cross_entropy: empty batch");
+  Tensor loss = Tensor::empty({}, like(logits));
+  Tensor probs = Tensor::empty(logits.shape(), like(logits));
+  MG_DISPATCH(logits.device(), cross_entropy_forward, loss, probs, logits, target, a.reduction);
+  save(saved, {probs, target});
+  return loss;
+}
+
+void cross_entropy_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), cross_entropy_backward, grads[0], gy, n.saved[0], n.saved[1], n.attrs.reduction);
+}
+
+double cross_entropy_flops(const Node& n) { return static_cast<double>(shape_numel(n.inputs[0].shape)); }
+
+std::vector<OpCase> cross_entropy_cases() {
+  OpAttrs mean, sum;
+  sum.reduction = Reduction::sum;
+  return {
+      {{{.shape = {5, 7}}, {.kind = TestInput::index, .shape = {5}, .classes = 7, .grad = false}}, mean},
+      {{{.shape = {3, 300}}, {.kind = TestInput::index, .shape = {3}, .classes = 300, .grad = false}}, sum},
+  };
+}
+
+const OpDef kCrossEntropy{"cross_entropy", OpKind::loss, cross_entropy_fwd, cross_entropy_bwd,
+                          cross_entropy_flops, cross_entropy_cases};
+MG_REGISTER_OP(kCrossEntropy);
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  OpAttrs a;
+  a.reduction = reduction;
+  return apply(kCrossEntropy, a, {logits, target});
+}
+
+}  // namespace mg

@@ -1,0 +1,51 @@
+// dropout: y = x * mask / (1 - p);  dx = dy * mask / (1 - p). The mask is a pure function of
+// (seed, offset) (Philox, core/rng.h), regenerated in backward: nothing is saved, and replay
+// under checkpointing draws the same mask (Note [checkpoint replay]).
+#include <minigrad/core/rng.h>
+
+#include "kernels/dropout.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor dropout_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
+  check_float("dropout", "input", in[0]);
+  MG_CHECK(a.scalar >= 0.0f && a.scalar < 1.0f, "dropout: p must be in [0, 1), got " << a.scalar);
+  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  MG_DISPATCH(y.device(), dropout_forward, y, in[0], a.scalar, a.seed, a.offset);
+  return y;
+}
+
+void dropout_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), dropout_backward, grads[0], gy, n.attrs.scalar, n.attrs.seed, n.attrs.offset);
+}
+
+std::vector<OpCase> dropout_cases() {
+  OpAttrs half, odd;
+  half.scalar = 0.5f;
+  half.seed = 7;
+  odd.scalar = 0.3f;
+  odd.seed = 11;
+  odd.offset = 3;  // not a multiple of 4: the per-element path of the 4-wide kernels
+  return {{{{.shape = {4, 33}}}, half}, {{{.shape = {3, 5, 7}}}, odd}};
+}
+
+const OpDef kDropout{"dropout", OpKind::elementwise, dropout_fwd, dropout_bwd, flops_per_output, dropout_cases};
+MG_REGISTER_OP(kDropout);
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, float p, Generator* gen) {
+  if (p == 0.0f) return x;
+  Generator& g = gen ? *gen : default_generator();
+  OpAttrs a;
+  a.scalar = p;
+  a.seed = g.seed();
+  a.offset = g.advance(static_cast<uint64_t>(x.numel()));
+  return apply(kDropout, a, {x});
+}
+
+}  // namespace mg

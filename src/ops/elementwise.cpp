@@ -1,0 +1,67 @@
+// Element-wise arithmetic.   all tensors: any shape, equal shapes
+//   add:    y = a + b;   da = dy, db = dy
+//   scale:  y = s * x;   dx = s * dy
+#include "kernels/elementwise.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor add_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>*) {
+  check_float("add", "a", in[0]);
+  check_float("add", "b", in[1]);
+  MG_CHECK(in[0].shape() == in[1].shape(), "add: shapes differ: " << shape_str(in[0].shape())
+                                                << " and " << shape_str(in[1].shape()));
+  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  MG_DISPATCH(y.device(), add_forward, y, in[0], in[1]);
+  return y;
+}
+
+// Both inputs get dy itself (the engine copies before accumulating into a leaf).
+void add_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  if (wants(n, 0)) grads[0] = gy;
+  if (wants(n, 1)) grads[1] = gy;
+}
+
+std::vector<OpCase> add_cases() { return {{{{.shape = {3, 5, 7}}, {.shape = {3, 5, 7}}}, {}}}; }
+
+const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases};
+MG_REGISTER_OP(kAdd);
+
+Tensor scale_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
+  check_float("scale", "input", in[0]);
+  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  MG_DISPATCH(y.device(), scale_forward, y, in[0], a.scalar);
+  return y;
+}
+
+void scale_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), scale_forward, grads[0], gy, n.attrs.scalar);
+}
+
+std::vector<OpCase> scale_cases() {
+  OpAttrs a;
+  a.scalar = -2.5f;
+  return {{{{.shape = {2, 9}}}, a}};
+}
+
+const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases};
+MG_REGISTER_OP(kScale);
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return apply(kAdd, {}, {a, b}); }
+
+Tensor scale(const Tensor& x, float s) {
+  OpAttrs a;
+  a.scalar = s;
+  return apply(kScale, a, {x});
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator*(const Tensor& a, float s) { return scale(a, s); }
+Tensor operator*(float s, const Tensor& a) { return scale(a, s); }
+
+}  // namespace mg

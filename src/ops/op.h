@@ -1,0 +1,103 @@
+// The op layer: every differentiable op is one OpDef entry, defined beside its public function in
+// src/ops/<op>.cpp (the same base name as its kernels, kernels/<op>.h). An entry is the whole op
+// as the rest of the library sees it:
+//
+//   name      "relu", in errors and the planner's tables
+//   kind      what sort of op it is (the accumulator looks for kind == loss)
+//   forward   argument checks, output allocation, the device kernel, and what backward needs
+//   backward  the gradient rule
+//   flops     forward FLOPs of a recorded node, the planner's cost model (nn/checkpoint_plan.h)
+//   cases     the inputs the op-indexed test runs it on (tests/test_ops.cpp): a finite-difference
+//             check of the gradient of every input, and CUDA against CPU on a GPU
+//
+// Entries register themselves (MG_REGISTER_OP), so adding an op touches its kernel header, its
+// two kernels and its op file, plus the public declaration in include/minigrad/ops/ops.h; the
+// test picks it up from the registry. docs/architecture.md walks through it.
+//
+// The tape (src/core/tape.h) holds an op as `const OpDef*`; core calls this layer only through
+// the hooks declared there (Note [op layer hooks]), which src/ops/apply.cpp defines.
+#pragma once
+
+#include <initializer_list>
+#include <span>
+#include <vector>
+
+#include <minigrad/ops/ops.h>
+
+#include "core/tape.h"
+#include "kernels/dispatch.h"
+
+namespace mg {
+
+enum class OpKind : uint8_t {
+  elementwise,  // y[i] depends on x[i] only
+  contraction,  // linear, conv2d: weights, GEMM-shaped
+  pool,         // windows over H and W
+  view,         // no kernel, shares storage
+  loss,         // a scalar from (prediction, target), with a Reduction
+};
+
+// One input of a test case. `real` inputs are float32 with distinct values spaced well apart and
+// away from zero (so relu's kink and max-pool's ties are never within a finite-difference step);
+// `index` inputs are int64 in [0, classes); `none` is an undefined (optional) input.
+struct TestInput {
+  enum Kind : uint8_t { real, index, none } kind = real;
+  Shape shape;
+  int64_t classes = 0;
+  bool grad = true;  // checked by finite differences (real inputs only)
+};
+
+struct OpCase {
+  std::vector<TestInput> inputs;
+  OpAttrs attrs;
+};
+
+struct OpDef {
+  const char* name;
+  OpKind kind;
+  // `saved` is null when nothing will be recorded; otherwise forward appends what backward needs.
+  Tensor (*forward)(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved);
+  // Fills grads[i] = dL/d(input i) for each input that requires grad (see backward_rule in
+  // src/core/tape.h for accum).
+  void (*backward)(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum);
+  double (*flops)(const Node& n);
+  std::vector<OpCase> (*cases)();
+};
+
+// Every registered op, in registration order.
+std::span<const OpDef* const> all_ops();
+const OpDef* find_op(std::string_view name);  // null when there is none
+
+struct OpRegistrar {
+  explicit OpRegistrar(const OpDef& op);
+};
+#define MG_REGISTER_OP(def) static const ::mg::OpRegistrar mg_register_##def(def)
+
+// ---- helpers for forward and backward --------------------------------------------------------
+
+inline TensorOptions like(const Tensor& t) { return TensorOptions{DType::f32, t.device()}; }
+
+void check_float(const char* op, const char* what, const Tensor& t);
+
+inline void save(std::vector<Tensor>* saved, std::initializer_list<Tensor> ts) {
+  if (saved) saved->insert(saved->end(), ts);
+}
+
+inline bool wants(const Node& n, size_t i) { return i < n.inputs.size() && n.inputs[i].requires_grad; }
+
+inline Tensor empty_like_input(const Node& n, size_t i, Device d) {
+  return Tensor::empty(n.inputs[i].shape, TensorOptions{DType::f32, d});
+}
+
+// Windows along one dimension of size `in` (conv2d, pools). 0 when the kernel does not fit: C++
+// division truncates toward zero, so (in + 2p - k) / s + 1 alone would say 1 for a kernel up to
+// s - 1 elements too large.
+inline int64_t window_count(int64_t in, int k, int s, int p) {
+  return in + 2 * p < k ? 0 : (in + 2 * p - k) / s + 1;
+}
+
+inline double out_numel(const Node& n) { return static_cast<double>(shape_numel(n.out_shape)); }
+inline double flops_per_output(const Node& n) { return out_numel(n); }
+inline double no_flops(const Node&) { return 0.0; }
+
+}  // namespace mg

@@ -1,0 +1,101 @@
+// Pooling over H and W.   x: (N, C, H, W)
+//   max_pool2d:          y = max over each window (padding never wins); dx[argmax] += dy
+//   adaptive_avg_pool2d: y = mean over PyTorch's adaptive windows; each input element gets
+//                        dy / window size from every window containing it
+#include "kernels/pooling.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  const Tensor& x = in[0];
+  check_float("max_pool2d", "input", x);
+  MG_CHECK(x.dim() == 4, "max_pool2d: input must be 4-D (N, C, H, W), got shape " << shape_str(x.shape()));
+  MG_CHECK(a.kernel_h >= 1 && a.stride_h >= 1 && a.pad_h >= 0 && 2 * a.pad_h <= a.kernel_h,
+           "max_pool2d: need kernel >= 1, stride >= 1, 0 <= padding <= kernel/2; got kernel "
+               << a.kernel_h << ", stride " << a.stride_h << ", padding " << a.pad_h);
+  int64_t oh = window_count(x.size(2), a.kernel_h, a.stride_h, a.pad_h);
+  int64_t ow = window_count(x.size(3), a.kernel_h, a.stride_h, a.pad_h);
+  MG_CHECK(oh >= 1 && ow >= 1, "max_pool2d: input " << shape_str(x.shape()) << " is smaller than kernel "
+                                   << a.kernel_h);
+  Tensor y = Tensor::empty({x.size(0), x.size(1), oh, ow}, like(x));
+  Tensor idx = Tensor::empty(y.shape(), TensorOptions{DType::i64, x.device()});
+  MG_DISPATCH(x.device(), max_pool2d_forward, y, idx, x, a.kernel_h, a.stride_h, a.pad_h);
+  save(saved, {idx});  // the argmax of each window, not the values
+  return y;
+}
+
+void max_pool2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), max_pool2d_backward, grads[0], gy, n.saved[0], n.attrs.kernel_h,
+              n.attrs.stride_h, n.attrs.pad_h);
+}
+
+double max_pool2d_flops(const Node& n) { return out_numel(n) * n.attrs.kernel_h * n.attrs.kernel_w; }
+
+std::vector<OpCase> max_pool2d_cases() {
+  OpAttrs k2, k3s2p1;
+  k2.kernel_h = k2.kernel_w = 2;
+  k2.stride_h = k2.stride_w = 2;
+  k3s2p1.kernel_h = k3s2p1.kernel_w = 3;
+  k3s2p1.stride_h = k3s2p1.stride_w = 2;
+  k3s2p1.pad_h = k3s2p1.pad_w = 1;
+  return {{{{.shape = {2, 3, 5, 7}}}, k2}, {{{.shape = {1, 2, 7, 6}}}, k3s2p1}};
+}
+
+const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
+                       max_pool2d_cases};
+MG_REGISTER_OP(kMaxPool2d);
+
+Tensor adaptive_avg_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
+  const Tensor& x = in[0];
+  check_float("adaptive_avg_pool2d", "input", x);
+  MG_CHECK(x.dim() == 4, "adaptive_avg_pool2d: input must be 4-D (N, C, H, W), got shape "
+                             << shape_str(x.shape()));
+  MG_CHECK(a.out_h >= 1 && a.out_w >= 1, "adaptive_avg_pool2d: output size must be positive, got "
+                                             << a.out_h << "x" << a.out_w);
+  Tensor y = Tensor::empty({x.size(0), x.size(1), a.out_h, a.out_w}, like(x));
+  MG_DISPATCH(x.device(), adaptive_avg_pool2d_forward, y, x);
+  return y;  // backward needs only the input's shape, kept on the node
+}
+
+void adaptive_avg_pool2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), adaptive_avg_pool2d_backward, grads[0], gy);
+}
+
+double adaptive_avg_pool2d_flops(const Node& n) { return static_cast<double>(shape_numel(n.inputs[0].shape)); }
+
+std::vector<OpCase> adaptive_avg_pool2d_cases() {
+  OpAttrs to3x2, to1x1;
+  to3x2.out_h = 3;
+  to3x2.out_w = 2;
+  to1x1.out_h = to1x1.out_w = 1;
+  return {{{{.shape = {2, 3, 7, 5}}}, to3x2}, {{{.shape = {1, 2, 3, 3}}}, to1x1}};
+}
+
+const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,
+                               adaptive_avg_pool2d_bwd, adaptive_avg_pool2d_flops,
+                               adaptive_avg_pool2d_cases};
+MG_REGISTER_OP(kAdaptiveAvgPool2d);
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, int kernel, int stride, int padding) {
+  OpAttrs a;
+  a.kernel_h = a.kernel_w = kernel;
+  a.stride_h = a.stride_w = stride == 0 ? kernel : stride;
+  a.pad_h = a.pad_w = padding;
+  return apply(kMaxPool2d, a, {x});
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w) {
+  OpAttrs a;
+  a.out_h = out_h;
+  a.out_w = out_w;
+  return apply(kAdaptiveAvgPool2d, a, {x});
+}
+
+}  // namespace mg

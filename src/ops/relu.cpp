@@ -1,0 +1,33 @@
+// relu: y = max(x, 0);  dx = dy * (y > 0).   x, y: any shape
+#include "kernels/relu.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor relu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  check_float("relu", "input", in[0]);
+  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  MG_DISPATCH(y.device(), relu_forward, y, in[0]);
+  // The values only: saving y itself would make y -> grad_fn -> saved y a reference cycle,
+  // and a graph dropped without backward would never be freed.
+  save(saved, {y.detach()});
+  return y;
+}
+
+void relu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), relu_backward, grads[0], gy, n.saved[0]);
+}
+
+std::vector<OpCase> relu_cases() { return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {1}}}, {}}}; }
+
+const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases};
+MG_REGISTER_OP(kRelu);
+
+}  // namespace
+
+Tensor relu(const Tensor& x) { return apply(kRelu, {}, {x}); }
+
+}  // namespace mg

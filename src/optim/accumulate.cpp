@@ -1,0 +1,253 @@
+#include <minigrad/optim/accumulate.h>
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "kernels/elementwise.h"
+
+namespace mg::optim {
+
+double global_grad_norm(const std::vector<Tensor>& grads, double scale) {
+  if (grads.empty()) return 0.0;
+  Tensor ss = Tensor::empty({1}, TensorOptions{DType::f64, grads[0].device()});
+  MG_DISPATCH(ss.device(), sum_squares_into, grads, ss, 0);
+  return std::sqrt(ss.to_vector<double>()[0]) * std::abs(scale);
+}
+
+Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), opts_(opts) {
+  MG_CHECK(opts.steps >= 1, "Accumulator: steps (micro-batches per optimizer step) must be >= 1, got " << opts.steps);
+  MG_CHECK(opts.clip_norm >= 0.0f && std::isfinite(opts.clip_norm),
+           "Accumulator: clip_norm must be >= 0 (0 = off), got " << opts.clip_norm);
+}
+
+// Note [one read per step] (optim/accumulate.h).
+void Accumulator::record_loss(const Tensor& loss, int64_t samples) {
+  MG_CHECK(loss.defined() && loss.numel() == 1 && loss.dtype() == DType::f32,
+           "gradient accumulation: the loss must be a float32 scalar, got "
+               << (loss.defined() ? shape_str(loss.shape()) + " " + dtype_name(loss.dtype()) : "an undefined tensor"));
+  MG_CHECK(samples > 0, "gradient accumulation: a micro-batch of " << samples << " samples");
+  if (pending_micro_batches_ == 0 && stats_.defined() &&
+      (stats_.device() != loss.device() || stats_.numel() != opts_.steps + 1)) {
+    stats_ = Tensor();  // a new window on another device, or N changed
+  }
+  MG_CHECK(!stats_.defined() || stats_.device() == loss.device(),
+           "gradient accumulation: a loss on " << loss.device().str() << " in a window whose losses are on "
+                                               << stats_.device().str());
+  if (!stats_.defined()) {
+    stats_ = Tensor::empty({opts_.steps + 1}, TensorOptions{DType::f64, loss.device()});
+  } else if (recorded_ == stats_.numel() - 1) {
+    spill_losses();  // more micro-batches than N in this window: read the slots early
+  }
+  MG_DISPATCH(stats_.device(), store_scalar, stats_, recorded_, loss);
+  ++recorded_;
+  window_samples_.push_back(samples);
+}
+
+void Accumulator::spill_losses() {
+  const std::vector<double> v = stats_.to_vector<double>();
+  spilled_losses_.insert(spilled_losses_.end(), v.begin(), v.begin() + recorded_);
+  recorded_ = 0;
+}
+
+void Accumulator::backward(const Tensor& loss, int64_t samples) {
+  record_loss(loss, samples);
+  loss.backward();
+  pending_samples_ += samples;
+  ++pending_micro_batches_;
+}
+
+void Accumulator::add_micro_batch(int64_t samples, const Tensor& loss) {
+  record_loss(loss, samples);
+  pending_samples_ += samples;
+  ++pending_micro_batches_;
+}
+
+void Accumulator::drop_window() {
+  opt_.zero_grad();
+  pending_samples_ = 0;
+  pending_micro_batches_ = 0;
+  recorded_ = 0;
+  spilled_losses_.clear();
+  window_samples_.clear();
+}
+
+StepInfo Accumulator::step() {
+  MG_CHECK(pending_micro_batches_ > 0, "Accumulator::step: no micro-batch since the last step");
+  StepInfo info;
+  info.samples = pending_samples_;
+  info.micro_batches = pending_micro_batches_;
+  // Note [accumulation normalises by samples] (optim/accumulate.h).
+  const double base = opts_.normalize == Normalize::samples ? 1.0 / static_cast<double>(pending_samples_)
+                                                            : 1.0 / static_cast<double>(opts_.steps);
+  // The step's one read: the window's losses and, when needed, the squared gradient norm.
+  const bool want_norm = opts_.clip_norm > 0.0f || opts_.check_finite;
+  const int64_t norm_slot = stats_.numel() - 1;
+  if (want_norm) MG_DISPATCH(stats_.device(), sum_squares_into, opt_.grads(), stats_, norm_slot);
+  const std::vector<double> read = stats_.to_vector<double>();
+  std::vector<double> losses = std::move(spilled_losses_);
+  losses.insert(losses.end(), read.begin(), read.begin() + recorded_);
+  const int64_t step_number = opt_.step_count() + 1;
+  int64_t bad = -1;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    // With Normalize::micro_batches each loss is a mean: weight it by its samples.
+    const double w = opts_.normalize == Normalize::samples ? 1.0 : static_cast<double>(window_samples_[i]);
+    info.loss_sum += losses[i] * w;
+    if (bad < 0 && !std::isfinite(losses[i])) bad = static_cast<int64_t>(i);
+  }
+  info.grad_norm = want_norm ? std::sqrt(read[norm_slot]) * base : std::numeric_limits<double>::quiet_NaN();
+  if (bad >= 0 || (want_norm && !std::isfinite(info.grad_norm))) {
+    std::ostringstream what;
+    if (bad >= 0) what << "loss is " << losses[bad] << " at micro-batch " << bad + 1 << " of " << losses.size();
+    else what << "the gradient norm is " << info.grad_norm;
+    drop_window();
+    MG_CHECK(opts_.non_finite == NonFinite::skip,
+             "gradient accumulation: " << what.str() << " in the window of optimizer step " << step_number << " ("
+             << info.samples << " samples in " << info.micro_batches << " micro-batches); the window was dropped. "
+             "---> HINT: lower the learning rate, enable clipping, or check the data; NonFinite::skip drops such "
+             "windows and goes on");
+    info.skipped = true;
+    ++skipped_steps_;
+    last_ = info;
+    return info;
+  }
+  if (opts_.clip_norm > 0.0f && info.grad_norm > opts_.clip_norm) {
+    info.clip_coef = static_cast<float>(opts_.clip_norm / (info.grad_norm + 1e-6));  // torch's clip_grad_norm_
+  }
+  info.grad_scale = static_cast<float>(base * info.clip_coef);
+  opt_.step(info.grad_scale);
+  ++steps_taken_;
+  drop_window();
+  last_ = info;
+  return info;
+}
+
+bool Accumulator::flush(StepInfo* info) {
+  if (pending_micro_batches_ == 0) return false;
+  StepInfo s = step();
+  if (info) *info = s;
+  return true;
+}
+
+void Accumulator::set_steps(int64_t n) {
+  MG_CHECK(n >= 1, "Accumulator::set_steps: steps must be >= 1, got " << n);
+  MG_CHECK(pending_micro_batches_ == 0 || n == opts_.steps,
+           "Accumulator::set_steps(" << n << "): " << pending_micro_batches_
+                                     << " micro-batches are pending; call flush() first");
+  opts_.steps = n;
+}
+
+// ---- schedule ----------------------------------------------------------------------------------
+
+AccumulationSchedule::AccumulationSchedule(int64_t fixed) {
+  MG_CHECK(fixed >= 1, "accumulation schedule: N must be >= 1, got " << fixed);
+  table_[0] = fixed;
+}
+
+namespace {
+
+int64_t parse_int(const std::string& s, const std::string& spec, const char* what) {
+  std::string t;
+  for (char c : s) if (c != ' ') t += c;
+  MG_CHECK(!t.empty(), "accumulation schedule \"" << spec << "\": empty " << what
+                                                  << " (expected \"epoch:N,epoch:N\", e.g. \"0:8,4:2\")");
+  for (char c : t) {
+    MG_CHECK(std::isdigit(static_cast<unsigned char>(c)),
+             "accumulation schedule \"" << spec << "\": " << what << " \"" << t
+                                        << "\" is not a non-negative integer (expected \"epoch:N,...\", e.g. \"0:8,4:2\")");
+  }
+  MG_CHECK(t.size() <= 9, "accumulation schedule \"" << spec << "\": " << what << " " << t << " is too large");
+  return std::stoll(t);
+}
+
+}  // namespace
+
+AccumulationSchedule AccumulationSchedule::parse(const std::string& spec) {
+  MG_CHECK(!spec.empty(), "accumulation schedule: empty string (expected \"epoch:N,...\", e.g. \"0:8,4:2\")");
+  AccumulationSchedule s;
+  if (spec.find(':') == std::string::npos && spec.find(',') == std::string::npos) {
+    return AccumulationSchedule(parse_int(spec, spec, "N"));
+  }
+  s.table_.clear();
+  std::stringstream ss(spec);
+  std::string item;
+  size_t items = 0, commas = 0;
+  for (char c : spec) commas += c == ',';
+  while (std::getline(ss, item, ',')) {
+    ++items;
+    const size_t colon = item.find(':');
+    MG_CHECK(colon != std::string::npos && item.find(':', colon + 1) == std::string::npos,
+             "accumulation schedule \"" << spec << "\": entry \"" << item
+                                        << "\" is not \"epoch:N\" (e.g. \"0:8,4:2\")");
+    const int64_t epoch = parse_int(item.substr(0, colon), spec, "epoch");
+    const int64_t n = parse_int(item.substr(colon + 1), spec, "N");
+    MG_CHECK(n >= 1, "accumulation schedule \"" << spec << "\": N must be >= 1 at epoch " << epoch << ", got " << n);
+    MG_CHECK(!s.table_.count(epoch), "accumulation schedule \"" << spec << "\": epoch " << epoch << " appears twice");
+    s.table_[epoch] = n;
+  }
+  MG_CHECK(items == commas + 1, "accumulation schedule \"" << spec << "\": empty entry (stray comma)");
+  if (!s.table_.count(0)) s.table_[0] = 1;
+  return s;
+}
+
+int64_t AccumulationSchedule::steps_for_epoch(int64_t epoch) const {
+  MG_CHECK(epoch >= 0, "accumulation schedule: epoch " << epoch);
+  auto it = table_.upper_bound(epoch);
+  --it;  // table_ always has key 0
+  return it->second;
+}
+
+std::string AccumulationSchedule::str() const {
+  std::ostringstream out;
+  for (auto it = table_.begin(); it != table_.end(); ++it) {
+    out << (it == table_.begin() ? "" : ",") << it->first << ":" << it->second;
+  }
+  return out.str();
+}
+
+float scale_lr_linear(float base_lr, int64_t base_batch, int64_t effective_batch) {
+  MG_CHECK(base_batch > 0 && effective_batch > 0,
+           "scale_lr_linear: batch sizes must be > 0, got " << base_batch << " and " << effective_batch);
+  return static_cast<float>(static_cast<double>(base_lr) * static_cast<double>(effective_batch) /
+                            static_cast<double>(base_batch));
+}
+
+// ---- training loop -------------------------------------------------------------------------------
+
+EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator& acc, int64_t epoch,
+                       const LossFn& loss_fn, const TrainCallbacks& callbacks) {
+  MG_CHECK(acc.pending_micro_batches() == 0,
+           "train_epoch: the accumulator has " << acc.pending_micro_batches() << " pending micro-batches; flush() first");
+  const Reduction red = acc.options().normalize == Normalize::samples ? Reduction::sum : Reduction::mean;
+  auto t0 = std::chrono::steady_clock::now();
+  EpochStats st;
+  const int64_t skipped0 = acc.skipped_steps();
+  model.train();
+  loader.start_epoch(epoch);
+  data::Batch b;
+  auto after_step = [&](const StepInfo& info) {
+    st.loss_sum += info.loss_sum;
+    if (!info.skipped) ++st.optimizer_steps;
+    if (callbacks.on_step) callbacks.on_step(info);
+  };
+  while (loader.next(b)) {
+    Tensor logits = model.forward(b.x);
+    Tensor loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+    acc.backward(loss, b.size());
+    st.samples += b.size();
+    ++st.micro_batches;
+    if (callbacks.on_micro_batch) callbacks.on_micro_batch(b);
+    if (acc.ready()) after_step(acc.step());
+  }
+  StepInfo last;
+  if (acc.flush(&last)) after_step(last);
+  st.skipped_steps = acc.skipped_steps() - skipped0;
+  // The last update is still running on a GPU: the epoch's time includes it.
+  synchronize(loader.options().device);
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+}  // namespace mg::optim

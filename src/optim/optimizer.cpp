@@ -1,0 +1,131 @@
+#include <minigrad/optim/optimizer.h>
+
+#include <cmath>
+
+#include "kernels/elementwise.h"
+#include "kernels/optim.h"
+
+namespace mg::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  MG_CHECK(!params_.empty(), "optimizer: empty parameter list");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    MG_CHECK(p.defined() && p.requires_grad() && p.is_leaf(),
+             "optimizer: parameter " << i << " must be a leaf tensor that requires grad");
+    MG_CHECK(p.device() == params_[0].device(), "optimizer: parameters on different devices ("
+                                                    << params_[0].device().str() << " and "
+                                                    << p.device().str() << ")");
+    if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
+  }
+}
+
+std::vector<Tensor> Optimizer::grads() const {
+  std::vector<Tensor> g;
+  for (const Tensor& p : params_) {
+    Tensor gi = p.grad();
+    if (!gi.defined()) {  // someone cleared it (Module::zero_grad): restore the buffer
+      gi = Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()});
+      p.set_grad(gi);
+    }
+    g.push_back(gi);
+  }
+  return g;
+}
+
+namespace {
+// Module::to(d) moves parameters and their gradient buffers in place, not an optimizer's state
+// (momentum, moments) allocated at construction: bring it along, values kept, so an optimizer
+// built before model.to(cuda) stays valid (as nn/module.h promises) instead of handing host
+// pointers to a device kernel (or device pointers to the CPU one).
+void state_follows_params(const Optimizer& opt) {
+  const std::vector<Tensor>& params = opt.params();
+  const Device d = params[0].device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    MG_CHECK(params[i].device() == d, "optimizer step: parameter " << i << " is on " << params[i].device().str()
+                                          << ", parameter 0 on " << d.str()
+                                          << " (was only part of the model moved with to()?)");
+  }
+  for (const auto& [name, t] : opt.state_tensors()) {
+    if (t.device() != d) t.impl().storage = t.to(d).impl().storage;
+  }
+}
+}  // namespace
+
+void Optimizer::step(float grad_scale) {
+  MG_CHECK(std::isfinite(grad_scale), "optimizer step: gradient scale is " << grad_scale);
+  state_follows_params(*this);
+  ++step_count_;
+  update(grad_scale);
+}
+
+void Optimizer::zero_grad() {
+  const std::vector<Tensor> g = grads();
+  MG_DISPATCH(g[0].device(), zero_many, g);  // one launch on CUDA
+}
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions opts) : Optimizer(std::move(params)), opts_(opts) {
+  MG_CHECK(opts.lr >= 0.0f, "SGD: invalid learning rate " << opts.lr);
+  MG_CHECK(opts.momentum >= 0.0f, "SGD: invalid momentum " << opts.momentum);
+  MG_CHECK(!opts.nesterov || (opts.momentum > 0.0f && opts.dampening == 0.0f),
+           "SGD: nesterov needs momentum > 0 and dampening 0");
+  if (opts.momentum != 0.0f) {
+    for (const Tensor& p : params_) momentum_.push_back(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
+  }
+}
+
+void SGD::update(float grad_scale) {
+  SgdHyper h;
+  h.lr = opts_.lr;
+  h.momentum = opts_.momentum;
+  h.dampening = opts_.dampening;
+  h.weight_decay = opts_.weight_decay;
+  h.nesterov = opts_.nesterov;
+  h.first_step = step_count_ == 1;
+  h.grad_scale = grad_scale;
+  std::vector<Tensor> g = grads();
+  MG_DISPATCH(params_[0].device(), sgd_update, params_, g, momentum_, h);
+}
+
+std::vector<std::pair<std::string, Tensor>> SGD::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> s;
+  for (size_t i = 0; i < momentum_.size(); ++i) s.emplace_back(std::to_string(i) + ".momentum_buffer", momentum_[i]);
+  return s;
+}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions opts, bool decoupled)
+    : Optimizer(std::move(params)), opts_(opts), decoupled_(decoupled) {
+  MG_CHECK(opts.lr >= 0.0f, "Adam: invalid learning rate " << opts.lr);
+  MG_CHECK(opts.beta1 >= 0.0f && opts.beta1 < 1.0f && opts.beta2 >= 0.0f && opts.beta2 < 1.0f,
+           "Adam: betas must be in [0, 1), got (" << opts.beta1 << ", " << opts.beta2 << ")");
+  MG_CHECK(opts.eps >= 0.0f, "Adam: invalid eps " << opts.eps);
+  for (const Tensor& p : params_) {
+    exp_avg_.push_back(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
+    exp_avg_sq_.push_back(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
+  }
+}
+
+void Adam::update(float grad_scale) {
+  AdamHyper h;
+  h.lr = opts_.lr;
+  h.beta1 = opts_.beta1;
+  h.beta2 = opts_.beta2;
+  h.eps = opts_.eps;
+  h.weight_decay = opts_.weight_decay;
+  h.decoupled = decoupled_;
+  h.step = step_count_;
+  h.grad_scale = grad_scale;
+  std::vector<Tensor> g = grads();
+  MG_DISPATCH(params_[0].device(), adam_update, params_, g, exp_avg_, exp_avg_sq_, h);
+}
+
+std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> s;
+  for (size_t i = 0; i < exp_avg_.size(); ++i) {
+    s.emplace_back(std::to_string(i) + ".exp_avg", exp_avg_[i]);
+    s.emplace_back(std::to_string(i) + ".exp_avg_sq", exp_avg_sq_[i]);
+  }
+  return s;
+}
+
+}  // namespace mg::optim

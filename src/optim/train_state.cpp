@@ -1,0 +1,96 @@
+#include <minigrad/optim/train_state.h>
+
+#include <set>
+
+#include <minigrad/core/rng.h>
+
+namespace mg::optim {
+
+namespace {
+
+constexpr const char* kFormat = "minigrad-train-state-1";
+
+int64_t meta_int(const nn::Metadata& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  MG_CHECK(it != m.end(), path << ": not a training-state file (metadata \"" << key << "\" missing)");
+  try {
+    size_t used = 0;
+    long long v = std::stoll(it->second, &used);
+    MG_CHECK(used == it->second.size(), "trailing characters");
+    return v;
+  } catch (const std::exception&) {
+    MG_FAIL(path << ": metadata \"" << key << "\" = \"" << it->second << "\" is not an integer");
+  }
+}
+
+uint64_t meta_u64(const nn::Metadata& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  MG_CHECK(it != m.end(), path << ": not a training-state file (metadata \"" << key << "\" missing)");
+  try {
+    return std::stoull(it->second);
+  } catch (const std::exception&) {
+    MG_FAIL(path << ": metadata \"" << key << "\" = \"" << it->second << "\" is not an integer");
+  }
+}
+
+void copy_into(const Tensor& dst, const Tensor& src, const std::string& name, const std::string& path) {
+  MG_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(),
+           path << ": tensor \"" << name << "\" is " << dtype_name(src.dtype()) << shape_str(src.shape())
+                << ", the run expects " << dtype_name(dst.dtype()) << shape_str(dst.shape()));
+  Tensor d = dst;
+  d.copy_(src);
+}
+
+}  // namespace
+
+void save_train_state(const std::string& path, const nn::Module& model, const Optimizer& opt,
+                      TrainState state) {
+  nn::NamedTensors tensors;
+  for (auto& [name, p] : model.named_parameters()) tensors.emplace_back("param." + name, p);
+  for (auto& [name, t] : opt.state_tensors()) tensors.emplace_back("optim." + name, t);
+  nn::Metadata meta = state.extra;
+  meta["minigrad.format"] = kFormat;
+  meta["minigrad.epoch"] = std::to_string(state.epoch);
+  meta["minigrad.batches_done"] = std::to_string(state.batches_done);
+  meta["minigrad.step_count"] = std::to_string(opt.step_count());
+  meta["minigrad.generator_seed"] = std::to_string(default_generator().seed());
+  meta["minigrad.generator_offset"] = std::to_string(default_generator().offset());
+  nn::save_safetensors(path, tensors, meta);
+}
+
+TrainState load_train_state(const std::string& path, nn::Module& model, Optimizer& opt) {
+  nn::SafetensorsFile f = nn::load_safetensors(path);
+  auto fmt = f.metadata.find("minigrad.format");
+  MG_CHECK(fmt != f.metadata.end() && fmt->second == kFormat,
+           path << ": not a libminigrad training-state file (metadata minigrad.format = \""
+                << (fmt == f.metadata.end() ? std::string("<missing>") : fmt->second) << "\", expected \""
+                << kFormat << "\"); pass the epoch_K.state.safetensors written by --save-dir");
+  std::set<std::string> used;
+  auto take = [&](const std::string& key, const Tensor& dst) {
+    const Tensor* src = f.find(key);
+    MG_CHECK(src != nullptr, path << ": tensor \"" << key << "\" is missing (different model or optimizer?)");
+    copy_into(dst, *src, key, path);
+    used.insert(key);
+  };
+  for (auto& [name, p] : model.named_parameters()) take("param." + name, p);
+  for (auto& [name, t] : opt.state_tensors()) take("optim." + name, t);
+  for (auto& [name, t] : f.tensors) {
+    MG_CHECK(used.count(name), path << ": unexpected tensor \"" << name
+                                    << "\" (saved from a different model or optimizer?)");
+  }
+  TrainState st;
+  st.epoch = meta_int(f.metadata, "minigrad.epoch", path);
+  st.batches_done = meta_int(f.metadata, "minigrad.batches_done", path);
+  st.step_count = meta_int(f.metadata, "minigrad.step_count", path);
+  st.generator_seed = meta_u64(f.metadata, "minigrad.generator_seed", path);
+  st.generator_offset = meta_u64(f.metadata, "minigrad.generator_offset", path);
+  opt.set_step_count(st.step_count);
+  default_generator().manual_seed(st.generator_seed);
+  default_generator().set_offset(st.generator_offset);
+  for (auto& [k, v] : f.metadata) {
+    if (k.rfind("minigrad.", 0) != 0) st.extra[k] = v;
+  }
+  return st;
+}
+
+}  // namespace mg::optim
