@@ -536,3 +536,30 @@ TEST_CASE("resume: 2 epochs straight equal 1 epoch + save + resume 1 epoch, bit 
                        doctest::Contains("unexpected tensor"), Error);
   std::filesystem::remove_all(dir);
 }
+
+// A PyTorch user's habit: the default mean-reduced loss. Under Normalize::samples every step
+// would silently be 1/b as long; the tape knows the reduction, so the accumulator refuses it,
+// also behind scalar ops, and a micro-batch-normalised accumulator refuses a summed loss.
+TEST_CASE("accumulator refuses a loss reduced the wrong way, and says which reduction to use") {
+  auto model = small_mlp(5);
+  optim::SGD opt(model->parameters(), {.lr = 0.1f});
+  Generator g(3);
+  Tensor x = Tensor::uniform({6, 784}, -1, 1, g);
+  Tensor y = Tensor::from_vector(std::vector<int64_t>{1, 0, 9, 3, 3, 7}, {6});
+  {
+    optim::Accumulator acc(opt, {.steps = 2});
+    CHECK_THROWS_WITH_AS(acc.backward(cross_entropy(model->forward(x), y), 6),
+                         doctest::Contains("pass mg::Reduction::sum"), Error);
+    CHECK_THROWS_WITH_AS(acc.backward(scale(cross_entropy(model->forward(x), y), 2.0f), 6),
+                         doctest::Contains("Reduction::mean (PyTorch's default)"), Error);
+    CHECK(acc.pending_micro_batches() == 0);
+    acc.backward(cross_entropy(model->forward(x), y, Reduction::sum), 6);  // the right one is taken
+    CHECK(acc.pending_micro_batches() == 1);
+  }
+  opt.zero_grad();
+  optim::Accumulator per_mb(opt, {.steps = 2, .normalize = optim::Normalize::micro_batches});
+  CHECK_THROWS_WITH_AS(per_mb.backward(cross_entropy(model->forward(x), y, Reduction::sum), 6),
+                       doctest::Contains("pass mg::Reduction::mean"), Error);
+  per_mb.backward(cross_entropy(model->forward(x), y), 6);
+  CHECK(per_mb.pending_micro_batches() == 1);
+}

@@ -23,10 +23,10 @@ struct StepResult {
 };
 
 // One forward/backward in training mode with dropout drawn from seed 77; gradients land in
-// fresh tensors (Module::zero_grad) or, with `buffers`, in optimizer-style zeroed buffers.
+// fresh tensors (Module::release_grads) or, with `buffers`, in optimizer-style zeroed buffers.
 StepResult step(nn::Sequential& m, const std::vector<nn::Segment>& plan, const Tensor& x_data,
                 const Tensor& target, bool buffers) {
-  m.zero_grad();
+  m.release_grads();
   if (buffers) {
     for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
   }
@@ -68,7 +68,7 @@ TEST_CASE("checkpointed MLP with dropout: gradients bit for bit, for several spl
     const StepResult ref = step(*m, {}, x, t, buffers);
     // Dropout really is active: a different mask stream gives different gradients.
     {
-      m->zero_grad();
+      m->release_grads();
       manual_seed(78);
       Tensor xx = x.clone().requires_grad_();
       cross_entropy(m->forward(xx), t).backward();
@@ -121,7 +121,7 @@ TEST_CASE("checkpoint_sequential splits like torch.utils.checkpoint.checkpoint_s
   Tensor x = rand_tensor({6, 20}, 13);
   Tensor t = targets({1, 2, 3, 4, 0, 1});
   const StepResult ref = step(*m, {}, x, t, false);
-  m->zero_grad();
+  m->release_grads();
   Tensor xx = x.clone().requires_grad_();
   manual_seed(77);
   Tensor loss = cross_entropy(nn::checkpoint_sequential(*m, 3, xx), t);
@@ -225,13 +225,13 @@ TEST_CASE("checkpoint: a second backward through a released segment is an error"
 
   // With retain_graph the segment replays again, and the gradients add up exactly as without
   // checkpointing.
-  lin.zero_grad();
+  lin.release_grads();
   x.set_grad(Tensor());
   Tensor y2 = checkpoint(fn, {x});
   y2.backward(g, /*retain_graph=*/true);
   y2.backward(g);
   Tensor gx_ckpt = x.grad().clone(), gw_ckpt = lin.weight().grad().clone();
-  lin.zero_grad();
+  lin.release_grads();
   x.set_grad(Tensor());
   Tensor y3 = fn({x});
   y3.backward(g, true);

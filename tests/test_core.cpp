@@ -134,7 +134,7 @@ TEST_CASE("a tensor used twice gets the sum of both gradients") {
   for (size_t i = 0; i < va.size(); ++i) CHECK(g[i] == doctest::Approx(3.0f + (va[i] > 0 ? 1.0f : 0.0f)));
 }
 
-TEST_CASE("modules: PyTorch names, init bounds, to(), zero_grad") {
+TEST_CASE("modules: PyTorch names, init bounds, to(), zero_grad and release_grads") {
   manual_seed(7);
   auto mlp = nn::make_mlp({12, 9, 5});
   auto named = mlp->named_parameters();
@@ -155,7 +155,14 @@ TEST_CASE("modules: PyTorch names, init bounds, to(), zero_grad") {
   CHECK_THROWS_WITH_AS(mlp->forward(rand_tensor({2, 11}, 1)), doctest::Contains("11 features, weight expects 12"), Error);
   mlp->forward(rand_tensor({2, 12}, 1)).backward(Tensor::ones({2, 5}));
   CHECK(p0.grad().defined());
+  // zero_grad means what Optimizer::zero_grad means: the same buffer, zeroed in place.
+  Tensor buffer = p0.grad();
   mlp->zero_grad();
+  CHECK(p0.grad().same(buffer));
+  CHECK(test::max_abs_diff(buffer, Tensor::zeros(buffer.shape())) == 0.0);
+  mlp->release_grads();
+  CHECK(!p0.grad().defined());
+  mlp->zero_grad();  // nothing to zero: stays undefined
   CHECK(!p0.grad().defined());
 }
 

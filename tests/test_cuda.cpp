@@ -706,7 +706,7 @@ namespace {
 std::vector<Tensor> ckpt_grads(nn::Sequential& m, const std::vector<nn::Segment>& plan, const Tensor& x_data,
                                const Tensor& target) {
   const Device d = m.parameters()[0].device();
-  m.zero_grad();
+  m.release_grads();
   for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, d}));
   Tensor x = x_data.to(d).requires_grad_();
   manual_seed(77);

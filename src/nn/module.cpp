@@ -39,6 +39,12 @@ void Module::to(Device d) {
 }
 
 void Module::zero_grad() {
+  for (Tensor& p : parameters()) {
+    if (Tensor g = p.grad(); g.defined()) g.zero_();
+  }
+}
+
+void Module::release_grads() {
   for (Tensor& p : parameters()) p.set_grad(Tensor());
 }
 

@@ -6,7 +6,9 @@
 #include <limits>
 #include <sstream>
 
+#include "core/tape.h"
 #include "kernels/elementwise.h"
+#include "ops/op.h"
 
 namespace mg::optim {
 
@@ -23,12 +25,49 @@ Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), op
            "Accumulator: clip_norm must be >= 0 (0 = off), got " << opts.clip_norm);
 }
 
+namespace {
+
+// The reduction of every loss op that produced `loss` through scalar ops only (a loss that is
+// scale(cross_entropy(...)) or a sum of two losses is still found); the tape records it.
+// Throws when one differs from what the normalisation needs: a mean-reduced loss (PyTorch's
+// default) under Normalize::samples would silently step 1/b as far.
+void check_loss_reduction(const Tensor& loss, Normalize normalize) {
+  const Reduction want = normalize == Normalize::samples ? Reduction::sum : Reduction::mean;
+  std::vector<const Node*> stack;
+  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (n->op && n->op->kind == OpKind::loss) {
+      MG_CHECK(n->attrs.reduction == want,
+               "gradient accumulation: the loss is " << n->op->name << " with "
+                   << (want == Reduction::sum ? "Reduction::mean (PyTorch's default)" : "Reduction::sum")
+                   << ", but "
+                   << (want == Reduction::sum
+                           ? "the Accumulator normalises by samples (Note [accumulation normalises by "
+                             "samples]), so each micro-batch's loss must be the SUM over its samples: "
+                             "pass mg::Reduction::sum (mg::cross_entropy(logits, y, mg::Reduction::sum) "
+                             "or nn::CrossEntropyLoss(mg::Reduction::sum)). A mean loss would make "
+                             "every step 1/(micro-batch size) as long."
+                           : "Normalize::micro_batches expects the mean loss of each micro-batch: "
+                             "pass mg::Reduction::mean."));
+      continue;
+    }
+    for (const NodeInput& in : n->inputs) {
+      if (in.fn && shape_numel(in.fn->out_shape) == 1) stack.push_back(in.fn.get());
+    }
+  }
+}
+
+}  // namespace
+
 // Note [one read per step] (optim/accumulate.h).
 void Accumulator::record_loss(const Tensor& loss, int64_t samples) {
   MG_CHECK(loss.defined() && loss.numel() == 1 && loss.dtype() == DType::f32,
            "gradient accumulation: the loss must be a float32 scalar, got "
                << (loss.defined() ? shape_str(loss.shape()) + " " + dtype_name(loss.dtype()) : "an undefined tensor"));
   MG_CHECK(samples > 0, "gradient accumulation: a micro-batch of " << samples << " samples");
+  check_loss_reduction(loss, opts_.normalize);
   if (pending_micro_batches_ == 0 && stats_.defined() &&
       (stats_.device() != loss.device() || stats_.numel() != opts_.steps + 1)) {
     stats_ = Tensor();  // a new window on another device, or N changed

@@ -24,7 +24,7 @@ std::vector<Tensor> Optimizer::grads() const {
   std::vector<Tensor> g;
   for (const Tensor& p : params_) {
     Tensor gi = p.grad();
-    if (!gi.defined()) {  // someone cleared it (Module::zero_grad): restore the buffer
+    if (!gi.defined()) {  // someone cleared it (Module::release_grads): restore the buffer
       gi = Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()});
       p.set_grad(gi);
     }

@@ -43,8 +43,14 @@ class Module {
   bool is_training() const { return training_; }
   // Moves every parameter to `d` (parameters keep their identity: optimizers built before stay valid).
   void to(Device d);
-  // Sets every parameter's gradient to undefined.
+  // Zeroes every parameter's gradient buffer in place, as Optimizer::zero_grad does (a gradient
+  // that is undefined stays undefined). Nothing is freed, so the next backward adds into the
+  // same buffers and a step peaks no higher than the one before.
   void zero_grad();
+  // Frees every parameter's gradient (sets it undefined): memory back for evaluation or
+  // inference. The next backward allocates fresh gradients. An optimizer re-creates zeroed
+  // buffers at its next zero_grad().
+  void release_grads();
 
  protected:
   Tensor& register_parameter(const std::string& name, Tensor t);
