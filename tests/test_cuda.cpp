@@ -147,7 +147,7 @@ TEST_CASE("cuda: element-wise kernels and the step statistics") {
   fill<Cuda>(f, 3.25f);
   for (float v : f.to_vector<float>()) CHECK(v == 3.25f);
 
-  // The step statistics (optim/accumulate.h): squared norms of many tensors of odd sizes, in
+  // The step statistics (minigrad/optim/accumulate.h): squared norms of many tensors of odd sizes, in
   // more than one launch (over 256 tensors), and a stored loss.
   std::vector<Tensor> xs, xs_gpu;
   for (int i = 0; i < 300; ++i) xs.push_back(rand_tensor({i % 7 == 0 ? 1000003 : 1 + 37 * i}, 100 + i));
@@ -266,7 +266,7 @@ TEST_CASE("cuda: dropout masks are the same on both devices") {
 
 TEST_CASE("cuda: dropout kernels at offsets that are not a multiple of 4") {
   // Generator::advance keeps offsets block-aligned; a (seed, offset) set by hand need not be, and
-  // then each element draws on its own (kernels/cuda/kernel_math.h dropout4).
+  // then each element draws on its own (src/kernels/cuda/kernel_math.h dropout4).
   for (uint64_t offset : {uint64_t{13}, uint64_t{6}, (uint64_t{1} << 35) + 3}) {
     CAPTURE(offset);
     Tensor x = rand_tensor({3, 1001}, 83);
@@ -747,7 +747,7 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
       CHECK(rel_err(ref[i], host[i]) < kStrict);
     }
     // Deterministic convolutions are the default (Note [deterministic convolutions],
-    // kernels/cuda/conv2d.cu) and max-pool backward gathers without atomics: two plain runs,
+    // src/kernels/cuda/conv2d.cu) and max-pool backward gathers without atomics: two plain runs,
     // and every checkpointed run, give the same bits.
     REQUIRE(cuda::cudnn_deterministic());
     const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);

@@ -1,4 +1,4 @@
-// The per-element bodies of the CUDA kernels (kernels/cuda/kernel_math.h) run here on the CPU,
+// The per-element bodies of the CUDA kernels (src/kernels/cuda/kernel_math.h) run here on the CPU,
 // against the CPU kernels and naive references, so the index arithmetic and formulas the GPU
 // runs are checked on every machine, GPU or not.
 #include <cmath>

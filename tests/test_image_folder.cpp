@@ -1,4 +1,4 @@
-// data/image_folder.h: decoding, resizing (against PyTorch's interpolate), ImageNet
+// minigrad/data/image_folder.h: decoding, resizing (against PyTorch's interpolate), ImageNet
 // normalisation, reproducible flips, and the errors for bad folders and files.
 #include <cstdio>
 #include <filesystem>

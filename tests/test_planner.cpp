@@ -1,4 +1,4 @@
-// The checkpoint planner (Note [checkpoint cost model] in nn/checkpoint_plan.h): the dynamic
+// The checkpoint planner (Note [checkpoint cost model] in minigrad/nn/checkpoint_plan.h): the dynamic
 // programme against enumeration of every plan on random chains, the measured peak of real
 // training steps against the prediction, and the errors (budgets, sizes, specs).
 #include <algorithm>

@@ -1,4 +1,4 @@
-// safetensors writer/reader (nn/serialize.h): round trips, atomic writes, malformed files, load_into,
+// safetensors writer/reader (minigrad/nn/serialize.h): round trips, atomic writes, malformed files, load_into,
 // and a cross-check of what we write with an independent reader and PyTorch
 // (bench/reference/check_safetensors.py).
 #include <signal.h>

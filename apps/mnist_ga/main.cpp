@@ -1,7 +1,7 @@
 // mnist_ga: the experiment of the gradient-accumulation tutorials, done exactly.
 // MLP 784-512-512-10, CrossEntropy, SGD (or Adam); batch 64 against batch 16 with 4 accumulated
 // micro-batches, which end with the same weights (Note [accumulation normalises by samples],
-// optim/accumulate.h).
+// minigrad/optim/accumulate.h).
 //
 //   mnist_ga --epochs 1 --batch-size 64 --accum 1 --save-dir runs/b64
 //   mnist_ga --epochs 1 --batch-size 16 --accum 4 --compare runs/b64/epoch_1.safetensors

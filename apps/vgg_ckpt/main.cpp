@@ -5,10 +5,10 @@
 //       --json sqrt.json
 //
 // --checkpoint none | sqrt | segments=K | budget=SIZE (e.g. budget=120MB). The plan comes from one
-// measured pass (nn/checkpoint_plan.h); every step prints its time and peak memory in use, and
+// measured pass (minigrad/nn/checkpoint_plan.h); every step prints its time and peak memory in use, and
 // --json writes the plan, its predicted peak and the measured one. SGD (lr 0.001, momentum 0.9),
 // cross-entropy. Data: synthetic by default (a deterministic pattern per class plus noise), or
-// --data DIR with one sub-folder of JPEG/PNG images per class (data/image_folder.h).
+// --data DIR with one sub-folder of JPEG/PNG images per class (minigrad/data/image_folder.h).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>

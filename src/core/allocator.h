@@ -51,7 +51,7 @@ class CpuAllocator final : public Allocator {
   StatsCounter stats_;
 };
 
-// Defined in kernels/cuda/allocator.cu when the build has CUDA; throws otherwise.
+// Defined in src/kernels/cuda/allocator.cu when the build has CUDA; throws otherwise.
 Allocator& cuda_allocator(int device_index);
 
 }  // namespace mg

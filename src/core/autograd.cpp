@@ -38,7 +38,7 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
     return;
   }
   // Every node reachable through inputs that require grad, in decreasing sequence order: a
-  // topological order, and the exact reverse of the forward pass (see core/autograd.h).
+  // topological order, and the exact reverse of the forward pass (see minigrad/core/autograd.h).
   std::vector<Node*> order;
   std::unordered_set<Node*> seen;
   std::vector<Node*> stack{root.grad_fn().get()};

@@ -74,7 +74,7 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph);
 // Adds `g` into the leaf's gradient: `grad += g`, or a copy of `g` when the leaf has none yet.
 void accumulate_grad(const Tensor& leaf, const Tensor& g);
 
-// ---- checkpoint segments (core/checkpoint.cpp) -----------------------------------------------
+// ---- checkpoint segments (src/core/checkpoint.cpp) -----------------------------------------------
 struct CheckpointSegment {
   std::vector<std::shared_ptr<Node>> nodes;  // the sub-tape, in recording order
   std::vector<Tensor> boundary;  // detached inputs while recording; then the checkpoint node's saved

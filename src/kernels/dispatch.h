@@ -1,6 +1,6 @@
 // One dispatch point per device. A kernel is declared once, as a function template over a device
-// tag, in kernels/<op>.h; kernels/cpu/<op>.cpp specialises it for Cpu (Eigen) and
-// kernels/cuda/<op>.cu for Cuda. MG_DISPATCH picks the specialisation from a device at run time:
+// tag, in src/kernels/<op>.h; src/kernels/cpu/<op>.cpp specialises it for Cpu (Eigen) and
+// src/kernels/cuda/<op>.cu for Cuda. MG_DISPATCH picks the specialisation from a device at run time:
 //
 //   MG_DISPATCH(x.device(), relu_forward, y, x);
 //

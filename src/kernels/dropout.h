@@ -3,7 +3,7 @@
 //   forward:  y  = keep ? x / (1 - p) : 0          (=)
 //   backward: dx = keep ? dy / (1 - p) : 0         (=)
 // The mask is never stored: backward (and checkpoint replay) regenerate it from (seed, offset),
-// identically on CPU and CUDA (core/rng.h).
+// identically on CPU and CUDA (minigrad/core/rng.h).
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@
 //                 order (deterministic); xs float32 of any sizes, out float64 on their device (=)
 //   store_scalar: out[slot] = x[0] as double; x one float32, out float64, one device          (=)
 // The last two fill the statistics an optimizer step reads back in one copy (the window's
-// losses and the squared gradient norm: optim/accumulate.h), so the host never waits per tensor
+// losses and the squared gradient norm: minigrad/optim/accumulate.h), so the host never waits per tensor
 // or per micro-batch.
 #pragma once
 

@@ -6,7 +6,9 @@
 // SGD:   g = s*grad + wd*p;  buf = first ? g : mu*buf + (1-dampening)*g;
 //        g = nesterov ? g + mu*buf : buf (when mu != 0);  p -= lr*g
 // Adam:  g = s*grad (+ wd*p unless decoupled);  decoupled (AdamW): p *= 1 - lr*wd
-//        m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+//        m += (g - m)*(1-b1)   (torch's exp_avg.lerp_(g, 1-b1): the same as b1*m + (1-b1)*g in
+//                               exact arithmetic; the kernels use this form, as torch does)
+//        v = b2*v + (1-b2)*g^2
 //        p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 #pragma once
 

@@ -1,5 +1,5 @@
 // Checkpoint plans for chain models; the cost model is Note [checkpoint cost model] in
-// nn/checkpoint_plan.h.
+// minigrad/nn/checkpoint_plan.h.
 #include <minigrad/nn/checkpoint_plan.h>
 
 #include <algorithm>

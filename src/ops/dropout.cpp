@@ -1,5 +1,5 @@
 // dropout: y = x * mask / (1 - p);  dx = dy * mask / (1 - p). The mask is a pure function of
-// (seed, offset) (Philox, core/rng.h), regenerated in backward: nothing is saved, and replay
+// (seed, offset) (Philox, minigrad/core/rng.h), regenerated in backward: nothing is saved, and replay
 // under checkpointing draws the same mask (Note [checkpoint replay]).
 #include <minigrad/core/rng.h>
 

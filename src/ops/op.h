@@ -1,12 +1,12 @@
 // The op layer: every differentiable op is one OpDef entry, defined beside its public function in
-// src/ops/<op>.cpp (the same base name as its kernels, kernels/<op>.h). An entry is the whole op
+// src/ops/<op>.cpp (the same base name as its kernels, src/kernels/<op>.h). An entry is the whole op
 // as the rest of the library sees it:
 //
 //   name      "relu", in errors and the planner's tables
 //   kind      what sort of op it is (the accumulator looks for kind == loss)
 //   forward   argument checks, output allocation, the device kernel, and what backward needs
 //   backward  the gradient rule
-//   flops     forward FLOPs of a recorded node, the planner's cost model (nn/checkpoint_plan.h)
+//   flops     forward FLOPs of a recorded node, the planner's cost model (minigrad/nn/checkpoint_plan.h)
 //   cases     the inputs the op-indexed test runs it on (tests/test_ops.cpp): a finite-difference
 //             check of the gradient of every input, and CUDA against CPU on a GPU
 //

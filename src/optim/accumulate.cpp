@@ -61,7 +61,7 @@ void check_loss_reduction(const Tensor& loss, Normalize normalize) {
 
 }  // namespace
 
-// Note [one read per step] (optim/accumulate.h).
+// Note [one read per step] (minigrad/optim/accumulate.h).
 void Accumulator::record_loss(const Tensor& loss, int64_t samples) {
   MG_CHECK(loss.defined() && loss.numel() == 1 && loss.dtype() == DType::f32,
            "gradient accumulation: the loss must be a float32 scalar, got "
@@ -118,7 +118,7 @@ StepInfo Accumulator::step() {
   StepInfo info;
   info.samples = pending_samples_;
   info.micro_batches = pending_micro_batches_;
-  // Note [accumulation normalises by samples] (optim/accumulate.h).
+  // Note [accumulation normalises by samples] (minigrad/optim/accumulate.h).
   const double base = opts_.normalize == Normalize::samples ? 1.0 / static_cast<double>(pending_samples_)
                                                             : 1.0 / static_cast<double>(opts_.steps);
   // The step's one read: the window's losses and, when needed, the squared gradient norm.

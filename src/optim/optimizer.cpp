@@ -36,7 +36,7 @@ std::vector<Tensor> Optimizer::grads() const {
 namespace {
 // Module::to(d) moves parameters and their gradient buffers in place, not an optimizer's state
 // (momentum, moments) allocated at construction: bring it along, values kept, so an optimizer
-// built before model.to(cuda) stays valid (as nn/module.h promises) instead of handing host
+// built before model.to(cuda) stays valid (as minigrad/nn/module.h promises) instead of handing host
 // pointers to a device kernel (or device pointers to the CPU one).
 void state_follows_params(const Optimizer& opt) {
   const std::vector<Tensor>& params = opt.params();

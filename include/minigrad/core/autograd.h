@@ -4,7 +4,7 @@
 //     mg::NoGradGuard no_grad;          // evaluation: nothing is recorded on the tape
 //     Tensor logits = model.forward(x);
 //   }
-//   loss.backward();                     // backward is a method of Tensor (core/tensor.h)
+//   loss.backward();                     // backward is a method of Tensor (minigrad/core/tensor.h)
 //
 // The tape itself (its nodes and the backward engine) is internal: src/core/tape.h.
 #pragma once
@@ -32,7 +32,7 @@ class NoGradGuard {
 };
 
 // How a loss combines the per-sample losses of its batch. The tape records it, so that gradient
-// accumulation can refuse a mean-reduced loss (optim/accumulate.h).
+// accumulation can refuse a mean-reduced loss (minigrad/optim/accumulate.h).
 enum class Reduction : uint8_t { mean, sum };
 
 }  // namespace mg

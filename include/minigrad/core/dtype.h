@@ -1,6 +1,6 @@
 // Element types. float32 is the only type ops compute in today; i64 carries class labels and
 // pooling indices; f64 holds statistics read back once per optimizer step (losses, the squared
-// gradient norm: optim/accumulate.h); bf16 is reserved so that adding it touches no public signature.
+// gradient norm: minigrad/optim/accumulate.h); bf16 is reserved so that adding it touches no public signature.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11): a value is a pure function
 // of (seed, counter), so any element of any random tensor can be regenerated later, on CPU or
 // GPU, without storing it. This is what makes dropout masks replay exactly under checkpointing
-// (Note [checkpoint replay] in core/checkpoint.h).
+// (Note [checkpoint replay] in minigrad/core/checkpoint.h).
 //
 //   mg::Generator gen(42);
 //   uint64_t offset = gen.advance(n);          // reserve n draws, get their first counter

@@ -80,7 +80,7 @@ class Tensor {
                             const TensorOptions& opts = {});
   static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
                             const TensorOptions& opts = {DType::i64});
-  // Normal(0, 1) and Uniform[lo, hi) from a counter-based generator (see core/rng.h).
+  // Normal(0, 1) and Uniform[lo, hi) from a counter-based generator (see minigrad/core/rng.h).
   static Tensor randn(const Shape& shape, Generator& gen, const TensorOptions& opts = {});
   static Tensor uniform(const Shape& shape, float lo, float hi, Generator& gen,
                         const TensorOptions& opts = {});
@@ -143,7 +143,7 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
-// Element-wise helpers that go through the tape (see core/ops.h for the full op set).
+// Element-wise helpers that go through the tape (see minigrad/ops/ops.h for the full op set).
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator*(const Tensor& a, float s);
 Tensor operator*(float s, const Tensor& a);

@@ -6,7 +6,7 @@
 //   mg::data::Dataset train = s.train.limit(8000);
 //   // train.images(): (N * 28 * 28) floats, (x / 255 - mean) / std; train.labels(): int64 0..9
 //
-// Pixels are kept as bytes and normalised when a batch is assembled (data/loader.h), with the
+// Pixels are kept as bytes and normalised when a batch is assembled (minigrad/data/loader.h), with the
 // float expression (x / 255 - mean) / std, so every path (loader, tests, apps) gives the same floats.
 #pragma once
 

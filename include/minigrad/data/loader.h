@@ -11,7 +11,7 @@
 // counter-based Philox RNG; batch k is elements [k*B, (k+1)*B) of it. So every batch size walks
 // the same sequence, and batch 16 x 4 accumulated sees exactly the samples of batch 64, in the
 // same order, including the short last batch. Gradient accumulation's exactness
-// (Note [accumulation normalises by samples], optim/accumulate.h) depends on it.
+// (Note [accumulation normalises by samples], minigrad/optim/accumulate.h) depends on it.
 //
 // Pinned host memory: the library has no page-locked allocation API yet, so batches for CUDA are
 // assembled in ordinary host memory and copied with Tensor::to().

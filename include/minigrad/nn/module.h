@@ -10,7 +10,7 @@
 //   for (auto& [name, p] : mlp.named_parameters()) ...   // "1.weight", "1.bias", "3.weight", ...
 //
 // Parameter names follow PyTorch's for the same nn.Sequential, so weights saved here load there
-// (nn/serialize.h). Default initialisation is PyTorch's: kaiming_uniform(a = sqrt(5)) for
+// (minigrad/nn/serialize.h). Default initialisation is PyTorch's: kaiming_uniform(a = sqrt(5)) for
 // weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for biases, drawn from mg::default_generator().
 #pragma once
 

@@ -44,7 +44,7 @@ SafetensorsFile load_safetensors(const std::string& path);
 // the error lists what is missing, unexpected or mismatched.
 void load_into(Module& module, const std::string& path);
 
-// Writes `bytes` to `path` atomically (Note [atomic write] in nn/serialize.cpp: a uniquely named
+// Writes `bytes` to `path` atomically (Note [atomic write] in src/nn/serialize.cpp: a uniquely named
 // temp file in the same folder, fsync, rename, fsync of the folder). On failure the temp file is
 // removed, the old file is untouched, and mg::Error names the path and the system's reason.
 void write_file_atomic(const std::string& path, const std::string& bytes);

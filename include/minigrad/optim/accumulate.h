@@ -12,7 +12,7 @@
 // or the whole loop: mg::optim::train_epoch(model, loader, acc, e).
 //
 // Note [accumulation normalises by samples]: each micro-batch's loss is a SUM over its samples,
-// backward adds its gradient into the optimizer's buffers (optim/optimizer.h), and the step
+// backward adds its gradient into the optimizer's buffers (minigrad/optim/optimizer.h), and the step
 // multiplies by grad_scale = 1 / (samples in the window). The step therefore uses the mean
 // gradient over every sample of the window, whatever the sizes of its micro-batches: N
 // micro-batches of b give the update of one batch of N*b, and the short window at the end of an

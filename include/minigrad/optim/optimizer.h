@@ -1,7 +1,7 @@
 // Optimizers with PyTorch's update formulas (src/kernels/optim.h). An optimizer owns its parameters'
 // gradient buffers: it allocates them zeroed at construction, backward adds into them in place,
 // and zero_grad() zeroes them in place (nothing is freed or reallocated between steps). That is
-// what gradient accumulation builds on (optim/accumulate.h).
+// what gradient accumulation builds on (minigrad/optim/accumulate.h).
 //
 //   mg::optim::SGD opt(model.parameters(), {.lr = 0.01f, .momentum = 0.9f});
 //   for (auto& [x, y] : loader) {

@@ -6,8 +6,8 @@
 //   mg::optim::TrainState st = mg::optim::load_train_state(path, model, opt);  // next epoch: st.epoch
 //
 // The sample order depends only on (seed, epoch) (Note [batch-size independent order],
-// data/loader.h), so the epoch count is the whole of the loader's position at an epoch boundary;
-// `batches_done` is there for mid-epoch saves. Writes are atomic (nn/serialize.h).
+// minigrad/data/loader.h), so the epoch count is the whole of the loader's position at an epoch boundary;
+// `batches_done` is there for mid-epoch saves. Writes are atomic (minigrad/nn/serialize.h).
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 namespace mg {
 
 namespace {
-// Element i uses word (offset + i) % 4 of Philox block (offset + i) / 4 (core/rng.h), so one block
+// Element i uses word (offset + i) % 4 of Philox block (offset + i) / 4 (minigrad/core/rng.h), so one block
 // serves four consecutive elements: compute it once for them instead of once per element.
 void masked_scale(float* out, const float* in, int64_t n, float p, uint64_t seed, uint64_t offset) {
   if (n <= 0) return;

@@ -1,6 +1,6 @@
 // The block logic of the CUDA caching allocator, written against an abstract "system allocator"
 // so it runs (and is tested) on machines without a GPU: tests/test_cuda_allocator_logic.cpp
-// drives it with a fake system; kernels/cuda/allocator.cu with cudaMalloc/cudaFree.
+// drives it with a fake system; src/kernels/cuda/allocator.cu with cudaMalloc/cudaFree.
 //
 //   struct System {                    // what BlockPool needs from below
 //     void* malloc(size_t bytes);      // nullptr when out of memory (other failures throw)
@@ -237,9 +237,9 @@ class BlockPool {
                                        : "")
                            << ".\n  Device: " << format_bytes(info.free) << " free of "
                            << format_bytes(info.total) << " total.\n"
-                           << "---> HINT: hold less per step: gradient accumulation (optim/accumulate.h: "
+                           << "---> HINT: hold less per step: gradient accumulation (minigrad/optim/accumulate.h: "
                               "smaller micro-batches, the same gradients), gradient checkpointing "
-                              "(mg::checkpoint in core/checkpoint.h, or a memory budget plan that picks "
+                              "(mg::checkpoint in minigrad/core/checkpoint.h, or a memory budget plan that picks "
                               "the segments to drop: mg::nn::make_plan(cost, \"budget=...\") in "
                               "nn/checkpoint_plan.h), or a smaller batch.");
   }

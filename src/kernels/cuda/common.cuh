@@ -50,7 +50,8 @@ struct Context {
   cudaStream_t stream = kStream;
   cublasHandle_t cublas = nullptr;
   cudnnHandle_t cudnn = nullptr;
-  // Kernel-raised errors: [0] = error code (0: none), [1], [2] = details. See error_flag.cu.
+  // Kernel-raised errors: [0] = error code (0: none), [1], [2] = details. Raised by kernels
+  // (cross_entropy.cu), read by synchronize() in context.cu.
   long long* error_flag = nullptr;
 };
 Context& context(int device_index);

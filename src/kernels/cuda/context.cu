@@ -1,5 +1,5 @@
 // The CUDA backend's per-device context (handles, stream, error flag) and the
-// device queries of core/device.h. Handles are created once per device, on first use, and live
+// device queries of minigrad/core/device.h. Handles are created once per device, on first use, and live
 // for the whole program (destroying them at exit would race the driver's own teardown).
 #include <atomic>
 #include <memory>

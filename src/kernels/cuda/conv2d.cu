@@ -74,7 +74,7 @@ struct Descs {
       MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, k.pad, k.pad, k.stride, k.stride, 1, 1,
                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       reset_math(k);
-      // Our output size (core/ops.cpp) and cuDNN's must agree, or cuDNN reads or writes out of shape.
+      // Our output size (src/ops/) and cuDNN's must agree, or cuDNN reads or writes out of shape.
       int cn = 0, co = 0, ch = 0, cw = 0;
       MG_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &cn, &co, &ch, &cw));
       MG_CHECK(cn == k.n && co == k.o && ch == oh && cw == ow,

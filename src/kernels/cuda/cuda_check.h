@@ -1,5 +1,5 @@
 // Error checks for the CUDA runtime, cuBLAS and cuDNN, generated from MG_CHECK_GEN
-// (core/error.h), so every failure is an mg::Error carrying the expression, file, line and the
+// (minigrad/core/error.h), so every failure is an mg::Error carrying the expression, file, line and the
 // library's own error string:
 //
 //   MG_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));

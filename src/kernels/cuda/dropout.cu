@@ -2,7 +2,7 @@
 //   keep_i = philox_uniform(seed, offset + i) >= p
 //   forward:  y  = keep ? x / (1 - p) : 0          (=)
 //   backward: dx = keep ? dy / (1 - p) : 0         (=)
-// The mask comes from the same __host__ __device__ Philox as the CPU kernel (core/rng.h), so a
+// The mask comes from the same __host__ __device__ Philox as the CPU kernel (minigrad/core/rng.h), so a
 // (seed, offset) gives the same mask on both devices, and backward regenerates it.
 #include <minigrad/core/rng.h>
 #include "kernels/cuda/common.cuh"

@@ -51,7 +51,7 @@ __device__ double block_sum(double v) {
   return r;
 }
 
-// Multi-tensor launches (kernels/cuda/multi_tensor.cuh): 256 tensors of one pointer each, ~6 KB.
+// Multi-tensor launches (src/kernels/cuda/multi_tensor.cuh): 256 tensors of one pointer each, ~6 KB.
 constexpr int kMaxTensors = 256;
 using ChunkList = cuda::ChunkList<1, kMaxTensors>;
 static_assert(sizeof(ChunkList) <= 32764, "kernel arguments are limited to 32764 bytes");

@@ -2,7 +2,7 @@
 // wrong, as __host__ __device__ functions: the kernels in pooling.cu, dropout.cu and optim.cu
 // call them on the GPU, and tests/test_cuda_kernel_math.cpp checks them on the CPU against the
 // CPU kernels and naive references, so they are verified on machines without a GPU too.
-// Plain C++ (no CUDA headers): MG_HOST_DEVICE comes from core/rng.h.
+// Plain C++ (no CUDA headers): MG_HOST_DEVICE comes from minigrad/core/rng.h.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ MG_HOST_DEVICE int min_int(int a, int b) { return a < b ? a : b; }
 
 // Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
 // in row-major window order wins, a NaN wins over numbers and the last NaN wins (as PyTorch's
-// CPU and CUDA kernels and kernels/cpu/pooling.cpp). idx = hh * w + ww.
+// CPU and CUDA kernels and src/kernels/cpu/pooling.cpp). idx = hh * w + ww.
 MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s, int pad, int i, int j,
                                     float* y, int64_t* idx) {
   float best = 0.0f;
@@ -44,7 +44,7 @@ MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s,
 // d x[hh, ww] of max pooling, gathered: the windows that can hold (hh, ww) are rows i with
 // i s - pad <= hh < i s - pad + k (likewise columns); each whose argmax is (hh, ww) adds its dy.
 // Visiting them in row-major output order adds the same values in the same order as the CPU
-// kernel's scatter (kernels/cpu/pooling.cpp), so the result is bit-identical to it, with no
+// kernel's scatter (src/kernels/cpu/pooling.cpp), so the result is bit-identical to it, with no
 // atomics (deterministic).
 MG_HOST_DEVICE float max_pool_grad(const float* dyp, const int64_t* idxp, int w, int oh, int ow, int k, int s,
                                    int pad, int hh, int ww) {
@@ -92,7 +92,7 @@ MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, i
 // ---- linear through a column-major GEMM ----------------------------------------------------------
 
 // cuBLAS is column-major: a row-major (R, C) matrix is its column-major transpose (C, R). These
-// say which GEMM computes each product of linear (kernels/cuda/linear.cu), with
+// say which GEMM computes each product of linear (src/kernels/cuda/linear.cu), with
 // x: (N, K), w: (M, K), y and dy: (N, M), all row-major:
 //   C (m x n, column-major, leading dim ldc) = op(A) op(B),  op = transpose when trans_*.
 enum class GemmOperand : uint8_t { x, w, dy };
@@ -137,7 +137,7 @@ MG_HOST_DEVICE void dropout4(float* out, const float* in, int64_t first, int64_t
   }
 }
 
-// ---- fused optimizers (kernels/optim.h has the formulas) --------------------------------------
+// ---- fused optimizers (src/kernels/optim.h has the formulas) --------------------------------------
 
 // The tensor that block b of a multi-tensor launch works on: the last t with first_block[t] <= b.
 MG_HOST_DEVICE int tensor_of_block(const int64_t* first_block, int count, int64_t b) {

@@ -3,7 +3,7 @@
 //   backward: dx = dy w                              (=)    skipped when dx is undefined
 //             dw = dy^T x                            (= or += when accumulate: GEMM beta = 1)
 //             db = sum_n dy[n, :]                    (= or += when accumulate)
-// cuBLAS is column-major: the three GEMMs are described by kernels/cuda/kernel_math.h
+// cuBLAS is column-major: the three GEMMs are described by src/kernels/cuda/kernel_math.h
 // (linear_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU.
 // Math mode (Note [cuda math modes], docs/cuda.md): strict FP32 (CUBLAS_COMPUTE_32F on a handle
 // left in CUBLAS_DEFAULT_MATH) unless mg::cuda::set_tf32_matmul(true) (CUBLAS_COMPUTE_32F_FAST_TF32).

@@ -1,4 +1,4 @@
-// The CUDA backend's run-time switches (kernels/cuda/settings.h). Plain C++, compiled into every
+// The CUDA backend's run-time switches (minigrad/cuda.h). Plain C++, compiled into every
 // build: without CUDA the setters only record the value, so a --tf32 flag costs a CPU build nothing.
 #include <minigrad/cuda.h>
 
