@@ -4,9 +4,10 @@
 // what gradient accumulation builds on (minigrad/optim/accumulate.h).
 //
 //   mg::optim::SGD opt(model.parameters(), {.lr = 0.01f, .momentum = 0.9f});
-//   for (auto& [x, y] : loader) {
+//   mg::data::Batch b;
+//   for (loader.start_epoch(epoch); loader.next(b);) {
 //     opt.zero_grad();
-//     mg::cross_entropy(model.forward(x), y).backward();
+//     mg::cross_entropy(model.forward(b.x), b.y).backward();
 //     opt.step();
 //   }
 #pragma once
