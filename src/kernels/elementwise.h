@@ -1,5 +1,6 @@
 // Element-wise kernels. All tensors contiguous float32 of equal numel, on one device.
 //   add:          y = a + b            (=)
+//   mul:          y = a * b            (=)   also mul's backward: da = dy * b, db = dy * a
 //   add_inplace:  y += x               (+=)  the gradient add-in-place used by accumulation
 //   scale:        y = s * x            (=)   y may be x
 //   fill:         y = v                (=)
@@ -20,6 +21,7 @@
 
 namespace mg {
 template <class D> void add_forward(Tensor& y, const Tensor& a, const Tensor& b);
+template <class D> void mul_forward(Tensor& y, const Tensor& a, const Tensor& b);
 template <class D> void add_inplace(Tensor& y, const Tensor& x);
 template <class D> void scale_forward(Tensor& y, const Tensor& x, float s);
 template <class D> void fill(Tensor& y, float v);

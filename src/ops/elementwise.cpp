@@ -1,5 +1,6 @@
 // Element-wise arithmetic.   all tensors: any shape, equal shapes
 //   add:    y = a + b;   da = dy, db = dy
+//   mul:    y = a * b;   da = dy * b, db = dy * a   (saves a and b)
 //   scale:  y = s * x;   dx = s * dy
 #include "kernels/elementwise.h"
 #include "ops/op.h"
@@ -29,6 +30,37 @@ std::vector<OpCase> add_cases() { return {{{{.shape = {3, 5, 7}}, {.shape = {3, 
 const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases};
 MG_REGISTER_OP(kAdd);
 
+Tensor mul_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  check_float("mul", "a", in[0]);
+  check_float("mul", "b", in[1]);
+  MG_CHECK(in[0].shape() == in[1].shape(), "mul: shapes differ: " << shape_str(in[0].shape())
+                                                << " and " << shape_str(in[1].shape()));
+  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  MG_DISPATCH(y.device(), mul_forward, y, in[0], in[1]);
+  save(saved, {in[0], in[1]});
+  return y;
+}
+
+void mul_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  const Device d = gy.device();
+  if (wants(n, 0)) {
+    grads[0] = empty_like_input(n, 0, d);
+    MG_DISPATCH(d, mul_forward, grads[0], gy, n.saved[1]);
+  }
+  if (wants(n, 1)) {
+    grads[1] = empty_like_input(n, 1, d);
+    MG_DISPATCH(d, mul_forward, grads[1], gy, n.saved[0]);
+  }
+}
+
+std::vector<OpCase> mul_cases() {
+  return {{{{.shape = {3, 5, 7}}, {.shape = {3, 5, 7}}}, {}},
+          {{{.shape = {2, 9}}, {.shape = {2, 9}, .grad = false}}, {}}};
+}
+
+const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases};
+MG_REGISTER_OP(kMul);
+
 Tensor scale_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
   check_float("scale", "input", in[0]);
   Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
@@ -53,6 +85,8 @@ MG_REGISTER_OP(kScale);
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) { return apply(kAdd, {}, {a, b}); }
+
+Tensor mul(const Tensor& a, const Tensor& b) { return apply(kMul, {}, {a, b}); }
 
 Tensor scale(const Tensor& x, float s) {
   OpAttrs a;

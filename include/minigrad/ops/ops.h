@@ -28,6 +28,8 @@ Tensor dropout(const Tensor& x, float p, Generator* gen = nullptr);
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                      Reduction reduction = Reduction::mean);
 Tensor add(const Tensor& a, const Tensor& b);
+// a, b: equal shapes  ->  a * b element by element
+Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, float s);
 
 }  // namespace mg

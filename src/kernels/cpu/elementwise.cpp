@@ -14,6 +14,14 @@ template <> void add_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
   for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
 }
 
+template <> void mul_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
+  const float *pa = a.data<float>(), *pb = b.data<float>();
+  float* py = y.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for simd if (n > cpu::kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] * pb[i];
+}
+
 template <> void add_inplace<Cpu>(Tensor& y, const Tensor& x) {
   MG_CHECK(y.numel() == x.numel(), "add_inplace: " << shape_str(y.shape()) << " += " << shape_str(x.shape()));
   const float* px = x.data<float>();

@@ -1,5 +1,6 @@
 // Element-wise kernels. All tensors contiguous float32 of n elements, on one device.
 //   add:          y = a + b            (=)
+//   mul:          y = a * b            (=)
 //   add_inplace:  y += x               (+=)  the gradient add-in-place used by accumulation
 //   scale:        y = s * x            (=)   y may be x
 //   fill:         y = v                (=)
@@ -20,6 +21,11 @@ namespace {
 __global__ void add_forward_kernel(float* y, const float* a, const float* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     y[i] = a[i] + b[i];
+}
+
+__global__ void mul_forward_kernel(float* y, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = a[i] * b[i];
 }
 
 __global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {
@@ -100,6 +106,16 @@ template <> void add_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& b) 
   if (n == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(y));
   add_forward_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), a.data<float>(), b.data<float>(), n);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <> void mul_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& b) {
+  check_same_numel("mul", y, a);
+  check_same_numel("mul", y, b);
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(y));
+  mul_forward_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), a.data<float>(), b.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
