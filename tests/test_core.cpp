@@ -211,3 +211,18 @@ TEST_CASE("step statistics: squared norms of many tensors and stored losses, in 
   Tensor labels = Tensor::from_vector(std::vector<int64_t>{1}, {1});
   CHECK_THROWS_WITH_AS(store_scalar<Cpu>(st, 0, labels), doctest::Contains("tensor 0 is int64"), Error);
 }
+
+// An error names the library's file relative to the repository, never the build machine's
+// absolute path (which means nothing to whoever reads the message elsewhere).
+TEST_CASE("errors name library sources relative to the repository") {
+  std::string what;
+  try {
+    Tensor x = Tensor::zeros({2, 3}).requires_grad_();
+    relu(x).requires_grad_(false);  // MG_CHECK in src/core/tensor.cpp
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  REQUIRE(!what.empty());
+  CHECK(what.find("at src/core/tensor.cpp:") != std::string::npos);
+  CHECK(what.find(MG_SOURCE_DIR) == std::string::npos);
+}
