@@ -1,6 +1,6 @@
 // The CUDA caching allocator's block logic (src/kernels/cuda/block_pool.h, Note [caching allocator])
 // driven by a fake "system allocator": runs on every machine, GPU or not. The same pool over
-// cudaMalloc is tested on a device in test_cuda.cpp.
+// cudaMalloc is tested on a device in test_cuda_allocator.cpp.
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -1,0 +1,283 @@
+// The CUDA kernels against the CPU ones: every op forward and backward and every element-wise
+// kernel on random odd-sized inputs (ggml's test-backend-ops idea), in strict FP32 and in TF32,
+// the backward passes that accumulate into existing gradients, the dropout masks, and the
+// kernels that must give the same bits run after run. tests/test_ops.cpp runs every op of the op
+// table on both devices too, from the table's own cases; the shapes here are larger and differ.
+// Tolerances: tests/cuda_helpers.h.
+#include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
+
+#ifdef MINIGRAD_WITH_CUDA
+#include <cstring>
+#include <functional>
+
+#include "kernels/conv2d.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "kernels/pooling.h"
+
+using namespace mg;
+using namespace mg::test;
+
+namespace {
+
+Tensor to_gpu(const Tensor& t) {
+  Tensor g = t.to(kGpu);
+  if (t.requires_grad()) g.requires_grad_();
+  return g;
+}
+
+// Runs f on the CPU inputs and on CUDA copies; compares the outputs, then the gradients of
+// sum(f(inputs) * probe) for every input that requires grad.
+void compare_op(const char* what, const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                const std::vector<Tensor>& cpu_in, double tol) {
+  INFO(what);
+  std::vector<Tensor> gpu_in;
+  for (const Tensor& t : cpu_in) gpu_in.push_back(to_gpu(t));
+  Tensor y_cpu = f(cpu_in), y_gpu = f(gpu_in);
+  REQUIRE(y_gpu.is_cuda());
+  REQUIRE(y_gpu.shape() == y_cpu.shape());
+  INFO("output rel err " << rel_err(y_gpu, y_cpu));
+  CHECK(rel_err(y_gpu, y_cpu) < tol);
+  if (!y_cpu.requires_grad()) return;
+  Tensor probe = rand_tensor(y_cpu.shape(), 4242);
+  y_cpu.backward(probe);
+  y_gpu.backward(probe.to(kGpu));
+  for (size_t i = 0; i < cpu_in.size(); ++i) {
+    if (!cpu_in[i].requires_grad()) continue;
+    REQUIRE(gpu_in[i].grad().defined());
+    REQUIRE(gpu_in[i].grad().is_cuda());
+    INFO("grad of input " << i << " rel err " << rel_err(gpu_in[i].grad(), cpu_in[i].grad()));
+    CHECK(rel_err(gpu_in[i].grad(), cpu_in[i].grad()) < tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda: element-wise kernels and the step statistics") {
+  Tensor a = rand_tensor({17, 19}, 3, true), b = rand_tensor({17, 19}, 4, true);
+  compare_op("add", [](const std::vector<Tensor>& in) { return add(in[0], in[1]); }, {a, b}, kStrict);
+  compare_op("scale", [](const std::vector<Tensor>& in) { return scale(in[0], -1.75f); },
+             {rand_tensor({3, 5, 7}, 5, true)}, kStrict);
+
+  Tensor y = rand_tensor({1001, 3}, 6), x = rand_tensor({1001, 3}, 7);
+  Tensor yg = y.to(kGpu), xg = x.to(kGpu);
+  add_inplace<Cpu>(y, x);
+  add_inplace<Cuda>(yg, xg);
+  CHECK(test::bit_equal(yg.cpu(), y));  // one rounding each: identical
+
+  Tensor f = poisoned({333, 3}, kGpu);
+  fill<Cuda>(f, 3.25f);
+  for (float v : f.to_vector<float>()) CHECK(v == 3.25f);
+
+  // The step statistics (minigrad/optim/accumulate.h): squared norms of many tensors of odd sizes, in
+  // more than one launch (over 256 tensors), and a stored loss.
+  std::vector<Tensor> xs, xs_gpu;
+  for (int i = 0; i < 300; ++i) xs.push_back(rand_tensor({i % 7 == 0 ? 1000003 : 1 + 37 * i}, 100 + i));
+  for (const Tensor& t : xs) xs_gpu.push_back(t.to(kGpu));
+  Tensor st = Tensor::full({3}, -1.0f, TensorOptions{DType::f64});
+  Tensor st_gpu = st.to(kGpu);
+  sum_squares_into<Cpu>(xs, st, 1);
+  sum_squares_into<Cuda>(xs_gpu, st_gpu, 1);
+  Tensor loss = rand_tensor({1}, 9);
+  Tensor loss_gpu = loss.to(kGpu);
+  store_scalar<Cpu>(st, 2, loss);
+  store_scalar<Cuda>(st_gpu, 2, loss_gpu);
+  const std::vector<double> cpu = st.to_vector<double>(), gpu = st_gpu.to_vector<double>();
+  CHECK(gpu[0] == -1.0);  // untouched
+  CHECK(std::abs(gpu[1] - cpu[1]) / cpu[1] < 1e-12);  // both accumulate in double
+  CHECK(gpu[2] == cpu[2]);
+  CHECK(gpu[2] == static_cast<double>(loss.item()));
+  sum_squares_into<Cuda>({}, st_gpu, 0);
+  CHECK(st_gpu.to_vector<double>()[0] == 0.0);
+  // zero_many (Optimizer::zero_grad) over the same 300 tensors: two launches, every element.
+  zero_many<Cuda>(xs_gpu);
+  sum_squares_into<Cuda>(xs_gpu, st_gpu, 1);
+  CHECK(st_gpu.to_vector<double>()[1] == 0.0);
+  for (size_t i = 0; i < xs_gpu.size(); i += 37) CHECK(test::max_abs_diff(xs_gpu[i].cpu(), Tensor::zeros(xs[i].shape())) == 0.0);
+}
+
+TEST_CASE("cuda: linear forward and backward, strict FP32 by default") {
+  REQUIRE(!cuda::tf32_matmul());
+  Tensor x = rand_tensor({37, 53}, 11, true), w = rand_tensor({29, 53}, 12, true), b = rand_tensor({29}, 13, true);
+  compare_op("linear", [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b}, kStrict);
+  Tensor x2 = rand_tensor({1, 257}, 14, true), w2 = rand_tensor({3, 257}, 15, true);
+  compare_op("linear, no bias, one row", [](const std::vector<Tensor>& in) { return linear(in[0], in[1]); },
+             {x2, w2}, kStrict);
+}
+
+TEST_CASE("cuda: linear backward accumulates into existing gradients") {
+  Tensor x = rand_tensor({23, 41}, 21), w = rand_tensor({13, 41}, 22), dy = rand_tensor({23, 13}, 23);
+  Tensor dw = rand_tensor({13, 41}, 24), db = rand_tensor({13}, 25);
+  Tensor dwg = dw.to(kGpu), dbg = db.to(kGpu), dxg = poisoned({23, 41}, kGpu), dx = poisoned({23, 41}, Device::cpu());
+  Tensor xg = x.to(kGpu), wg = w.to(kGpu), dyg = dy.to(kGpu);
+  linear_backward<Cpu>(dx, dw, db, dy, x, w, /*accumulate=*/true);
+  linear_backward<Cuda>(dxg, dwg, dbg, dyg, xg, wg, /*accumulate=*/true);
+  CHECK(rel_err(dxg, dx) < kStrict);
+  CHECK(rel_err(dwg, dw) < kStrict);
+  CHECK(rel_err(dbg, db) < kStrict);
+}
+
+TEST_CASE("cuda: linear in TF32 when asked (tolerance 1e-2)") {
+  Tf32Matmul on(true);
+  Tensor x = rand_tensor({65, 257}, 31, true), w = rand_tensor({33, 257}, 32, true), b = rand_tensor({33}, 33, true);
+  compare_op("linear tf32", [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b}, kTf32);
+}
+
+TEST_CASE("cuda: conv2d forward and backward in strict FP32") {
+  Tf32Conv off(false);
+  for (bool bench : {false, true}) {
+    cuda::set_cudnn_benchmark(bench);
+    Tensor x = rand_tensor({3, 5, 13, 11}, 41, true), w = rand_tensor({7, 5, 3, 3}, 42, true), b = rand_tensor({7}, 43, true);
+    compare_op("conv2d 3x3 stride 2 pad 1",
+               [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 2, 1); }, {x, w, b}, kStrict);
+    Tensor x2 = rand_tensor({2, 3, 9, 17}, 44, true), w2 = rand_tensor({5, 3, 5, 3}, 45, true);
+    compare_op("conv2d 5x3 no bias", [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], {}, 1, 0); },
+               {x2, w2}, kStrict);
+  }
+  cuda::set_cudnn_benchmark(false);
+}
+
+TEST_CASE("cuda: conv2d with TF32 allowed, the default (tolerance 1e-2)") {
+  REQUIRE(cuda::tf32_conv());
+  Tensor x = rand_tensor({4, 16, 15, 15}, 51, true), w = rand_tensor({24, 16, 3, 3}, 52, true), b = rand_tensor({24}, 53, true);
+  compare_op("conv2d tf32", [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 1, 1); }, {x, w, b},
+             kTf32);
+}
+
+TEST_CASE("cuda: conv2d backward accumulates into existing gradients") {
+  Tf32Conv off(false);
+  Tensor x = rand_tensor({2, 3, 8, 7}, 61), w = rand_tensor({4, 3, 3, 3}, 62), dy = rand_tensor({2, 4, 8, 7}, 63);
+  Tensor dw = rand_tensor({4, 3, 3, 3}, 64), db = rand_tensor({4}, 65), dx;  // dx undefined: skipped
+  Tensor dwg = dw.to(kGpu), dbg = db.to(kGpu), dxg;
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, true);
+  conv2d_backward<Cuda>(dxg, dwg, dbg, dy.to(kGpu), x.to(kGpu), w.to(kGpu), 1, 1, true);
+  CHECK(rel_err(dwg, dw) < kStrict);
+  CHECK(rel_err(dbg, db) < kStrict);
+}
+
+TEST_CASE("cuda: relu, pooling") {
+  compare_op("relu", [](const std::vector<Tensor>& in) { return relu(in[0]); },
+             {test::away_from_zero(rand_tensor({9, 37}, 71, true))}, kStrict);
+  compare_op("max_pool2d k3 s2 p1", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], 3, 2, 1); },
+             {rand_tensor({3, 4, 15, 13}, 72, true)}, kStrict);
+  compare_op("max_pool2d k2", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], 2); },
+             {rand_tensor({2, 5, 11, 9}, 73, true)}, kStrict);
+  compare_op("adaptive_avg_pool2d 13x11 -> 7x5",
+             [](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], 7, 5); },
+             {rand_tensor({2, 3, 13, 11}, 74, true)}, kStrict);
+  compare_op("adaptive_avg_pool2d 5x4 -> 7x7 (windows overlap)",
+             [](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], 7, 7); },
+             {rand_tensor({2, 3, 5, 4}, 75, true)}, kStrict);
+}
+
+TEST_CASE("cuda: dropout masks are the same on both devices") {
+  for (float p : {0.1f, 0.5f}) {
+    Tensor x = rand_tensor({5, 1003}, 81, true);
+    Tensor xg = to_gpu(x);
+    Generator g1(77), g2(77);
+    g1.advance(13);  // an offset that is not 0
+    g2.advance(13);
+    Tensor y = dropout(x, p, &g1), yg = dropout(xg, p, &g2);
+    CHECK(test::bit_equal(yg.cpu(), y));
+    Tensor probe = rand_tensor(y.shape(), 82);
+    y.backward(probe);
+    yg.backward(probe.to(kGpu));
+    CHECK(test::bit_equal(xg.grad().cpu(), x.grad()));
+  }
+}
+
+TEST_CASE("cuda: dropout kernels at offsets that are not a multiple of 4") {
+  // Generator::advance keeps offsets block-aligned; a (seed, offset) set by hand need not be, and
+  // then each element draws on its own (src/kernels/cuda/kernel_math.h dropout4).
+  for (uint64_t offset : {uint64_t{13}, uint64_t{6}, (uint64_t{1} << 35) + 3}) {
+    CAPTURE(offset);
+    Tensor x = rand_tensor({3, 1001}, 83);
+    Tensor y = poisoned({3, 1001}, Device::cpu()), yg = poisoned({3, 1001}, kGpu);
+    dropout_forward<Cpu>(y, x, 0.3f, 99, offset);
+    dropout_forward<Cuda>(yg, x.to(kGpu), 0.3f, 99, offset);
+    CHECK(test::bit_equal(yg.cpu(), y));
+    Tensor dx = poisoned({3, 1001}, Device::cpu()), dxg = poisoned({3, 1001}, kGpu);
+    dropout_backward<Cpu>(dx, x, 0.3f, 99, offset);
+    dropout_backward<Cuda>(dxg, x.to(kGpu), 0.3f, 99, offset);
+    CHECK(test::bit_equal(dxg.cpu(), dx));
+  }
+}
+
+TEST_CASE("cuda: cross-entropy, mean and sum, small and many classes") {
+  for (Reduction r : {Reduction::mean, Reduction::sum}) {
+    Tensor logits = rand_tensor({37, 11}, 91, true);
+    Tensor t = labels(37, 11, 92);
+    compare_op("cross_entropy 37x11",
+               [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); }, {logits, t}, kStrict);
+    Tensor wide = rand_tensor({9, 1000}, 93, true);
+    compare_op("cross_entropy 9x1000", [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); },
+               {wide, labels(9, 1000, 94)}, kStrict);
+    // Logits in (-90, 90): exp overflows float without the max subtraction; 300 classes leave
+    // threads of the 256-wide block with one and with two columns.
+    std::vector<float> big = rand_tensor({13, 300}, 96).to_vector<float>();
+    for (float& v : big) v *= 90.0f;
+    Tensor large = Tensor::from_vector(big, {13, 300});
+    large.requires_grad_();
+    compare_op("cross_entropy 13x300, large logits",
+               [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1], r); },
+               {large, labels(13, 300, 97)}, kStrict);
+  }
+}
+
+TEST_CASE("cuda: an out-of-range target is reported at the next synchronisation") {
+  Tensor logits = rand_tensor({4, 5}, 95).to(kGpu);
+  Tensor t = Tensor::from_vector(std::vector<int64_t>{0, 7, 1, 2}, {4}).to(kGpu);
+  Tensor loss = cross_entropy(logits, t);
+  CHECK_THROWS_WITH_AS(loss.item(), doctest::Contains("target[1] = 7"), Error);
+  // The flag is cleared: a good call works again.
+  Tensor ok = cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{0, 4, 1, 2}, {4}).to(kGpu));
+  CHECK(std::isfinite(ok.item()));
+}
+
+TEST_CASE("cuda: max-pool backward with overlapping windows is bit-identical to the CPU (no atomics)") {
+  // 3x3 stride 2 padding 1: windows overlap, and few distinct values make inputs the argmax of
+  // several windows, whose dy are then summed.
+  Tensor x = Tensor::from_vector([] {
+    std::vector<float> v(2 * 5 * 17 * 15);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 7919) % 4);
+    return v;
+  }(), {2, 5, 17, 15});
+  Tensor y = Tensor::empty({2, 5, 9, 8}), idx = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::i64});
+  max_pool2d_forward<Cpu>(y, idx, x, 3, 2, 1);
+  Tensor yg = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::f32, kGpu});
+  Tensor idxg = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::i64, kGpu});
+  max_pool2d_forward<Cuda>(yg, idxg, x.to(kGpu), 3, 2, 1);
+  CHECK(idxg.to_vector<int64_t>() == idx.to_vector<int64_t>());
+  Tensor dy = rand_tensor({2, 5, 9, 8}, 31);
+  Tensor dx = poisoned({2, 5, 17, 15}, Device::cpu()), dxg = poisoned({2, 5, 17, 15}, kGpu);
+  max_pool2d_backward<Cpu>(dx, dy, idx, 3, 2, 1);
+  max_pool2d_backward<Cuda>(dxg, dy.to(kGpu), idxg, 3, 2, 1);
+  CHECK(test::bit_equal(dxg.cpu(), dx));
+}
+
+TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run after run") {
+  Tf32Conv off(false);
+  for (bool bench : {false, true}) {
+    cuda::set_cudnn_benchmark(bench);
+    INFO("cudnn benchmark " << bench);
+    Tensor x = rand_tensor({8, 16, 19, 17}, 41).to(kGpu), w = rand_tensor({32, 16, 3, 3}, 42).to(kGpu);
+    Tensor dy = rand_tensor({8, 32, 19, 17}, 43).to(kGpu);
+    std::vector<std::vector<float>> runs;
+    for (int r = 0; r < 3; ++r) {
+      Tensor dx = Tensor::empty(x.shape(), TensorOptions{DType::f32, kGpu});
+      Tensor dw = Tensor::empty(w.shape(), TensorOptions{DType::f32, kGpu});
+      Tensor db = Tensor::empty({32}, TensorOptions{DType::f32, kGpu});
+      conv2d_backward<Cuda>(dx, dw, db, dy, x, w, 1, 1, false);
+      std::vector<float> all = dx.to_vector<float>(), vw = dw.to_vector<float>(), vb = db.to_vector<float>();
+      all.insert(all.end(), vw.begin(), vw.end());
+      all.insert(all.end(), vb.begin(), vb.end());
+      runs.push_back(std::move(all));
+    }
+    CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * sizeof(float)) == 0);
+  }
+  cuda::set_cudnn_benchmark(false);
+}
+
+#endif  // MINIGRAD_WITH_CUDA

@@ -1,0 +1,124 @@
+// Checkpoint plans on the device: checkpointed gradients equal plain ones bit for bit (dropout
+// included, every plan), and the planner's predicted peak memory holds on the device, cuDNN
+// benchmark on and off.
+#include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
+
+#ifdef MINIGRAD_WITH_CUDA
+#include <minigrad/core/checkpoint.h>
+#include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/nn/models.h>
+#include <minigrad/optim/optimizer.h>
+
+using namespace mg;
+using namespace mg::test;
+
+namespace {
+// One training-mode forward/backward under `plan`, dropout from seed 77, into zeroed buffers;
+// the parameters' gradients and the input's, on the host.
+std::vector<Tensor> ckpt_grads(nn::Sequential& m, const std::vector<nn::Segment>& plan, const Tensor& x_data,
+                               const Tensor& target) {
+  const Device d = m.parameters()[0].device();
+  m.release_grads();
+  for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, d}));
+  Tensor x = x_data.to(d).requires_grad_();
+  manual_seed(77);
+  cross_entropy(nn::forward_with_plan(m, plan, x), target.to(d)).backward();
+  std::vector<Tensor> g;
+  for (const Tensor& p : m.parameters()) g.push_back(p.grad().cpu());
+  g.push_back(x.grad().cpu());
+  return g;
+}
+}  // namespace
+
+TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the device, dropout included") {
+  Tf32Conv off(false);
+  struct Case {
+    const char* name;
+    std::shared_ptr<nn::Sequential> (*make)();
+    Shape in;
+    std::vector<std::vector<nn::Segment>> plans;
+  };
+  const std::vector<Case> cases = {
+      {"MLP with dropout", test::mlp_with_dropout, {7, 4, 5}, {{{0, 8}}, {{1, 4}, {4, 7}}, {{3, 4}}, {{2, 3}, {5, 8}}}},
+      {"CNN with dropout", test::small_cnn, {3, 3, 11, 13}, {{{0, 3}}, {{0, 2}, {2, 5}}, {{0, 11}}, {{1, 2}, {4, 8}, {9, 10}}}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    manual_seed(5);
+    auto cpu_model = c.make();
+    manual_seed(5);
+    auto m = c.make();
+    m->to(kGpu);
+    const Tensor x = rand_tensor(c.in, 12);
+    const Tensor t = labels(c.in[0], c.name[0] == 'M' ? 5 : 3, 13);
+    const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
+    // The device computes what the host does (dropout masks from the same (seed, offset)).
+    const std::vector<Tensor> host = ckpt_grads(*cpu_model, {}, x, t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
+      CHECK(rel_err(ref[i], host[i]) < kStrict);
+    }
+    // Deterministic convolutions are the default (Note [deterministic convolutions],
+    // src/kernels/cuda/conv2d.cu) and max-pool backward gathers without atomics: two plain runs,
+    // and every checkpointed run, give the same bits.
+    REQUIRE(cuda::cudnn_deterministic());
+    const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(test::bit_equal(again[i], ref[i]));
+    for (const auto& plan : c.plans) {
+      nn::Plan p;
+      p.segments = plan;
+      const std::vector<Tensor> got = ckpt_grads(*m, plan, x, t);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
+        CHECK(test::bit_equal(got[i], ref[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchmark on and off") {
+  for (bool bench : {false, true}) {
+    cuda::set_cudnn_benchmark(bench);
+    INFO("cudnn benchmark " << bench);
+    manual_seed(1);
+    auto m = test::small_cnn();
+    m->to(kGpu);
+    m->train();
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    // Shapes no other test used, so the first measurement meets cold algorithm caches.
+    const Shape in{5, 3, 37 + (bench ? 2 : 0), 41};
+    const nn::ChainCost first = nn::measure_chain(*m, in);
+    const nn::ChainCost second = nn::measure_chain(*m, in);
+    // Algorithm searches and context creation happen once, outside what is measured.
+    CHECK(first.fixed_bytes == second.fixed_bytes);
+    for (size_t u = 0; u < first.units.size(); ++u) {
+      INFO("unit " << u << " " << first.units[u].name);
+      CHECK(first.units[u].fwd_peak == second.units[u].fwd_peak);
+      CHECK(first.units[u].bwd_peak == second.units[u].bwd_peak);
+      CHECK(first.units[u].extra_bytes == second.units[u].extra_bytes);
+    }
+    const size_t lo = nn::min_feasible_peak(first), hi = nn::plan_none(first).predicted_peak;
+    for (const nn::Plan& p : {nn::plan_none(first), nn::plan_sqrt(first), nn::plan_min_peak(first),
+                              nn::plan_budget(first, lo + (hi - lo) / 2)}) {
+      Tensor x = rand_tensor(in, 31).to(kGpu);
+      Tensor target = labels(in[0], 3, 32).to(kGpu);
+      synchronize(Device::cuda(0));
+      reset_peak_memory_stats(kGpu);
+      opt.zero_grad();
+      {
+        Tensor loss = cross_entropy(nn::forward_with_plan(*m, p, x), target);
+        loss.backward();
+        opt.step();
+      }
+      synchronize(Device::cuda(0));
+      const size_t measured = memory_stats(kGpu).peak_in_use;
+      const double ratio = static_cast<double>(measured) / static_cast<double>(p.predicted_peak);
+      INFO("plan " << p.kind << " " << p.str() << ": predicted " << p.predicted_peak << ", measured " << measured);
+      CHECK(ratio > 0.9);
+      CHECK(ratio < 1.1);
+    }
+  }
+  cuda::set_cudnn_benchmark(false);
+}
+
+#endif  // MINIGRAD_WITH_CUDA

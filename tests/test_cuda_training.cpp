@@ -1,0 +1,327 @@
+// Training on the device against training on the host: the fused SGD and Adam updates, whole MLP
+// training steps, an optimizer following model.to (its state and gradients), gradient
+// accumulation and the step statistics, and a training state saved and resumed on the device.
+// Tolerances: tests/cuda_helpers.h.
+#include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
+
+#ifdef MINIGRAD_WITH_CUDA
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "kernels/optim.h"
+#include <minigrad/data/dataset.h>
+#include <minigrad/data/loader.h>
+#include <minigrad/nn/models.h>
+#include <minigrad/nn/serialize.h>
+#include <minigrad/optim/accumulate.h>
+#include <minigrad/optim/optimizer.h>
+#include <minigrad/optim/train_state.h>
+
+using namespace mg;
+using namespace mg::test;
+
+namespace {
+struct OptimCase {
+  std::vector<Tensor> p, g, s1, s2;
+};
+// Parameters of odd sizes; `count` above 96 exercises the grouping into several launches.
+OptimCase make_optim_case(int count, uint64_t seed, Device d) {
+  OptimCase c;
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = 1 + (i * 389 + 17) % 5003;
+    c.p.push_back(rand_tensor({n}, seed + 4 * i).to(d));
+    c.g.push_back(rand_tensor({n}, seed + 4 * i + 1).to(d));
+    c.s1.push_back(rand_tensor({n}, seed + 4 * i + 2).to(d));
+    std::vector<float> v = rand_tensor({n}, seed + 4 * i + 3).to_vector<float>();
+    for (float& e : v) e *= e;  // exp_avg_sq is non-negative
+    c.s2.push_back(Tensor::from_vector(v, {n}).to(d));
+  }
+  return c;
+}
+void check_lists_close(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, const char* what) {
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(what << " " << i);
+    CHECK(rel_err(gpu[i], cpu[i]) < kStrict);
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda: fused SGD update matches the CPU (momentum, nesterov, weight decay, groups)") {
+  for (int count : {5, 101}) {
+    for (bool nesterov : {false, true}) {
+      OptimCase c = make_optim_case(count, 100, Device::cpu()), g = make_optim_case(count, 100, kGpu);
+      SgdHyper h;
+      h.lr = 0.05f;
+      h.momentum = 0.9f;
+      h.weight_decay = 1e-3f;
+      h.nesterov = nesterov;
+      h.dampening = nesterov ? 0.0f : 0.1f;  // PyTorch allows nesterov only without dampening
+      h.grad_scale = 0.25f;
+      for (int step = 0; step < 3; ++step) {
+        h.first_step = step == 0;
+        sgd_update<Cpu>(c.p, c.g, c.s1, h);
+        sgd_update<Cuda>(g.p, g.g, g.s1, h);
+      }
+      check_lists_close(g.p, c.p, "param");
+      check_lists_close(g.s1, c.s1, "momentum");
+    }
+  }
+  // No momentum: no buffers.
+  OptimCase c = make_optim_case(3, 300, Device::cpu()), g = make_optim_case(3, 300, kGpu);
+  std::vector<Tensor> none_c, none_g;
+  SgdHyper h;
+  sgd_update<Cpu>(c.p, c.g, none_c, h);
+  sgd_update<Cuda>(g.p, g.g, none_g, h);
+  check_lists_close(g.p, c.p, "param");
+}
+
+TEST_CASE("cuda: fused Adam and AdamW updates match the CPU") {
+  for (bool decoupled : {false, true}) {
+    OptimCase c = make_optim_case(101, 500, Device::cpu()), g = make_optim_case(101, 500, kGpu);
+    std::vector<Tensor> p0;
+    for (const Tensor& t : c.p) p0.push_back(t.clone());
+    AdamHyper h;
+    h.lr = 1e-2f;
+    h.weight_decay = 0.01f;
+    h.decoupled = decoupled;
+    h.grad_scale = 0.5f;
+    for (int step = 1; step <= 3; ++step) {
+      h.step = step;
+      adam_update<Cpu>(c.p, c.g, c.s1, c.s2, h);
+      adam_update<Cuda>(g.p, g.g, g.s1, g.s2, h);
+    }
+    // Compare the updates, not only the parameters (the update is small next to p).
+    for (size_t i = 0; i < p0.size(); ++i) {
+      INFO("adam param " << i);
+      Tensor du_c = add(c.p[i], scale(p0[i], -1.0f)), du_g = add(g.p[i].cpu(), scale(p0[i], -1.0f));
+      CHECK(rel_err(du_g, du_c) < kStrict);
+    }
+    check_lists_close(g.s1, c.s1, "exp_avg");
+    check_lists_close(g.s2, c.s2, "exp_avg_sq");
+  }
+}
+
+TEST_CASE("cuda: MLP training steps (SGD with momentum) match the CPU") {
+  manual_seed(2024);
+  auto cpu_model = nn::make_mlp({37, 64, 29, 10});
+  manual_seed(2024);
+  auto gpu_model = nn::make_mlp({37, 64, 29, 10});
+  gpu_model->to(kGpu);
+  optim::SGD cpu_opt(cpu_model->parameters(), {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
+  optim::SGD gpu_opt(gpu_model->parameters(), {.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = rand_tensor({23, 37}, 600 + step), y = labels(23, 10, 700 + step);
+    cpu_opt.zero_grad();
+    gpu_opt.zero_grad();
+    Tensor loss_c = cross_entropy(cpu_model->forward(x), y);
+    Tensor loss_g = cross_entropy(gpu_model->forward(x.to(kGpu)), y.to(kGpu));
+    loss_c.backward();
+    loss_g.backward();
+    cpu_opt.step();
+    gpu_opt.step();
+    INFO("step " << step << " loss cpu " << loss_c.item() << " cuda " << loss_g.item());
+    CHECK(std::abs(loss_g.item() - loss_c.item()) <= kStrict * std::abs(loss_c.item()));
+  }
+  auto pc = cpu_model->named_parameters(), pg = gpu_model->named_parameters();
+  REQUIRE(pc.size() == pg.size());
+  for (size_t i = 0; i < pc.size(); ++i) {
+    INFO(pc[i].first);
+    CHECK(pg[i].second.is_cuda());
+    CHECK(rel_err(pg[i].second, pc[i].second) < kStrict);
+  }
+}
+
+namespace {
+std::shared_ptr<nn::Sequential> mlp_for_moves(uint64_t seed) {
+  manual_seed(seed);
+  return nn::make_mlp({29, 33, 10});
+}
+
+// Three steps of `opt` on `model` (on `d`), the same data whatever the device.
+void three_steps(nn::Module& model, optim::Optimizer& opt, Device d, uint64_t seed) {
+  for (int s = 0; s < 3; ++s) {
+    Tensor x = rand_tensor({11, 29}, seed + s).to(d), y = labels(11, 10, seed + 10 + s).to(d);
+    opt.zero_grad();
+    cross_entropy(model.forward(x), y).backward();
+    opt.step();
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda: an optimizer built before model.to(cuda) follows the model, state and gradients") {
+  for (int kind = 0; kind < 2; ++kind) {
+    INFO((kind == 0 ? "SGD with momentum" : "Adam"));
+    auto make = [&](const nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      if (kind == 0) return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1f, .momentum = 0.9f});
+      return std::make_unique<optim::Adam>(m.parameters(), optim::AdamOptions{.lr = 1e-2f});
+    };
+    // Built on the host, one step there, then the model moves: momentum/moments must come along.
+    auto before = mlp_for_moves(7);
+    auto opt_before = make(*before);
+    three_steps(*before, *opt_before, Device::cpu(), 100);
+    before->to(kGpu);
+    for (const Tensor& g : opt_before->grads()) CHECK(g.is_cuda());
+    three_steps(*before, *opt_before, kGpu, 200);
+    for (const auto& [name, t] : opt_before->state_tensors()) {
+      INFO(name);
+      CHECK(t.is_cuda());
+    }
+    // Reference: the same three host steps, then the state copied by hand to a device optimizer.
+    auto ref = mlp_for_moves(7);
+    auto opt_cpu = make(*ref);
+    three_steps(*ref, *opt_cpu, Device::cpu(), 100);
+    ref->to(kGpu);
+    auto opt_ref = make(*ref);
+    auto sc = opt_cpu->state_tensors(), sr = opt_ref->state_tensors();
+    REQUIRE(sc.size() == sr.size());
+    for (size_t i = 0; i < sc.size(); ++i) {
+      Tensor dst = sr[i].second;
+      dst.copy_(sc[i].second);
+    }
+    opt_ref->set_step_count(opt_cpu->step_count());
+    three_steps(*ref, *opt_ref, kGpu, 200);
+    auto pb = before->parameters(), pr = ref->parameters();
+    for (size_t i = 0; i < pb.size(); ++i) {
+      CHECK(pb[i].is_cuda());
+      CHECK(test::bit_equal(pb[i].cpu(), pr[i].cpu()));  // the same kernels on the same values
+    }
+    // And back to the host: the state follows again (the CPU kernel would read device pointers).
+    before->to(Device::cpu());
+    three_steps(*before, *opt_before, Device::cpu(), 300);
+    ref->to(Device::cpu());
+    three_steps(*ref, *opt_ref, Device::cpu(), 300);
+    for (const auto& [name, t] : opt_before->state_tensors()) CHECK(!t.is_cuda());
+    pb = before->parameters();
+    pr = ref->parameters();
+    for (size_t i = 0; i < pb.size(); ++i) CHECK(test::bit_equal(pb[i], pr[i]));
+  }
+  // Only part of a model moved: a clear error at the step, not a kernel on mixed pointers.
+  auto m = mlp_for_moves(8);
+  optim::SGD opt(m->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  (*m)[1].to(kGpu);
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("only part of the model"), Error);
+}
+
+namespace {
+// Note [batch-size independent order] and Note [accumulation normalises by samples]: the
+// setting of tests/test_accumulate.cpp (7,992 samples: a short last window of 3 x 16 + 8), on `d`.
+std::vector<Tensor> train_one_epoch(Device d, int64_t batch, int64_t accum, optim::Normalize norm, int64_t* steps) {
+  static const data::Dataset data = data::make_synthetic(7992, 7);
+  manual_seed(3);
+  auto model = nn::make_mlp({784, 64, 10});
+  model->to(d);
+  optim::SGD opt(model->parameters(), {.lr = 0.05f});
+  optim::Accumulator acc(opt, {.steps = accum, .normalize = norm});
+  data::DataLoader loader(data, {.batch_size = batch, .seed = 11, .device = d});
+  optim::TrainCallbacks cb;
+  int64_t on_device = 0, micro = 0;
+  cb.on_micro_batch = [&](const data::Batch& b) {
+    ++micro;
+    on_device += b.x.device() == d && b.y.device() == d && b.y.dtype() == DType::i64;
+  };
+  const optim::EpochStats st = optim::train_epoch(*model, loader, acc, 0, {}, cb);
+  CHECK(on_device == micro);
+  CHECK(st.samples == 7992);
+  CHECK(std::isfinite(st.loss_sum));
+  *steps = st.optimizer_steps;
+  std::vector<Tensor> w;
+  for (const Tensor& p : model->parameters()) {
+    CHECK(p.device() == d);
+    w.push_back(p.cpu());
+  }
+  return w;
+}
+
+double max_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, test::max_abs_diff(a[i], b[i]));
+  return m;
+}
+}  // namespace
+
+TEST_CASE("cuda: accumulation 16x4 equals 64 on the device and matches the CPU") {
+  int64_t s64 = 0, s16 = 0, scpu = 0, swrong = 0;
+  const std::vector<Tensor> big = train_one_epoch(kGpu, 64, 1, optim::Normalize::samples, &s64);
+  const std::vector<Tensor> acc = train_one_epoch(kGpu, 16, 4, optim::Normalize::samples, &s16);
+  const std::vector<Tensor> cpu = train_one_epoch(Device::cpu(), 64, 1, optim::Normalize::samples, &scpu);
+  const std::vector<Tensor> wrong = train_one_epoch(kGpu, 16, 4, optim::Normalize::micro_batches, &swrong);
+  CHECK(s64 == 125);  // 124 full windows and the short one
+  CHECK(s16 == 125);
+  CHECK(scpu == 125);
+  manual_seed(3);
+  auto init = nn::make_mlp({784, 64, 10})->parameters();
+  std::vector<Tensor> init_w(init.begin(), init.end());
+  CHECK(max_diff(big, init_w) > 1e-2);  // the weights did move
+  for (size_t i = 0; i < big.size(); ++i) {
+    INFO("parameter " << i << ": rel err 16x4 vs 64 (device) " << rel_err(acc[i], big[i]) << ", device vs CPU "
+                      << rel_err(big[i], cpu[i]));
+    CHECK(rel_err(acc[i], big[i]) < kStrict);
+    CHECK(rel_err(big[i], cpu[i]) < kStrict);
+  }
+  // The usual recipe (mean per micro-batch / N) is off on the short last window: well above
+  // rounding (on the CPU, tests/test_accumulate.cpp measures ~650x its 1e-6 bound).
+  MESSAGE("device: |64 - 16x4| = " << max_diff(big, acc) << ", |64 - 16x4 divided by N| = " << max_diff(big, wrong));
+  CHECK(max_diff(big, wrong) > 20e-6);
+}
+
+TEST_CASE("cuda: the step statistics stay on the device and a NaN loss is named at the step") {
+  manual_seed(4);
+  auto model = nn::make_mlp({6, 8, 3});
+  model->to(kGpu);
+  optim::SGD opt(model->parameters(), {.lr = 0.1f});
+  optim::Accumulator acc(opt, {.steps = 2, .clip_norm = 0.5f});
+  double want = 0;
+  for (int m = 0; m < 3; ++m) {  // three micro-batches with N = 2: the window outgrows it once
+    Tensor x = rand_tensor({5, 6}, 40 + m).to(kGpu);
+    Tensor loss = cross_entropy(model->forward(x), labels(5, 3, 50 + m).to(kGpu), Reduction::sum);
+    want += loss.item();
+    acc.backward(loss, 5);
+  }
+  const optim::StepInfo info = acc.step();
+  CHECK(info.samples == 15);
+  CHECK(info.micro_batches == 3);
+  CHECK(std::abs(info.loss_sum - want) <= 1e-6 * std::abs(want));
+  CHECK(std::isfinite(info.grad_norm));
+  CHECK(info.clip_coef <= 1.0f);
+  Tensor x = rand_tensor({5, 6}, 60).to(kGpu);
+  Tensor loss = scale(cross_entropy(model->forward(x), labels(5, 3, 61).to(kGpu), Reduction::sum), std::nanf(""));
+  acc.backward(loss, 5);
+  CHECK_THROWS_WITH_AS(acc.step(), doctest::Contains("at micro-batch 1 of 1"), Error);
+  CHECK(acc.pending_micro_batches() == 0);
+}
+
+TEST_CASE("cuda: a training state saved from the device resumes on the device bit for bit") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("mg_test_cuda_" + std::to_string(::getpid()) + ".state.safetensors")).string();
+  auto a = mlp_for_moves(9);
+  a->to(kGpu);
+  optim::Adam opt_a(a->parameters(), {.lr = 1e-2f});
+  three_steps(*a, opt_a, kGpu, 400);
+  manual_seed(1234);
+  default_generator().advance(5);
+  optim::save_train_state(path, *a, opt_a, {.epoch = 2});
+  auto b = mlp_for_moves(10);  // other weights, overwritten by the load
+  b->to(kGpu);
+  optim::Adam opt_b(b->parameters(), {.lr = 1e-2f});
+  manual_seed(0);
+  const optim::TrainState st = optim::load_train_state(path, *b, opt_b);
+  std::filesystem::remove(path);
+  CHECK(st.epoch == 2);
+  CHECK(opt_b.step_count() == 3);
+  CHECK(default_generator().seed() == 1234);
+  auto sa = opt_a.state_tensors(), sb = opt_b.state_tensors();
+  for (size_t i = 0; i < sa.size(); ++i) {
+    CHECK(sb[i].second.is_cuda());
+    CHECK(test::bit_equal(sb[i].second.cpu(), sa[i].second.cpu()));
+  }
+  three_steps(*a, opt_a, kGpu, 500);
+  three_steps(*b, opt_b, kGpu, 500);
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CHECK(pb[i].is_cuda());
+    CHECK(test::bit_equal(pb[i].cpu(), pa[i].cpu()));
+  }
+}
+
+#endif  // MINIGRAD_WITH_CUDA

@@ -1,0 +1,365 @@
+// The op-indexed test (ggml's test-backend-ops): every op of the op table (mg::all_ops(),
+// src/ops/op.h) on every one of its cases, odd shapes chosen by the op's author. An op added to
+// the table is picked up here without touching this file.
+//
+// 1. Finite-difference gradient check, on the CPU. L = sum(y * r) for a fixed random r; the tape
+//    gives dL/dx by a backward with dL/dy = r, and each element of each input with `grad` is
+//    compared with the central difference (L(x + h) - L(x - h)) / (2h). No op has a float64
+//    kernel (every kernel is float32), so "in double where the op allows" means this: y comes
+//    from the float32 forward, while r, L, the difference and its divisor (the step actually
+//    taken, after x +/- h was rounded to float) are all formed in double.
+//
+//    Step: h = min(1e-2, spacing / 4), where spacing is the smallest gap between two values of
+//    the input (and zero lies farther away still, see distinct_values): x +/- h never crosses
+//    relu's kink or changes the winner of a max-pool window. Smaller h only adds noise.
+//
+//    Tolerance, per element: |numeric - analytic| <= kRtol * |analytic| + floor, kRtol = 1e-2.
+//    The floor is the float32 resolution of the difference itself, not a fudge factor: each of
+//    L(x + h) and L(x - h) carries the forward's rounding, kUlps float32 epsilons of each output
+//    that depends on x_i (those that the step, or a probe move of x_i by kProbe, changed),
+//    weighted by |r|; divided by the step, that is what the difference cannot resolve. Outputs
+//    that do not depend on x_i come out bit-identical on both sides and cancel exactly. Every
+//    element of every checked input is checked (the cases are small), and each op prints how
+//    many of its elements the relative tolerance decided and how many only the floor: where a
+//    gradient is tiny next to the loss, float32 cannot resolve it by finite differences at any
+//    step, and the floor says so (cross_entropy over 300 classes: 1/300 of a loss of ~17, none
+//    resolved; its sum-reduced case therefore has 40 classes).
+//
+// 2. CUDA against CPU, when a GPU is present: the same inputs on both devices; the output and
+//    the gradient of every checked input (backward with the same r) must agree per element to
+//    kCudaTol = 1e-5 of the largest magnitude of the CPU tensor. Strict FP32 on the device for
+//    the whole comparison (TF32 off for matmuls and convolutions, Note [cuda math modes] in
+//    docs/cuda.md): TF32 results and more GEMM shapes are in test_cuda_ops. Without a GPU this
+//    part says so and passes; the gradient check still runs.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <minigrad/cuda.h>
+
+#include <doctest/doctest.h>
+#include <minigrad/minigrad.h>
+
+#include "ops/op.h"
+
+using namespace mg;
+
+namespace {
+
+constexpr double kMaxStep = 1e-2;
+constexpr double kStepsPerGap = 4;
+constexpr double kRtol = 1e-2;
+constexpr double kUlps = 4;  // rounding of one float32 forward output, in units of its value
+constexpr double kEps32 = std::numeric_limits<float>::epsilon();
+constexpr float kProbe = 1.0f;  // a move far larger than h, to find the outputs x_i reaches
+constexpr double kCudaTol = 1e-5;
+
+// Where a number came from, for failure messages: "conv2d case 1 input 0".
+std::string where(const OpDef& op, size_t case_index, const char* what, size_t input = SIZE_MAX) {
+  std::ostringstream s;
+  s << op.name << " case " << case_index << " " << what;
+  if (input != SIZE_MAX) s << " " << input;
+  return s.str();
+}
+
+// "element 17 [0, 1, 2, 3]": the flat index and the multi-index in a tensor of shape s.
+std::string element_str(const Shape& s, int64_t flat) {
+  Shape idx(s.size());
+  int64_t rest = flat;
+  for (size_t d = s.size(); d-- > 0;) {
+    idx[d] = rest % s[d];
+    rest /= s[d];
+  }
+  return "element " + std::to_string(flat) + " " + shape_str(idx);
+}
+
+uint64_t name_hash(const char* name) {  // FNV-1a: the same seeds on every platform
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = name; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  return h;
+}
+
+// n distinct float32 values +/-(0.25 + k d), k < m = ceil(n / 2), d = 1 / m, shuffled: magnitudes
+// in [0.25, 1.25), none within 0.25 of zero, no two within `spacing` = min(d, 0.5) of each other.
+std::vector<float> distinct_values(int64_t n, std::mt19937_64& rng, double* spacing) {
+  const int64_t m = (n + 1) / 2;
+  const double d = 1.0 / static_cast<double>(std::max<int64_t>(m, 1));
+  std::vector<float> v;
+  for (int64_t k = 0; k < m; ++k) {
+    const float mag = static_cast<float>(0.25 + static_cast<double>(k) * d);
+    v.push_back(mag);
+    v.push_back(-mag);
+  }
+  std::shuffle(v.begin(), v.end(), rng);
+  v.resize(static_cast<size_t>(n));
+  *spacing = std::min(d, 0.5);
+  return v;
+}
+
+// The inputs of one case on the CPU, as src/ops/op.h describes them, and the finite-difference
+// step of each checked one (0 for the others).
+struct CaseInputs {
+  std::vector<Tensor> tensors;
+  std::vector<double> step;
+};
+
+CaseInputs make_inputs(const OpDef& op, size_t case_index, const OpCase& c) {
+  CaseInputs in;
+  for (size_t k = 0; k < c.inputs.size(); ++k) {
+    const TestInput& ti = c.inputs[k];
+    std::mt19937_64 rng(name_hash(op.name) + 1000 * case_index + k);
+    const int64_t n = shape_numel(ti.shape);
+    Tensor t;
+    double step = 0;
+    if (ti.kind == TestInput::real) {
+      double spacing = 0;
+      t = Tensor::from_vector(distinct_values(n, rng, &spacing), ti.shape);
+      if (ti.grad) {
+        t.requires_grad_();
+        step = std::min(kMaxStep, spacing / kStepsPerGap);
+      }
+    } else if (ti.kind == TestInput::index) {
+      REQUIRE_MESSAGE(ti.classes > 0, where(op, case_index, "input", k) << ": index input without classes");
+      std::vector<int64_t> v(static_cast<size_t>(n));
+      for (int64_t& e : v) e = static_cast<int64_t>(rng() % static_cast<uint64_t>(ti.classes));
+      t = Tensor::from_vector(v, ti.shape);
+    }
+    in.tensors.push_back(t);
+    in.step.push_back(step);
+  }
+  return in;
+}
+
+// The fixed weights r of L = sum(y * r): +/-[0.5, 1.5), float32 values held in double, so the
+// backward (float32 r) and L (double r) use the same numbers.
+std::vector<double> make_r(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.5, 1.5);
+  std::vector<double> r(static_cast<size_t>(n));
+  for (double& e : r) e = static_cast<float>((rng() & 1 ? 1.0 : -1.0) * u(rng));
+  return r;
+}
+
+Tensor r_tensor(const std::vector<double>& r, const Shape& s) {
+  return Tensor::from_vector(std::vector<float>(r.begin(), r.end()), s);
+}
+
+std::vector<float> forward_values(const OpDef& op, const OpAttrs& a, const std::vector<Tensor>& in) {
+  NoGradGuard no_grad;
+  return apply(op, a, in).to_vector<float>();
+}
+
+double loss(const std::vector<float>& y, const std::vector<double>& r) {
+  double s = 0;
+  for (size_t j = 0; j < y.size(); ++j) s += static_cast<double>(y[j]) * r[j];
+  return s;
+}
+
+struct Worst {
+  double err = 0;
+  int64_t element = -1;
+  int64_t failures = 0;
+  double numeric = 0, analytic = 0, floor = 0;
+};
+
+// How much of an op the check resolved, printed per op so that the tolerance's margin shows:
+// `resolved` elements have a floor below kRtol |analytic| (the relative tolerance decides);
+// at `floor_bound` ones the float32 floor is larger than that, so they are checked only to it;
+// `zero` ones have an analytic gradient of exactly 0 (numeric must then be within the floor).
+struct OpStats {
+  double worst = 0, worst_resolved = 0, worst_floor_bound = 0;
+  int64_t elements = 0, resolved = 0, floor_bound = 0, zero = 0;
+
+  void add(double diff, double analytic, double floor) {
+    ++elements;
+    const double rel = diff / std::abs(analytic);
+    if (analytic == 0) {
+      ++zero;
+    } else if (floor <= kRtol * std::abs(analytic)) {
+      ++resolved;
+      worst_resolved = std::max(worst_resolved, rel);
+    } else {
+      ++floor_bound;
+      worst_floor_bound = std::max(worst_floor_bound, rel);
+    }
+  }
+  void print(const char* op) const {
+    std::printf("test_ops: %-20s worst %.1e of %.0e | %4lld elements: %4lld resolved, worst |diff|/|analytic| "
+                "%.1e; %4lld to the float32 floor only, worst %.1e; %4lld zero\n",
+                op, worst, kRtol, static_cast<long long>(elements), static_cast<long long>(resolved),
+                worst_resolved, static_cast<long long>(floor_bound), worst_floor_bound,
+                static_cast<long long>(zero));
+  }
+};
+
+// Compares the tape's gradient of input k (already computed by a backward with dL/dy = r) with
+// central differences of L = sum(y * r), element by element; y0 is the unperturbed output.
+void check_gradient(const OpDef& op, size_t ci, const OpAttrs& attrs, CaseInputs& in, size_t k,
+                    const std::vector<double>& r, const std::vector<float>& y0, OpStats& st) {
+  Tensor& x = in.tensors[k];
+  const std::string what = where(op, ci, "input", k);
+  REQUIRE_MESSAGE(x.grad().defined(), what << ": backward left no gradient");
+  REQUIRE_MESSAGE(x.grad().shape() == x.shape(), what << ": gradient shape " << shape_str(x.grad().shape()));
+  const std::vector<float> analytic = x.grad().to_vector<float>();
+  float* data = x.data<float>();
+  const float h = static_cast<float>(in.step[k]);
+  Worst worst;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float orig = data[i];
+    const float xp = orig + h, xm = orig - h;
+    data[i] = xp;
+    const std::vector<float> yp = forward_values(op, attrs, in.tensors);
+    data[i] = xm;
+    const std::vector<float> ym = forward_values(op, attrs, in.tensors);
+    data[i] = orig + kProbe;
+    const std::vector<float> probe = forward_values(op, attrs, in.tensors);
+    data[i] = orig;
+    const double step = static_cast<double>(xp) - static_cast<double>(xm);
+    const double numeric = (loss(yp, r) - loss(ym, r)) / step;
+    // Sum of |r_j y_j| over the outputs that depend on x_i: those the step or the probe moved.
+    double dependent = 0;
+    for (size_t j = 0; j < y0.size(); ++j) {
+      if (yp[j] != y0[j] || ym[j] != y0[j] || probe[j] != y0[j]) {
+        dependent += std::abs(r[j]) * std::max({std::abs(yp[j]), std::abs(ym[j]), std::abs(y0[j])});
+      }
+    }
+    const double floor = 2 * kUlps * kEps32 * dependent / step;
+    const double a = analytic[static_cast<size_t>(i)];
+    const double diff = std::abs(numeric - a);
+    const double err = diff == 0 ? 0 : diff / (std::abs(a) + floor / kRtol);
+    if (!(err <= kRtol)) ++worst.failures;
+    if (!(err <= worst.err)) worst = {err, i, worst.failures, numeric, a, floor};  // NaN is the worst
+    st.add(diff, a, floor);
+  }
+  CHECK_MESSAGE(worst.err <= kRtol,
+                what << " " << shape_str(x.shape()) << ", " << element_str(x.shape(), worst.element)
+                     << ": numeric " << worst.numeric << ", analytic " << worst.analytic << ", |diff| = "
+                     << std::abs(worst.numeric - worst.analytic) << " > " << kRtol << " * |analytic| + "
+                     << worst.floor << " (float32 floor); " << worst.failures << " of " << x.numel()
+                     << " elements out of tolerance");
+  st.worst = std::max(st.worst, worst.err);
+}
+
+// Restores the CUDA math switches at scope exit.
+struct StrictFp32 {
+  bool matmul = cuda::tf32_matmul(), conv = cuda::tf32_conv();
+  StrictFp32() {
+    cuda::set_tf32_matmul(false);
+    cuda::set_tf32_conv(false);
+  }
+  ~StrictFp32() {
+    cuda::set_tf32_matmul(matmul);
+    cuda::set_tf32_conv(conv);
+  }
+};
+
+// Per element |got - want| <= kCudaTol * max |want|.
+void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  REQUIRE_MESSAGE(got.shape() == want.shape(), what << ": shape " << shape_str(got.shape()) << ", expected "
+                                                    << shape_str(want.shape()));
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+  double scale = 0;
+  for (float e : w) scale = std::max(scale, std::abs(static_cast<double>(e)));
+  scale = std::max(scale, 1e-30);
+  Worst worst;
+  worst.element = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double err = std::abs(static_cast<double>(g[i]) - w[i]) / scale;
+    if (!(err <= kCudaTol)) ++worst.failures;
+    if (!(err <= worst.err)) {  // NaN counts as the worst
+      worst.err = err;
+      worst.element = static_cast<int64_t>(i);
+    }
+  }
+  CHECK_MESSAGE(worst.err <= kCudaTol,
+                what << ", " << element_str(want.shape(), worst.element) << ": cuda "
+                     << g[static_cast<size_t>(worst.element)] << ", cpu " << w[static_cast<size_t>(worst.element)]
+                     << ", |diff| / max |cpu| = " << worst.err << " > " << kCudaTol << " (" << worst.failures
+                     << " of " << w.size() << " elements out of tolerance)");
+}
+
+}  // namespace
+
+TEST_CASE("ops: the registry holds the library's ops, each with cases that check something") {
+  for (const char* name : {"linear", "conv2d", "relu", "max_pool2d", "adaptive_avg_pool2d", "dropout",
+                           "cross_entropy", "add", "scale", "reshape"}) {
+    CHECK_MESSAGE(find_op(name) != nullptr, "op '" << name << "' is not registered");
+  }
+  for (const OpDef* op : all_ops()) {
+    INFO("op " << op->name);
+    const bool has_cases_fn = op->cases != nullptr;
+    REQUIRE_MESSAGE(has_cases_fn, op->name << " has no cases function");
+    const std::vector<OpCase> cases = op->cases();
+    CHECK_MESSAGE(!cases.empty(), op->name << " has no test cases");
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      int64_t checked = 0;
+      for (const TestInput& ti : cases[ci].inputs) {
+        if (ti.kind == TestInput::real && ti.grad) checked += shape_numel(ti.shape);
+      }
+      CHECK_MESSAGE(checked > 0, where(*op, ci, "has no real input with grad: its gradient check is empty"));
+    }
+  }
+}
+
+TEST_CASE("ops: finite-difference gradient check of every op and case") {
+  for (const OpDef* op : all_ops()) {
+    const std::vector<OpCase> cases = op->cases();
+    OpStats st;
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const OpCase& c = cases[ci];
+      CaseInputs in = make_inputs(*op, ci, c);
+      Tensor y = apply(*op, c.attrs, in.tensors);
+      REQUIRE_MESSAGE(y.requires_grad(), where(*op, ci, "output was not recorded"));
+      const std::vector<double> r = make_r(y.numel(), name_hash(op->name) + 7 * ci + 1);
+      const std::vector<float> y0 = y.to_vector<float>();
+      y.backward(r_tensor(r, y.shape()));
+      for (size_t k = 0; k < in.tensors.size(); ++k) {
+        if (in.step[k] != 0) check_gradient(*op, ci, c.attrs, in, k, r, y0, st);
+      }
+    }
+    CHECK_MESSAGE(st.elements > 0, op->name << ": no element was checked");
+    st.print(op->name);
+  }
+}
+
+TEST_CASE("ops: CUDA against CPU, every op and case") {
+  if (!cuda_available()) {
+    MESSAGE("no CUDA device: CUDA against CPU not run (the gradient check ran on the CPU)");
+    return;
+  }
+  StrictFp32 strict;
+  const Device gpu = Device::cuda(0);
+  for (const OpDef* op : all_ops()) {
+    const std::vector<OpCase> cases = op->cases();
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const OpCase& c = cases[ci];
+      CaseInputs cpu = make_inputs(*op, ci, c);
+      std::vector<Tensor> dev;
+      for (const Tensor& t : cpu.tensors) {
+        Tensor d = t.defined() ? t.to(gpu) : Tensor();
+        if (t.defined() && t.requires_grad()) d.requires_grad_();
+        dev.push_back(d);
+      }
+      Tensor y_cpu = apply(*op, c.attrs, cpu.tensors), y_dev = apply(*op, c.attrs, dev);
+      REQUIRE_MESSAGE(y_dev.is_cuda(), where(*op, ci, "output is not on the device"));
+      check_close(y_dev.cpu(), y_cpu, where(*op, ci, "output"));
+
+      const Tensor r = r_tensor(make_r(y_cpu.numel(), name_hash(op->name) + 7 * ci + 1), y_cpu.shape());
+      y_cpu.backward(r);
+      y_dev.backward(r.to(gpu));
+      for (size_t k = 0; k < dev.size(); ++k) {
+        if (cpu.step[k] == 0) continue;
+        const std::string what = where(*op, ci, "gradient of input", k);
+        REQUIRE_MESSAGE(dev[k].grad().defined(), what << ": none on the device");
+        REQUIRE_MESSAGE(dev[k].grad().is_cuda(), what << ": not on the device");
+        check_close(dev[k].grad().cpu(), cpu.tensors[k].grad(), what);
+      }
+    }
+  }
+}
