@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <limits>
 
-#include <minigrad/data/dataset.h>
+#include <minigrad/data/idx.h>
 #include <minigrad/data/loader.h>
 #include "helpers.h"
 #include <minigrad/optim/accumulate.h>
@@ -22,8 +22,8 @@ namespace {
 // one of 8.
 constexpr int64_t kEpochSamples = 7992;
 
-const data::Dataset& epoch_data() {
-  static const data::Dataset d = data::make_synthetic(kEpochSamples, 7);
+const data::IdxDataset& epoch_data() {
+  static const data::IdxDataset d = data::make_synthetic(kEpochSamples, 7);
   return d;
 }
 
@@ -74,7 +74,7 @@ std::unique_ptr<optim::Optimizer> make_opt(const nn::Module& m, Opt which, float
 
 RunResult run(int64_t batch, int64_t accum, Opt which, float lr, int64_t epochs = 1,
               optim::Normalize norm = optim::Normalize::samples, float clip = 0.0f,
-              const data::Dataset& d = epoch_data()) {
+              const data::IdxDataset& d = epoch_data()) {
   auto model = small_mlp(3);
   auto opt = make_opt(*model, which, lr);
   optim::Accumulator acc(*opt, {.steps = accum, .clip_norm = clip, .normalize = norm});
@@ -135,7 +135,7 @@ TEST_CASE("the same on the first 7,992 real MNIST digits (../shared/data/mnist)"
     MESSAGE("skipped: no MNIST in " << dir);
     return;
   }
-  const data::Dataset real = data::load_mnist_auto(dir).train.limit(kEpochSamples);
+  const data::IdxDataset real = data::load_mnist_auto(dir).train.limit(kEpochSamples);
   REQUIRE(real.size() == kEpochSamples);
   RunResult big = run(64, 1, Opt::sgd, 0.05f, 1, optim::Normalize::samples, 0.0f, real);
   RunResult acc = run(16, 4, Opt::sgd, 0.05f, 1, optim::Normalize::samples, 0.0f, real);
@@ -148,7 +148,7 @@ TEST_CASE("the same on the first 7,992 real MNIST digits (../shared/data/mnist)"
 
 TEST_CASE("the short last window: one accumulated step equals the step on the concatenated batch") {
   // 5 micro-batches of sizes 16, 16, 16, 3 and (flushed) nothing else: the window has 51 samples.
-  const data::Dataset d = data::make_synthetic(51, 21);
+  const data::IdxDataset d = data::make_synthetic(51, 21);
   auto ref_model = small_mlp(5);
   auto acc_model = small_mlp(5);
   optim::SGD ref_opt(ref_model->parameters(), {.lr = 0.5f});
@@ -205,7 +205,7 @@ TEST_CASE("accumulation schedule: parsing") {
 TEST_CASE("accumulation schedule switches N by epoch, and each epoch matches the equivalent large batch") {
   // 200 samples; batch 16 -> 13 micro-batches per epoch. Schedule "0:4,1:2":
   // epoch 0: windows of 4 -> 4 steps (4+4+4+1); epoch 1: windows of 2 -> 7 steps (2*6+1).
-  const data::Dataset d = data::make_synthetic(200, 5);
+  const data::IdxDataset d = data::make_synthetic(200, 5);
   const auto sched = optim::AccumulationSchedule::parse("0:4,1:2");
   auto model = small_mlp(9);
   optim::SGD opt(model->parameters(), {.lr = 0.05f, .momentum = 0.9f});
@@ -248,7 +248,7 @@ TEST_CASE("accumulation schedule switches N by epoch, and each epoch matches the
 }
 
 TEST_CASE("clipping by global norm is applied once per optimizer step, to the window's mean gradient") {
-  const data::Dataset d = data::make_synthetic(40, 13);
+  const data::IdxDataset d = data::make_synthetic(40, 13);
   const float lr = 0.1f, clip = 0.05f;
   auto model = small_mlp(17);
   auto init = snapshot(*model);
@@ -320,7 +320,7 @@ TEST_CASE("clipping by global norm is applied once per optimizer step, to the wi
 }
 
 TEST_CASE("AdamW's weight decay is applied once per real step: 16 x 4 matches 64") {
-  const data::Dataset d = data::make_synthetic(1000, 12);
+  const data::IdxDataset d = data::make_synthetic(1000, 12);
   RunResult big = run(64, 1, Opt::adamw, 2e-3f, 1, optim::Normalize::samples, 0.0f, d);
   RunResult acc = run(16, 4, Opt::adamw, 2e-3f, 1, optim::Normalize::samples, 0.0f, d);
   RunResult per_mb = run(16, 1, Opt::adamw, 2e-3f, 1, optim::Normalize::samples, 0.0f, d);
@@ -330,7 +330,7 @@ TEST_CASE("AdamW's weight decay is applied once per real step: 16 x 4 matches 64
 }
 
 TEST_CASE("Adam's step count is the number of real steps, and 16 x 4 matches 64 on a short epoch") {
-  const data::Dataset d = data::make_synthetic(328, 3);  // 5 full windows of 64 + 8
+  const data::IdxDataset d = data::make_synthetic(328, 3);  // 5 full windows of 64 + 8
   RunResult big = run(64, 1, Opt::adam, 2e-3f, 2, optim::Normalize::samples, 0.0f, d);
   RunResult acc = run(16, 4, Opt::adam, 2e-3f, 2, optim::Normalize::samples, 0.0f, d);
   CHECK(big.step_count == 12);
@@ -352,7 +352,7 @@ TEST_CASE("non-finite loss or gradient: found at the step, error by default, ski
   auto model = small_mlp(1);
   optim::SGD opt(model->parameters(), {.lr = 0.1f});
   auto init = snapshot(*model);
-  const data::Dataset d = data::make_synthetic(32, 1);
+  const data::IdxDataset d = data::make_synthetic(32, 1);
   data::DataLoader l(d, {.batch_size = 16, .shuffle = false});
   data::Batch b;
   l.start_epoch(0);
@@ -424,7 +424,7 @@ TEST_CASE("non-finite loss or gradient: found at the step, error by default, ski
 }
 
 TEST_CASE("the step reports the window's summed loss, however many micro-batches it holds") {
-  const data::Dataset d = data::make_synthetic(120, 5);
+  const data::IdxDataset d = data::make_synthetic(120, 5);
   auto model = small_mlp(4);
   // The per-sample losses of the 120 samples at the initial weights, in double.
   std::vector<double> per_batch;  // summed loss of each micro-batch of 16 (the last has 8)
@@ -476,7 +476,7 @@ TEST_CASE("linear LR scaling") {
 }
 
 TEST_CASE("resume: 2 epochs straight equal 1 epoch + save + resume 1 epoch, bit for bit") {
-  const data::Dataset d = data::make_synthetic(1000, 8);  // 1000 = 15 * 64 + 40: short windows too
+  const data::IdxDataset d = data::make_synthetic(1000, 8);  // 1000 = 15 * 64 + 40: short windows too
   const std::string dir = (std::filesystem::temp_directory_path() / "mg_test_resume").string();
   std::filesystem::create_directories(dir);
   for (Opt which : {Opt::sgd_momentum, Opt::adam}) {

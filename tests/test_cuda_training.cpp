@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "kernels/optim.h"
-#include <minigrad/data/dataset.h>
+#include <minigrad/data/idx.h>
 #include <minigrad/data/loader.h>
 #include <minigrad/nn/models.h>
 #include <minigrad/nn/serialize.h>
@@ -207,7 +207,7 @@ namespace {
 // Note [batch-size independent order] and Note [accumulation normalises by samples]: the
 // setting of tests/test_accumulate.cpp (7,992 samples: a short last window of 3 x 16 + 8), on `d`.
 std::vector<Tensor> train_one_epoch(Device d, int64_t batch, int64_t accum, optim::Normalize norm, int64_t* steps) {
-  static const data::Dataset data = data::make_synthetic(7992, 7);
+  static const data::IdxDataset data = data::make_synthetic(7992, 7);
   manual_seed(3);
   auto model = nn::make_mlp({784, 64, 10});
   model->to(d);

@@ -1,11 +1,13 @@
-// data/: IDX reading and its errors, data sets, the loader's order (Note [batch-size independent
-// order]), prefetching, and the real MNIST split when ../shared/data/mnist is present.
+// data/: IDX reading and its errors, data sets, TensorDataset and its checks, the loader's order
+// (Note [batch-size independent order]) and shards (Note [shards]) over any Dataset, prefetching,
+// and the real MNIST split when ../shared/data/mnist is present.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
+#include <type_traits>
 
-#include <minigrad/data/dataset.h>
 #include <minigrad/data/idx.h>
 #include <minigrad/data/loader.h>
 #include "helpers.h"
@@ -64,7 +66,7 @@ TEST_CASE("IDX: gzip and raw files read the same, and write_idx round-trips") {
   CHECK(data::read_idx(dir / "copy.gz", 3).bytes == a.bytes);
   CHECK(data::read_idx(dir / "copy", 3).bytes == a.bytes);
   CHECK(fs::file_size(dir / "copy") == 16 + a.bytes.size());  // raw: no gzip header
-  data::Dataset d = data::load_idx_pair(dir / "gz-images-idx3-ubyte.gz", dir / "gz-labels-idx1-ubyte.gz");
+  data::IdxDataset d = data::load_idx_pair(dir / "gz-images-idx3-ubyte.gz", dir / "gz-labels-idx1-ubyte.gz");
   CHECK(d.size() == 37);
   CHECK(d.labels()[13] == 3);
 }
@@ -142,12 +144,12 @@ TEST_CASE("MNIST folders: the four standard names, and the split of a test set a
 TEST_CASE("normalisation is (x / 255 - mean) / std") {
   std::vector<uint8_t> px(2 * 4);
   for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 37);
-  data::Dataset d(px, {3, 9}, 2, 2, 10, {0.1307f, 0.3081f});
+  data::IdxDataset d(px, {3, 9}, 2, 2, 10, {0.1307f, 0.3081f});
   std::vector<float> out(4, -999.0f);
   d.normalized_image(1, out.data());
   for (int k = 0; k < 4; ++k) CHECK(out[k] == doctest::Approx((px[4 + k] / 255.0 - 0.1307) / 0.3081).epsilon(1e-6));
-  CHECK_THROWS_AS(data::Dataset(px, {3, 10}, 2, 2), Error);  // label out of range
-  CHECK_THROWS_AS(data::Dataset(px, {3}, 2, 2), Error);      // count mismatch
+  CHECK_THROWS_AS(data::IdxDataset(px, {3, 10}, 2, 2), Error);  // label out of range
+  CHECK_THROWS_AS(data::IdxDataset(px, {3}, 2, 2), Error);      // count mismatch
 }
 
 TEST_CASE("synthetic data is deterministic, balanced, and depends on the seed") {
@@ -193,7 +195,7 @@ struct Seen {
   std::vector<int64_t> sizes;
 };
 
-Seen walk(const data::Dataset& d, data::LoaderOptions o, int64_t epoch) {
+Seen walk(const data::IdxDataset& d, data::LoaderOptions o, int64_t epoch) {
   data::DataLoader l(d, o);
   l.start_epoch(epoch);
   Seen s;
@@ -216,7 +218,7 @@ Seen walk(const data::Dataset& d, data::LoaderOptions o, int64_t epoch) {
 }  // namespace
 
 TEST_CASE("loader: the sample order does not depend on the batch size, prefetching, or the epoch order") {
-  const data::Dataset d = data::make_synthetic(1003, 4);
+  const data::IdxDataset d = data::make_synthetic(1003, 4);
   const Seen s64 = walk(d, {.batch_size = 64, .seed = 9}, 2);
   for (int64_t bs : {1, 7, 16, 64, 1003, 5000}) {
     for (int prefetch : {0, 1, 3}) {
@@ -247,7 +249,7 @@ TEST_CASE("loader: the sample order does not depend on the batch size, prefetchi
 }
 
 TEST_CASE("loader: shapes, drop_last, flatten, errors") {
-  const data::Dataset d = data::make_synthetic(100, 4);
+  const data::IdxDataset d = data::make_synthetic(100, 4);
   data::DataLoader l(d, {.batch_size = 32, .drop_last = true});
   CHECK(l.num_batches() == 3);
   CHECK(l.num_samples() == 96);
@@ -276,6 +278,210 @@ TEST_CASE("loader: shapes, drop_last, flatten, errors") {
     REQUIRE(mid.next(b));
   }
   if (!cuda_available()) MESSAGE("no CUDA device: batches on CUDA not tested here");
+}
+
+namespace {
+
+// n samples of shape (2, 3): element k of sample i is i + (k + 1) / 8 (exact in float32), its
+// label (7 i + 3) % 10. A sample's first element names it.
+data::TensorDataset numbered(int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n) * 6);
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int k = 0; k < 6; ++k) x[i * 6 + k] = static_cast<float>(i) + static_cast<float>(k + 1) / 8.0f;
+    y[i] = (7 * i + 3) % 10;
+  }
+  return data::TensorDataset(Tensor::from_vector(x, {n, 2, 3}), Tensor::from_vector(y, {n}));
+}
+
+// The samples of each batch of an epoch of a numbered() data set, checking every element and
+// label on the way.
+std::vector<std::vector<int64_t>> batches_of(const data::Dataset& d, data::LoaderOptions o, int64_t epoch) {
+  data::DataLoader l(d, o);
+  l.start_epoch(epoch);
+  std::vector<std::vector<int64_t>> out;
+  data::Batch b;
+  while (l.next(b)) {
+    REQUIRE(b.x.shape() == (o.flatten ? Shape{b.size(), 6} : Shape{b.size(), 2, 3}));
+    REQUIRE(b.index == static_cast<int64_t>(out.size()));
+    const auto x = b.x.to_vector<float>();
+    const auto y = b.y.to_vector<int64_t>();
+    std::vector<int64_t> ids;
+    for (size_t j = 0; j < y.size(); ++j) {
+      const int64_t i = static_cast<int64_t>(x[j * 6]);
+      for (int k = 0; k < 6; ++k) REQUIRE(x[j * 6 + k] == static_cast<float>(i) + static_cast<float>(k + 1) / 8.0f);
+      REQUIRE(y[j] == (7 * i + 3) % 10);
+      ids.push_back(i);
+    }
+    out.push_back(ids);
+  }
+  CHECK(static_cast<int64_t>(out.size()) == l.num_batches());
+  return out;
+}
+
+std::vector<int64_t> concat(const std::vector<std::vector<int64_t>>& bs) {
+  std::vector<int64_t> all;
+  for (const auto& b : bs) all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+
+// Throws when asked for sample `bad`.
+class Faulty : public data::Dataset {
+ public:
+  explicit Faulty(int64_t bad) : bad_(bad) {}
+  int64_t size() const override { return 40; }
+  Shape sample_shape() const override { return {3}; }
+
+ private:
+  void read(std::span<const int64_t> indices, int64_t, std::span<float> x, std::span<int64_t> y) const override {
+    for (size_t k = 0; k < indices.size(); ++k) {
+      MG_CHECK(indices[k] != bad_, "Faulty: sample " << indices[k] << " is unreadable");
+      for (int j = 0; j < 3; ++j) x[k * 3 + j] = static_cast<float>(indices[k]);
+      y[k] = 1;
+    }
+  }
+  int64_t bad_;
+};
+
+}  // namespace
+
+TEST_CASE("TensorDataset through the loader: epoch_permutation's order for any batch size, prefetch or not") {
+  const data::TensorDataset d = numbered(203);
+  CHECK(d.size() == 203);
+  CHECK(d.sample_shape() == Shape{2, 3});
+  const std::vector<int64_t> perm = data::epoch_permutation(203, 9, 4);
+  for (int64_t bs : {1, 16, 203, 500}) {
+    for (int prefetch : {0, 2}) {
+      INFO("batch " << bs << " prefetch " << prefetch);
+      const auto bs_seen = batches_of(d, {.batch_size = bs, .seed = 9, .prefetch = prefetch}, 4);
+      CHECK(concat(bs_seen) == perm);
+      CHECK(static_cast<int64_t>(bs_seen.back().size()) == (bs > 203 ? 203 : 203 % bs == 0 ? bs : 203 % bs));
+    }
+  }
+  std::vector<int64_t> file_order(203);
+  for (int64_t i = 0; i < 203; ++i) file_order[i] = i;
+  CHECK(concat(batches_of(d, {.batch_size = 50, .shuffle = false, .flatten = true}, 0)) == file_order);
+  CHECK(concat(batches_of(d, {.batch_size = 50, .seed = 9}, 5)) != perm);
+
+  // get_batch: the samples asked for, in that order.
+  const data::Batch b = d.get_batch(std::vector<int64_t>{202, 0, 202}, 0);
+  CHECK(b.x.shape() == Shape{3, 2, 3});
+  CHECK(b.y.to_vector<int64_t>() == std::vector<int64_t>{(7 * 202 + 3) % 10, 3, (7 * 202 + 3) % 10});
+  CHECK(b.x.to_vector<float>()[6] == 0.125f);
+}
+
+TEST_CASE("loader shards: a partition of every epoch; batch k of W shards is batch k of batch size W * B") {
+  const data::TensorDataset d = numbered(103);
+  const int64_t kShards = 4, kBatch = 5;
+  const std::vector<int64_t> perm = data::epoch_permutation(103, 2, 1);
+  std::vector<std::vector<std::vector<int64_t>>> shard(kShards);
+  for (int64_t s = 0; s < kShards; ++s) {
+    INFO("shard " << s);
+    shard[s] = batches_of(d, {.batch_size = kBatch, .seed = 2, .shard = s, .num_shards = kShards}, 1);
+    std::vector<int64_t> want;
+    for (size_t p = s; p < perm.size(); p += kShards) want.push_back(perm[p]);
+    CHECK(concat(shard[s]) == want);  // positions s, s + W, ...
+    const data::LoaderOptions no_prefetch{.batch_size = kBatch, .seed = 2, .prefetch = 0, .shard = s, .num_shards = kShards};
+    CHECK(concat(batches_of(d, no_prefetch, 1)) == want);
+    data::DataLoader l(d, {.batch_size = kBatch, .seed = 2, .shard = s, .num_shards = kShards});
+    CHECK(l.num_samples() == (s < 3 ? 26 : 25));
+    CHECK(l.num_batches() == (s < 3 ? 6 : 5));
+  }
+  // Each sample in exactly one shard.
+  std::multiset<int64_t> seen;
+  for (const auto& sh : shard) for (int64_t i : concat(sh)) seen.insert(i);
+  CHECK(seen.size() == 103);
+  CHECK(std::set<int64_t>(seen.begin(), seen.end()).size() == 103);
+  // Batch k of the shards together = batch k of one loader of batch 20, the short last one too.
+  const auto whole = batches_of(d, {.batch_size = kShards * kBatch, .seed = 2}, 1);
+  REQUIRE(whole.size() == 6);
+  for (size_t k = 0; k < whole.size(); ++k) {
+    std::vector<int64_t> together;
+    for (const auto& sh : shard) {
+      if (k < sh.size()) together.insert(together.end(), sh[k].begin(), sh[k].end());
+    }
+    std::sort(together.begin(), together.end());
+    std::vector<int64_t> want = whole[k];
+    std::sort(want.begin(), want.end());
+    CHECK(together == want);
+  }
+  // Unshuffled, drop_last per shard.
+  CHECK(concat(batches_of(d, {.batch_size = 3, .shuffle = false, .shard = 1, .num_shards = 50}, 0)) ==
+        std::vector<int64_t>{1, 51, 101});
+  data::DataLoader dl(d, {.batch_size = kBatch, .drop_last = true, .shard = 3, .num_shards = kShards});
+  CHECK(dl.num_batches() == 5);
+  CHECK(dl.num_samples() == 25);
+  // Bad shard options.
+  CHECK_THROWS_WITH_AS(data::DataLoader(d, {.shard = 4, .num_shards = 4}), doctest::Contains("shard 4 of 4"), Error);
+  CHECK_THROWS_WITH_AS(data::DataLoader(d, {.shard = -1, .num_shards = 4}), doctest::Contains("0 <= shard"), Error);
+  CHECK_THROWS_AS(data::DataLoader(d, {.num_shards = 0}), Error);
+  CHECK_THROWS_WITH_AS(data::DataLoader(d, {.shard = 103, .num_shards = 104}), doctest::Contains("is empty"), Error);
+  CHECK_THROWS_WITH_AS(data::DataLoader(d, {.batch_size = 30, .drop_last = true, .shard = 0, .num_shards = 4}),
+                       doctest::Contains("this shard"), Error);
+}
+
+TEST_CASE("TensorDataset: shapes and dtypes are checked, saying what was expected and what came") {
+  const Tensor x = test::rand_tensor({10, 3}, 1);
+  const Tensor y = Tensor::from_vector(std::vector<int64_t>(10, 2), {10});
+  CHECK_NOTHROW(data::TensorDataset(x, y));
+  const Tensor y9 = Tensor::from_vector(std::vector<int64_t>(9, 2), {9});
+  CHECK_THROWS_WITH_AS(data::TensorDataset(x, y9), doctest::Contains("10 inputs (shape [10, 3]) but 9 targets"), Error);
+  CHECK_THROWS_WITH_AS(data::TensorDataset(x, y.reshape({10, 1})),
+                       doctest::Contains("targets must be (N), one class label per sample; got shape [10, 1]"), Error);
+  CHECK_THROWS_WITH_AS(data::TensorDataset(Tensor::full({}, 1.5f), y), doctest::Contains("0-dimensional"), Error);
+  CHECK_THROWS_WITH_AS(data::TensorDataset(y, y), doctest::Contains("inputs must be float32, got int64"), Error);
+  CHECK_THROWS_WITH_AS(data::TensorDataset(x, test::rand_tensor({10}, 2)),
+                       doctest::Contains("targets must be int64 class labels, got float32"), Error);
+  CHECK_THROWS_AS(data::TensorDataset(Tensor(), y), Error);
+  // Loader and read_batch errors.
+  const data::TensorDataset d(x, y);
+  CHECK_THROWS_WITH_AS(d.get_batch(std::vector<int64_t>{3, 10}),
+                       doctest::Contains("index 10 is outside a data set of 10"), Error);
+  CHECK_THROWS_WITH_AS(d.get_batch(std::vector<int64_t>{}), doctest::Contains("no indices"), Error);
+  std::vector<float> small(5);
+  std::vector<int64_t> labels(2);
+  CHECK_THROWS_WITH_AS(d.read_batch(std::vector<int64_t>{0, 1}, 0, small, labels),
+                       doctest::Contains("need 6 floats and 2 labels; got room for 5 and 2"), Error);
+  // The inputs are shared (a CPU tensor is not copied) and detached.
+  CHECK(d.inputs().shares_storage(x));
+  const Tensor y4 = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3}, {4});
+  const data::TensorDataset dw(test::rand_tensor({4, 2}, 3, true), y4);
+  CHECK_FALSE(dw.inputs().requires_grad());
+}
+
+TEST_CASE("loader lifetimes: a shared_ptr keeps the data set alive; a temporary is refused at compile time") {
+  static_assert(std::is_constructible_v<data::DataLoader, const data::TensorDataset&, data::LoaderOptions>);
+  static_assert(std::is_constructible_v<data::DataLoader, std::shared_ptr<data::TensorDataset>, data::LoaderOptions>);
+  static_assert(!std::is_constructible_v<data::DataLoader, data::TensorDataset, data::LoaderOptions>);
+  static_assert(!std::is_constructible_v<data::DataLoader, data::IdxDataset, data::LoaderOptions>);
+  auto owned = std::make_shared<data::TensorDataset>(numbered(37));
+  std::weak_ptr<data::TensorDataset> watch = owned;
+  {
+    data::DataLoader l(std::move(owned), {.batch_size = 4, .seed = 1, .prefetch = 3});
+    CHECK_FALSE(watch.expired());  // the loader's reference is the only one left
+    l.start_epoch(0);
+    data::Batch b;
+    int64_t samples = 0;
+    while (l.next(b)) samples += b.size();
+    CHECK(samples == 37);
+    CHECK(&l.dataset() == watch.lock().get());
+  }
+  CHECK(watch.expired());
+  CHECK_THROWS_WITH_AS(data::DataLoader(std::shared_ptr<const data::Dataset>(), {}), doctest::Contains("null"), Error);
+}
+
+TEST_CASE("loader: a data set's error on the prefetch thread reaches next(), with its message") {
+  const Faulty d(13);
+  for (int prefetch : {0, 2}) {
+    INFO("prefetch " << prefetch);
+    data::DataLoader l(d, {.batch_size = 8, .shuffle = false, .prefetch = prefetch});
+    l.start_epoch(0);
+    data::Batch b;
+    REQUIRE(l.next(b));
+    CHECK(b.x.shape() == Shape{8, 3});
+    CHECK(b.x.to_vector<float>()[3] == 1.0f);
+    CHECK_THROWS_WITH_AS(l.next(b), doctest::Contains("sample 13 is unreadable"), Error);
+  }
 }
 
 TEST_CASE("real MNIST (../shared/data/mnist): the 8,000 / 2,000 split") {

@@ -1,5 +1,6 @@
 // minigrad/data/image_folder.h: decoding, resizing (against PyTorch's interpolate), ImageNet
-// normalisation, reproducible flips, and the errors for bad folders and files.
+// normalisation, reproducible flips, the folder through the DataLoader, and the errors for bad
+// folders and files.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <stb/stb_image_write.h>
 
 #include <minigrad/data/image_folder.h>
+#include <minigrad/data/loader.h>
 #include "helpers.h"
 
 using namespace mg;
@@ -104,14 +106,15 @@ TEST_CASE("ImageFolder: classes, files, decoding, normalisation and flips") {
   CHECK(flips > 0);
   CHECK(flips < 32);
 
-  auto [x, y] = ds.batch({2, 0, 1}, 3);
+  const data::Batch b = ds.get_batch(std::vector<int64_t>{2, 0, 1}, 3);
+  const Tensor &x = b.x, &y = b.y;
   CHECK(x.shape() == Shape{3, 3, s, s});
   CHECK(y.to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0});
   std::vector<float> first(3 * s * s);
   ds.load(2, ds.flipped(2, 3), first.data());
   auto xv = x.to_vector<float>();
   CHECK(std::equal(first.begin(), first.end(), xv.begin()));
-  CHECK_THROWS_AS(ds.batch({4}, 0), Error);
+  CHECK_THROWS_AS(ds.get_batch(std::vector<int64_t>{4}, 0), Error);
 }
 
 TEST_CASE("ImageFolder: errors name the folder or the file") {
@@ -124,4 +127,53 @@ TEST_CASE("ImageFolder: errors name the folder or the file") {
   data::ImageFolder ds(dir.path.string(), {.image_size = 4});
   std::vector<float> buf(48);
   CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()), doctest::Contains("broken.jpg"), Error);
+}
+
+TEST_CASE("ImageFolder through the DataLoader: epoch order, flips of that epoch, shards, prefetch") {
+  TempDir dir;
+  const int s = 5;
+  for (int i = 0; i < 7; ++i) {
+    const fs::path cls = dir.path / (i < 3 ? "ants" : "bees");
+    fs::create_directories(cls);
+    const auto px = pattern(4 + i, 9 - i, 10 * i + 1);
+    REQUIRE(stbi_write_png((cls / (std::to_string(i) + ".png")).c_str(), 9 - i, 4 + i, 3, px.data(), (9 - i) * 3));
+  }
+  data::ImageFolder ds(dir.path.string(), {.image_size = s, .random_flip = true, .seed = 3});
+  REQUIRE(ds.size() == 7);
+  CHECK(ds.sample_shape() == Shape{3, s, s});
+  const int64_t epoch = 2;
+  const std::vector<int64_t> perm = data::epoch_permutation(7, 11, epoch);
+  for (int prefetch : {0, 2}) {
+    INFO("prefetch " << prefetch);
+    data::DataLoader l(ds, {.batch_size = 3, .seed = 11, .prefetch = prefetch});
+    l.start_epoch(epoch);
+    data::Batch b;
+    for (int64_t k = 0; k < 3; ++k) {
+      REQUIRE(l.next(b));
+      const std::vector<int64_t> idx(perm.begin() + 3 * k, perm.begin() + std::min<int64_t>(7, 3 * k + 3));
+      const data::Batch want = ds.get_batch(idx, epoch);  // flips of this epoch
+      CHECK(b.x.shape() == Shape{static_cast<int64_t>(idx.size()), 3, s, s});
+      CHECK(test::bit_equal(b.x, want.x));
+      CHECK(b.y.to_vector<int64_t>() == want.y.to_vector<int64_t>());
+    }
+    CHECK_FALSE(l.next(b));
+  }
+  // Some sample is flipped in this epoch and not in the next one: the loader passes its epoch on.
+  bool differs = false;
+  for (int64_t i = 0; i < 7; ++i) differs |= ds.flipped(i, epoch) != ds.flipped(i, epoch + 1);
+  REQUIRE(differs);
+  // Shard 1 of 2: positions 1, 3, 5 of the epoch, flattened.
+  data::DataLoader half(ds, {.batch_size = 8, .seed = 11, .flatten = true, .shard = 1, .num_shards = 2});
+  half.start_epoch(epoch);
+  data::Batch b;
+  REQUIRE(half.next(b));
+  CHECK(b.x.shape() == Shape{3, 3 * s * s});
+  const data::Batch odd = ds.get_batch(std::vector<int64_t>{perm[1], perm[3], perm[5]}, epoch);
+  CHECK(test::bit_equal(b.x, odd.x.reshape({3, 3 * s * s})));
+  // A file that does not decode: its name reaches next(), from the prefetch thread.
+  std::ofstream(dir.path / "bees/zz_broken.png") << "not a png";
+  data::ImageFolder with_broken(dir.path.string(), {.image_size = s});
+  data::DataLoader l(with_broken, {.batch_size = 8, .shuffle = false});
+  l.start_epoch(0);
+  CHECK_THROWS_WITH_AS(l.next(b), doctest::Contains("zz_broken.png"), Error);
 }

@@ -18,7 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include <minigrad/data/dataset.h>
+#include <minigrad/data/idx.h>
 #include <minigrad/data/loader.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/optim/accumulate.h>
@@ -130,15 +130,15 @@ int run(const Config& c, const char* argv0) {
   } else {
     const int64_t n_train = c.limit_train > 0 ? c.limit_train : 8000;
     const int64_t n_test = c.limit_test > 0 ? c.limit_test : 2000;
-    mg::data::Dataset all = mg::data::make_synthetic(n_train + n_test, c.seed + 1000, norm);
+    mg::data::IdxDataset all = mg::data::make_synthetic(n_train + n_test, c.seed + 1000, norm);
     splits.train = all.slice(0, n_train);
     splits.test = all.slice(n_train, n_train + n_test);
     splits.description = std::string("GENERATED synthetic MNIST-like data (") +
                          (c.synthetic ? "--synthetic" : c.dataset == "fashion" ? "no --data for fashion" : "no real data found") +
                          "): " + std::to_string(n_train) + " train, " + std::to_string(n_test) + " test";
   }
-  const mg::data::Dataset train = splits.train.limit(c.limit_train);
-  const mg::data::Dataset test = splits.test.limit(c.limit_test);
+  const mg::data::IdxDataset train = splits.train.limit(c.limit_train);
+  const mg::data::IdxDataset test = splits.test.limit(c.limit_test);
   std::printf("data: %s; using %lld train, %lld test\n", splits.description.c_str(),
               static_cast<long long>(train.size()), static_cast<long long>(test.size()));
 

@@ -8,7 +8,9 @@
 // measured pass (minigrad/nn/checkpoint_plan.h); every step prints its time and peak memory in use, and
 // --json writes the plan, its predicted peak and the measured one. SGD (lr 0.001, momentum 0.9),
 // cross-entropy. Data: synthetic by default (a deterministic pattern per class plus noise), or
-// --data DIR with one sub-folder of JPEG/PNG images per class (minigrad/data/image_folder.h).
+// --data DIR with one sub-folder of JPEG/PNG images per class (minigrad/data/image_folder.h); either way a
+// DataLoader (minigrad/data/loader.h) shuffles it per epoch from --seed and drops the short last batch,
+// so that every step has the input shape the plan was made for.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -20,10 +22,10 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <optional>
+#include <span>
 
 #include <minigrad/data/image_folder.h>
+#include <minigrad/data/loader.h>
 #include <minigrad/cuda.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/nn/checkpoint_plan.h>
@@ -33,7 +35,7 @@ namespace {
 using mg::Tensor;
 
 constexpr int64_t kNumClasses = 2;
-constexpr int64_t kSyntheticSize = 64;  // samples per synthetic epoch
+constexpr int64_t kSyntheticSize = 64;  // samples per synthetic epoch (a larger batch: one batch)
 
 // Sample i of the synthetic set: class i % 2; class 0 brightens towards the right, class 1
 // towards the bottom, plus uniform noise drawn from (seed, i). ImageNet-normalised like files.
@@ -53,34 +55,24 @@ void synthetic_image(int64_t i, int64_t s, uint64_t seed, float* dst) {
   }
 }
 
-struct Source {
-  std::unique_ptr<mg::data::ImageFolder> folder;
-  int64_t image_size = 224;
-  uint64_t seed = 0;
-  int64_t size() const { return folder ? folder->size() : kSyntheticSize; }
-  std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& idx, uint64_t epoch) const {
-    if (folder) return folder->batch(idx, epoch);
-    const int64_t n = static_cast<int64_t>(idx.size()), s = image_size;
-    Tensor x = Tensor::empty({n, 3, s, s});
-    std::vector<int64_t> y(idx.size());
-    for (int64_t k = 0; k < n; ++k) {
-      synthetic_image(idx[k], s, seed ^ 0xDA7Aull, x.data<float>() + k * 3 * s * s);
-      y[k] = idx[k] % kNumClasses;
-    }
-    return {x, Tensor::from_vector(y, {n})};
-  }
-};
+// The synthetic data set, made on demand: sample i is synthetic_image(i).
+class SyntheticImages : public mg::data::Dataset {
+ public:
+  SyntheticImages(int64_t n, int64_t image_size, uint64_t seed) : n_(n), s_(image_size), seed_(seed) {}
+  int64_t size() const override { return n_; }
+  mg::Shape sample_shape() const override { return {3, s_, s_}; }
 
-// Epoch order: a permutation drawn from (seed, epoch) with Philox (Fisher-Yates).
-std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t epoch) {
-  std::vector<int64_t> p(n);
-  std::iota(p.begin(), p.end(), 0);
-  for (int64_t i = n - 1; i > 0; --i) {
-    const uint64_t r = mg::philox_u32(seed ^ 0x5u, (epoch << 32) + static_cast<uint64_t>(i));
-    std::swap(p[i], p[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
+ private:
+  void read(std::span<const int64_t> indices, int64_t, std::span<float> x, std::span<int64_t> y) const override {
+    for (size_t k = 0; k < indices.size(); ++k) {
+      synthetic_image(indices[k], s_, seed_ ^ 0xDA7Aull, x.data() + k * 3 * s_ * s_);
+      y[k] = indices[k] % kNumClasses;
+    }
   }
-  return p;
-}
+
+  int64_t n_, s_;
+  uint64_t seed_;
+};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -120,16 +112,26 @@ int main(int argc, char** argv) {
 
   try {
     const mg::Device dev = mg::Device::parse(device_str);
-    Source src;
-    src.image_size = image_size;
-    src.seed = seed;
+    std::shared_ptr<const mg::data::Dataset> data;
+    std::string data_str;
     if (!data_dir.empty()) {
-      src.folder = std::make_unique<mg::data::ImageFolder>(
+      auto folder = std::make_shared<mg::data::ImageFolder>(
           data_dir, mg::data::ImageFolderOptions{.image_size = image_size, .random_flip = true, .seed = seed});
-      MG_CHECK(src.folder->num_classes() == kNumClasses,
-               "--data: expected " << kNumClasses << " class folders, found " << src.folder->num_classes());
+      MG_CHECK(folder->num_classes() == kNumClasses,
+               "--data: expected " << kNumClasses << " class folders, found " << folder->num_classes());
+      MG_CHECK(folder->size() >= batch_size, "--data: " << folder->size() << " images, fewer than one batch of "
+                                                        << batch_size << "; use a smaller --batch-size");
+      data_str = data_dir + " (" + std::to_string(folder->size()) + " images)";
+      data = folder;
+    } else {
+      const int64_t n = std::max(kSyntheticSize, batch_size);
+      data = std::make_shared<SyntheticImages>(n, image_size, seed);
+      data_str = "synthetic (" + std::to_string(n) + " images)";
     }
-    const int64_t batches_per_epoch = std::max<int64_t>(1, src.size() / batch_size);  // drop the last partial batch
+    // No prefetch thread: a step's wall and CPU time must not include assembling the next batch.
+    mg::data::DataLoader loader(data, {.batch_size = batch_size, .seed = seed, .drop_last = true, .device = dev,
+                                       .prefetch = 0});
+    const int64_t batches_per_epoch = loader.num_batches();
     const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
 
     mg::manual_seed(seed);
@@ -146,8 +148,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(width_div), static_cast<long long>(image_size),
                 static_cast<long long>(image_size), static_cast<long long>(batch_size),
                 static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
-    std::printf("data: %s\n", src.folder ? (data_dir + " (" + std::to_string(src.size()) + " images)").c_str()
-                                         : "synthetic (64 images)");
+    std::printf("data: %s\n", data_str.c_str());
     std::printf("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
                 plan.kind.c_str(), plan.str().c_str(), mg::nn::format_bytes(plan.predicted_peak).c_str(),
                 plan.recompute_flops / 1e9, mg::nn::format_bytes(floor).c_str(),
@@ -161,14 +162,10 @@ int main(int argc, char** argv) {
     float last_loss = NAN;
     for (int64_t step = 0; step < total_steps; ++step) {
       const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
-      const std::vector<int64_t> order = permutation(src.size(), seed, static_cast<uint64_t>(epoch));
-      std::vector<int64_t> idx(order.begin() + b * batch_size,
-                               order.begin() + std::min<int64_t>(src.size(), (b + 1) * batch_size));
-      while (static_cast<int64_t>(idx.size()) < batch_size) idx.push_back(order[idx.size() % order.size()]);
-      auto [xh, yh] = src.batch(idx, static_cast<uint64_t>(epoch));
-      Tensor x = xh.to(dev), y = yh.to(dev);
-      xh = Tensor();
-      yh = Tensor();
+      if (b == 0) loader.start_epoch(epoch);
+      mg::data::Batch batch;
+      MG_CHECK(loader.next(batch), "vgg_ckpt: epoch " << epoch << " ended before its batch " << b);
+      const Tensor x = batch.x, y = batch.y;
 
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);  // the batch's copy is not timed

@@ -42,7 +42,8 @@ def read_idx(path):
 def load_split(data_dir, n_train=8000):
     x = read_idx(os.path.join(data_dir, "t10k-images-idx3-ubyte.gz"))
     y = read_idx(os.path.join(data_dir, "t10k-labels-idx1-ubyte.gz")).astype(np.int64)
-    # Same float expression as src/data/dataset.cpp: (x / 255 - mean) * (1 / std), in float32.
+    # Same float expression as IdxDataset::normalized_image (src/data/idx.cpp):
+    # (x / 255 - mean) * (1 / std), in float32.
     xf = (x.astype(np.float32) / np.float32(255.0) - np.float32(0.1307)) * (np.float32(1.0) / np.float32(0.3081))
     xf = torch.from_numpy(xf).unsqueeze(1)
     y = torch.from_numpy(y)

@@ -1,180 +1,66 @@
 #include <minigrad/data/dataset.h>
 
-#include <algorithm>
-#include <cmath>
-#include <filesystem>
+#include <cstring>
 
 #include <minigrad/core/error.h>
-#include <minigrad/core/rng.h>
-#include <minigrad/data/idx.h>
 
 namespace mg::data {
 
-Dataset::Dataset(std::vector<uint8_t> pixels, std::vector<int64_t> labels, int64_t rows, int64_t cols,
-                 int64_t num_classes, Normalization norm, std::string name)
-    : pixels_(std::move(pixels)),
-      labels_(std::move(labels)),
-      rows_(rows),
-      cols_(cols),
-      num_classes_(num_classes),
-      norm_(norm),
-      name_(std::move(name)) {
-  MG_CHECK(rows > 0 && cols > 0, "Dataset: image size " << rows << "x" << cols);
-  MG_CHECK(norm.std > 0.0f, "Dataset: normalisation std must be > 0, got " << norm.std);
-  MG_CHECK(pixels_.size() == labels_.size() * static_cast<size_t>(rows * cols),
-           "Dataset: " << pixels_.size() << " pixel bytes for " << labels_.size() << " images of "
-                       << rows << "x" << cols);
-  for (size_t i = 0; i < labels_.size(); ++i) {
-    MG_CHECK(labels_[i] >= 0 && labels_[i] < num_classes,
-             "Dataset: label " << i << " is " << labels_[i] << ", expected 0.." << num_classes - 1);
+void Dataset::read_batch(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+                         std::span<int64_t> y) const {
+  MG_CHECK(!indices.empty(), "Dataset::read_batch: no indices");
+  MG_CHECK(epoch >= 0, "Dataset::read_batch: epoch " << epoch);
+  const int64_t n = size(), numel = sample_numel();
+  for (int64_t i : indices) {
+    MG_CHECK(i >= 0 && i < n, "Dataset::read_batch: index " << i << " is outside a data set of " << n << " samples");
   }
+  MG_CHECK(x.size() == indices.size() * static_cast<size_t>(numel) && y.size() == indices.size(),
+           "Dataset::read_batch: " << indices.size() << " samples of shape " << shape_str(sample_shape())
+                                   << " need " << indices.size() * static_cast<size_t>(numel) << " floats and "
+                                   << indices.size() << " labels; got room for " << x.size() << " and "
+                                   << y.size());
+  read(indices, epoch, x, y);
 }
 
-void Dataset::normalized_image(int64_t i, float* dst) const {
-  const int64_t f = features();
-  const uint8_t* src = pixels_.data() + i * f;
-  const float mean = norm_.mean, inv_std = 1.0f / norm_.std;
-  for (int64_t k = 0; k < f; ++k) dst[k] = (static_cast<float>(src[k]) / 255.0f - mean) * inv_std;
+Batch Dataset::get_batch(std::span<const int64_t> indices, int64_t epoch) const {
+  const int64_t b = static_cast<int64_t>(indices.size());
+  Shape xs = sample_shape();
+  xs.insert(xs.begin(), b);
+  Batch out;
+  out.x = Tensor::empty(xs);
+  out.y = Tensor::empty({b}, {DType::i64});
+  read_batch(indices, epoch, {out.x.data<float>(), static_cast<size_t>(out.x.numel())},
+             {out.y.data<int64_t>(), static_cast<size_t>(b)});
+  return out;
 }
 
-Dataset Dataset::slice(int64_t begin, int64_t end) const {
-  MG_CHECK(0 <= begin && begin <= end && end <= size(),
-           "Dataset::slice: [" << begin << ", " << end << ") of a data set of " << size());
-  const int64_t f = features();
-  std::vector<uint8_t> px(pixels_.begin() + begin * f, pixels_.begin() + end * f);
-  std::vector<int64_t> lb(labels_.begin() + begin, labels_.begin() + end);
-  return Dataset(std::move(px), std::move(lb), rows_, cols_, num_classes_, norm_, name_);
+TensorDataset::TensorDataset(const Tensor& inputs, const Tensor& targets) {
+  MG_CHECK(inputs.defined() && targets.defined(), "TensorDataset: inputs and targets must be defined tensors");
+  MG_CHECK(inputs.dim() >= 1, "TensorDataset: inputs must be (N, ...), one row per sample; got a 0-dimensional tensor");
+  MG_CHECK(targets.dim() == 1, "TensorDataset: targets must be (N), one class label per sample; got shape "
+                                   << shape_str(targets.shape()));
+  MG_CHECK(inputs.size(0) == targets.size(0),
+           "TensorDataset: " << inputs.size(0) << " inputs (shape " << shape_str(inputs.shape()) << ") but "
+                             << targets.size(0) << " targets (shape " << shape_str(targets.shape())
+                             << "): expected one target per input");
+  MG_CHECK(inputs.dtype() == DType::f32,
+           "TensorDataset: inputs must be float32, got " << dtype_name(inputs.dtype()));
+  MG_CHECK(targets.dtype() == DType::i64,
+           "TensorDataset: targets must be int64 class labels, got " << dtype_name(targets.dtype()));
+  // Detached, so that holding a sample never keeps a tape alive.
+  inputs_ = inputs.is_cuda() ? inputs.cpu() : inputs.detach();
+  targets_ = targets.is_cuda() ? targets.cpu() : targets.detach();
 }
 
-Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
-                      Normalization norm, const std::string& name) {
-  IdxArray img = read_idx(images_path, 3);
-  MG_CHECK(img.dims[1] == 28 && img.dims[2] == 28,
-           images_path << ": wrong image size " << img.dims[1] << "x" << img.dims[2]
-                       << ", expected 28x28 (MNIST / FashionMNIST)");
-  IdxArray lab = read_idx(labels_path, 1);
-  MG_CHECK(img.dims[0] == lab.dims[0], images_path << " has " << img.dims[0] << " images but "
-                                                   << labels_path << " has " << lab.dims[0]
-                                                   << " labels: image and label counts disagree");
-  std::vector<int64_t> labels(lab.bytes.size());
-  for (size_t i = 0; i < labels.size(); ++i) {
-    MG_CHECK(lab.bytes[i] <= 9, labels_path << ": label " << i << " is " << int{lab.bytes[i]}
-                                            << ", expected a class in 0..9");
-    labels[i] = lab.bytes[i];
+void TensorDataset::read(std::span<const int64_t> indices, int64_t, std::span<float> x,
+                         std::span<int64_t> y) const {
+  const size_t numel = static_cast<size_t>(sample_numel());
+  const float* src = inputs_.data<float>();
+  const int64_t* labels = targets_.data<int64_t>();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    std::memcpy(x.data() + k * numel, src + static_cast<size_t>(indices[k]) * numel, numel * sizeof(float));
+    y[k] = labels[indices[k]];
   }
-  return Dataset(std::move(img.bytes), std::move(labels), 28, 28, 10, norm, name);
-}
-
-namespace {
-
-// The file `base` or `base.gz` in dir; empty when neither exists.
-std::string find_file(const std::string& dir, const std::string& base) {
-  namespace fs = std::filesystem;
-  for (const std::string& cand : {base + ".gz", base}) {
-    const fs::path p = fs::path(dir) / cand;
-    if (fs::exists(p)) return p.string();
-  }
-  return "";
-}
-
-std::string require_file(const std::string& dir, const std::string& base) {
-  std::string p = find_file(dir, base);
-  MG_CHECK(!p.empty(), dir << ": missing " << base << "[.gz] (expected the four standard MNIST file "
-                           "names; scripts/get_data.sh says where to get them)");
-  return p;
-}
-
-}  // namespace
-
-Splits load_mnist(const std::string& dir, Normalization norm) {
-  Splits s;
-  s.train = load_idx_pair(require_file(dir, "train-images-idx3-ubyte"),
-                          require_file(dir, "train-labels-idx1-ubyte"), norm, "train");
-  s.test = load_idx_pair(require_file(dir, "t10k-images-idx3-ubyte"),
-                         require_file(dir, "t10k-labels-idx1-ubyte"), norm, "test");
-  s.description = dir + " (train " + std::to_string(s.train.size()) + ", test " +
-                  std::to_string(s.test.size()) + ")";
-  return s;
-}
-
-Splits load_mnist_test_split(const std::string& dir, int64_t n_train, Normalization norm) {
-  Dataset all = load_idx_pair(require_file(dir, "t10k-images-idx3-ubyte"),
-                              require_file(dir, "t10k-labels-idx1-ubyte"), norm, "t10k");
-  MG_CHECK(n_train > 0 && n_train < all.size(),
-           dir << ": cannot split " << all.size() << " images into " << n_train << " to train and the rest held out");
-  Splits s;
-  s.train = all.slice(0, n_train);
-  s.test = all.slice(n_train, all.size());
-  s.description = dir + " test set split: first " + std::to_string(s.train.size()) + " train, last " +
-                  std::to_string(s.test.size()) + " held out";
-  return s;
-}
-
-Splits load_mnist_auto(const std::string& dir, Normalization norm) {
-  MG_CHECK(std::filesystem::is_directory(dir), dir << ": not a folder");
-  if (!find_file(dir, "train-images-idx3-ubyte").empty()) return load_mnist(dir, norm);
-  if (!find_file(dir, "t10k-images-idx3-ubyte").empty()) return load_mnist_test_split(dir, 8000, norm);
-  MG_FAIL(dir << ": no MNIST files (train-images-idx3-ubyte[.gz] ... or t10k-*); run scripts/get_data.sh");
-}
-
-namespace {
-
-// Stroke prototypes: each class is 3 random line segments with a random thickness, drawn as a
-// smooth intensity field in [0, 1].
-struct Stroke {
-  float x0, y0, x1, y1, width;
-};
-
-float seg_dist(float px, float py, const Stroke& s) {
-  const float dx = s.x1 - s.x0, dy = s.y1 - s.y0;
-  const float len2 = dx * dx + dy * dy;
-  float t = len2 > 0 ? ((px - s.x0) * dx + (py - s.y0) * dy) / len2 : 0.0f;
-  t = std::clamp(t, 0.0f, 1.0f);
-  const float qx = s.x0 + t * dx - px, qy = s.y0 + t * dy - py;
-  return std::sqrt(qx * qx + qy * qy);
-}
-
-}  // namespace
-
-Dataset make_synthetic(int64_t n, uint64_t seed, Normalization norm) {
-  MG_CHECK(n > 0, "make_synthetic: n must be > 0, got " << n);
-  constexpr int kSide = 28, kClasses = 10, kStrokes = 3;
-  // Class prototypes come from a stream of their own, so they are the same for every n.
-  const uint64_t proto_key = seed * 0x9E3779B97F4A7C15ull + 0x5EED;
-  uint64_t c = 0;
-  auto proto_u = [&]() { return philox_uniform(proto_key, c++); };
-  std::vector<std::vector<float>> protos(kClasses, std::vector<float>(kSide * kSide));
-  for (int k = 0; k < kClasses; ++k) {
-    Stroke st[kStrokes];
-    for (Stroke& s : st) s = {5 + 18 * proto_u(), 5 + 18 * proto_u(), 5 + 18 * proto_u(),
-                              5 + 18 * proto_u(), 1.0f + 1.2f * proto_u()};
-    for (int y = 0; y < kSide; ++y)
-      for (int x = 0; x < kSide; ++x) {
-        float v = 0;
-        for (const Stroke& s : st) v = std::max(v, std::clamp(1.5f - seg_dist(x, y, s) / s.width, 0.0f, 1.0f));
-        protos[k][y * kSide + x] = v;
-      }
-  }
-  std::vector<uint8_t> px(static_cast<size_t>(n) * kSide * kSide);
-  std::vector<int64_t> labels(n);
-  const uint64_t key = seed ^ 0xD1B54A32D192ED03ull;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t base = static_cast<uint64_t>(i) * 1024;  // 4 + 784 draws per sample fit
-    auto u = [&](uint64_t j) { return philox_uniform(key, base + j); };
-    const int k = static_cast<int>(philox_u32(key, base) % kClasses);
-    const int sx = static_cast<int>(u(1) * 5) - 2, sy = static_cast<int>(u(2) * 5) - 2;
-    const float ink = 0.6f + 0.4f * u(3);
-    labels[i] = k;
-    uint8_t* dst = px.data() + i * kSide * kSide;
-    for (int y = 0; y < kSide; ++y)
-      for (int x = 0; x < kSide; ++x) {
-        const int ox = x - sx, oy = y - sy;
-        float v = (ox >= 0 && ox < kSide && oy >= 0 && oy < kSide) ? protos[k][oy * kSide + ox] * ink : 0.0f;
-        v += 0.35f * (u(4 + y * kSide + x) - 0.5f);
-        dst[y * kSide + x] = static_cast<uint8_t>(std::lround(std::clamp(v, 0.0f, 1.0f) * 255.0f));
-      }
-  }
-  return Dataset(std::move(px), std::move(labels), kSide, kSide, kClasses, norm, "synthetic");
 }
 
 }  // namespace mg::data

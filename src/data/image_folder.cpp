@@ -94,19 +94,14 @@ void ImageFolder::load(int64_t i, bool flip, float* dst) const {
   }
 }
 
-std::pair<Tensor, Tensor> ImageFolder::batch(const std::vector<int64_t>& indices, uint64_t epoch) const {
-  MG_CHECK(!indices.empty(), "ImageFolder::batch: no indices");
-  const int64_t s = opts_.image_size, n = static_cast<int64_t>(indices.size());
-  Tensor x = Tensor::empty({n, 3, s, s});
-  std::vector<int64_t> y(indices.size());
-  float* px = x.data<float>();
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t i = indices[static_cast<size_t>(k)];
-    MG_CHECK(i >= 0 && i < size(), "ImageFolder::batch: index " << i << " out of " << size() << " samples");
-    load(i, flipped(i, epoch), px + k * 3 * s * s);
-    y[static_cast<size_t>(k)] = label(i);
+void ImageFolder::read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+                       std::span<int64_t> y) const {
+  const size_t numel = static_cast<size_t>(3 * opts_.image_size * opts_.image_size);
+  for (size_t k = 0; k < indices.size(); ++k) {
+    const int64_t i = indices[k];
+    load(i, flipped(i, static_cast<uint64_t>(epoch)), x.data() + k * numel);
+    y[k] = label(i);
   }
-  return {x, Tensor::from_vector(y, {n})};
 }
 
 }  // namespace mg::data

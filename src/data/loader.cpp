@@ -1,7 +1,9 @@
 #include <minigrad/data/loader.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
+#include <span>
 
 #include <minigrad/core/rng.h>
 
@@ -32,39 +34,48 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
   return p;
 }
 
-DataLoader::DataLoader(const Dataset& data, LoaderOptions opts) : data_(data), opts_(opts) {
+// The reference constructor borrows: an aliasing shared_ptr that owns nothing.
+DataLoader::DataLoader(const Dataset& data, LoaderOptions opts)
+    : DataLoader(std::shared_ptr<const Dataset>(std::shared_ptr<const Dataset>(), &data), opts) {}
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts) : data_(std::move(data)), opts_(opts) {
+  MG_CHECK(data_ != nullptr, "DataLoader: no data set (a null shared_ptr)");
   MG_CHECK(opts.batch_size > 0, "DataLoader: batch size must be > 0, got " << opts.batch_size);
   MG_CHECK(opts.prefetch >= 0, "DataLoader: prefetch must be >= 0, got " << opts.prefetch);
-  MG_CHECK(data.size() > 0, "DataLoader: empty data set");
-  MG_CHECK(!opts.drop_last || data.size() >= opts.batch_size,
+  MG_CHECK(opts.num_shards >= 1 && opts.shard >= 0 && opts.shard < opts.num_shards,
+           "DataLoader: shard " << opts.shard << " of " << opts.num_shards
+                                << ": expected num_shards >= 1 and 0 <= shard < num_shards");
+  const int64_t n = data_->size();
+  MG_CHECK(n > 0, "DataLoader: empty data set");
+  shard_size_ = (n - opts.shard + opts.num_shards - 1) / opts.num_shards;
+  MG_CHECK(shard_size_ > 0, "DataLoader: shard " << opts.shard << " of " << opts.num_shards
+                                                 << " is empty: the data set has " << n << " samples");
+  MG_CHECK(!opts.drop_last || shard_size_ >= opts.batch_size,
            "DataLoader: drop_last with batch size " << opts.batch_size << " leaves no batch of a data set of "
-                                                    << data.size());
+                                                    << shard_size_ << (opts.num_shards > 1 ? " (this shard's)" : ""));
+  sample_shape_ = data_->sample_shape();
 }
 
 DataLoader::~DataLoader() { stop_worker(); }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = data_.size(), b = opts_.batch_size;
+  const int64_t n = shard_size_, b = opts_.batch_size;
   return opts_.drop_last ? n / b : (n + b - 1) / b;
 }
 
 int64_t DataLoader::num_samples() const {
-  return opts_.drop_last ? num_batches() * opts_.batch_size : data_.size();
+  return opts_.drop_last ? num_batches() * opts_.batch_size : shard_size_;
 }
 
 DataLoader::HostBatch DataLoader::assemble(int64_t k) const {
   const int64_t b0 = k * opts_.batch_size;
-  const int64_t b1 = std::min(b0 + opts_.batch_size, data_.size());
-  const int64_t f = data_.features();
+  const int64_t b1 = std::min(b0 + opts_.batch_size, shard_size_);
+  const std::span<const int64_t> indices(order_.data() + b0, static_cast<size_t>(b1 - b0));
   HostBatch h;
   h.index = k;
-  h.x.resize(static_cast<size_t>((b1 - b0) * f));
-  h.y.resize(b1 - b0);
-  for (int64_t i = b0; i < b1; ++i) {
-    const int64_t s = order_[i];
-    data_.normalized_image(s, h.x.data() + (i - b0) * f);
-    h.y[i - b0] = data_.labels()[s];
-  }
+  h.x.resize(indices.size() * static_cast<size_t>(shape_numel(sample_shape_)));
+  h.y.resize(indices.size());
+  data_->read_batch(indices, epoch_, h.x, h.y);
   return h;
 }
 
@@ -104,11 +115,19 @@ void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
            "DataLoader::start_epoch: cannot skip " << skip_batches << " of " << num_batches() << " batches");
   stop_worker();
   epoch_ = epoch;
+  const int64_t n = data_->size();
+  std::vector<int64_t> all;
   if (opts_.shuffle) {
-    order_ = epoch_permutation(data_.size(), opts_.seed, epoch);
+    all = epoch_permutation(n, opts_.seed, epoch);
   } else {
-    order_.resize(data_.size());
-    for (int64_t i = 0; i < data_.size(); ++i) order_[i] = i;
+    all.resize(n);
+    for (int64_t i = 0; i < n; ++i) all[i] = i;
+  }
+  if (opts_.num_shards == 1) {
+    order_ = std::move(all);
+  } else {  // Note [shards]
+    order_.resize(shard_size_);
+    for (int64_t j = 0; j < shard_size_; ++j) order_[j] = all[opts_.shard + j * opts_.num_shards];
   }
   next_batch_ = skip_batches;
   end_batch_ = num_batches();
@@ -132,7 +151,12 @@ bool DataLoader::next(Batch& out) {
   MG_CHECK(h.index == next_batch_, "DataLoader: internal error, batch " << h.index << " came for " << next_batch_);
   ++next_batch_;
   const int64_t b = static_cast<int64_t>(h.y.size());
-  Shape xs = opts_.flatten ? Shape{b, data_.features()} : Shape{b, 1, data_.rows(), data_.cols()};
+  Shape xs{b};
+  if (opts_.flatten) {
+    xs.push_back(shape_numel(sample_shape_));
+  } else {
+    xs.insert(xs.end(), sample_shape_.begin(), sample_shape_.end());
+  }
   Tensor x = Tensor::empty(xs);
   std::memcpy(x.data<float>(), h.x.data(), h.x.size() * sizeof(float));
   Tensor y = Tensor::from_vector(h.y, {b});

@@ -1,86 +1,79 @@
-// Image-classification data sets held in host memory: MNIST / FashionMNIST from IDX files, the
-// real-MNIST split built from the 10k test set alone, and a generated MNIST-like set for when no
-// real data is present.
+// What the DataLoader reads: a data set of N samples, each an input tensor of a fixed shape and an
+// int64 class label, fetched a batch at a time by sample indices. Map-style like PyTorch's
+// torch.utils.data.Dataset, but batched, so that an implementation can gather, decode or normalise
+// many samples in one call. The IDX data sets (minigrad/data/idx.h), image folders (minigrad/data/image_folder.h)
+// and TensorDataset below implement it.
 //
-//   mg::data::Splits s = mg::data::load_mnist("data/mnist");       // four standard file names
-//   mg::data::Dataset train = s.train.limit(8000);
-//   // train.images(): (N * 28 * 28) floats, (x / 255 - mean) / std; train.labels(): int64 0..9
+//   mg::Tensor x = mg::Tensor::full({100, 3, 8, 8}, 0.5f);
+//   std::vector<int64_t> labels(100);
+//   for (int64_t i = 0; i < 100; ++i) labels[i] = i % 10;
+//   auto data = std::make_shared<mg::data::TensorDataset>(x, mg::Tensor::from_vector(labels, {100}));
+//   mg::data::Batch b = data->get_batch(std::vector<int64_t>{4, 2});  // b.x: (2, 3, 8, 8), b.y: (2)
+//   // mg::data::DataLoader(data, {.batch_size = 16}) walks it in epochs (minigrad/data/loader.h).
 //
-// Pixels are kept as bytes and normalised when a batch is assembled (minigrad/data/loader.h), with the
-// float expression (x / 255 - mean) / std, so every path (loader, tests, apps) gives the same floats.
+// Implementing one: override size(), sample_shape() and read(). read() gets indices already
+// checked and writes into buffers the caller owns, so the loader can assemble batches on its
+// prefetch thread in host memory the allocator does not count (Note [loader host buffers],
+// minigrad/data/loader.h).
 #pragma once
 
 #include <cstdint>
-#include <string>
+#include <span>
 #include <vector>
+
+#include <minigrad/core/tensor.h>
 
 namespace mg::data {
 
-struct Normalization {
-  float mean = 0.1307f;  // MNIST's; FashionMNIST's is 0.2860 / 0.3530
-  float std = 0.3081f;
+struct Batch {
+  Tensor x, y;        // x: (B, sample shape...) float32; y: (B) int64
+  int64_t index = 0;  // batch number within the epoch (set by the DataLoader)
+  int64_t size() const { return y.defined() ? y.size(0) : 0; }
 };
 
 class Dataset {
  public:
-  Dataset() = default;
-  // pixels: n * rows * cols bytes; labels: n values in [0, num_classes).
-  Dataset(std::vector<uint8_t> pixels, std::vector<int64_t> labels, int64_t rows, int64_t cols,
-          int64_t num_classes = 10, Normalization norm = {}, std::string name = "");
+  virtual ~Dataset() = default;
 
-  int64_t size() const { return static_cast<int64_t>(labels_.size()); }
-  int64_t rows() const { return rows_; }
-  int64_t cols() const { return cols_; }
-  int64_t features() const { return rows_ * cols_; }
-  int64_t num_classes() const { return num_classes_; }
-  const Normalization& normalization() const { return norm_; }
-  void set_normalization(Normalization n) { norm_ = n; }
-  const std::string& name() const { return name_; }
+  virtual int64_t size() const = 0;
+  // The shape of one input, e.g. {1, 28, 28}; the same for every sample.
+  virtual Shape sample_shape() const = 0;
+  int64_t sample_numel() const { return shape_numel(sample_shape()); }
 
-  const std::vector<uint8_t>& pixels() const { return pixels_; }
-  const std::vector<int64_t>& labels() const { return labels_; }
-  // Writes sample i's normalised pixels to dst[0 .. features()).
-  void normalized_image(int64_t i, float* dst) const;
-
-  // Samples [begin, end) as a new data set (copies).
-  Dataset slice(int64_t begin, int64_t end) const;
-  // The first min(n, size()) samples; n <= 0 means all.
-  Dataset limit(int64_t n) const { return n <= 0 || n >= size() ? *this : slice(0, n); }
+  // Writes samples `indices`, in that order, to x (indices.size() * sample_numel() floats) and
+  // y (indices.size() labels). `epoch` is for augmentations drawn from (seed, epoch, index), such
+  // as an image folder's flips; data sets without any ignore it. Throws mg::Error for an index
+  // outside [0, size()) or spans of the wrong size.
+  void read_batch(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+                  std::span<int64_t> y) const;
+  // The same as new CPU tensors: x (N, sample shape...) float32, y (N) int64.
+  Batch get_batch(std::span<const int64_t> indices, int64_t epoch = 0) const;
 
  private:
-  std::vector<uint8_t> pixels_;
-  std::vector<int64_t> labels_;
-  int64_t rows_ = 0, cols_ = 0, num_classes_ = 10;
-  Normalization norm_;
-  std::string name_;
+  // Called by read_batch with valid indices and spans of the right size. It may run on a
+  // DataLoader's prefetch thread while other threads use the data set: it must only read.
+  virtual void read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+                    std::span<int64_t> y) const = 0;
 };
 
-struct Splits {
-  Dataset train, test;
-  std::string description;  // where the data came from, for the apps to print
+// Samples already in tensors: sample i is (inputs[i], targets[i]). CPU tensors are shared, not
+// copied (changing them changes what the loader delivers); tensors on a GPU are copied to the CPU.
+class TensorDataset : public Dataset {
+ public:
+  // inputs: (N, ...) float32 with at least one dimension; targets: (N) int64. Throws mg::Error
+  // saying what was expected and what came.
+  TensorDataset(const Tensor& inputs, const Tensor& targets);
+
+  int64_t size() const override { return inputs_.size(0); }
+  Shape sample_shape() const override { return Shape(inputs_.shape().begin() + 1, inputs_.shape().end()); }
+  const Tensor& inputs() const { return inputs_; }
+  const Tensor& targets() const { return targets_; }
+
+ private:
+  void read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+            std::span<int64_t> y) const override;
+
+  Tensor inputs_, targets_;
 };
-
-// Reads one IDX image/label pair and checks that they agree: 28x28 images, as many labels as
-// images, labels in [0, 9]. Errors name the file and the problem.
-Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
-                      Normalization norm = {}, const std::string& name = "");
-
-// The four standard files in `dir` (train-images-idx3-ubyte, train-labels-idx1-ubyte,
-// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each with or without .gz).
-Splits load_mnist(const std::string& dir, Normalization norm = {});
-
-// Real digits from the 10k test set alone (what ../shared/data/mnist holds): the first n_train
-// images train, the rest are held out. Same split as scripts/make_mnist_split.py.
-Splits load_mnist_test_split(const std::string& dir, int64_t n_train = 8000, Normalization norm = {});
-
-// load_mnist when dir holds the training files, else load_mnist_test_split when it holds the
-// t10k files only; throws otherwise.
-Splits load_mnist_auto(const std::string& dir, Normalization norm = {});
-
-// Deterministic MNIST-like data: 28x28 bytes, 10 classes, each class a smooth random prototype
-// (a few strokes); each sample is its class prototype shifted by up to 2 pixels, with random
-// stroke intensity and pixel noise. Learnable (an MLP reaches > 90%), not trivially separable.
-// Pure function of (n, seed).
-Dataset make_synthetic(int64_t n, uint64_t seed, Normalization norm = {});
 
 }  // namespace mg::data

@@ -3,7 +3,8 @@
 //   root/cat/001.jpg, root/cat/002.png, root/dog/a.jpeg, ...   (classes = sorted folder names)
 //
 //   mg::data::ImageFolder ds("data/pets", {.image_size = 224, .seed = 1});
-//   auto [x, y] = ds.batch({0, 5, 9}, /*epoch=*/0);   // x: (3, 3, 224, 224) float, y: (3) int64
+//   mg::data::Batch b = ds.get_batch(std::vector<int64_t>{0, 5, 9}, /*epoch=*/0);
+//   // b.x: (3, 3, 224, 224) float32, b.y: (3) int64; a DataLoader over ds walks it in epochs
 //
 // Images are decoded with stb_image (JPEG, PNG; grey or RGBA become RGB), resized to
 // image_size x image_size (bilinear, half-pixel centres, no crop), scaled to [0, 1], normalised
@@ -15,10 +16,9 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include <minigrad/core/tensor.h>
+#include <minigrad/data/dataset.h>
 
 namespace mg::data {
 
@@ -31,12 +31,13 @@ struct ImageFolderOptions {
 inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
 inline constexpr float kImageNetStd[3] = {0.229f, 0.224f, 0.225f};
 
-class ImageFolder {
+class ImageFolder : public Dataset {
  public:
   // Scans root; throws mg::Error when it has no class sub-folder or no image.
   explicit ImageFolder(const std::string& root, ImageFolderOptions opts = {});
 
-  int64_t size() const { return static_cast<int64_t>(files_.size()); }
+  int64_t size() const override { return static_cast<int64_t>(files_.size()); }
+  Shape sample_shape() const override { return {3, opts_.image_size, opts_.image_size}; }
   int64_t num_classes() const { return static_cast<int64_t>(classes_.size()); }
   const std::vector<std::string>& classes() const { return classes_; }
   const std::string& path(int64_t i) const { return files_.at(static_cast<size_t>(i)); }
@@ -47,10 +48,12 @@ class ImageFolder {
   bool flipped(int64_t i, uint64_t epoch) const;
   // Decodes sample i into dst[0 .. 3 S S) (CHW, normalised), flipped when `flip`.
   void load(int64_t i, bool flip, float* dst) const;
-  // The samples `indices` as x: (N, 3, S, S) float32 and y: (N) int64, on the CPU.
-  std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& indices, uint64_t epoch) const;
 
  private:
+  // Sample indices[k] decoded, flipped when flipped(indices[k], epoch).
+  void read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+            std::span<int64_t> y) const override;
+
   ImageFolderOptions opts_;
   std::vector<std::string> classes_;
   std::vector<std::string> files_;

@@ -1,10 +1,16 @@
-// Batches of a Dataset, shuffled, normalised, assembled by a background thread and delivered on
-// the model's device.
+// Batches of any Dataset (minigrad/data/dataset.h), in an order drawn from (seed, epoch), optionally one
+// shard of it, assembled by a background thread and delivered on the model's device.
 //
+//   mg::Tensor images = mg::Tensor::full({1000, 1, 28, 28}, 0.5f);
+//   mg::Tensor labels = mg::Tensor::from_vector(std::vector<int64_t>(1000, 3), {1000});
+//   mg::data::TensorDataset train(images, labels);  // or an IdxDataset (minigrad/data/idx.h), ImageFolder, ...
 //   mg::data::DataLoader loader(train, {.batch_size = 16, .seed = 1, .device = mg::Device::cpu()});
-//   loader.start_epoch(epoch);
+//   loader.start_epoch(/*epoch=*/0);
 //   mg::data::Batch b;
 //   while (loader.next(b)) { /* b.x: (B, 1, 28, 28) float32, b.y: (B) int64 */ }
+//
+// The loader borrows a data set passed by reference (it must outlive the loader: the prefetch
+// thread reads it) and shares one passed as a std::shared_ptr.
 //
 // Note [batch-size independent order]: the order of samples in an epoch is
 // epoch_permutation(size, seed, epoch), a pure function of (seed, epoch) computed with the
@@ -13,14 +19,26 @@
 // same order, including the short last batch. Gradient accumulation's exactness
 // (Note [accumulation normalises by samples], minigrad/optim/accumulate.h) depends on it.
 //
-// Pinned host memory: the library has no page-locked allocation API yet, so batches for CUDA are
-// assembled in ordinary host memory and copied with Tensor::to().
+// Note [shards]: with num_shards = W, shard s walks positions s, s + W, s + 2W, ... of that order,
+// batched as above. The W shards of an epoch partition the data set (each sample in exactly one),
+// their sizes differ by at most one, and so can their numbers of batches. Batch k of all W shards
+// together holds exactly batch k of one unsharded loader with batch size W * B (positions
+// [k*W*B, (k+1)*W*B), the short last batch included): W data-parallel workers see what one worker
+// with W times the batch sees, as accumulation does. drop_last drops each shard's own short batch.
+//
+// Note [loader host buffers]: the prefetch thread has Dataset::read_batch write into host
+// vectors, not tensors; next() makes the batch's tensors on the caller's thread. So batches
+// waiting in the queue never show in memory_stats (only the batch handed out does), and the
+// vectors are where page-locked memory will go: the library has no pinned allocation API yet, so
+// batches for CUDA are copied from ordinary host memory with Tensor::to().
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,26 +52,24 @@ struct LoaderOptions {
   bool shuffle = true;
   uint64_t seed = 0;
   bool drop_last = false;
-  bool flatten = false;           // x as (B, 784) instead of (B, 1, 28, 28)
+  bool flatten = false;           // x as (B, sample numel), e.g. (B, 784) instead of (B, 1, 28, 28)
   Device device = Device::cpu();
   int prefetch = 2;               // batches assembled ahead (0: no background thread)
-};
-
-struct Batch {
-  Tensor x, y;
-  int64_t index = 0;  // batch number within the epoch
-  int64_t size() const { return y.defined() ? y.size(0) : 0; }
+  int64_t shard = 0;              // this loader's part of every epoch, 0 <= shard < num_shards
+  int64_t num_shards = 1;         // (Note [shards])
 };
 
 // The sample order of an epoch (Note [batch-size independent order]): Fisher-Yates driven by
 // philox_u32 under a key mixed from (seed, epoch).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
 
-// Keeps a reference to `data`, which must outlive the loader.
 class DataLoader {
  public:
+  // Borrows `data`, which must outlive the loader.
   DataLoader(const Dataset& data, LoaderOptions opts);
-  DataLoader(Dataset&& data, LoaderOptions opts) = delete;  // would dangle
+  DataLoader(const Dataset&& data, LoaderOptions opts) = delete;  // would dangle: pass a shared_ptr
+  // Shares ownership of `data`.
+  DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -64,11 +80,11 @@ class DataLoader {
   // The next batch of the current epoch; false at its end.
   bool next(Batch& out);
 
-  int64_t num_batches() const;  // per epoch
-  int64_t num_samples() const;  // per epoch (less than size() with drop_last)
+  int64_t num_batches() const;  // per epoch (of this shard)
+  int64_t num_samples() const;  // per epoch (of this shard; fewer with drop_last)
   int64_t epoch() const { return epoch_; }
   const LoaderOptions& options() const { return opts_; }
-  const Dataset& dataset() const { return data_; }
+  const Dataset& dataset() const { return *data_; }
 
  private:
   struct HostBatch {
@@ -80,10 +96,12 @@ class DataLoader {
   void stop_worker();
   void worker_loop(int64_t first, int64_t end);
 
-  const Dataset& data_;
+  std::shared_ptr<const Dataset> data_;  // owning or not (see the constructors)
   LoaderOptions opts_;
+  Shape sample_shape_;
+  int64_t shard_size_ = 0;      // this shard's samples per epoch, before drop_last
   int64_t epoch_ = -1;
-  std::vector<int64_t> order_;
+  std::vector<int64_t> order_;  // this shard's samples in this epoch's order
   int64_t next_batch_ = 0, end_batch_ = 0;
 
   std::thread worker_;
