@@ -1,7 +1,7 @@
 // Tensor: a reference-counted handle to contiguous storage with a shape, a dtype and a device,
 // plus what the autograd tape needs (requires_grad, grad, the node that produced it).
 //
-//   mg::Tensor w = mg::Tensor::randn({784, 512}, gen).requires_grad_();
+//   mg::Tensor w = mg::Tensor::randn({512, 784}, gen).requires_grad_();   // (out, in)
 //   mg::Tensor y = mg::relu(mg::linear(x, w, b));
 //   mg::cross_entropy(y, labels).backward();   // w.grad() now holds dL/dw
 //
