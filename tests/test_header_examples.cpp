@@ -181,7 +181,7 @@ TEST_CASE("ops/ops.h") {
   loss.backward();
 }
 
-TEST_CASE("optim/accumulate.h and optim/optimizer.h") {
+TEST_CASE("optim/accumulate.h and minigrad/optim/optimizer.h") {
   mg::nn::Sequential model = small_model();
   mg::Tensor images = mg::Tensor::full({40, 1, 28, 28}, 0.5f);
   mg::data::TensorDataset data(images, Tensor::from_vector(std::vector<int64_t>(40, 1), {40}));
@@ -218,4 +218,11 @@ TEST_CASE("optim/train_state.h") {
   mg::optim::TrainState st = mg::optim::load_train_state(path, model, opt);  // next epoch: st.epoch
   CHECK(st.epoch == 3);
   std::filesystem::remove_all(tmp);
+}
+
+TEST_CASE("util/bytes.h") {
+  size_t budget = mg::parse_bytes("1.5GiB");              // 1610612736
+  std::printf("%s\n", mg::format_bytes(budget).c_str());  // "1.50 GiB"
+  CHECK(budget == 1610612736u);
+  CHECK(mg::format_bytes(budget) == "1.50 GiB");
 }

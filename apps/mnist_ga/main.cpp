@@ -23,6 +23,7 @@
 #include <minigrad/minigrad.h>
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/train_state.h>
+#include <minigrad/util/bytes.h>
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -228,8 +229,8 @@ int run(const Config& c, const char* argv0) {
                 static_cast<long long>(start_epoch), static_cast<long long>(c.epochs), last.loss, last.accuracy);
   }
   const mg::MemoryStats mem = mg::memory_stats(dev);
-  std::printf("peak memory in use on %s: %.2f MiB; optimizer steps in total: %lld\n", dev.str().c_str(),
-              mem.peak_in_use / 1048576.0, static_cast<long long>(opt->step_count()));
+  std::printf("peak memory in use on %s: %s; optimizer steps in total: %lld\n", dev.str().c_str(),
+              mg::format_bytes(mem.peak_in_use).c_str(), static_cast<long long>(opt->step_count()));
 
   // ---- compare with saved weights (the exactness demonstration) ----
   double compare_diff = -1;

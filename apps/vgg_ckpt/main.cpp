@@ -29,6 +29,7 @@
 #include <minigrad/cuda.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/util/bytes.h>
 
 namespace {
 
@@ -150,9 +151,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
     std::printf("data: %s\n", data_str.c_str());
     std::printf("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
-                plan.kind.c_str(), plan.str().c_str(), mg::nn::format_bytes(plan.predicted_peak).c_str(),
-                plan.recompute_flops / 1e9, mg::nn::format_bytes(floor).c_str(),
-                mg::nn::format_bytes(cost.fixed_bytes).c_str());
+                plan.kind.c_str(), plan.str().c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
+                plan.recompute_flops / 1e9, mg::format_bytes(floor).c_str(),
+                mg::format_bytes(cost.fixed_bytes).c_str());
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
     std::printf("  peak at %s\n", at.where.c_str());
     if (!save_dir.empty()) std::filesystem::create_directories(save_dir);
@@ -190,8 +191,8 @@ int main(int argc, char** argv) {
       peak_reserved = std::max(peak_reserved, st.peak_reserved);
       std::printf("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(total_steps),
-                  static_cast<long long>(epoch), last_loss, ms, cpu_ms, mg::nn::format_bytes(st.peak_in_use).c_str(),
-                  mg::nn::format_bytes(st.peak_reserved).c_str());
+                  static_cast<long long>(epoch), last_loss, ms, cpu_ms, mg::format_bytes(st.peak_in_use).c_str(),
+                  mg::format_bytes(st.peak_reserved).c_str());
       std::fflush(stdout);
       if (!save_dir.empty() && b + 1 == batches_per_epoch) {
         mg::nn::save_safetensors(save_dir + "/epoch_" + std::to_string(epoch + 1) + ".safetensors",
@@ -206,8 +207,8 @@ int main(int argc, char** argv) {
     const double med = median(step_ms);
     const double ratio = static_cast<double>(peak_in_use) / static_cast<double>(plan.predicted_peak);
     std::printf("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n",
-                med, mg::nn::format_bytes(peak_in_use).c_str(), mg::nn::format_bytes(plan.predicted_peak).c_str(),
-                ratio, mg::nn::format_bytes(peak_reserved).c_str());
+                med, mg::format_bytes(peak_in_use).c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
+                ratio, mg::format_bytes(peak_reserved).c_str());
 
     if (!json_path.empty()) {
       nlohmann::ordered_json j;

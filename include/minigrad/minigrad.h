@@ -34,3 +34,4 @@
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/optimizer.h>
 #include <minigrad/optim/train_state.h>
+#include <minigrad/util/bytes.h>

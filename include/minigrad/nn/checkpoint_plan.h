@@ -43,6 +43,7 @@
 
 #include <minigrad/core/tensor.h>
 #include <minigrad/nn/module.h>
+#include <minigrad/util/bytes.h>
 
 namespace mg::nn {
 
@@ -134,8 +135,9 @@ Plan plan_min_peak(const ChainCost& cost);               // the lowest predicted
 size_t min_feasible_peak(const ChainCost& cost);
 Plan make_plan(const ChainCost& cost, const std::string& spec);
 
-// "512MB", "1.5GiB", "100000", "64 KiB" -> bytes (kB/MB/GB powers of 1000, KiB/MiB/GiB of 1024).
-size_t parse_bytes(const std::string& text);
-std::string format_bytes(size_t bytes);  // "12.3 MiB"
+// budget=SIZE is read, and plans report sizes, with <minigrad/util/bytes.h>; its two functions
+// keep their old names here, where they were declared before they had a header of their own.
+using mg::format_bytes;
+using mg::parse_bytes;
 
 }  // namespace mg::nn

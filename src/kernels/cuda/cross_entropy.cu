@@ -6,7 +6,7 @@
 //   backward: dlogits = dloss * (probs - onehot(target))  (/ N for mean)                (=)
 // One block per row (max, then sum of exponentials, block-wide). A target outside [0, C)
 // cannot throw from a kernel: the kernel records the first bad (row, value) in the device's
-// error flag and the next host synchronisation (a copy to the host, mg::cuda::synchronize)
+// error flag and the next host synchronisation (a copy to the host, mg::synchronize)
 // throws mg::Error naming them (src/kernels/cuda/context.cu). dloss stays on the device: backward
 // reads it there, so a training step does not wait for the loss.
 #include <cfloat>

@@ -1,236 +1,18 @@
-// Checkpoint plans for chain models; the cost model is Note [checkpoint cost model] in
-// minigrad/nn/checkpoint_plan.h.
+// The cost model of Note [checkpoint cost model] (minigrad/nn/checkpoint_plan.h) and the planners over it:
+// plain arithmetic over a measured ChainCost, with no tape, allocator or tensors, so that
+// tests/test_planner.cpp can check the solver on made-up chains against enumeration.
 #include <minigrad/nn/checkpoint_plan.h>
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <limits>
-#include <regex>
-#include <unordered_set>
 
-#include <minigrad/core/autograd.h>
-#include <minigrad/core/checkpoint.h>
-#include <minigrad/core/rng.h>
+#include <minigrad/util/bytes.h>
 
-#include "core/tape.h"
-#include "ops/op.h"
+#include "nn/checkpoint_segments.h"
 
 namespace mg::nn {
-
-std::string Plan::str() const {
-  if (segments.empty()) return "no checkpointing";
-  std::string s;
-  for (const Segment& g : segments) {
-    if (!s.empty()) s += " ";
-    s += "[" + std::to_string(g.begin) + "," + std::to_string(g.end) + ")";
-  }
-  return s;
-}
-
-namespace {
-
-void check_segments(const std::vector<Segment>& segments, size_t num_layers, const char* who) {
-  size_t prev_end = 0;
-  for (const Segment& g : segments) {
-    MG_CHECK(g.begin < g.end && g.end <= num_layers && g.begin >= prev_end,
-             who << ": segments must be non-empty, increasing, disjoint layer ranges within [0, "
-                 << num_layers << "); got [" << g.begin << ", " << g.end << ") after one ending at "
-                 << prev_end);
-    prev_end = g.end;
-  }
-}
-
-}  // namespace
-
-Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, const Tensor& x) {
-  check_segments(segments, seq.size(), "forward_with_plan");
-  // Layer by layer, so that each activation is dropped as soon as the next layer has run (a
-  // forward_range(h, ...) call would hold h until the whole range is done).
-  Tensor h = x;
-  size_t pos = 0;
-  auto run_plain = [&](size_t end) {
-    for (; pos < end; ++pos) h = seq[pos].forward(h);
-  };
-  for (const Segment& g : segments) {
-    run_plain(g.begin);
-    h = mg::checkpoint(
-        [&seq, g](const std::vector<Tensor>& in) { return seq.forward_range(in[0], g.begin, g.end); }, {h});
-    pos = g.end;
-  }
-  run_plain(seq.size());
-  return h;
-}
-
-std::vector<Segment> pytorch_segments(size_t num_layers, int64_t segments) {
-  MG_CHECK(segments >= 1, "checkpoint_sequential: segments must be >= 1, got " << segments);
-  MG_CHECK(static_cast<size_t>(segments) <= num_layers,
-           "checkpoint_sequential: " << segments << " segments for " << num_layers << " layers");
-  // torch/utils/checkpoint.py (1.13): segment_size = len // segments; the first segments - 1
-  // chunks are checkpointed, the last chunk ("has to be non-volatile") runs normally.
-  const size_t size = num_layers / static_cast<size_t>(segments);
-  std::vector<Segment> out;
-  for (size_t start = 0; start < size * static_cast<size_t>(segments - 1); start += size) {
-    out.push_back({start, start + size});
-  }
-  return out;
-}
-
-Tensor checkpoint_sequential(Sequential& seq, int64_t segments, const Tensor& x) {
-  return forward_with_plan(seq, pytorch_segments(seq.size(), segments), x);
-}
-
-// ---- measurement ---------------------------------------------------------------------------
-
-namespace {
-
-// Groups layers into units: each view layer (Flatten) joins the layer after it; trailing views
-// join the last unit.
-std::vector<std::pair<size_t, size_t>> form_units(Sequential& seq) {
-  std::vector<std::pair<size_t, size_t>> units;
-  size_t start = 0;
-  for (size_t i = 0; i < seq.size(); ++i) {
-    if (dynamic_cast<Flatten*>(&seq[i]) != nullptr) continue;
-    units.push_back({start, i + 1});
-    start = i + 1;
-  }
-  if (start < seq.size()) {
-    if (units.empty()) units.push_back({start, seq.size()});
-    else units.back().second = seq.size();
-  }
-  return units;
-}
-
-size_t in_use(Device d) { return memory_stats(d).in_use; }
-
-}  // namespace
-
-ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
-  MG_CHECK(seq.size() > 0, "measure_chain: empty Sequential");
-  MG_CHECK(x_in.defined() && x_in.dim() >= 1, "measure_chain: the input must be a defined tensor with a batch dimension");
-  const Device dev = x_in.device();
-  const size_t in_use_at_start = in_use(dev);
-  // Host clocks read device time only once the device is done.
-  auto wait = [&] {
-    synchronize(dev);
-  };
-  ChainCost cost;
-  cost.num_layers = seq.size();
-  cost.input_bytes = x_in.nbytes();
-  cost.input_requires_grad = x_in.requires_grad();
-
-  // The fixed part: what is in use now besides x, the gradient buffers backward would create,
-  // and int64 targets for the loss.
-  std::vector<Tensor> params = seq.parameters();
-  size_t fixed = opts.fixed_bytes;
-  if (opts.fixed_from_allocator) {
-    const size_t now = in_use(dev);
-    fixed += now >= x_in.nbytes() ? now - x_in.nbytes() : 0;
-    for (const Tensor& p : params) {
-      if (!p.grad().defined()) fixed += p.nbytes();
-    }
-    if (opts.cross_entropy_head) fixed += static_cast<size_t>(x_in.size(0)) * sizeof(int64_t);
-  }
-  cost.fixed_bytes = fixed;
-
-  // Side effects to undo: gradient buffers (backward adds into them) and the default generator
-  // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does.
-  std::vector<Tensor> saved_grads;
-  for (const Tensor& p : params) {
-    saved_grads.push_back(p.grad());
-    p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
-  }
-  Generator& gen = default_generator();
-  const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
-
-  Generator probe_gen(0x5eed);
-  Tensor h = x_in.detach();
-  bool needs_grad = x_in.requires_grad();
-  for (auto [begin, end] : form_units(seq)) {
-    UnitCost u;
-    u.begin = begin;
-    u.end = end;
-    for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
-
-    Tensor xin = h.detach();
-    if (needs_grad) xin.requires_grad_(true);
-    h = Tensor();
-    if (dev.is_cuda()) {
-      // An unmeasured forward and backward first: the first call of a shape creates the device
-      // context (cuBLAS's workspace stays allocated: it is counted in the fixed part below) and
-      // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
-      // larger than the chosen one's. Both happen once per program, not in the steps planned.
-      Tensor yw = seq.forward_range(xin, begin, end);
-      if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
-      yw = Tensor();
-      if (xin.requires_grad()) xin.set_grad(Tensor());
-      wait();
-    }
-    const uint64_t first_seq = next_node_seq();
-    const size_t base0 = in_use(dev);
-    reset_peak_memory_stats(dev);
-    const auto t0 = std::chrono::steady_clock::now();
-    Tensor y = seq.forward_range(xin, begin, end);
-    wait();
-    u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    u.fwd_peak = memory_stats(dev).peak_in_use - base0;
-    const size_t after = in_use(dev);
-    u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
-    u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
-
-    // The unit's nodes: what they keep, and their work.
-    if (y.grad_fn()) {
-      std::vector<Node*> stack{y.grad_fn().get()};
-      std::unordered_set<Node*> seen{stack.back()};
-      while (!stack.empty()) {
-        Node* n = stack.back();
-        stack.pop_back();
-        if (n->op) u.flops += n->op->flops(*n);
-        for (const Tensor& t : n->saved) {
-          u.saves_input |= t.shares_storage(xin);
-          u.saves_output |= t.shares_storage(y);
-        }
-        for (const NodeInput& in : n->inputs) {
-          if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
-        }
-      }
-      Tensor g = Tensor::uniform(y.shape(), -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
-      if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
-      const size_t base1 = in_use(dev);
-      reset_peak_memory_stats(dev);
-      y.backward(g);
-      u.bwd_peak = memory_stats(dev).peak_in_use - base1;
-      needs_grad = true;
-    } else {
-      u.flops = static_cast<double>(y.numel());
-    }
-    h = y.detach();
-    cost.units.push_back(std::move(u));
-  }
-  const size_t out_bytes = h.nbytes();
-  cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 2 * sizeof(float) : 0;
-
-  h = Tensor();
-  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(saved_grads[i]);
-  gen.manual_seed(gen_seed);
-  gen.set_offset(gen_offset);
-  // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
-  const size_t in_use_at_end = in_use(dev);
-  if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;
-  reset_peak_memory_stats(dev);
-  return cost;
-}
-
-ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts) {
-  Generator g(0x1234);
-  Device dev = Device::cpu();
-  std::vector<Tensor> params = seq.parameters();
-  if (!params.empty()) dev = params[0].device();
-  Tensor x = Tensor::uniform(input_shape, -1.0f, 1.0f, g, TensorOptions{DType::f32, dev});
-  return measure_chain(seq, x, opts);
-}
 
 // ---- the cost model ------------------------------------------------------------------------
 
@@ -400,6 +182,22 @@ double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segmen
 
 // ---- plans ---------------------------------------------------------------------------------
 
+std::string Plan::str() const {
+  if (segments.empty()) return "no checkpointing";
+  std::string s;
+  for (const Segment& g : segments) {
+    // Appended piece by piece: "[" + std::to_string(...) trips GCC 12's -Wrestrict (a false
+    // positive) once inlined here.
+    if (!s.empty()) s += ' ';
+    s += '[';
+    s += std::to_string(g.begin);
+    s += ',';
+    s += std::to_string(g.end);
+    s += ')';
+  }
+  return s;
+}
+
 namespace {
 
 Plan finish(const ChainCost& c, std::string kind, std::vector<Segment> segments) {
@@ -441,7 +239,8 @@ struct Label {
 };
 
 // Dynamic programme over the chain (Note [checkpoint cost model]): exact for the cost model.
-// Returns the layer segments of the best plan, or throws when nothing fits the budget.
+// Returns the layer segments of the best plan, or one segment starting at SIZE_MAX when nothing
+// fits the budget (plan_budget reports it, with the smallest feasible peak).
 std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, size_t* best_peak) {
   const size_t n = c.units.size();
   MG_CHECK(n > 0, "checkpoint planner: the chain has no units (measure it first)");
@@ -590,41 +389,6 @@ Plan make_plan(const ChainCost& cost, const std::string& spec) {
   }
   if (spec.rfind("budget=", 0) == 0) return plan_budget(cost, parse_bytes(spec.substr(7)));
   MG_FAIL("checkpoint plan: expected none, sqrt, min, segments=K or budget=SIZE, got '" << spec << "'");
-}
-
-size_t parse_bytes(const std::string& text) {
-  static const std::regex re(R"(^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$)");
-  std::smatch m;
-  MG_CHECK(std::regex_match(text, m, re),
-           "size: expected a number with an optional unit (B, kB, MB, GB, KiB, MiB, GiB), e.g. "
-           "512MB or 1.5GiB; got '" << text << "'");
-  std::string unit = m[3].str();
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  double mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb") mult = 1e3;
-  else if (unit == "m" || unit == "mb") mult = 1e6;
-  else if (unit == "g" || unit == "gb") mult = 1e9;
-  else if (unit == "t" || unit == "tb") mult = 1e12;
-  else if (unit == "kib") mult = 1024.0;
-  else if (unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  MG_CHECK(mult > 0, "size: unknown unit '" << m[3].str() << "' in '" << text
-                                            << "' (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-  const double v = std::stod(m[1].str()) * mult;
-  MG_CHECK(v >= 1 && v < 1.8e19, "size: '" << text << "' is " << (v < 1 ? "below one byte" : "too large"));
-  return static_cast<size_t>(std::llround(v));
-}
-
-std::string format_bytes(size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  else if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
-  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
-  else std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  return buf;
 }
 
 }  // namespace mg::nn

@@ -1,0 +1,165 @@
+// Measuring a chain for the cost model (Note [checkpoint cost model] in minigrad/nn/checkpoint_plan.h):
+// one pass unit by unit, read from the tape and the allocator's statistics. The only part of
+// checkpoint planning that runs the model.
+#include <minigrad/nn/checkpoint_plan.h>
+
+#include <chrono>
+#include <unordered_set>
+
+#include <minigrad/core/memory.h>
+#include <minigrad/core/rng.h>
+
+#include "core/tape.h"
+#include "ops/op.h"
+
+namespace mg::nn {
+
+namespace {
+
+// Groups layers into units: each view layer (Flatten) joins the layer after it; trailing views
+// join the last unit.
+std::vector<std::pair<size_t, size_t>> form_units(Sequential& seq) {
+  std::vector<std::pair<size_t, size_t>> units;
+  size_t start = 0;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    if (dynamic_cast<Flatten*>(&seq[i]) != nullptr) continue;
+    units.push_back({start, i + 1});
+    start = i + 1;
+  }
+  if (start < seq.size()) {
+    if (units.empty()) units.push_back({start, seq.size()});
+    else units.back().second = seq.size();
+  }
+  return units;
+}
+
+size_t in_use(Device d) { return memory_stats(d).in_use; }
+
+}  // namespace
+
+ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
+  MG_CHECK(seq.size() > 0, "measure_chain: empty Sequential");
+  MG_CHECK(x_in.defined() && x_in.dim() >= 1, "measure_chain: the input must be a defined tensor with a batch dimension");
+  const Device dev = x_in.device();
+  const size_t in_use_at_start = in_use(dev);
+  // Host clocks read device time only once the device is done.
+  auto wait = [&] {
+    synchronize(dev);
+  };
+  ChainCost cost;
+  cost.num_layers = seq.size();
+  cost.input_bytes = x_in.nbytes();
+  cost.input_requires_grad = x_in.requires_grad();
+
+  // The fixed part: what is in use now besides x, the gradient buffers backward would create,
+  // and int64 targets for the loss.
+  std::vector<Tensor> params = seq.parameters();
+  size_t fixed = opts.fixed_bytes;
+  if (opts.fixed_from_allocator) {
+    const size_t now = in_use(dev);
+    fixed += now >= x_in.nbytes() ? now - x_in.nbytes() : 0;
+    for (const Tensor& p : params) {
+      if (!p.grad().defined()) fixed += p.nbytes();
+    }
+    if (opts.cross_entropy_head) fixed += static_cast<size_t>(x_in.size(0)) * sizeof(int64_t);
+  }
+  cost.fixed_bytes = fixed;
+
+  // Side effects to undo: gradient buffers (backward adds into them) and the default generator
+  // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does.
+  std::vector<Tensor> saved_grads;
+  for (const Tensor& p : params) {
+    saved_grads.push_back(p.grad());
+    p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
+  }
+  Generator& gen = default_generator();
+  const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
+
+  Generator probe_gen(0x5eed);
+  Tensor h = x_in.detach();
+  bool needs_grad = x_in.requires_grad();
+  for (auto [begin, end] : form_units(seq)) {
+    UnitCost u;
+    u.begin = begin;
+    u.end = end;
+    for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
+
+    Tensor xin = h.detach();
+    if (needs_grad) xin.requires_grad_(true);
+    h = Tensor();
+    if (dev.is_cuda()) {
+      // An unmeasured forward and backward first: the first call of a shape creates the device
+      // context (cuBLAS's workspace stays allocated: it is counted in the fixed part below) and
+      // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
+      // larger than the chosen one's. Both happen once per program, not in the steps planned.
+      Tensor yw = seq.forward_range(xin, begin, end);
+      if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
+      yw = Tensor();
+      if (xin.requires_grad()) xin.set_grad(Tensor());
+      wait();
+    }
+    const uint64_t first_seq = next_node_seq();
+    const size_t base0 = in_use(dev);
+    reset_peak_memory_stats(dev);
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor y = seq.forward_range(xin, begin, end);
+    wait();
+    u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    u.fwd_peak = memory_stats(dev).peak_in_use - base0;
+    const size_t after = in_use(dev);
+    u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
+    u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
+
+    // The unit's nodes: what they keep, and their work.
+    if (y.grad_fn()) {
+      std::vector<Node*> stack{y.grad_fn().get()};
+      std::unordered_set<Node*> seen{stack.back()};
+      while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        if (n->op) u.flops += n->op->flops(*n);
+        for (const Tensor& t : n->saved) {
+          u.saves_input |= t.shares_storage(xin);
+          u.saves_output |= t.shares_storage(y);
+        }
+        for (const NodeInput& in : n->inputs) {
+          if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+        }
+      }
+      Tensor g = Tensor::uniform(y.shape(), -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
+      if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
+      const size_t base1 = in_use(dev);
+      reset_peak_memory_stats(dev);
+      y.backward(g);
+      u.bwd_peak = memory_stats(dev).peak_in_use - base1;
+      needs_grad = true;
+    } else {
+      u.flops = static_cast<double>(y.numel());
+    }
+    h = y.detach();
+    cost.units.push_back(std::move(u));
+  }
+  const size_t out_bytes = h.nbytes();
+  cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 2 * sizeof(float) : 0;
+
+  h = Tensor();
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(saved_grads[i]);
+  gen.manual_seed(gen_seed);
+  gen.set_offset(gen_offset);
+  // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
+  const size_t in_use_at_end = in_use(dev);
+  if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;
+  reset_peak_memory_stats(dev);
+  return cost;
+}
+
+ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts) {
+  Generator g(0x1234);
+  Device dev = Device::cpu();
+  std::vector<Tensor> params = seq.parameters();
+  if (!params.empty()) dev = params[0].device();
+  Tensor x = Tensor::uniform(input_shape, -1.0f, 1.0f, g, TensorOptions{DType::f32, dev});
+  return measure_chain(seq, x, opts);
+}
+
+}  // namespace mg::nn
