@@ -563,3 +563,39 @@ TEST_CASE("accumulator refuses a loss reduced the wrong way, and says which redu
   per_mb.backward(cross_entropy(model->forward(x), y), 6);
   CHECK(per_mb.pending_micro_batches() == 1);
 }
+
+// --accum 2^61 once sized the loss slots as (N + 1) * 8 bytes, which wrapped to 8, and wrote past
+// the buffer. The slots are now at most 1024, spilled to the host when full: any N works, and a
+// window longer than the slots still reports every micro-batch's loss.
+TEST_CASE("accumulator: a huge N costs no memory, and windows longer than the loss slots add up") {
+  auto model = small_mlp(6);
+  optim::SGD opt(model->parameters(), {.lr = 0.01f});
+  Generator g(4);
+  Tensor x = Tensor::uniform({2, 784}, -1, 1, g);
+  Tensor y = Tensor::from_vector(std::vector<int64_t>{4, 1}, {2});
+  for (int64_t steps : {int64_t{1} << 61, std::numeric_limits<int64_t>::max()}) {
+    optim::Accumulator acc(opt, {.steps = steps});
+    double want = 0;
+    for (int k = 0; k < 3; ++k) {
+      Tensor loss = cross_entropy(model->forward(x), y, Reduction::sum);
+      want += loss.item();
+      acc.backward(loss, 2);
+    }
+    CHECK_FALSE(acc.ready());
+    optim::StepInfo info;
+    REQUIRE(acc.flush(&info));
+    CHECK(info.micro_batches == 3);
+    CHECK(info.loss_sum == doctest::Approx(want).epsilon(1e-6));
+  }
+  optim::Accumulator acc(opt, {.steps = 1500});
+  double want = 0;
+  for (int k = 0; k < 1500; ++k) {
+    Tensor loss = scale(cross_entropy(model->forward(x), y, Reduction::sum), 1.0f + k * 1e-3f);
+    want += loss.item();
+    acc.add_micro_batch(2, loss.detach());
+  }
+  REQUIRE(acc.ready());
+  const optim::StepInfo info = acc.step();
+  CHECK(info.micro_batches == 1500);
+  CHECK(info.loss_sum == doctest::Approx(want).epsilon(1e-6));
+}

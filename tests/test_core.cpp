@@ -226,3 +226,14 @@ TEST_CASE("errors name library sources relative to the repository") {
   CHECK(what.find("at src/core/tensor.cpp:") != std::string::npos);
   CHECK(what.find(MG_SOURCE_DIR) == std::string::npos);
 }
+
+// A shape whose element count overflows int64 (or whose bytes overflow size_t) once wrapped to a
+// small allocation; it is an error naming the shape.
+TEST_CASE("shapes too large to count are refused before anything is allocated") {
+  const int64_t big = int64_t{1} << 40;
+  CHECK_THROWS_WITH_AS(Tensor::empty({big, big}), doctest::Contains("more elements than an int64 can count"), Error);
+  CHECK_THROWS_WITH_AS(shape_numel({3, big, big}), doctest::Contains("[3, 1099511627776, 1099511627776]"), Error);
+  CHECK(shape_numel({big, big, 0}) == 0);  // a zero dimension: no elements, however large the rest
+  CHECK_THROWS_WITH_AS(Tensor::empty({int64_t{1} << 61}, TensorOptions{DType::f64}),
+                       doctest::Contains("needs more bytes than a size_t can count"), Error);
+}

@@ -1,6 +1,8 @@
 // data/: IDX reading and its errors, data sets, TensorDataset and its checks, the loader's order
 // (Note [batch-size independent order]) and shards (Note [shards]) over any Dataset, prefetching,
 // and the real MNIST split when ../shared/data/mnist is present.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -109,6 +111,17 @@ TEST_CASE("IDX: each malformed file raises mg::Error naming the file and the pro
     CHECK_THROWS_WITH_AS(data::load_idx_pair(img, lab), doctest::Contains(c.name), Error);  // names the file
   }
   CHECK_THROWS_WITH_AS(data::read_idx(dir / "missing.gz", 1), doctest::Contains("cannot open"), Error);
+  // A 16-byte header promising 3.1 GB and nothing after it: refused as truncated, without first
+  // allocating (and zeroing) what the header promises. The process's peak resident memory is
+  // the witness: it once grew by the full 3.1 GB here.
+  {
+    write_bytes(dir / "promise_raw", idx_bytes(0x803, {4000000, 28, 28}, 0));
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    CHECK_THROWS_WITH_AS(data::read_idx(dir / "promise_raw", 3), doctest::Contains("truncated: 0 data bytes"), Error);
+    getrusage(RUSAGE_SELF, &after);
+    CHECK((after.ru_maxrss - before.ru_maxrss) * 1024L < 256L << 20);  // ru_maxrss is in KiB
+  }
   // A damaged gzip stream (valid header, garbage inside).
   std::string gz;
   {

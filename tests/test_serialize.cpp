@@ -285,6 +285,14 @@ TEST_CASE("malformed safetensors files give mg::Error naming the file and the pr
         "non-negative");
   check("missing_field.st", craft(R"({"w":{"dtype":"F32","data_offsets":[0,24]}})", f32x6), "'shape'");
   check("bad_metadata.st", craft(R"({"__metadata__":{"epoch":3}})", ""), "must be a string");
+  // Nesting 100,000 deep once overflowed the stack (signal 11) while the value was printed.
+  const std::string deep(100000, '[');
+  check("deep_shape.st",
+        craft(R"({"w":{"dtype":"F32","shape":)" + deep + std::string(100000, ']') + R"(,"data_offsets":[0,24]}})", f32x6),
+        "nests deeper than 4 levels");
+  check("deep_offsets.st",
+        craft(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,)" + deep + std::string(100000, ']') + "]}}", f32x6),
+        "nests deeper than 4 levels");
   expect_load_error(dir.file("does_not_exist.st"), std::strerror(ENOENT));
 
   // Truncations of a real file: inside the data, and inside the header.

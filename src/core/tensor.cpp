@@ -21,8 +21,14 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  for (int64_t d : s) {
+    if (d == 0) return 0;
+  }
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    MG_CHECK(!__builtin_mul_overflow(n, d, &n),
+             "shape " << shape_str(s) << " has more elements than an int64 can count");
+  }
   return n;
 }
 
@@ -37,7 +43,11 @@ Tensor Tensor::empty(const Shape& shape, const TensorOptions& opts) {
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->dtype = opts.dtype;
-  impl->storage = std::make_shared<StorageImpl>(shape_numel(shape) * dtype_size(opts.dtype), opts.device);
+  size_t nbytes = 0;
+  MG_CHECK(!__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(opts.dtype), &nbytes),
+           "a " << dtype_name(opts.dtype) << " tensor of shape " << shape_str(shape)
+                << " needs more bytes than a size_t can count");
+  impl->storage = std::make_shared<StorageImpl>(nbytes, opts.device);
   impl->requires_grad = opts.requires_grad;
   return Tensor(std::move(impl));
 }

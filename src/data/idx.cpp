@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <new>
 
 #include <minigrad/core/error.h>
 #include <minigrad/core/rng.h>
@@ -69,8 +70,23 @@ IdxArray read_idx(const std::string& path, int expected_ndims) {
     total *= n;
     MG_CHECK(total <= (size_t{1} << 34), path << ": data would be larger than 16 GiB; not MNIST-like data");
   }
-  a.bytes.resize(total);
-  const size_t got = read_some(f.get(), path, a.bytes.data(), total);
+  // The header's promise is not trusted with memory: the buffer grows as data actually arrives
+  // (a 22-byte file declaring 3 GiB once allocated them before reading a byte).
+  constexpr size_t kChunk = size_t{64} << 20;
+  size_t got = 0;
+  try {
+    while (got < total) {
+      const size_t want = std::min(kChunk, total - got);
+      a.bytes.resize(got + want);
+      const size_t r = read_some(f.get(), path, a.bytes.data() + got, want);
+      got += r;
+      if (r < want) break;
+    }
+  } catch (const std::bad_alloc&) {
+    MG_FAIL(path << ": out of host memory after " << got << " of the " << total
+                 << " data bytes the header promises");
+  }
+  a.bytes.resize(got);
   MG_CHECK(got == total, path << ": truncated: " << got << " data bytes, the header promises " << total);
   uint8_t extra;
   MG_CHECK(read_some(f.get(), path, &extra, 1) == 0,

@@ -38,6 +38,7 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference reader's limit
 constexpr const char* kMetadataKey = "__metadata__";
+constexpr int kMaxHeaderDepth = 4;
 
 const char* st_dtype_name(DType t) {
   switch (t) {
@@ -230,6 +231,11 @@ SafetensorsFile load_safetensors(const std::string& path) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(json, [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+      // A safetensors header nests three deep ({name: {shape: [..]}}). Anything deeper is refused
+      // as it opens, before it is built: a value nested thousands deep would overflow the stack
+      // when printed or freed recursively.
+      MG_CHECK(depth <= kMaxHeaderDepth, where << ": the header nests deeper than " << kMaxHeaderDepth
+                                              << " levels (a safetensors header has 3)");
       if (ev == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string()) {
         if (!keys.insert(parsed.get<std::string>()).second && duplicate.empty()) duplicate = parsed.get<std::string>();
       }

@@ -1,5 +1,6 @@
 #include <minigrad/optim/accumulate.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -26,6 +27,12 @@ Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), op
 }
 
 namespace {
+
+// The statistics tensor: a loss slot per micro-batch of a window, and the norm's slot. Windows
+// longer than kMaxLossSlots spill their losses to the host every kMaxLossSlots micro-batches
+// (one read per 1024 micro-batches), so a huge N (--accum 2^61) costs no memory.
+constexpr int64_t kMaxLossSlots = 1024;
+int64_t stats_slots(int64_t steps) { return std::min(steps, kMaxLossSlots) + 1; }
 
 // The reduction of every loss op that produced `loss` through scalar ops only (a loss that is
 // scale(cross_entropy(...)) or a sum of two losses is still found); the tape records it.
@@ -69,16 +76,16 @@ void Accumulator::record_loss(const Tensor& loss, int64_t samples) {
   MG_CHECK(samples > 0, "gradient accumulation: a micro-batch of " << samples << " samples");
   check_loss_reduction(loss, opts_.normalize);
   if (pending_micro_batches_ == 0 && stats_.defined() &&
-      (stats_.device() != loss.device() || stats_.numel() != opts_.steps + 1)) {
+      (stats_.device() != loss.device() || stats_.numel() != stats_slots(opts_.steps))) {
     stats_ = Tensor();  // a new window on another device, or N changed
   }
   MG_CHECK(!stats_.defined() || stats_.device() == loss.device(),
            "gradient accumulation: a loss on " << loss.device().str() << " in a window whose losses are on "
                                                << stats_.device().str());
   if (!stats_.defined()) {
-    stats_ = Tensor::empty({opts_.steps + 1}, TensorOptions{DType::f64, loss.device()});
+    stats_ = Tensor::empty({stats_slots(opts_.steps)}, TensorOptions{DType::f64, loss.device()});
   } else if (recorded_ == stats_.numel() - 1) {
-    spill_losses();  // more micro-batches than N in this window: read the slots early
+    spill_losses();  // the slots are full (more micro-batches than N, or than kMaxLossSlots)
   }
   MG_DISPATCH(stats_.device(), store_scalar, stats_, recorded_, loss);
   ++recorded_;
