@@ -534,6 +534,27 @@ TEST_CASE("resume: 2 epochs straight equal 1 epoch + save + resume 1 epoch, bit 
   optim::save_train_state(dir + "/adam.safetensors", *m, adam, {});
   CHECK_THROWS_WITH_AS(optim::load_train_state(dir + "/adam.safetensors", *m, o),
                        doctest::Contains("unexpected tensor"), Error);
+  // Counts out of range, or not numbers: refused, and the run is left exactly as it was.
+  optim::SGD mo(m->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  optim::save_train_state(dir + "/good.safetensors", *m, mo, {.epoch = 2});
+  nn::SafetensorsFile good = nn::load_safetensors(dir + "/good.safetensors");
+  const nn::NamedTensors tensors = good.tensors;
+  for (Tensor& p : m->parameters()) p.detach().fill_(0.25f);  // differs from the file's values
+  const std::vector<Tensor> before = snapshot(*m);
+  const std::pair<const char*, const char*> bad[] = {
+      {"minigrad.step_count", "-3"},     {"minigrad.generator_offset", "-1"}, {"minigrad.epoch", "1x"},
+      {"minigrad.batches_done", ""},     {"minigrad.epoch", "9223372036854775808"},
+  };
+  for (auto [key, value] : bad) {
+    INFO(key << " = \"" << value << "\"");
+    nn::Metadata meta = good.metadata;
+    meta[key] = value;
+    nn::save_safetensors(dir + "/bad.safetensors", tensors, meta);
+    const std::string names_key = std::string("metadata \"") + key;
+    CHECK_THROWS_WITH_AS(optim::load_train_state(dir + "/bad.safetensors", *m, mo),
+                         doctest::Contains(names_key.c_str()), Error);
+    CHECK(max_diff(before, snapshot(*m)) == 0.0);
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -47,7 +47,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts) 
                                 << ": expected num_shards >= 1 and 0 <= shard < num_shards");
   const int64_t n = data_->size();
   MG_CHECK(n > 0, "DataLoader: empty data set");
-  shard_size_ = (n - opts.shard + opts.num_shards - 1) / opts.num_shards;
+  // Written so that no sum can overflow, whatever the options (a batch size of INT64_MAX is one
+  // batch of everything).
+  shard_size_ = n / opts.num_shards + (opts.shard < n % opts.num_shards ? 1 : 0);
   MG_CHECK(shard_size_ > 0, "DataLoader: shard " << opts.shard << " of " << opts.num_shards
                                                  << " is empty: the data set has " << n << " samples");
   MG_CHECK(!opts.drop_last || shard_size_ >= opts.batch_size,
@@ -60,7 +62,7 @@ DataLoader::~DataLoader() { stop_worker(); }
 
 int64_t DataLoader::num_batches() const {
   const int64_t n = shard_size_, b = opts_.batch_size;
-  return opts_.drop_last ? n / b : (n + b - 1) / b;
+  return opts_.drop_last ? n / b : n / b + (n % b != 0 ? 1 : 0);
 }
 
 int64_t DataLoader::num_samples() const {
@@ -69,7 +71,7 @@ int64_t DataLoader::num_samples() const {
 
 DataLoader::HostBatch DataLoader::assemble(int64_t k) const {
   const int64_t b0 = k * opts_.batch_size;
-  const int64_t b1 = std::min(b0 + opts_.batch_size, shard_size_);
+  const int64_t b1 = b0 + std::min(opts_.batch_size, shard_size_ - b0);
   const std::span<const int64_t> indices(order_.data() + b0, static_cast<size_t>(b1 - b0));
   HostBatch h;
   h.index = k;

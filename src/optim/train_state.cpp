@@ -1,6 +1,10 @@
 #include <minigrad/optim/train_state.h>
 
+#include <charconv>
+#include <limits>
 #include <set>
+#include <system_error>
+#include <vector>
 
 #include <minigrad/core/rng.h>
 
@@ -10,35 +14,21 @@ namespace {
 
 constexpr const char* kFormat = "minigrad-train-state-1";
 
-int64_t meta_int(const nn::Metadata& m, const std::string& key, const std::string& path) {
+// A non-negative decimal integer, digits only (std::stoull would take "-5" as 2^64 - 5).
+uint64_t meta_u64(const nn::Metadata& m, const std::string& key, const std::string& path,
+                  uint64_t max = std::numeric_limits<uint64_t>::max()) {
   auto it = m.find(key);
   MG_CHECK(it != m.end(), path << ": not a training-state file (metadata \"" << key << "\" missing)");
-  try {
-    size_t used = 0;
-    long long v = std::stoll(it->second, &used);
-    MG_CHECK(used == it->second.size(), "trailing characters");
-    return v;
-  } catch (const std::exception&) {
-    MG_FAIL(path << ": metadata \"" << key << "\" = \"" << it->second << "\" is not an integer");
-  }
+  const std::string& v = it->second;
+  uint64_t x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  MG_CHECK(!v.empty() && ec == std::errc() && end == v.data() + v.size() && x <= max,
+           path << ": metadata \"" << key << "\" = \"" << v << "\" is not an integer in [0, " << max << "]");
+  return x;
 }
 
-uint64_t meta_u64(const nn::Metadata& m, const std::string& key, const std::string& path) {
-  auto it = m.find(key);
-  MG_CHECK(it != m.end(), path << ": not a training-state file (metadata \"" << key << "\" missing)");
-  try {
-    return std::stoull(it->second);
-  } catch (const std::exception&) {
-    MG_FAIL(path << ": metadata \"" << key << "\" = \"" << it->second << "\" is not an integer");
-  }
-}
-
-void copy_into(const Tensor& dst, const Tensor& src, const std::string& name, const std::string& path) {
-  MG_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(),
-           path << ": tensor \"" << name << "\" is " << dtype_name(src.dtype()) << shape_str(src.shape())
-                << ", the run expects " << dtype_name(dst.dtype()) << shape_str(dst.shape()));
-  Tensor d = dst;
-  d.copy_(src);
+int64_t meta_count(const nn::Metadata& m, const std::string& key, const std::string& path) {
+  return static_cast<int64_t>(meta_u64(m, key, path, std::numeric_limits<int64_t>::max()));
 }
 
 }  // namespace
@@ -65,11 +55,22 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
            path << ": not a libminigrad training-state file (metadata minigrad.format = \""
                 << (fmt == f.metadata.end() ? std::string("<missing>") : fmt->second) << "\", expected \""
                 << kFormat << "\"); pass the epoch_K.state.safetensors written by --save-dir");
+  // Everything is checked before anything is changed: a bad file leaves the run as it was.
+  TrainState st;
+  st.epoch = meta_count(f.metadata, "minigrad.epoch", path);
+  st.batches_done = meta_count(f.metadata, "minigrad.batches_done", path);
+  st.step_count = meta_count(f.metadata, "minigrad.step_count", path);
+  st.generator_seed = meta_u64(f.metadata, "minigrad.generator_seed", path);
+  st.generator_offset = meta_u64(f.metadata, "minigrad.generator_offset", path);
+  std::vector<std::pair<Tensor, const Tensor*>> copies;
   std::set<std::string> used;
   auto take = [&](const std::string& key, const Tensor& dst) {
     const Tensor* src = f.find(key);
     MG_CHECK(src != nullptr, path << ": tensor \"" << key << "\" is missing (different model or optimizer?)");
-    copy_into(dst, *src, key, path);
+    MG_CHECK(src->shape() == dst.shape() && src->dtype() == dst.dtype(),
+             path << ": tensor \"" << key << "\" is " << dtype_name(src->dtype()) << shape_str(src->shape())
+                  << ", the run expects " << dtype_name(dst.dtype()) << shape_str(dst.shape()));
+    copies.emplace_back(dst, src);
     used.insert(key);
   };
   for (auto& [name, p] : model.named_parameters()) take("param." + name, p);
@@ -78,12 +79,7 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
     MG_CHECK(used.count(name), path << ": unexpected tensor \"" << name
                                     << "\" (saved from a different model or optimizer?)");
   }
-  TrainState st;
-  st.epoch = meta_int(f.metadata, "minigrad.epoch", path);
-  st.batches_done = meta_int(f.metadata, "minigrad.batches_done", path);
-  st.step_count = meta_int(f.metadata, "minigrad.step_count", path);
-  st.generator_seed = meta_u64(f.metadata, "minigrad.generator_seed", path);
-  st.generator_offset = meta_u64(f.metadata, "minigrad.generator_offset", path);
+  for (auto& [dst, src] : copies) dst.copy_(*src);
   opt.set_step_count(st.step_count);
   default_generator().manual_seed(st.generator_seed);
   default_generator().set_offset(st.generator_offset);
