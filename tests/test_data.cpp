@@ -2,6 +2,7 @@
 // (Note [batch-size independent order]) and shards (Note [shards]) over any Dataset, prefetching,
 // and the real MNIST split when ../shared/data/mnist is present.
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -112,6 +113,10 @@ TEST_CASE("IDX: each malformed file raises mg::Error naming the file and the pro
     CHECK_THROWS_WITH_AS(data::load_idx_pair(img, lab), doctest::Contains(c.name), Error);  // names the file
   }
   CHECK_THROWS_WITH_AS(data::read_idx(dir / "missing.gz", 1), doctest::Contains("cannot open"), Error);
+  // A FIFO once blocked the reader forever; a folder is no file either.
+  REQUIRE(mkfifo((dir / "fifo-images-idx3-ubyte").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(data::read_idx(dir / "fifo-images-idx3-ubyte", 3), doctest::Contains("not a regular file"), Error);
+  CHECK_THROWS_WITH_AS(data::read_idx(dir.path, 3), doctest::Contains("not a regular file"), Error);
   // A 16-byte header promising 3.1 GB and nothing after it: refused as truncated, without first
   // allocating (and zeroing) what the header promises. The process's peak resident memory is
   // the witness: it once grew by the full 3.1 GB here.

@@ -229,6 +229,22 @@ TEST_CASE("atomic writes: a failed write leaves the old file intact and no tempo
   }
 }
 
+TEST_CASE("check_writable: an output path is checked before the work, naming the flag") {
+  TempDir dir;
+  nn::check_writable(dir.file("out.json"), "--json");  // fine: nothing thrown, nothing written
+  CHECK_FALSE(std::filesystem::exists(dir.file("out.json")));
+  CHECK_THROWS_WITH_AS(nn::check_writable(dir.file("no/such/folder/out.json"), "--json"),
+                       doctest::Contains("--json"), Error);
+  CHECK_THROWS_WITH_AS(nn::check_writable(dir.file("no/out.json"), "--json"), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(nn::check_writable(dir.file(""), "--json"), doctest::Contains("is a folder"), Error);
+  if (geteuid() != 0) {  // root writes anywhere
+    std::filesystem::create_directory(dir.file("ro"));
+    std::filesystem::permissions(dir.file("ro"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    CHECK_THROWS_WITH_AS(nn::check_writable(dir.file("ro/out.json"), "--json"), doctest::Contains("cannot create files"), Error);
+    std::filesystem::permissions(dir.file("ro"), std::filesystem::perms::owner_all);
+  }
+}
+
 TEST_CASE("write_file_atomic writes bytes and replaces") {
   TempDir dir;
   const std::string path = dir.file("x.json");

@@ -301,6 +301,7 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-non-finite", c.skip_non_finite, "drop a window with a NaN/inf loss or gradient instead of stopping");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!c.json_path.empty()) mg::nn::check_writable(c.json_path, "--json");
     return run(c, argv[0]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mnist_ga: error: %s\n", e.what());

@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -113,6 +112,7 @@ int main(int argc, char** argv) {
 
   try {
     const mg::Device dev = mg::Device::parse(device_str);
+    if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
     std::shared_ptr<const mg::data::Dataset> data;
     std::string data_str;
     if (!data_dir.empty()) {
@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
                               {"saves_output", u.saves_output}, {"fwd_peak", u.fwd_peak},
                               {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9}, {"forward_ms", u.forward_ms}});
       }
-      std::ofstream(json_path) << j.dump(2) << "\n";
+      mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
     }
     return 0;
   } catch (const std::exception& e) {

@@ -44,6 +44,11 @@ uint32_t be32(const uint8_t* p) {
 }  // namespace
 
 IdxArray read_idx(const std::string& path, int expected_ndims) {
+  // A FIFO or a device would block or never end: only regular files are read.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  MG_CHECK(!std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
+           path << ": not a regular file (a folder, FIFO or device); expected an IDX file");
   GzPtr f(gzopen(path.c_str(), "rb"));
   MG_CHECK(f != nullptr, path << ": cannot open (does the file exist and is it readable?)");
   uint8_t magic[4];

@@ -48,5 +48,9 @@ void load_into(Module& module, const std::string& path);
 // temp file in the same folder, fsync, rename, fsync of the folder). On failure the temp file is
 // removed, the old file is untouched, and mg::Error names the path and the system's reason.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// Throws mg::Error, naming `what` (a flag, say) and the reason, when write_file_atomic(path) could
+// not even start: the folder is missing, not a folder or not writable, or path is a folder.
+// Check an output path before hours of training, not after.
+void check_writable(const std::string& path, const std::string& what);
 
 }  // namespace mg::nn
