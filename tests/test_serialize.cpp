@@ -229,6 +229,27 @@ TEST_CASE("atomic writes: a failed write leaves the old file intact and no tempo
   }
 }
 
+// A writer killed mid-save leaves its temporary (8 of 20 kills once left multi-MB files, never
+// cleaned up). The next save of the same path removes those of processes that are gone, and
+// leaves a live process's alone.
+TEST_CASE("atomic writes: a dead writer's temporary is removed by the next write, a live one's is kept") {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);  // now a pid with no process
+  const std::string dead = path + ".tmp." + std::to_string(child) + ".0";
+  const std::string live = path + ".tmp." + std::to_string(::getppid()) + ".3";
+  const std::string other = dir.file("x.safetensors.tmp.") + std::to_string(child) + ".0";  // another target's
+  for (const std::string& f : {dead, live, other}) write_bytes(f, std::string(1000, 'x'));
+  nn::save_safetensors(path, {{"w", rand_tensor({3}, 1)}});
+  CHECK_FALSE(std::filesystem::exists(dead));
+  CHECK(std::filesystem::exists(live));
+  CHECK(std::filesystem::exists(other));
+  CHECK(nn::load_safetensors(path).tensors.size() == 1);
+}
+
 TEST_CASE("check_writable: an output path is checked before the work, naming the flag") {
   TempDir dir;
   nn::check_writable(dir.file("out.json"), "--json");  // fine: nothing thrown, nothing written

@@ -12,12 +12,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -86,16 +88,40 @@ std::string dir_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// Removes what an earlier writer of `path` left behind when it was killed mid-write: its
+// temporaries "<name>.tmp.<pid>.<n>" whose process is gone. A live process's are left alone
+// (another writer may be at work; at worst a reused pid keeps a stale file a while longer).
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string name = fs::path(path).filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_of(path), ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind(name, 0) != 0) continue;
+    const std::string rest = f.substr(name.size());
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos) continue;
+    if (rest.find_first_not_of("0123456789.") != std::string::npos) continue;
+    long pid = 0;
+    const auto [end, perr] = std::from_chars(rest.data(), rest.data() + dot, pid);
+    if (perr != std::errc() || end != rest.data() + dot || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    fs::remove(e.path(), ec);
+  }
+}
+
 // Note [atomic write]: the bytes go to a uniquely named temporary file in the target's own
 // directory (rename is atomic only within one file system), which is fsync'ed before it is
 // renamed over the target; then the directory is fsync'ed so that the rename itself is durable.
-// A crash at any point leaves the old file or the new one. On any failure the temporary file is
+// A crash at any point leaves the old file or the new one (and a temporary, which the next write
+// of the same path removes once its process is gone). On any failure the temporary file is
 // removed and mg::Error names the path and the system's reason.
 // `emit(write)` produces the content by calling write(ptr, n) any number of times; write returns
 // an errno value (0 on success) and emit stops at the first failure.
 void write_atomic(const std::string& path,
                   const std::function<int(const std::function<int(const void*, size_t)>&)>& emit) {
   MG_CHECK(!path.empty(), "write_atomic: empty path");
+  remove_stale_temporaries(path);
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
