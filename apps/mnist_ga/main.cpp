@@ -238,8 +238,9 @@ int run(const Config& c, const char* argv0) {
     mg::nn::SafetensorsFile f = mg::nn::load_safetensors(c.compare);
     for (auto& [name, p] : model->named_parameters()) {
       const mg::Tensor* t = f.find(name);
-      MG_CHECK(t && t->shape() == p.shape(), "--compare: " << c.compare << " has no tensor " << name << " of shape "
-                                                            << mg::shape_str(p.shape()));
+      MG_CHECK(t && t->shape() == p.shape() && t->dtype() == p.dtype(),
+               "--compare: " << c.compare << " has no tensor " << name << " of shape " << mg::shape_str(p.shape())
+                             << " float32" << (t ? " (it has " + mg::shape_str(t->shape()) + " " + mg::dtype_name(t->dtype()) + ")" : ""));
       auto a = p.to_vector<float>(), b = t->to_vector<float>();
       for (size_t i = 0; i < a.size(); ++i) compare_diff = std::max(compare_diff, static_cast<double>(std::abs(a[i] - b[i])));
     }
@@ -302,6 +303,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (!c.json_path.empty()) mg::nn::check_writable(c.json_path, "--json");
+    if (!c.compare.empty()) mg::nn::load_safetensors(c.compare);  // a bad file fails now, not after training
     return run(c, argv[0]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mnist_ga: error: %s\n", e.what());
