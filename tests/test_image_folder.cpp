@@ -2,6 +2,7 @@
 // normalisation, reproducible flips, the folder through the DataLoader, and the errors for bad
 // folders and files.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -127,6 +128,33 @@ TEST_CASE("ImageFolder: errors name the folder or the file") {
   data::ImageFolder ds(dir.path.string(), {.image_size = 4});
   std::vector<float> buf(48);
   CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()), doctest::Contains("broken.jpg"), Error);
+  CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()), doctest::Contains("neither a JPEG nor a PNG"), Error);
+}
+
+// stb_image reports its last decoder's complaint: a truncated JPEG once read "bad png sig". The
+// format is named from the file's signature, and sizes are bounded before decoding.
+TEST_CASE("ImageFolder: truncated files name their format; huge declared sizes are refused") {
+  TempDir dir;
+  fs::create_directories(dir.path / "c");
+  std::vector<unsigned char> rgb(64 * 48 * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<unsigned char>(i * 7);
+  const std::string jpg = (dir.path / "c/a.jpg").string(), png = (dir.path / "c/b.png").string();
+  REQUIRE(stbi_write_jpg(jpg.c_str(), 64, 48, 3, rgb.data(), 90) != 0);
+  REQUIRE(stbi_write_png(png.c_str(), 64, 48, 3, rgb.data(), 64 * 3) != 0);
+  data::ImageFolder ds(dir.path.string(), {.image_size = 8});
+  std::vector<float> buf(3 * 8 * 8);
+  ds.load(0, false, buf.data());  // both decode whole
+  ds.load(1, false, buf.data());
+  for (const std::string& f : {jpg, png}) fs::resize_file(f, fs::file_size(f) / 3);
+  CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()), doctest::Contains("truncated JPEG"), Error);
+  CHECK_THROWS_WITH_AS(ds.load(1, false, buf.data()), doctest::Contains("truncated PNG"), Error);
+  // A PNG header declaring 16384 x 16385 pixels (768 MiB decoded): refused from the header.
+  std::string huge(33, '\0');
+  const unsigned char head[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                                0, 0, 0x40, 0, 0, 0, 0x40, 1, 8, 2, 0, 0, 0};  // 16384 x 16385
+  std::memcpy(huge.data(), head, sizeof head);
+  std::ofstream(png, std::ios::binary | std::ios::trunc).write(huge.data(), static_cast<std::streamsize>(huge.size()));
+  CHECK_THROWS_WITH_AS(ds.load(1, false, buf.data()), doctest::Contains("b.png' declares 16384x16385 pixels"), Error);
 }
 
 TEST_CASE("ImageFolder through the DataLoader: epoch order, flips of that epoch, shards, prefetch") {

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include <minigrad/core/rng.h>
@@ -77,11 +79,52 @@ void resize_rgb_bilinear(const uint8_t* src, int h, int w, int out, float* dst) 
   }
 }
 
+namespace {
+
+// 2^28 pixels (16384 x 16384): far beyond any training image, and 768 MiB decoded as RGB.
+constexpr int64_t kMaxPixels = int64_t{1} << 28;
+constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
+
+// The whole file, from a regular file only (a FIFO would block; a device would never end).
+std::string read_image_file(const std::string& file) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(file, ec);
+  MG_CHECK(!ec && std::filesystem::is_regular_file(st),
+           "ImageFolder: '" << file << "' is not a regular file" << (ec ? " (" + ec.message() + ")" : std::string()));
+  const uintmax_t size = std::filesystem::file_size(file, ec);
+  MG_CHECK(!ec && size <= kMaxFileBytes, "ImageFolder: '" << file << "' is " << size << " bytes, more than the limit of "
+                                                          << kMaxFileBytes);
+  std::ifstream in(file, std::ios::binary);
+  MG_CHECK(in.good(), "ImageFolder: cannot open '" << file << "'");
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  MG_CHECK(static_cast<uintmax_t>(in.gcount()) == size, "ImageFolder: '" << file << "': read " << in.gcount() << " of " << size << " bytes");
+  return bytes;
+}
+
+}  // namespace
+
 void ImageFolder::load(int64_t i, bool flip, float* dst) const {
   const std::string& file = path(i);
+  const std::string bytes = read_image_file(file);
+  // stb_image tries every decoder and reports the last one's complaint ("bad png sig" for a
+  // truncated JPEG), so the format is named from the file's own signature.
+  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+  const int len = static_cast<int>(bytes.size());
+  const bool jpeg = bytes.size() >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+  const bool png = bytes.size() >= 8 && std::memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0;
+  MG_CHECK(jpeg || png, "ImageFolder: '" << file << "' is neither a JPEG nor a PNG file (its first bytes are not "
+                                             "either signature; empty or another format?)");
+  const char* format = jpeg ? "JPEG" : "PNG";
   int w = 0, h = 0, channels = 0;
-  std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load(file.c_str(), &w, &h, &channels, 3), stbi_image_free);
-  MG_CHECK(pixels != nullptr, "ImageFolder: cannot decode '" << file << "': " << stbi_failure_reason());
+  MG_CHECK(stbi_info_from_memory(data, len, &w, &h, &channels) == 1,
+           "ImageFolder: cannot decode '" << file << "': corrupt " << format << " header (" << stbi_failure_reason() << ")");
+  MG_CHECK(static_cast<int64_t>(w) * h <= kMaxPixels,
+           "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of " << kMaxPixels);
+  std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(data, len, &w, &h, &channels, 3),
+                                                   stbi_image_free);
+  MG_CHECK(pixels != nullptr, "ImageFolder: cannot decode '" << file << "': corrupt or truncated " << format << " ("
+                                                             << stbi_failure_reason() << ")");
   const int s = static_cast<int>(opts_.image_size);
   resize_rgb_bilinear(pixels.get(), h, w, s, dst);
   const size_t plane = static_cast<size_t>(s) * s;
