@@ -282,9 +282,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data_dir, "folder with the MNIST/FashionMNIST IDX files (default: ../shared/data/mnist if present, else generated data)");
   app.add_option("--dataset", c.dataset, "mnist or fashion (sets the normalisation)")->check(CLI::IsMember({"mnist", "fashion"}))->capture_default_str();
   app.add_flag("--synthetic", c.synthetic, "use generated MNIST-like data even when real data is present");
-  app.add_option("--epochs", c.epochs, "epochs to train (in total, counting resumed ones)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch-size", c.batch_size, "micro-batch size")->check(CLI::PositiveNumber)->capture_default_str();
-  auto* accum = app.add_option("--accum", c.accum, "micro-batches per optimizer step (N)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", c.epochs, "epochs to train (in total, counting resumed ones)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+  app.add_option("--batch-size", c.batch_size, "micro-batch size")->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->capture_default_str();
+  auto* accum = app.add_option("--accum", c.accum, "micro-batches per optimizer step (N)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   app.add_option("--accum-schedule", c.accum_schedule, "N by epoch, e.g. \"0:8,4:2\" (epochs counted from 0)")->excludes(accum);
   app.add_option("--lr", c.lr, "learning rate")->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
@@ -292,8 +292,8 @@ int main(int argc, char** argv) {
   app.add_option("--clip-norm", c.clip_norm, "clip the global norm of each step's mean gradient (0: off)")->capture_default_str();
   app.add_option("--device", c.device, "auto, cpu or cuda[:i]")->capture_default_str();
   app.add_option("--seed", c.seed, "seed of the weights and of the sample order")->capture_default_str();
-  app.add_option("--limit-train", c.limit_train, "use the first N training samples (0: all)")->check(CLI::NonNegativeNumber);
-  app.add_option("--limit-test", c.limit_test, "use the first N test samples (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--limit-train", c.limit_train, "use the first N training samples (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--limit-test", c.limit_test, "use the first N test samples (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--save-dir", c.save_dir, "write epoch_K.safetensors and epoch_K.state.safetensors after each epoch");
   app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it)");
   app.add_option("--json", c.json_path, "write a JSON summary here");
