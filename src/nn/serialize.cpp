@@ -177,13 +177,12 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 void check_writable(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
   MG_CHECK(!path.empty(), what << ": empty path");
-  const fs::path p(path);
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string dir = dir_of(path);  // where write_atomic will create its temporary
   std::error_code ec;
-  MG_CHECK(fs::is_directory(dir, ec), what << " " << path << ": the folder " << dir.string() << " does not exist");
-  MG_CHECK(!fs::is_directory(p, ec), what << " " << path << ": is a folder, expected a file name");
+  MG_CHECK(fs::is_directory(dir, ec), what << " " << path << ": the folder " << dir << " does not exist");
+  MG_CHECK(!fs::is_directory(path, ec), what << " " << path << ": is a folder, expected a file name");
   MG_CHECK(access(dir.c_str(), W_OK | X_OK) == 0,
-           what << " " << path << ": cannot create files in " << dir.string() << " (" << std::strerror(errno) << ")");
+           what << " " << path << ": cannot create files in " << dir << " (" << std::strerror(errno) << ")");
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
