@@ -92,6 +92,9 @@ TEST_CASE("bad shapes raise mg::Error naming the op and the shapes") {
   Tensor x = rand_tensor({64, 783}, 1), w = rand_tensor({512, 784}, 2, true);
   CHECK_THROWS_WITH_AS(linear(x, w), doctest::Contains("linear: input has 783 features, weight expects 784"), Error);
   CHECK_THROWS_WITH_AS(add(rand_tensor({2, 3}, 1), rand_tensor({3, 2}, 2)), doctest::Contains("add: shapes differ"), Error);
+  CHECK_THROWS_WITH_AS(mul(rand_tensor({2, 3}, 1), rand_tensor({3, 2}, 2)), doctest::Contains("mul: shapes differ"), Error);
+  CHECK_THROWS_WITH_AS(mul(rand_tensor({2}, 1), Tensor::from_vector(std::vector<int64_t>{1, 2}, {2})),
+                       doctest::Contains("mul: b must be float32"), Error);
   Tensor logits = rand_tensor({2, 3}, 1);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{0, 3}, {2})),
                        doctest::Contains("target[1] = 3"), Error);
