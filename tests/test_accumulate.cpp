@@ -1,9 +1,14 @@
 // Gradient accumulation: exactness against one large batch (Note [accumulation normalises by
 // samples]), the schedule, clipping once per step, optimizer state per real step, non-finite
 // handling, and bit-exact resume.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include <minigrad/data/idx.h>
@@ -555,6 +560,62 @@ TEST_CASE("resume: 2 epochs straight equal 1 epoch + save + resume 1 epoch, bit 
                          doctest::Contains(names_key.c_str()), Error);
     CHECK(max_diff(before, snapshot(*m)) == 0.0);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Note [a pair of files as one unit] (src/optim/train_state.cpp): the state is written before the
+// weights, a pair is complete when its weights file exists, and a state left alone by a kill
+// between the two writes is completed by repair_checkpoints from what it holds.
+TEST_CASE("checkpoint pairs: latest complete pair, repair after a kill between the two files") {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("mg_test_pairs_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto m = small_mlp(2);
+  auto o = make_opt(*m, Opt::adam, 1e-3f);
+  CHECK(optim::latest_checkpoint(dir).empty());
+  const nn::Metadata wmeta = {{"model", "small mlp"}};
+  for (int64_t e = 1; e <= 3; ++e) optim::save_checkpoint(dir + "/epoch_" + std::to_string(e), *m, *o, {.epoch = e}, wmeta);
+  optim::save_checkpoint(dir + "/mid", *m, *o, {.epoch = 3, .batches_done = 5}, wmeta);
+  CHECK(optim::latest_checkpoint(dir) == dir + "/mid");  // (3, 5) is after (3, 0)
+  std::filesystem::remove(dir + "/mid.state.safetensors");
+  std::filesystem::remove(dir + "/mid.safetensors");
+  CHECK(optim::latest_checkpoint(dir) == dir + "/epoch_3");
+  // The weights file: the parameters under their own names and the caller's metadata only.
+  const nn::SafetensorsFile w3 = nn::load_safetensors(dir + "/epoch_3.safetensors");
+  CHECK(w3.metadata == wmeta);
+  auto m2 = small_mlp(77);
+  nn::load_into(*m2, dir + "/epoch_3.safetensors");
+  CHECK(max_diff(snapshot(*m2), snapshot(*m)) == 0.0);
+
+  // A kill after the state's rename and before the weights': epoch 4's state alone, plus a dead
+  // writer's temporary of the weights file. The newest complete pair is still epoch 3.
+  for (auto& p : m->parameters()) p.fill_(0.25f);
+  optim::save_checkpoint(dir + "/epoch_4", *m, *o, {.epoch = 4}, wmeta);
+  const std::string w4 = dir + "/epoch_4.safetensors";
+  const std::string reference = [&] { std::ifstream f(w4, std::ios::binary); return std::string(std::istreambuf_iterator<char>(f), {}); }();
+  std::filesystem::remove(w4);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);
+  const std::string stale = w4 + ".tmp." + std::to_string(child) + ".0";
+  { std::ofstream(stale) << std::string(4096, 'x'); }
+  CHECK(optim::latest_checkpoint(dir) == dir + "/epoch_3");
+  const optim::CheckpointRepair r = optim::repair_checkpoints(dir);
+  CHECK(r.temporaries_removed == 1);
+  REQUIRE(r.completed == std::vector<std::string>{w4});
+  CHECK_FALSE(std::filesystem::exists(stale));
+  // The completed file is byte for byte the one save_checkpoint writes.
+  const std::string repaired = [&] { std::ifstream f(w4, std::ios::binary); return std::string(std::istreambuf_iterator<char>(f), {}); }();
+  CHECK(repaired == reference);
+  CHECK(optim::latest_checkpoint(dir) == dir + "/epoch_4");
+  CHECK(optim::repair_checkpoints(dir).completed.empty());  // nothing left to do
+
+  // A state file that is not one is named, not skipped.
+  nn::save_safetensors(dir + "/junk.state.safetensors", m->named_parameters());
+  nn::save_safetensors(dir + "/junk.safetensors", m->named_parameters());
+  CHECK_THROWS_WITH_AS(optim::latest_checkpoint(dir), doctest::Contains("junk.state.safetensors: not a libminigrad training-state file"), Error);
+  CHECK_THROWS_WITH_AS(optim::latest_checkpoint(dir + "/nope"), doctest::Contains("does not exist"), Error);
   std::filesystem::remove_all(dir);
 }
 

@@ -162,11 +162,26 @@ int run(const Config& c, const char* argv0) {
               c.clip_norm > 0 ? (", clip-norm " + std::to_string(c.clip_norm)).c_str() : "",
               c.divide_by_n ? ", DIVIDING BY N (the usual, inexact recipe)" : "");
 
+  // A folder written before by --save-dir is first tidied after a crash (Note [a pair of files as
+  // one unit], src/optim/train_state.cpp): dead writers' temporaries go, a state left without its
+  // weights gets them.
+  if (!c.save_dir.empty()) {
+    fs::create_directories(c.save_dir);
+    const mg::optim::CheckpointRepair r = mg::optim::repair_checkpoints(c.save_dir);
+    if (r.temporaries_removed > 0) {
+      std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", c.save_dir.c_str(), r.temporaries_removed);
+    }
+    for (const std::string& w : r.completed) std::printf("%s: written from its training state (a save was interrupted)\n", w.c_str());
+  }
   int64_t start_epoch = 0;
   if (!c.resume.empty()) {
     std::string path = c.resume;
-    if (path.size() > 12 && path.substr(path.size() - 12) == ".safetensors" &&
-        path.find(".state.safetensors") == std::string::npos) {
+    if (fs::is_directory(path)) {
+      const std::string base = mg::optim::latest_checkpoint(path);
+      MG_CHECK(!base.empty(), "--resume " << path << ": the folder holds no complete epoch_K.state.safetensors + epoch_K.safetensors pair");
+      path = base + ".state.safetensors";
+    } else if (path.size() > 12 && path.substr(path.size() - 12) == ".safetensors" &&
+               path.find(".state.safetensors") == std::string::npos) {
       path = path.substr(0, path.size() - 12) + ".state.safetensors";  // epoch_K.safetensors -> its state
     }
     mg::optim::TrainState st = mg::optim::load_train_state(path, *model, *opt);
@@ -181,7 +196,6 @@ int run(const Config& c, const char* argv0) {
     std::printf("resumed from %s: %lld epochs done, %lld optimizer steps\n", path.c_str(),
                 static_cast<long long>(st.epoch), static_cast<long long>(opt->step_count()));
   }
-  if (!c.save_dir.empty()) fs::create_directories(c.save_dir);
 
   // ---- train ----
   mg::reset_peak_memory_stats(dev);
@@ -218,9 +232,8 @@ int run(const Config& c, const char* argv0) {
                            {"accum_steps", acc.steps()}, {"seconds", st.seconds}});
     if (!c.save_dir.empty()) {
       const std::string base = (fs::path(c.save_dir) / ("epoch_" + std::to_string(e + 1))).string();
-      mg::nn::save_safetensors(base + ".safetensors", model->named_parameters(),
-                               {{"epoch", std::to_string(e + 1)}, {"model", "mlp 784-512-512-10"}});
-      mg::optim::save_train_state(base + ".state.safetensors", *model, *opt, {.epoch = e + 1, .extra = signature});
+      mg::optim::save_checkpoint(base, *model, *opt, {.epoch = e + 1, .extra = signature},
+                                 {{"epoch", std::to_string(e + 1)}, {"model", "mlp 784-512-512-10"}});
     }
   }
   if (start_epoch >= c.epochs) {
@@ -295,7 +308,7 @@ int main(int argc, char** argv) {
   app.add_option("--limit-train", c.limit_train, "use the first N training samples (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--limit-test", c.limit_test, "use the first N test samples (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--save-dir", c.save_dir, "write epoch_K.safetensors and epoch_K.state.safetensors after each epoch");
-  app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it)");
+  app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it), or from the newest complete epoch in a --save-dir folder");
   app.add_option("--json", c.json_path, "write a JSON summary here");
   app.add_option("--compare", c.compare, "after training, print the largest weight difference to this .safetensors");
   app.add_flag("--divide-by-n", c.divide_by_n, "the usual recipe, for comparison: mean loss per micro-batch / N (inexact on short windows)");

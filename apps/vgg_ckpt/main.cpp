@@ -156,7 +156,12 @@ int main(int argc, char** argv) {
                 mg::format_bytes(cost.fixed_bytes).c_str());
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
     std::printf("  peak at %s\n", at.where.c_str());
-    if (!save_dir.empty()) std::filesystem::create_directories(save_dir);
+    if (!save_dir.empty()) {
+      std::filesystem::create_directories(save_dir);
+      if (int n = mg::nn::remove_stale_temporaries(save_dir)) {
+        std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", save_dir.c_str(), n);
+      }
+    }
 
     std::vector<double> step_ms, step_cpu_ms;
     size_t peak_in_use = 0, peak_reserved = 0;

@@ -88,17 +88,20 @@ std::string dir_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// Removes what an earlier writer of `path` left behind when it was killed mid-write: its
-// temporaries "<name>.tmp.<pid>.<n>" whose process is gone. A live process's are left alone
+// Removes what earlier writers left behind in `dir` when they were killed mid-write: temporaries
+// "<prefix><anything>.tmp.<pid>.<n>" whose process is gone. A live process's are left alone
 // (another writer may be at work; at worst a reused pid keeps a stale file a while longer).
-void remove_stale_temporaries(const std::string& path) {
+// Returns how many were removed.
+int remove_stale_temporaries(const std::string& dir, const std::string& prefix) {
   namespace fs = std::filesystem;
-  const std::string name = fs::path(path).filename().string() + ".tmp.";
+  int removed = 0;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir_of(path), ec)) {
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string f = e.path().filename().string();
-    if (f.rfind(name, 0) != 0) continue;
-    const std::string rest = f.substr(name.size());
+    const size_t tmp = f.rfind(".tmp.");
+    if (tmp == std::string::npos || tmp == 0) continue;
+    if (!prefix.empty() && (tmp != prefix.size() || f.compare(0, tmp, prefix) != 0)) continue;  // "<prefix>.tmp.*"
+    const std::string rest = f.substr(tmp + 5);
     const size_t dot = rest.find('.');
     if (dot == 0 || dot == std::string::npos) continue;
     if (rest.find_first_not_of("0123456789.") != std::string::npos) continue;
@@ -106,8 +109,10 @@ void remove_stale_temporaries(const std::string& path) {
     const auto [end, perr] = std::from_chars(rest.data(), rest.data() + dot, pid);
     if (perr != std::errc() || end != rest.data() + dot || pid <= 0) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-    fs::remove(e.path(), ec);
+    if (!e.is_regular_file(ec)) continue;
+    if (fs::remove(e.path(), ec)) ++removed;
   }
+  return removed;
 }
 
 // Note [atomic write]: the bytes go to a uniquely named temporary file in the target's own
@@ -121,7 +126,7 @@ void remove_stale_temporaries(const std::string& path) {
 void write_atomic(const std::string& path,
                   const std::function<int(const std::function<int(const void*, size_t)>&)>& emit) {
   MG_CHECK(!path.empty(), "write_atomic: empty path");
-  remove_stale_temporaries(path);
+  remove_stale_temporaries(dir_of(path), std::filesystem::path(path).filename().string());
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -173,6 +178,8 @@ struct FileCloser {
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   write_atomic(path, [&](const auto& write) { return write(bytes.data(), bytes.size()); });
 }
+
+int remove_stale_temporaries(const std::string& dir) { return remove_stale_temporaries(dir, ""); }
 
 void check_writable(const std::string& path, const std::string& what) {
   namespace fs = std::filesystem;
@@ -232,7 +239,10 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+namespace {
+
+// The whole reader; with read_data false it stops once the header is validated (metadata only).
+SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
   const std::string where = "safetensors file '" + path + "'";
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) {
@@ -362,6 +372,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   MG_CHECK(pos == buffer_size, where << ": tensors cover " << pos << " bytes of the " << buffer_size
                                      << "-byte data buffer; the format allows no trailing bytes");
+  if (!read_data) return out;
 
   // Read in offset order (one sequential pass), store in header order.
   std::vector<Tensor> loaded(entries.size());
@@ -374,6 +385,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
   for (size_t i : order) out.tensors.emplace_back(entries[i].name, std::move(loaded[i]));
   return out;
 }
+
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path) { return read_safetensors(path, true); }
+
+Metadata read_safetensors_metadata(const std::string& path) { return read_safetensors(path, false).metadata; }
 
 void load_into(Module& module, const std::string& path) {
   SafetensorsFile file = load_safetensors(path);

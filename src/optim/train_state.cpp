@@ -1,9 +1,12 @@
 #include <minigrad/optim/train_state.h>
 
+#include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <system_error>
+#include <tuple>
 #include <vector>
 
 #include <minigrad/core/rng.h>
@@ -13,6 +16,9 @@ namespace mg::optim {
 namespace {
 
 constexpr const char* kFormat = "minigrad-train-state-1";
+constexpr const char* kWeightsMeta = "minigrad.weights.";  // the weights file's metadata, kept in the state
+constexpr const char* kStateSuffix = ".state.safetensors";
+constexpr const char* kWeightsSuffix = ".safetensors";
 
 // A non-negative decimal integer, digits only (std::stoull would take "-5" as 2^64 - 5).
 uint64_t meta_u64(const nn::Metadata& m, const std::string& key, const std::string& path,
@@ -87,6 +93,90 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
     if (k.rfind("minigrad.", 0) != 0) st.extra[k] = v;
   }
   return st;
+}
+
+// Note [a pair of files as one unit]: an epoch's state and weights are two files, each written
+// atomically (Note [atomic write] in src/nn/serialize.cpp); what makes the pair one unit is the
+// order. The state goes first and holds everything the weights file does (the parameters, and the
+// weights file's metadata under "minigrad.weights.*"); the weights file goes last and so marks the
+// pair complete. A kill before the state's rename leaves the previous pair as it was (and a
+// temporary, removed by the next start); a kill between the two renames leaves a complete state
+// without its weights, which latest_checkpoint passes over and repair_checkpoints completes.
+void save_checkpoint(const std::string& base, const nn::Module& model, const Optimizer& opt,
+                     TrainState state, const nn::Metadata& weights_metadata) {
+  for (auto& [k, v] : weights_metadata) state.extra[kWeightsMeta + k] = v;
+  save_train_state(base + kStateSuffix, model, opt, std::move(state));
+  nn::save_safetensors(base + kWeightsSuffix, model.named_parameters(), weights_metadata);
+}
+
+namespace {
+
+// The bases "<dir>/<name>" of the training states in dir ("<name>.state.safetensors").
+std::vector<std::string> state_bases(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  MG_CHECK(fs::is_directory(dir, ec), "checkpoint folder '" << dir << "' does not exist or is not a folder");
+  std::vector<std::string> bases;
+  const std::string suffix = kStateSuffix;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.size() <= suffix.size() || f.compare(f.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    if (!e.is_regular_file(ec)) continue;
+    bases.push_back((fs::path(dir) / f.substr(0, f.size() - suffix.size())).string());
+  }
+  MG_CHECK(!ec, "cannot list checkpoint folder '" << dir << "': " << ec.message());
+  std::sort(bases.begin(), bases.end());
+  return bases;
+}
+
+void check_format(const nn::Metadata& meta, const std::string& path) {
+  auto fmt = meta.find("minigrad.format");
+  MG_CHECK(fmt != meta.end() && fmt->second == kFormat,
+           path << ": not a libminigrad training-state file (metadata minigrad.format = \""
+                << (fmt == meta.end() ? std::string("<missing>") : fmt->second) << "\", expected \""
+                << kFormat << "\")");
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& dir) {
+  std::string best;
+  std::tuple<int64_t, int64_t> best_pos{-1, -1};
+  for (const std::string& base : state_bases(dir)) {
+    if (!std::filesystem::exists(base + kWeightsSuffix)) continue;  // incomplete: written before its weights
+    const std::string path = base + kStateSuffix;
+    const nn::Metadata meta = nn::read_safetensors_metadata(path);
+    check_format(meta, path);
+    const std::tuple<int64_t, int64_t> pos{meta_count(meta, "minigrad.epoch", path),
+                                           meta_count(meta, "minigrad.batches_done", path)};
+    if (pos > best_pos) best_pos = pos, best = base;  // ties: the first name in sorted order
+  }
+  return best;
+}
+
+CheckpointRepair repair_checkpoints(const std::string& dir) {
+  CheckpointRepair r;
+  const std::vector<std::string> bases = state_bases(dir);  // checks that dir is a folder
+  r.temporaries_removed = nn::remove_stale_temporaries(dir);
+  for (const std::string& base : bases) {
+    const std::string weights = base + kWeightsSuffix;
+    if (std::filesystem::exists(weights)) continue;
+    const std::string path = base + kStateSuffix;
+    nn::SafetensorsFile f = nn::load_safetensors(path);
+    check_format(f.metadata, path);
+    nn::NamedTensors params;
+    for (auto& [name, t] : f.tensors) {
+      if (name.rfind("param.", 0) == 0) params.emplace_back(name.substr(6), t);
+    }
+    nn::Metadata meta;
+    const std::string prefix = kWeightsMeta;
+    for (auto& [k, v] : f.metadata) {
+      if (k.rfind(prefix, 0) == 0) meta[k.substr(prefix.size())] = v;
+    }
+    nn::save_safetensors(weights, params, meta);
+    r.completed.push_back(weights);
+  }
+  return r;
 }
 
 }  // namespace mg::optim

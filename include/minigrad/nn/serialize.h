@@ -38,6 +38,8 @@ struct SafetensorsFile {
 // tensor's byte range exactly numel * dtype size, and the ranges tiling the data buffer with no
 // hole, overlap or trailing byte. Throws mg::Error naming the file and the problem.
 SafetensorsFile load_safetensors(const std::string& path);
+// The metadata alone, after the same validation of the header (the tensors' bytes are not read).
+Metadata read_safetensors_metadata(const std::string& path);
 
 // Copies the file's tensors into the module's parameters (keeping their devices). Every
 // parameter must be present with the same shape and dtype, and the file must hold nothing else;
@@ -52,5 +54,9 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 // not even start: the folder is missing, not a folder or not writable, or path is a folder.
 // Check an output path before hours of training, not after.
 void check_writable(const std::string& path, const std::string& what);
+// Removes the temporaries "<name>.tmp.<pid>.<n>" in `dir` whose writer is dead (killed during a
+// write); returns how many. Each write also removes those of its own target name; call this on a
+// folder that is about to be written again to leave none of any name.
+int remove_stale_temporaries(const std::string& dir);
 
 }  // namespace mg::nn
