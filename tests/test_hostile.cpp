@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <memory>
 #include <set>
@@ -934,8 +935,11 @@ TEST_CASE("hostile input: every row is refused with mg::Error naming the input a
     const std::string subject = r.make(dir);
     const std::string problem = run_row(r, subject);
     alarm(0);
-    if (!problem.empty()) ++failed;
     CHECK_MESSAGE(problem.empty(), "row " << r.name << ": " << problem);
+    if (!problem.empty()) {
+      ++failed;
+      std::cout.flush();  // seen even if a later row hangs (Note [row guard] exits without flushing)
+    }
     fs::remove_all(dir);
   }
   std::printf("test_hostile: %zu rows (malformed files and arguments) of %zu run, %zu failed; no crash, no hang\n", ran,
