@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,8 @@
 #include <minigrad/optim/train_state.h>
 #include <minigrad/util/bytes.h>
 
+#include "common/flags.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -38,6 +41,19 @@ struct Config {
   uint64_t seed = 0;
   bool synthetic = false, divide_by_n = false, skip_non_finite = false;
 };
+
+// The weights --compare names, checked against the model before training: every parameter
+// present with its shape, as float32.
+mg::nn::SafetensorsFile load_compare(const std::string& path, const mg::nn::Module& model) {
+  mg::nn::SafetensorsFile f = mg::nn::load_safetensors(path);
+  for (auto& [name, p] : model.named_parameters()) {
+    const mg::Tensor* t = f.find(name);
+    MG_CHECK(t && t->shape() == p.shape() && t->dtype() == p.dtype(),
+             path << " has no tensor " << name << " of shape " << mg::shape_str(p.shape()) << " float32"
+                  << (t ? " (it has " + mg::shape_str(t->shape()) + " " + mg::dtype_name(t->dtype()) + ")" : ""));
+  }
+  return f;
+}
 
 // The shared data folder: ../shared/data/mnist from the working folder or from the repository
 // root (the binary lives in <repo>/<build>/bin).
@@ -113,10 +129,11 @@ void progress(int64_t done, int64_t total, double loss, int64_t epoch) {
 
 int run(const Config& c, const char* argv0) {
   const mg::optim::AccumulationSchedule sched =
-      c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum) : mg::optim::AccumulationSchedule::parse(c.accum_schedule);
+      c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum)
+                               : for_flag("--accum-schedule", [&] { return mg::optim::AccumulationSchedule::parse(c.accum_schedule); });
   // ---- device ----
   mg::Device dev = c.device == "auto" ? (mg::cuda_available() ? mg::Device::cuda() : mg::Device::cpu())
-                                      : mg::Device::parse(c.device);
+                                      : for_flag("--device", [&] { return mg::Device::parse(c.device); });
   if (dev.is_cuda()) MG_CHECK(mg::cuda_available(), "--device cuda: no CUDA device (or a build without CUDA); use --device cpu");
 
   // ---- data ----
@@ -126,7 +143,8 @@ int run(const Config& c, const char* argv0) {
   std::string dir = c.data_dir;
   if (dir.empty() && !c.synthetic && c.dataset == "mnist") dir = find_shared_mnist(argv0);
   if (!dir.empty() && !c.synthetic) {
-    splits = mg::data::load_mnist_auto(dir, norm);
+    splits = c.data_dir.empty() ? mg::data::load_mnist_auto(dir, norm)
+                                : for_flag("--data", [&] { return mg::data::load_mnist_auto(dir, norm); });
     splits.description = c.dataset + " from " + splits.description;
   } else {
     const int64_t n_train = c.limit_train > 0 ? c.limit_train : 8000;
@@ -148,6 +166,9 @@ int run(const Config& c, const char* argv0) {
   auto model = mg::nn::make_mlp({784, 512, 512, 10});
   model->to(dev);
   auto opt = make_optimizer(c, *model);
+  // --compare's file is checked against the model now, not after training.
+  const mg::nn::SafetensorsFile compare_file =
+      c.compare.empty() ? mg::nn::SafetensorsFile{} : for_flag("--compare", [&] { return load_compare(c.compare, *model); });
   mg::optim::Accumulator acc(*opt, {.steps = sched.steps_for_epoch(0),
                                     .clip_norm = c.clip_norm,
                                     .non_finite = c.skip_non_finite ? mg::optim::NonFinite::skip : mg::optim::NonFinite::error,
@@ -166,8 +187,10 @@ int run(const Config& c, const char* argv0) {
   // one unit], src/optim/train_state.cpp): dead writers' temporaries go, a state left without its
   // weights gets them.
   if (!c.save_dir.empty()) {
-    fs::create_directories(c.save_dir);
-    const mg::optim::CheckpointRepair r = mg::optim::repair_checkpoints(c.save_dir);
+    for_flag("--save-dir", [&] { return fs::create_directories(c.save_dir); });
+    mg::nn::check_writable((fs::path(c.save_dir) / "epoch_1.safetensors").string(), "--save-dir");
+    const mg::optim::CheckpointRepair r =
+        for_flag("--save-dir", [&] { return mg::optim::repair_checkpoints(c.save_dir); });
     if (r.temporaries_removed > 0) {
       std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", c.save_dir.c_str(), r.temporaries_removed);
     }
@@ -177,14 +200,14 @@ int run(const Config& c, const char* argv0) {
   if (!c.resume.empty()) {
     std::string path = c.resume;
     if (fs::is_directory(path)) {
-      const std::string base = mg::optim::latest_checkpoint(path);
+      const std::string base = for_flag("--resume", [&] { return mg::optim::latest_checkpoint(path); });
       MG_CHECK(!base.empty(), "--resume " << path << ": the folder holds no complete epoch_K.state.safetensors + epoch_K.safetensors pair");
       path = base + ".state.safetensors";
     } else if (path.size() > 12 && path.substr(path.size() - 12) == ".safetensors" &&
                path.find(".state.safetensors") == std::string::npos) {
       path = path.substr(0, path.size() - 12) + ".state.safetensors";  // epoch_K.safetensors -> its state
     }
-    mg::optim::TrainState st = mg::optim::load_train_state(path, *model, *opt);
+    mg::optim::TrainState st = for_flag("--resume", [&] { return mg::optim::load_train_state(path, *model, *opt); });
     for (auto& [k, v] : signature) {
       auto it = st.extra.find(k);
       if (it == st.extra.end() || it->second != v) {
@@ -248,13 +271,8 @@ int run(const Config& c, const char* argv0) {
   // ---- compare with saved weights (the exactness demonstration) ----
   double compare_diff = -1;
   if (!c.compare.empty()) {
-    mg::nn::SafetensorsFile f = mg::nn::load_safetensors(c.compare);
     for (auto& [name, p] : model->named_parameters()) {
-      const mg::Tensor* t = f.find(name);
-      MG_CHECK(t && t->shape() == p.shape() && t->dtype() == p.dtype(),
-               "--compare: " << c.compare << " has no tensor " << name << " of shape " << mg::shape_str(p.shape())
-                             << " float32" << (t ? " (it has " + mg::shape_str(t->shape()) + " " + mg::dtype_name(t->dtype()) + ")" : ""));
-      auto a = p.to_vector<float>(), b = t->to_vector<float>();
+      auto a = p.to_vector<float>(), b = compare_file.find(name)->to_vector<float>();
       for (size_t i = 0; i < a.size(); ++i) compare_diff = std::max(compare_diff, static_cast<double>(std::abs(a[i] - b[i])));
     }
     std::printf("max |w - w(%s)| = %.3g over all %lld parameters\n", c.compare.c_str(), compare_diff,
@@ -292,31 +310,30 @@ int run(const Config& c, const char* argv0) {
 int main(int argc, char** argv) {
   CLI::App app{"MLP 784-512-512-10 on MNIST with exact gradient accumulation (libminigrad)"};
   Config c;
-  app.add_option("--data", c.data_dir, "folder with the MNIST/FashionMNIST IDX files (default: ../shared/data/mnist if present, else generated data)");
+  auto* data = app.add_option("--data", c.data_dir, "folder with the MNIST/FashionMNIST IDX files (default: ../shared/data/mnist if present, else generated data)")->check(nonempty());
   app.add_option("--dataset", c.dataset, "mnist or fashion (sets the normalisation)")->check(CLI::IsMember({"mnist", "fashion"}))->capture_default_str();
-  app.add_flag("--synthetic", c.synthetic, "use generated MNIST-like data even when real data is present");
+  app.add_flag("--synthetic", c.synthetic, "use generated MNIST-like data even when real data is present")->excludes(data);
   app.add_option("--epochs", c.epochs, "epochs to train (in total, counting resumed ones)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   app.add_option("--batch-size", c.batch_size, "micro-batch size")->check(CLI::Range(int64_t{1}, int64_t{1} << 24))->capture_default_str();
   auto* accum = app.add_option("--accum", c.accum, "micro-batches per optimizer step (N)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
-  app.add_option("--accum-schedule", c.accum_schedule, "N by epoch, e.g. \"0:8,4:2\" (epochs counted from 0)")->excludes(accum);
-  app.add_option("--lr", c.lr, "learning rate")->capture_default_str();
-  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--accum-schedule", c.accum_schedule, "N by epoch, e.g. \"0:8,4:2\" (epochs counted from 0)")->check(nonempty())->excludes(accum);
+  app.add_option("--lr", c.lr, "learning rate")->check(finite_in(0, FLT_MAX, "[0, 3.4e38]"))->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(finite_in(0, 1, "[0, 1]"))->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "sgd or adam")->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  app.add_option("--clip-norm", c.clip_norm, "clip the global norm of each step's mean gradient (0: off)")->capture_default_str();
-  app.add_option("--device", c.device, "auto, cpu or cuda[:i]")->capture_default_str();
-  app.add_option("--seed", c.seed, "seed of the weights and of the sample order")->capture_default_str();
+  app.add_option("--clip-norm", c.clip_norm, "clip the global norm of each step's mean gradient (0: off)")->check(finite_in(0, FLT_MAX, "[0, 3.4e38]"))->capture_default_str();
+  app.add_option("--device", c.device, "auto, cpu or cuda[:i]")->check(nonempty())->capture_default_str();
+  app.add_option("--seed", c.seed, "seed of the weights and of the sample order")->check(unsigned64())->capture_default_str();
   app.add_option("--limit-train", c.limit_train, "use the first N training samples (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--limit-test", c.limit_test, "use the first N test samples (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--save-dir", c.save_dir, "write epoch_K.safetensors and epoch_K.state.safetensors after each epoch");
-  app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it), or from the newest complete epoch in a --save-dir folder");
-  app.add_option("--json", c.json_path, "write a JSON summary here");
-  app.add_option("--compare", c.compare, "after training, print the largest weight difference to this .safetensors");
+  app.add_option("--save-dir", c.save_dir, "write epoch_K.safetensors and epoch_K.state.safetensors after each epoch")->check(nonempty());
+  app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it), or from the newest complete epoch in a --save-dir folder")->check(nonempty());
+  app.add_option("--json", c.json_path, "write a JSON summary here")->check(nonempty());
+  app.add_option("--compare", c.compare, "after training, print the largest weight difference to this .safetensors")->check(nonempty());
   app.add_flag("--divide-by-n", c.divide_by_n, "the usual recipe, for comparison: mean loss per micro-batch / N (inexact on short windows)");
   app.add_flag("--skip-non-finite", c.skip_non_finite, "drop a window with a NaN/inf loss or gradient instead of stopping");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!c.json_path.empty()) mg::nn::check_writable(c.json_path, "--json");
-    if (!c.compare.empty()) mg::nn::load_safetensors(c.compare);  // a bad file fails now, not after training
     return run(c, argv[0]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mnist_ga: error: %s\n", e.what());

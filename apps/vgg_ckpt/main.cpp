@@ -30,6 +30,8 @@
 #include <minigrad/nn/checkpoint_plan.h>
 #include <minigrad/util/bytes.h>
 
+#include "common/flags.h"
+
 namespace {
 
 using mg::Tensor;
@@ -88,18 +90,18 @@ int main(int argc, char** argv) {
   std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, data_dir;
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
   uint64_t seed = 0;
-  app.add_option("--checkpoint", checkpoint, "none | sqrt | segments=K | budget=SIZE")->capture_default_str();
+  app.add_option("--checkpoint", checkpoint, "none | sqrt | segments=K | budget=SIZE")->check(nonempty())->capture_default_str();
   app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* steps_opt = app.add_option("--steps", steps, "number of steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   auto* epochs_opt = app.add_option("--epochs", epochs, "number of epochs")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   steps_opt->excludes(epochs_opt);
-  app.add_option("--device", device_str, "cpu or cuda[:i]")->capture_default_str();
-  app.add_option("--seed", seed, "seed of weights, data order, flips and dropout")->capture_default_str();
-  app.add_option("--save-dir", save_dir, "write epoch_K.safetensors per epoch and final.safetensors here");
-  app.add_option("--json", json_path, "write a JSON summary here");
+  app.add_option("--device", device_str, "cpu or cuda[:i]")->check(nonempty())->capture_default_str();
+  app.add_option("--seed", seed, "seed of weights, data order, flips and dropout")->check(unsigned64())->capture_default_str();
+  app.add_option("--save-dir", save_dir, "write epoch_K.safetensors per epoch and final.safetensors here")->check(nonempty());
+  app.add_option("--json", json_path, "write a JSON summary here")->check(nonempty());
   app.add_option("--width-div", width_div, "divide channels and hidden sizes by K")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{64}));
   app.add_option("--image-size", image_size, "square input size")->capture_default_str()->check(CLI::Range(32, 4096));
-  app.add_option("--data", data_dir, "class sub-folders of JPEG/PNG images (default: synthetic)");
+  app.add_option("--data", data_dir, "class sub-folders of JPEG/PNG images (default: synthetic)")->check(nonempty());
   std::string tf32 = "conv";
   bool cudnn_benchmark = false;
   app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (strict FP32) | conv (convolutions only, the default as in PyTorch)")
@@ -111,13 +113,15 @@ int main(int argc, char** argv) {
   mg::cuda::set_cudnn_benchmark(cudnn_benchmark);
 
   try {
-    const mg::Device dev = mg::Device::parse(device_str);
+    const mg::Device dev = for_flag("--device", [&] { return mg::Device::parse(device_str); });
     if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
     std::shared_ptr<const mg::data::Dataset> data;
     std::string data_str;
     if (!data_dir.empty()) {
-      auto folder = std::make_shared<mg::data::ImageFolder>(
-          data_dir, mg::data::ImageFolderOptions{.image_size = image_size, .random_flip = true, .seed = seed});
+      auto folder = for_flag("--data", [&] {
+        return std::make_shared<mg::data::ImageFolder>(
+            data_dir, mg::data::ImageFolderOptions{.image_size = image_size, .random_flip = true, .seed = seed});
+      });
       MG_CHECK(folder->num_classes() == kNumClasses,
                "--data: expected " << kNumClasses << " class folders, found " << folder->num_classes());
       MG_CHECK(folder->size() >= batch_size, "--data: " << folder->size() << " images, fewer than one batch of "
@@ -143,7 +147,7 @@ int main(int argc, char** argv) {
 
     const mg::Shape in_shape{batch_size, 3, image_size, image_size};
     mg::nn::ChainCost cost = mg::nn::measure_chain(*model, in_shape);
-    mg::nn::Plan plan = mg::nn::make_plan(cost, checkpoint);
+    mg::nn::Plan plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
     const size_t floor = mg::nn::min_feasible_peak(cost);
     std::printf("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
                 static_cast<long long>(width_div), static_cast<long long>(image_size),
@@ -157,9 +161,11 @@ int main(int argc, char** argv) {
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
     std::printf("  peak at %s\n", at.where.c_str());
     if (!save_dir.empty()) {
-      std::filesystem::create_directories(save_dir);
+      for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
+      mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
       if (int n = mg::nn::remove_stale_temporaries(save_dir)) {
-        std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", save_dir.c_str(), n);
+        std::printf("%s: removed %d temporary file(s) left by an interrupted save
+", save_dir.c_str(), n);
       }
     }
 
@@ -170,7 +176,9 @@ int main(int argc, char** argv) {
       const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
       if (b == 0) loader.start_epoch(epoch);
       mg::data::Batch batch;
-      MG_CHECK(loader.next(batch), "vgg_ckpt: epoch " << epoch << " ended before its batch " << b);
+      // A damaged image under --data shows up here, when its batch is read.
+      const bool more = data_dir.empty() ? loader.next(batch) : for_flag("--data", [&] { return loader.next(batch); });
+      MG_CHECK(more, "vgg_ckpt: epoch " << epoch << " ended before its batch " << b);
       const Tensor x = batch.x, y = batch.y;
 
       mg::reset_peak_memory_stats(dev);

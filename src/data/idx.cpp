@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <new>
 
 #include <minigrad/core/error.h>
 #include <minigrad/core/rng.h>
+
+#include "util/file.h"
 
 namespace mg::data {
 
@@ -20,39 +23,137 @@ struct GzCloser {
 };
 using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
 
-// Reads up to n bytes; returns how many came (fewer only at the end of the data).
-size_t read_some(gzFile f, const std::string& path, uint8_t* dst, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
-    const int r = gzread(f, dst + got, chunk);
-    if (r < 0) {
-      int errnum = 0;
-      const char* msg = gzerror(f, &errnum);
-      MG_FAIL(path << ": read error (" << (msg ? msg : "unknown") << "); is the gzip file damaged?");
+// deflate's largest expansion: a 258-byte match coded in 2 bits (RFC 1951; zlib's FAQ says
+// 1032:1). A gzip file of n bytes cannot hold more than 1032 * n bytes of data.
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
+// Note [gzip members]: a gzip file (RFC 1952) is one or more members, one after another, and
+// reads as their data concatenated: gzip(1) and Python's gzip module both read it so, and so
+// does this reader. Like Python's (gzip.py, _GzipReader._read_eof) it also skips zero bytes
+// after a member, the padding some tape and block tools leave. Anything else after a member is
+// an error naming its byte offset: zlib's gzread ignored such trailing garbage silently (gzip(1)
+// warns "trailing garbage ignored", Python raises BadGzipFile), and a file with bytes appended
+// or spliced in is not the file it claims to be. Raw (uncompressed) files are read as they are.
+//
+// An IDX file, raw or gzip-compressed, as one stream of bytes.
+class IdxStream {
+ public:
+  explicit IdxStream(const std::string& path)
+      : path_(path), file_(open_regular_file(path, path)), in_(size_t{1} << 16) {
+    fill();
+    gzip_ = avail_ >= 2 && next_[0] == 0x1f && next_[1] == 0x8b;
+    if (gzip_) {
+      MG_CHECK(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK, path_ << ": zlib could not start (out of memory?)");
     }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
   }
-  return got;
-}
+  ~IdxStream() {
+    if (gzip_) inflateEnd(&zs_);
+  }
+  IdxStream(const IdxStream&) = delete;
+  IdxStream& operator=(const IdxStream&) = delete;
+
+  bool gzip() const { return gzip_; }
+  uint64_t file_size() const { return file_.size; }
+
+  // Reads up to n bytes of data; fewer only at its end.
+  size_t read(uint8_t* dst, size_t n) { return gzip_ ? inflate_into(dst, n) : copy_into(dst, n); }
+
+ private:
+  // The file offset of the next byte not yet consumed.
+  uint64_t offset() const { return file_pos_ - avail_; }
+
+  // Moves what is left of the input to the front of the buffer and reads more after it; returns
+  // false when the file has no more.
+  bool fill() {
+    if (avail_ > 0) std::memmove(in_.data(), next_, avail_);
+    next_ = in_.data();
+    const size_t r = read_up_to(file_, in_.data() + avail_, in_.size() - avail_, path_);
+    avail_ += r;
+    file_pos_ += r;
+    return r > 0;
+  }
+
+  size_t copy_into(uint8_t* dst, size_t n) {
+    size_t got = 0;
+    while (got < n && (avail_ > 0 || fill())) {
+      const size_t k = std::min(n - got, avail_);
+      std::memcpy(dst + got, next_, k);
+      next_ += k;
+      avail_ -= k;
+      got += k;
+    }
+    return got;
+  }
+
+  size_t inflate_into(uint8_t* dst, size_t n) {
+    size_t got = 0;
+    while (got < n && !ended_) {
+      if (avail_ == 0) fill();
+      zs_.next_in = next_;
+      zs_.avail_in = static_cast<unsigned>(std::min<size_t>(avail_, 1u << 30));
+      zs_.next_out = dst + got;
+      zs_.avail_out = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
+      const unsigned in_before = zs_.avail_in, out_before = zs_.avail_out;
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      next_ += in_before - zs_.avail_in;
+      avail_ -= in_before - zs_.avail_in;
+      got += out_before - zs_.avail_out;
+      MG_CHECK(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR,
+               path_ << ": damaged gzip data near byte offset " << offset() << " ("
+                     << (zs_.msg ? zs_.msg : "zlib error " + std::to_string(rc)) << ")");
+      // No progress with room for output: the input ran out.
+      MG_CHECK(rc != Z_BUF_ERROR || avail_ > 0, path_ << ": truncated gzip data: the file ends at byte "
+                                                      << file_.size << " inside a compressed member");
+      if (rc == Z_STREAM_END) after_member();
+    }
+    return got;
+  }
+
+  // Note [gzip members]: what may follow a member is another member, zero padding, or nothing.
+  void after_member() {
+    while ((avail_ > 0 || fill()) && next_[0] == 0) {
+      ++next_;
+      --avail_;
+    }
+    if (avail_ == 0) {
+      ended_ = true;
+      return;
+    }
+    if (avail_ < 2) fill();
+    MG_CHECK(avail_ >= 2 && next_[0] == 0x1f && next_[1] == 0x8b,
+             path_ << ": trailing bytes after the gzip data, at byte offset " << offset() << " of "
+                   << file_.size << " (first byte 0x" << std::hex << int{next_[0]} << std::dec
+                   << "): only another gzip member or zero padding may follow one; the file has "
+                      "something appended or is damaged");
+    MG_CHECK(inflateReset(&zs_) == Z_OK, path_ << ": zlib could not restart at byte offset " << offset());
+  }
+
+  std::string path_;
+  ReadOnlyFile file_;
+  std::vector<uint8_t> in_;
+  uint8_t* next_ = nullptr;  // the unconsumed input: [next_, next_ + avail_)
+  size_t avail_ = 0;
+  uint64_t file_pos_ = 0;    // bytes of the file read into in_ so far
+  bool gzip_ = false, ended_ = false;
+  z_stream zs_{};
+};
 
 uint32_t be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
+std::string dims_str(const std::vector<int64_t>& dims) {
+  std::string s;
+  for (int64_t d : dims) s += (s.empty() ? "" : " x ") + std::to_string(d);
+  return s;
+}
+
 }  // namespace
 
 IdxArray read_idx(const std::string& path, int expected_ndims) {
-  // A FIFO or a device would block or never end: only regular files are read.
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  MG_CHECK(!std::filesystem::exists(status) || std::filesystem::is_regular_file(status),
-           path << ": not a regular file (a folder, FIFO or device); expected an IDX file");
-  GzPtr f(gzopen(path.c_str(), "rb"));
-  MG_CHECK(f != nullptr, path << ": cannot open (does the file exist and is it readable?)");
+  IdxStream f(path);  // a regular file only (Note [opening regular files])
   uint8_t magic[4];
-  const size_t got_magic = read_some(f.get(), path, magic, 4);
+  const size_t got_magic = f.read(magic, 4);
   MG_CHECK(got_magic == 4, path << ": truncated: " << got_magic << " bytes, an IDX header needs at least 4");
   MG_CHECK(magic[0] == 0 && magic[1] == 0 && magic[2] == 0x08,
            path << ": wrong magic number 0x" << std::hex << be32(magic) << std::dec
@@ -62,28 +163,42 @@ IdxArray read_idx(const std::string& path, int expected_ndims) {
                                          << ", expected " << expected_ndims
                                          << (expected_ndims == 1 ? " (labels)" : " (images N x rows x cols)"));
   std::vector<uint8_t> hdr(4 * static_cast<size_t>(ndims));
-  const size_t got_hdr = read_some(f.get(), path, hdr.data(), hdr.size());
+  const size_t got_hdr = f.read(hdr.data(), hdr.size());
   MG_CHECK(got_hdr == hdr.size(), path << ": truncated header: " << got_hdr << " of " << hdr.size()
                                        << " bytes of dimension sizes");
   IdxArray a;
-  size_t total = 1;
+  uint64_t total = 1;
   for (int d = 0; d < ndims; ++d) {
     const uint32_t n = be32(&hdr[4 * d]);
     MG_CHECK(n > 0 && n < (1u << 28), path << ": dimension " << d << " has size " << n
                                             << ", expected 1 .. 2^28");
     a.dims.push_back(n);
     total *= n;
-    MG_CHECK(total <= (size_t{1} << 34), path << ": data would be larger than 16 GiB; not MNIST-like data");
+    MG_CHECK(total <= (uint64_t{1} << 34), path << ": data would be larger than 16 GiB; not MNIST-like data");
   }
-  // The header's promise is not trusted with memory: the buffer grows as data actually arrives
-  // (a 22-byte file declaring 3 GiB once allocated them before reading a byte).
+  // The header's promise is checked against what the file can hold before anything is
+  // allocated: a 22-byte file, or a 1 kB gzip file, declaring gigabytes is refused here.
+  const uint64_t header_bytes = 4 + hdr.size();
+  if (f.gzip()) {
+    const uint64_t limit = kMaxDeflateRatio * f.file_size();
+    MG_CHECK(header_bytes + total <= limit,
+             path << ": the dimension sizes " << dims_str(a.dims) << " declare " << total
+                  << " data bytes, more than a " << f.file_size() << "-byte gzip file can hold (at most "
+                  << limit << ": deflate expands at most " << kMaxDeflateRatio
+                  << ":1); a damaged header or a gzip bomb");
+  } else {
+    MG_CHECK(header_bytes + total <= f.file_size(),
+             path << ": truncated: " << f.file_size() - header_bytes << " data bytes, the header promises "
+                  << total << " (" << dims_str(a.dims) << ")");
+  }
+  // Even so the buffer grows as data actually arrives: a gzip file may still end early.
   constexpr size_t kChunk = size_t{64} << 20;
   size_t got = 0;
   try {
     while (got < total) {
-      const size_t want = std::min(kChunk, total - got);
+      const size_t want = std::min<uint64_t>(kChunk, total - got);
       a.bytes.resize(got + want);
-      const size_t r = read_some(f.get(), path, a.bytes.data() + got, want);
+      const size_t r = f.read(a.bytes.data() + got, want);
       got += r;
       if (r < want) break;
     }
@@ -92,10 +207,12 @@ IdxArray read_idx(const std::string& path, int expected_ndims) {
                  << " data bytes the header promises");
   }
   a.bytes.resize(got);
-  MG_CHECK(got == total, path << ": truncated: " << got << " data bytes, the header promises " << total);
+  MG_CHECK(got == total, path << ": truncated: " << got << " data bytes, the header promises " << total << " ("
+                              << dims_str(a.dims) << ")");
   uint8_t extra;
-  MG_CHECK(read_some(f.get(), path, &extra, 1) == 0,
-           path << ": trailing bytes after the " << total << " data bytes the header promises");
+  MG_CHECK(f.read(&extra, 1) == 0, path << ": trailing bytes after the " << total
+                                        << " data bytes the header promises (at byte offset "
+                                        << header_bytes + total << (f.gzip() ? " of the decompressed data)" : ")"));
   return a;
 }
 

@@ -102,6 +102,27 @@ std::string read_image_file(const std::string& file) {
   return bytes;
 }
 
+// stb_image stops reading a PNG at the IEND chunk's header and never reads its CRC, so a PNG cut
+// by up to 4 bytes decoded as whole. The chunk list is walked here: every chunk must fit in the
+// file, up to a complete IEND chunk (what follows IEND is ignored, as PIL does).
+bool png_complete(const uint8_t* p, size_t n) {
+  static const uint8_t kIend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xAE, 0x42, 0x60, 0x82};
+  size_t at = 8;  // after the signature
+  while (n - at >= 12) {
+    const uint64_t len = (uint64_t{p[at]} << 24) | (uint64_t{p[at + 1]} << 16) | (uint64_t{p[at + 2]} << 8) | p[at + 3];
+    if (std::memcmp(p + at + 4, "IEND", 4) == 0) return std::memcmp(p + at, kIend, 12) == 0;
+    if (len > n - at - 12) return false;
+    at += 12 + len;
+  }
+  return false;
+}
+
+// stb_image's reason for a failure, in parentheses, or nothing when it gave none.
+std::string stb_reason() {
+  const char* r = stbi_failure_reason();
+  return r && *r ? std::string(" (") + r + ")" : std::string();
+}
+
 }  // namespace
 
 void ImageFolder::load(int64_t i, bool flip, float* dst) const {
@@ -118,13 +139,16 @@ void ImageFolder::load(int64_t i, bool flip, float* dst) const {
   const char* format = jpeg ? "JPEG" : "PNG";
   int w = 0, h = 0, channels = 0;
   MG_CHECK(stbi_info_from_memory(data, len, &w, &h, &channels) == 1,
-           "ImageFolder: cannot decode '" << file << "': corrupt " << format << " header (" << stbi_failure_reason() << ")");
+           "ImageFolder: cannot decode '" << file << "': corrupt " << format << " header" << stb_reason());
   MG_CHECK(static_cast<int64_t>(w) * h <= kMaxPixels,
            "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of " << kMaxPixels);
+  MG_CHECK(!png || png_complete(data, bytes.size()),
+           "ImageFolder: cannot decode '" << file << "': truncated PNG (its chunks do not reach a complete IEND "
+                                              "chunk; " << bytes.size() << " bytes)");
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(data, len, &w, &h, &channels, 3),
                                                    stbi_image_free);
-  MG_CHECK(pixels != nullptr, "ImageFolder: cannot decode '" << file << "': corrupt or truncated " << format << " ("
-                                                             << stbi_failure_reason() << ")");
+  MG_CHECK(pixels != nullptr,
+           "ImageFolder: cannot decode '" << file << "': corrupt or truncated " << format << stb_reason());
   const int s = static_cast<int>(opts_.image_size);
   resize_rgb_bilinear(pixels.get(), h, w, s, dst);
   const size_t plane = static_cast<size_t>(s) * s;

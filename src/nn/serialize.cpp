@@ -29,8 +29,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include <minigrad/core/autograd.h>
+
+#include "util/file.h"
 
 namespace mg::nn {
 
@@ -168,11 +171,6 @@ void write_atomic(const std::string& path,
   }
 }
 
-// Closes a FILE* on every path out of the reader.
-struct FileCloser {
-  void operator()(FILE* f) const { if (f) std::fclose(f); }
-};
-
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
@@ -244,22 +242,14 @@ namespace {
 // The whole reader; with read_data false it stops once the header is validated (metadata only).
 SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
   const std::string where = "safetensors file '" + path + "'";
-  std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) {
-    const int err = errno;
-    MG_FAIL("cannot open " << where << ": " << errno_text(err));
-  }
-  struct stat st {};
-  MG_CHECK(::fstat(::fileno(f.get()), &st) == 0, "cannot stat " << where << ": " << errno_text(errno));
-  MG_CHECK(S_ISREG(st.st_mode), where << " is not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const ReadOnlyFile f = open_regular_file(path, where);  // Note [opening regular files]
+  const uint64_t file_size = f.size;
   MG_CHECK(file_size >= 8, where << " is too short: " << file_size
                                  << " bytes, expected at least the 8-byte header length");
-  auto read_exact = [&](void* dst, size_t n, const char* what) {
-    if (n == 0) return;
-    const size_t got = std::fread(dst, 1, n, f.get());
-    MG_CHECK(got == n, "reading " << where << ": short read of " << what << " (" << got << " of "
-                                  << n << " bytes)" << (std::ferror(f.get()) ? ": " + errno_text(errno) : ""));
+  auto read_exact = [&](void* dst, size_t n, const std::string& what) {
+    const size_t got = read_up_to(f, dst, n, where);
+    MG_CHECK(got == n, "reading " << where << ": short read of " << what << " (" << got << " of " << n
+                                  << " bytes; did the file shrink?)");
   };
   uint64_t n = 0;
   read_exact(&n, 8, "the header length");
@@ -273,26 +263,39 @@ SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
   MG_CHECK(json[0] == '{', where << ": the header must start with '{', got byte 0x" << std::hex
                                  << static_cast<int>(static_cast<unsigned char>(json[0])));
 
-  // nlohmann keeps the last of duplicate keys silently; a callback sees every top-level key.
-  std::set<std::string> keys;
-  std::string duplicate;
+  // nlohmann keeps the last of duplicate keys silently; a callback sees every key. Keys are
+  // unique in each object: tensor names, an entry's fields (the reference reader refuses a
+  // duplicate field too), metadata keys.
+  using Event = nlohmann::json::parse_event_t;
+  std::vector<std::set<std::string>> open_objects;  // the keys of each object being parsed
+  std::string entry_name, duplicate, duplicate_in;  // entry_name: the entry being parsed
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(json, [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    header = nlohmann::json::parse(json, [&](int depth, Event ev, nlohmann::json& parsed) {
       // A safetensors header nests three deep ({name: {shape: [..]}}). Anything deeper is refused
       // as it opens, before it is built: a value nested thousands deep would overflow the stack
       // when printed or freed recursively.
       MG_CHECK(depth <= kMaxHeaderDepth, where << ": the header nests deeper than " << kMaxHeaderDepth
                                               << " levels (a safetensors header has 3)");
-      if (ev == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-        if (!keys.insert(parsed.get<std::string>()).second && duplicate.empty()) duplicate = parsed.get<std::string>();
+      if (ev == Event::object_start) open_objects.emplace_back();
+      if (ev == Event::object_end) open_objects.pop_back();
+      if (ev == Event::key && parsed.is_string()) {
+        const std::string k = parsed.get<std::string>();
+        if (depth == 1) entry_name = k;
+        if (!open_objects.back().insert(k).second && duplicate.empty()) {
+          duplicate = k;
+          duplicate_in = depth == 1 ? "" : entry_name;
+        }
       }
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
     MG_FAIL(where << ": the header is not valid JSON: " << e.what());
   }
-  MG_CHECK(duplicate.empty(), where << ": tensor name '" << duplicate << "' appears twice in the header");
+  MG_CHECK(duplicate.empty() || !duplicate_in.empty(),
+           where << ": tensor name '" << duplicate << "' appears twice in the header");
+  MG_CHECK(duplicate.empty(), where << ": key '" << duplicate << "' appears twice in the header entry of '"
+                                    << duplicate_in << "'");
   MG_CHECK(header.is_object(), where << ": the header must be a JSON object, got " << header.type_name());
 
   SafetensorsFile out;
@@ -379,7 +382,7 @@ SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
   for (size_t i : order) {
     const Entry& e = entries[i];
     loaded[i] = Tensor::empty(e.shape, TensorOptions{e.dtype});
-    read_exact(loaded[i].raw_data(), loaded[i].nbytes(), ("tensor '" + e.name + "'").c_str());
+    read_exact(loaded[i].raw_data(), loaded[i].nbytes(), "tensor '" + e.name + "'");
   }
   // File order: the order of the data, which is how we (and the reference writer) lay them out.
   for (size_t i : order) out.tensors.emplace_back(entries[i].name, std::move(loaded[i]));

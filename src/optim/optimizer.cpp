@@ -64,9 +64,40 @@ void Optimizer::zero_grad() {
   MG_DISPATCH(g[0].device(), zero_many, g);  // one launch on CUDA
 }
 
+namespace {
+
+// Hyper-parameter checks: each names the optimizer, the parameter, the value and the range.
+// Every comparison with NaN is false, so each is written as "value in range", never as
+// "value out of range".
+void check_at_least(const char* who, const char* name, float v, float lo, bool open) {
+  MG_CHECK(std::isfinite(v) && (open ? v > lo : v >= lo),
+           who << ": " << name << " = " << v << ", expected a finite number " << (open ? "> " : ">= ") << lo);
+}
+
+void check_unit(const char* who, const char* name, float v, bool open_above) {
+  MG_CHECK(v >= 0.0f && (open_above ? v < 1.0f : v <= 1.0f),
+           who << ": " << name << " = " << v << ", expected a number in [0, 1" << (open_above ? ")" : "]"));
+}
+
+void check_lr(const char* who, float lr) { check_at_least(who, "lr", lr, 0.0f, false); }
+
+}  // namespace
+
+void SGD::set_lr(float lr) {
+  check_lr("SGD", lr);
+  opts_.lr = lr;
+}
+
+void Adam::set_lr(float lr) {
+  check_lr(decoupled_ ? "AdamW" : "Adam", lr);
+  opts_.lr = lr;
+}
+
 SGD::SGD(std::vector<Tensor> params, SGDOptions opts) : Optimizer(std::move(params)), opts_(opts) {
-  MG_CHECK(opts.lr >= 0.0f, "SGD: invalid learning rate " << opts.lr);
-  MG_CHECK(opts.momentum >= 0.0f, "SGD: invalid momentum " << opts.momentum);
+  check_lr("SGD", opts.lr);
+  check_unit("SGD", "momentum", opts.momentum, false);
+  check_unit("SGD", "dampening", opts.dampening, false);
+  check_at_least("SGD", "weight_decay", opts.weight_decay, 0.0f, false);
   MG_CHECK(!opts.nesterov || (opts.momentum > 0.0f && opts.dampening == 0.0f),
            "SGD: nesterov needs momentum > 0 and dampening 0");
   if (opts.momentum != 0.0f) {
@@ -95,10 +126,12 @@ std::vector<std::pair<std::string, Tensor>> SGD::state_tensors() const {
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions opts, bool decoupled)
     : Optimizer(std::move(params)), opts_(opts), decoupled_(decoupled) {
-  MG_CHECK(opts.lr >= 0.0f, "Adam: invalid learning rate " << opts.lr);
-  MG_CHECK(opts.beta1 >= 0.0f && opts.beta1 < 1.0f && opts.beta2 >= 0.0f && opts.beta2 < 1.0f,
-           "Adam: betas must be in [0, 1), got (" << opts.beta1 << ", " << opts.beta2 << ")");
-  MG_CHECK(opts.eps >= 0.0f, "Adam: invalid eps " << opts.eps);
+  const char* who = decoupled ? "AdamW" : "Adam";
+  check_lr(who, opts.lr);
+  check_unit(who, "beta1", opts.beta1, true);
+  check_unit(who, "beta2", opts.beta2, true);
+  check_at_least(who, "eps", opts.eps, 0.0f, true);
+  check_at_least(who, "weight_decay", opts.weight_decay, 0.0f, false);
   for (const Tensor& p : params_) {
     exp_avg_.push_back(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
     exp_avg_sq_.push_back(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <string_view>
 #include <system_error>
 #include <tuple>
 #include <vector>
@@ -35,6 +37,36 @@ uint64_t meta_u64(const nn::Metadata& m, const std::string& key, const std::stri
 
 int64_t meta_count(const nn::Metadata& m, const std::string& key, const std::string& path) {
   return static_cast<int64_t>(meta_u64(m, key, path, std::numeric_limits<int64_t>::max()));
+}
+
+// The first element that no run can have saved, or -1: NaN or infinite anywhere, negative in a
+// second moment (a running mean of squares).
+template <typename T>
+int64_t first_bad(const T* p, int64_t n, bool non_negative) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p[i]) || (non_negative && p[i] < 0)) return i;
+  }
+  return -1;
+}
+
+// A loaded tensor's values (its name, shape and dtype already match the run's).
+void check_values(const std::string& path, const std::string& key, const Tensor& t) {
+  const std::string_view suffix = ".exp_avg_sq";  // Adam's second moment (Adam::state_tensors)
+  const bool second_moment = key.size() > suffix.size() && key.ends_with(suffix);
+  double value = 0;
+  int64_t i = -1;
+  if (t.dtype() == DType::f32) {
+    i = first_bad(t.data<float>(), t.numel(), second_moment);
+    if (i >= 0) value = t.data<float>()[i];
+  } else if (t.dtype() == DType::f64) {
+    i = first_bad(t.data<double>(), t.numel(), second_moment);
+    if (i >= 0) value = t.data<double>()[i];
+  }
+  MG_CHECK(i < 0, path << ": tensor \"" << key << "\" holds " << value << " at element " << i << " (of "
+                       << t.numel() << ", row-major): "
+                       << (std::isfinite(value) ? "a second moment (a mean of squares) cannot be negative"
+                                                : "a run resumes only from finite parameters and optimizer state")
+                       << "; the file is damaged, or the run had diverged when it was saved");
 }
 
 }  // namespace
@@ -76,6 +108,7 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
     MG_CHECK(src->shape() == dst.shape() && src->dtype() == dst.dtype(),
              path << ": tensor \"" << key << "\" is " << dtype_name(src->dtype()) << shape_str(src->shape())
                   << ", the run expects " << dtype_name(dst.dtype()) << shape_str(dst.shape()));
+    check_values(path, key, *src);
     copies.emplace_back(dst, src);
     used.insert(key);
   };

@@ -9,9 +9,12 @@
 //
 // The file format: a 4-byte big-endian magic {0, 0, type, ndims}, ndims big-endian uint32 sizes,
 // then the row-major data. Only type 0x08 (unsigned byte) is used by these data sets and only it
-// is accepted. Files may be gzip-compressed or raw: zlib's gzread reads both. Every problem
-// (missing file, wrong magic, wrong number of dimensions, truncated data, trailing bytes) throws
-// mg::Error naming the file and what was expected.
+// is accepted. Files may be raw or gzip-compressed, in one gzip member or several (read as gzip(1)
+// and Python's gzip module read them: Note [gzip members] in src/data/idx.cpp). Every problem
+// throws mg::Error naming the file and what was expected: a missing file, one that is not a
+// regular file (a FIFO, a folder, a device), a wrong magic or number of dimensions, a size the
+// file cannot hold (checked before anything is allocated), truncated data, damaged gzip data,
+// trailing bytes after the data or after the gzip stream (with their byte offset).
 //
 // Pixels are kept as bytes and normalised when a batch is read, with the float expression
 // (x / 255 - mean) / std, so every path (loader, tests, apps) gives the same floats.

@@ -48,11 +48,13 @@ class Optimizer {
   int64_t step_count_ = 0;
 };
 
+// Hyper-parameters are checked at construction (and lr by set_lr): mg::Error names the
+// parameter, its value and the range, for NaN or infinite values too.
 struct SGDOptions {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float dampening = 0.0f;
-  float weight_decay = 0.0f;
+  float lr = 0.01f;          // finite, >= 0
+  float momentum = 0.0f;     // [0, 1]
+  float dampening = 0.0f;    // [0, 1]
+  float weight_decay = 0.0f; // finite, >= 0
   bool nesterov = false;
 };
 
@@ -60,7 +62,7 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions opts);
   float lr() const override { return opts_.lr; }
-  void set_lr(float lr) override { opts_.lr = lr; }
+  void set_lr(float lr) override;
   const SGDOptions& options() const { return opts_; }
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
 
@@ -73,17 +75,17 @@ class SGD : public Optimizer {
 };
 
 struct AdamOptions {
-  float lr = 1e-3f;
-  float beta1 = 0.9f, beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  float lr = 1e-3f;                   // finite, >= 0
+  float beta1 = 0.9f, beta2 = 0.999f; // [0, 1)
+  float eps = 1e-8f;                  // finite, > 0
+  float weight_decay = 0.0f;          // finite, >= 0
 };
 
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions opts, bool decoupled_weight_decay = false);
   float lr() const override { return opts_.lr; }
-  void set_lr(float lr) override { opts_.lr = lr; }
+  void set_lr(float lr) override;
   const AdamOptions& options() const { return opts_; }
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
 
