@@ -9,9 +9,9 @@
 #   FUZZ_JOBS      targets run at a time (default 2)
 #   FUZZ_TARGETS   which targets (default: all seven, see `targets` below)
 #   FUZZ_TIMEOUT   seconds one input may take before it counts as a hang (default 10)
-#   BUILD_DIR      the fuzz build (default build-fuzz)
+#   FUZZ_BUILD_DIR the fuzz build (default build-fuzz; not BUILD_DIR, which names the normal one)
 #   FUZZ_OUT       where a run keeps seeds/, corpus/, logs/, artifacts/ and summary.txt
-#                  (default $BUILD_DIR/fuzz-run; emptied first unless FUZZ_KEEP_CORPUS=1)
+#                  (default $FUZZ_BUILD_DIR/fuzz-run; emptied first unless FUZZ_KEEP_CORPUS=1)
 #   MG_SKIP_APT=1  install nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ if [ "${MG_SKIP_APT:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
   fi
 fi
-build=${BUILD_DIR:-build-fuzz}
+build=${FUZZ_BUILD_DIR:-build-fuzz}
 BUILD_DIR=$build CMAKE_ARGS="-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMINIGRAD_FUZZ=ON \
 -DMINIGRAD_CUDA=OFF -DMINIGRAD_BUILD_TESTS=OFF -DMINIGRAD_BUILD_APPS=OFF" bash scripts/setup.sh
 
@@ -42,23 +42,19 @@ mkdir -p "$out/logs" "$out/artifacts" "$out/corpus"
 out=$(cd "$out" && pwd)
 "$bin/fuzz_make_corpus" "$out/seeds" >/dev/null
 
-# Per target: the largest input, and the memory one input may use. Readers of files get room
-# for their seeds to grow; the parsers read one short text. The image target gets 3.5 GiB:
-# a header of a few dozen bytes may declare an image the library accepts (up to 2^28 pixels,
-# src/data/image_folder.cpp), and stb_image allocates for it before it finds the data missing
-# (docs/fuzzing.md, "Memory").
+# Per target: the largest input. Readers of files get room for their seeds to grow; the parsers
+# read one short text. Memory: 2 GiB for every target (fuzz_image bounds what an image may
+# declare: docs/fuzzing.md).
 declare -A max_len=([safetensors]=8192 [train_state]=8192 [idx]=8192 [idx_gz]=8192 [image]=16384
                     [checkpoint_plan]=512 [parse_bytes]=512)
-declare -A rss_mb=([image]=3584)
 run_one() {
   local t=$1 dict=fuzz/dicts/$1.dict rc=0
-  local rss=${rss_mb[$t]:-2048}
   local extra=()
   [ -f "$dict" ] && extra+=("-dict=$dict")
   mkdir -p "$out/corpus/$t" "$out/artifacts/$t"
   # OMP_NUM_THREADS=1: one core per target; the readers have no parallel work worth a team.
   OMP_NUM_THREADS=1 timeout $((secs + 300)) "$bin/fuzz_$t" -max_total_time="$secs" -timeout="$timeout_s" \
-    -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -max_len="${max_len[$t]:-4096}" -print_final_stats=1 \
+    -rss_limit_mb=2048 -malloc_limit_mb=2048 -max_len="${max_len[$t]:-4096}" -print_final_stats=1 \
     -artifact_prefix="$out/artifacts/$t/" "${extra[@]}" "$out/corpus/$t" "$out/seeds/$t" \
     >"$out/logs/$t.log" 2>&1 || rc=$?
   echo "$rc" >"$out/logs/$t.rc"

@@ -21,6 +21,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// 2^28 pixels (16384 x 16384): far beyond any training image, and 768 MiB decoded as RGB.
+constexpr int64_t kMaxPixels = int64_t{1} << 28;
+constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
+
 bool is_image(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -31,6 +35,8 @@ bool is_image(const fs::path& p) {
 
 ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions opts) : opts_(opts) {
   MG_CHECK(opts.image_size >= 1, "ImageFolder: image_size must be >= 1, got " << opts.image_size);
+  MG_CHECK(opts.max_pixels >= 1 && opts.max_pixels <= kMaxPixels,
+           "ImageFolder: max_pixels must be in [1, " << kMaxPixels << "], got " << opts.max_pixels);
   std::error_code ec;
   MG_CHECK(fs::is_directory(root, ec), "ImageFolder: '" << root << "' is not a directory");
   for (const auto& entry : fs::directory_iterator(root)) {
@@ -81,10 +87,6 @@ void resize_rgb_bilinear(const uint8_t* src, int h, int w, int out, float* dst) 
 
 namespace {
 
-// 2^28 pixels (16384 x 16384): far beyond any training image, and 768 MiB decoded as RGB.
-constexpr int64_t kMaxPixels = int64_t{1} << 28;
-constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
-
 // The whole file, from a regular file only (a FIFO would block; a device would never end).
 std::string read_image_file(const std::string& file) {
   std::error_code ec;
@@ -102,6 +104,69 @@ std::string read_image_file(const std::string& file) {
   return bytes;
 }
 
+// Note [stb_image JPEG guard]
+// Debian 12's stb_image (2.27) builds a JPEG Huffman table from the 16 code counts of a DHT
+// segment without checking that they add up to at most 256 codes, and writes past its 257-entry
+// arrays when they do (fuzz/fuzz_image.cpp found it; later stb_image releases refuse such a
+// table). A valid JPEG never has more than 256 codes in a table, so the segments are walked
+// here as stb_image walks them (skipping every segment by its length, and entropy-coded data
+// and junk byte by byte to the next marker), and a file with such a table is refused before
+// stb_image sees it. Returns whether every DHT table has at most 256 codes.
+bool jpeg_huffman_tables_fit(const uint8_t* p, size_t n) {
+  size_t i = 2;  // after SOI
+  while (i < n) {
+    if (p[i] != 0xFF) {  // entropy-coded data, or junk stb_image skips too
+      ++i;
+      continue;
+    }
+    while (i < n && p[i] == 0xFF) ++i;  // fill bytes
+    if (i >= n) break;
+    const uint8_t marker = p[i++];
+    if (marker == 0xD9) break;                                                // EOI: stb_image stops
+    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) continue;  // no length
+    if (i + 2 > n) break;
+    const size_t len = (size_t{p[i]} << 8) | p[i + 1];
+    if (marker != 0xC4) {
+      i += len;
+      continue;
+    }
+    // As stb_image reads a DHT: tables while the length says more is left, each a class/id byte,
+    // 16 counts and that many symbols, and bytes past the end of the file reading as 0.
+    size_t j = i + 2;
+    for (int64_t left = static_cast<int64_t>(len) - 2; left > 0 && j < n;) {
+      const uint8_t id = p[j++];
+      if ((id >> 4) > 1 || (id & 15) > 3) break;  // stb_image refuses the segment
+      size_t codes = 0;
+      for (size_t k = 0; k < 16; ++k) codes += j + k < n ? p[j + k] : 0;
+      if (codes > 256) return false;
+      j += 16 + codes;
+      left -= static_cast<int64_t>(17 + codes);
+    }
+    i = j;
+  }
+  return true;
+}
+
+// The first PNG chunk (after the signature, up to IEND) whose declared length runs past the end
+// of the file, as "IDAT declares 2147483520 bytes, 40 are left"; "" when every chunk fits.
+// stb_image grows its buffer to a chunk's declared length before it reads the chunk, so a
+// 100-byte file declaring an IDAT of 2 GiB had it allocate 2 GiB (found by fuzz/fuzz_image.cpp).
+std::string png_chunk_past_end(const uint8_t* p, size_t n) {
+  for (size_t i = 8; i + 8 <= n;) {
+    const size_t len = (size_t{p[i]} << 24) | (size_t{p[i + 1]} << 16) | (size_t{p[i + 2]} << 8) | p[i + 3];
+    const std::string type(reinterpret_cast<const char*>(p + i + 4), 4);
+    const size_t left = n - i - 8;  // stb_image reads a missing CRC as 0; the data must be there
+    if (len > left) {
+      std::string printable = type;
+      for (char& c : printable) c = std::isalpha(static_cast<unsigned char>(c)) ? c : '?';
+      return printable + " declares " + std::to_string(len) + " bytes, " + std::to_string(left) + " are left";
+    }
+    if (type == "IEND") break;
+    i += 12 + len;
+  }
+  return "";
+}
+
 }  // namespace
 
 void ImageFolder::load(int64_t i, bool flip, float* dst) const {
@@ -116,11 +181,16 @@ void ImageFolder::load(int64_t i, bool flip, float* dst) const {
   MG_CHECK(jpeg || png, "ImageFolder: '" << file << "' is neither a JPEG nor a PNG file (its first bytes are not "
                                              "either signature; empty or another format?)");
   const char* format = jpeg ? "JPEG" : "PNG";
+  MG_CHECK(!jpeg || jpeg_huffman_tables_fit(data, bytes.size()),
+           "ImageFolder: cannot decode '" << file << "': corrupt JPEG (a Huffman table with more than 256 codes)");
+  const std::string chunk = png ? png_chunk_past_end(data, bytes.size()) : "";
+  MG_CHECK(chunk.empty(), "ImageFolder: cannot decode '" << file << "': corrupt or truncated PNG (chunk " << chunk << ")");
   int w = 0, h = 0, channels = 0;
   MG_CHECK(stbi_info_from_memory(data, len, &w, &h, &channels) == 1,
            "ImageFolder: cannot decode '" << file << "': corrupt " << format << " header (" << stbi_failure_reason() << ")");
-  MG_CHECK(static_cast<int64_t>(w) * h <= kMaxPixels,
-           "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of " << kMaxPixels);
+  MG_CHECK(static_cast<int64_t>(w) * h <= opts_.max_pixels,
+           "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of "
+                            << opts_.max_pixels);
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(data, len, &w, &h, &channels, 3),
                                                    stbi_image_free);
   MG_CHECK(pixels != nullptr, "ImageFolder: cannot decode '" << file << "': corrupt or truncated " << format << " ("
