@@ -157,6 +157,64 @@ TEST_CASE("ImageFolder: truncated files name their format; huge declared sizes a
   CHECK_THROWS_WITH_AS(ds.load(1, false, buf.data()), doctest::Contains("b.png' declares 16384x16385 pixels"), Error);
 }
 
+TEST_CASE("ImageFolder: max_pixels bounds what a header may declare") {
+  TempDir dir;
+  fs::create_directories(dir.path / "c");
+  const std::vector<uint8_t> rgb = pattern(48, 64, 5);
+  const std::string jpg = (dir.path / "c/a.jpg").string();
+  REQUIRE(stbi_write_jpg(jpg.c_str(), 64, 48, 3, rgb.data(), 90) != 0);
+  std::vector<float> buf(3 * 8 * 8);
+  data::ImageFolder small(dir.path.string(), {.image_size = 8, .max_pixels = 64 * 48 - 1});
+  CHECK_THROWS_WITH_AS(small.load(0, false, buf.data()),
+                       doctest::Contains("declares 64x48 pixels, more than the limit of 3071"), Error);
+  data::ImageFolder exact(dir.path.string(), {.image_size = 8, .max_pixels = 64 * 48});
+  exact.load(0, false, buf.data());
+  for (int64_t bad : {int64_t{0}, (int64_t{1} << 28) + 1}) {
+    CHECK_THROWS_WITH_AS(data::ImageFolder(dir.path.string(), {.max_pixels = bad}),
+                         doctest::Contains("max_pixels must be in [1, 268435456]"), Error);
+  }
+}
+
+TEST_CASE("ImageFolder: a JPEG Huffman table of more than 256 codes is refused (found by fuzz_image)") {
+  // Debian 12's stb_image wrote past its 257-entry arrays on such a table
+  // (Note [stb_image JPEG guard] in src/data/image_folder.cpp).
+  TempDir dir;
+  fs::create_directories(dir.path / "c");
+  const std::vector<uint8_t> rgb = pattern(16, 16, 3);
+  const std::string jpg = (dir.path / "c/a.jpg").string();
+  REQUIRE(stbi_write_jpg(jpg.c_str(), 16, 16, 3, rgb.data(), 90) != 0);
+  data::ImageFolder ds(dir.path.string(), {.image_size = 8});
+  std::vector<float> buf(3 * 8 * 8);
+  ds.load(0, false, buf.data());
+  std::ifstream in(jpg, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  // A DHT segment after SOI: one AC table whose 16 counts add up to 510 codes.
+  std::string dht = {'\xff', '\xc4', 0x02, 0x11, 0x10};
+  for (int k = 0; k < 16; ++k) dht.push_back(k == 8 || k == 9 ? '\xff' : '\0');
+  for (int k = 0; k < 510; ++k) dht.push_back(static_cast<char>(k % 200 + 1));
+  bytes.insert(2, dht);
+  std::ofstream(jpg, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()), doctest::Contains("a Huffman table with more than 256 codes"), Error);
+}
+
+TEST_CASE("ImageFolder: a PNG chunk longer than the file is refused before decoding (found by fuzz_image)") {
+  // stb_image grew its buffer to the declared length first: 2 GiB for a file of 70 bytes.
+  TempDir dir;
+  fs::create_directories(dir.path / "c");
+  const std::vector<uint8_t> rgb = pattern(3, 5, 1);
+  const std::string png = (dir.path / "c/a.png").string();
+  REQUIRE(stbi_write_png(png.c_str(), 5, 3, 3, rgb.data(), 5 * 3) != 0);
+  data::ImageFolder ds(dir.path.string(), {.image_size = 8});
+  std::vector<float> buf(3 * 8 * 8);
+  ds.load(0, false, buf.data());
+  std::string bytes(33, '\0');  // the signature and the IHDR chunk, then an IDAT of 2^31 - 256 bytes
+  std::ifstream(png, std::ios::binary).read(bytes.data(), 33);
+  bytes += std::string("\x7f\xff\xff\x00IDAT", 8) + std::string(29, 'x');
+  std::ofstream(png, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CHECK_THROWS_WITH_AS(ds.load(0, false, buf.data()),
+                       doctest::Contains("corrupt or truncated PNG (chunk IDAT declares 2147483392 bytes, 29 are left;"), Error);
+}
+
 TEST_CASE("ImageFolder through the DataLoader: epoch order, flips of that epoch, shards, prefetch") {
   TempDir dir;
   const int s = 5;

@@ -119,6 +119,11 @@ TEST_CASE("planner: sizes and plan specs") {
     CHECK_THROWS_AS(nn::parse_bytes(bad), Error);
   }
   CHECK_THROWS_WITH_AS(nn::parse_bytes("5XB"), doctest::Contains("unknown unit 'XB'"), Error);
+  // Found by fuzz/fuzz_parse_bytes.cpp: sizes past a long long came back as 2^63, and a number
+  // too long for a double threw std::out_of_range instead of mg::Error.
+  CHECK(nn::parse_bytes("16000000000000000000") == 16'000'000'000'000'000'000u);
+  CHECK(nn::parse_bytes("10000000 TB") == 10'000'000'000'000'000'000u);
+  CHECK_THROWS_WITH_AS(nn::parse_bytes(std::string(400, '9')), doctest::Contains("too large"), Error);
 
   std::mt19937_64 rng(7);
   const nn::ChainCost c = random_chain(6, rng);

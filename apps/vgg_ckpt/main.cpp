@@ -164,8 +164,7 @@ int main(int argc, char** argv) {
       for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
       mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
       if (int n = mg::nn::remove_stale_temporaries(save_dir)) {
-        std::printf("%s: removed %d temporary file(s) left by an interrupted save
-", save_dir.c_str(), n);
+        std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", save_dir.c_str(), n);
       }
     }
 

@@ -21,6 +21,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// 2^28 pixels (16384 x 16384): far beyond any training image, and 768 MiB decoded as RGB.
+constexpr int64_t kMaxPixels = int64_t{1} << 28;
+constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
+
 bool is_image(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -31,6 +35,8 @@ bool is_image(const fs::path& p) {
 
 ImageFolder::ImageFolder(const std::string& root, ImageFolderOptions opts) : opts_(opts) {
   MG_CHECK(opts.image_size >= 1, "ImageFolder: image_size must be >= 1, got " << opts.image_size);
+  MG_CHECK(opts.max_pixels >= 1 && opts.max_pixels <= kMaxPixels,
+           "ImageFolder: max_pixels must be in [1, " << kMaxPixels << "], got " << opts.max_pixels);
   std::error_code ec;
   MG_CHECK(fs::is_directory(root, ec), "ImageFolder: '" << root << "' is not a directory");
   for (const auto& entry : fs::directory_iterator(root)) {
@@ -81,10 +87,6 @@ void resize_rgb_bilinear(const uint8_t* src, int h, int w, int out, float* dst) 
 
 namespace {
 
-// 2^28 pixels (16384 x 16384): far beyond any training image, and 768 MiB decoded as RGB.
-constexpr int64_t kMaxPixels = int64_t{1} << 28;
-constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;
-
 // The whole file, from a regular file only (a FIFO would block; a device would never end).
 std::string read_image_file(const std::string& file) {
   std::error_code ec;
@@ -102,19 +104,72 @@ std::string read_image_file(const std::string& file) {
   return bytes;
 }
 
-// stb_image stops reading a PNG at the IEND chunk's header and never reads its CRC, so a PNG cut
-// by up to 4 bytes decoded as whole. The chunk list is walked here: every chunk must fit in the
-// file, up to a complete IEND chunk (what follows IEND is ignored, as PIL does).
-bool png_complete(const uint8_t* p, size_t n) {
+// Note [stb_image JPEG guard]
+// Debian 12's stb_image (2.27) builds a JPEG Huffman table from the 16 code counts of a DHT
+// segment without checking that they add up to at most 256 codes, and writes past its 257-entry
+// arrays when they do (fuzz/fuzz_image.cpp found it; later stb_image releases refuse such a
+// table). A valid JPEG never has more than 256 codes in a table, so the segments are walked
+// here as stb_image walks them (skipping every segment by its length, and entropy-coded data
+// and junk byte by byte to the next marker), and a file with such a table is refused before
+// stb_image sees it. Returns whether every DHT table has at most 256 codes.
+bool jpeg_huffman_tables_fit(const uint8_t* p, size_t n) {
+  size_t i = 2;  // after SOI
+  while (i < n) {
+    if (p[i] != 0xFF) {  // entropy-coded data, or junk stb_image skips too
+      ++i;
+      continue;
+    }
+    while (i < n && p[i] == 0xFF) ++i;  // fill bytes
+    if (i >= n) break;
+    const uint8_t marker = p[i++];
+    if (marker == 0xD9) break;                                                // EOI: stb_image stops
+    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) continue;  // no length
+    if (i + 2 > n) break;
+    const size_t len = (size_t{p[i]} << 8) | p[i + 1];
+    if (marker != 0xC4) {
+      i += len;
+      continue;
+    }
+    // As stb_image reads a DHT: tables while the length says more is left, each a class/id byte,
+    // 16 counts and that many symbols, and bytes past the end of the file reading as 0.
+    size_t j = i + 2;
+    for (int64_t left = static_cast<int64_t>(len) - 2; left > 0 && j < n;) {
+      const uint8_t id = p[j++];
+      if ((id >> 4) > 1 || (id & 15) > 3) break;  // stb_image refuses the segment
+      size_t codes = 0;
+      for (size_t k = 0; k < 16; ++k) codes += j + k < n ? p[j + k] : 0;
+      if (codes > 256) return false;
+      j += 16 + codes;
+      left -= static_cast<int64_t>(17 + codes);
+    }
+    i = j;
+  }
+  return true;
+}
+
+// Note [PNG chunk walk]
+// What is wrong with a PNG's chunk list, as "chunk IDAT declares 2147483520 bytes, 40 are left",
+// or "" when every chunk fits in the file up to a complete IEND chunk (what follows IEND is
+// ignored, as PIL does). Checked before stb_image sees the file, for two of its habits:
+// - it grows its buffer to a chunk's declared length before it reads the chunk, so a 100-byte
+//   file declaring an IDAT of 2 GiB had it allocate 2 GiB (found by fuzz/fuzz_image.cpp);
+// - it stops at IEND's header and never reads its CRC, so a PNG cut by up to 4 bytes decoded
+//   as whole.
+std::string png_chunk_problem(const uint8_t* p, size_t n) {
   static const uint8_t kIend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xAE, 0x42, 0x60, 0x82};
-  size_t at = 8;  // after the signature
-  while (n - at >= 12) {
-    const uint64_t len = (uint64_t{p[at]} << 24) | (uint64_t{p[at + 1]} << 16) | (uint64_t{p[at + 2]} << 8) | p[at + 3];
-    if (std::memcmp(p + at + 4, "IEND", 4) == 0) return std::memcmp(p + at, kIend, 12) == 0;
-    if (len > n - at - 12) return false;
+  for (size_t at = 8; n - at >= 8;) {  // after the signature; a chunk is length, type, data, CRC
+    const size_t len = (size_t{p[at]} << 24) | (size_t{p[at + 1]} << 16) | (size_t{p[at + 2]} << 8) | p[at + 3];
+    std::string type(reinterpret_cast<const char*>(p + at + 4), 4);
+    for (char& c : type) c = std::isalpha(static_cast<unsigned char>(c)) ? c : '?';
+    if (type == "IEND") {
+      return n - at >= 12 && std::memcmp(p + at, kIend, 12) == 0 ? "" : "its IEND chunk is cut short or altered";
+    }
+    const size_t left = n - at - 8;
+    if (len > left) return "chunk " + type + " declares " + std::to_string(len) + " bytes, " + std::to_string(left) + " are left";
+    if (left - len < 4) return "chunk " + type + " is cut inside its CRC";
     at += 12 + len;
   }
-  return false;
+  return "its chunks do not reach an IEND chunk";
 }
 
 // stb_image's reason for a failure, in parentheses, or nothing when it gave none.
@@ -137,14 +192,17 @@ void ImageFolder::load(int64_t i, bool flip, float* dst) const {
   MG_CHECK(jpeg || png, "ImageFolder: '" << file << "' is neither a JPEG nor a PNG file (its first bytes are not "
                                              "either signature; empty or another format?)");
   const char* format = jpeg ? "JPEG" : "PNG";
+  MG_CHECK(!jpeg || jpeg_huffman_tables_fit(data, bytes.size()),
+           "ImageFolder: cannot decode '" << file << "': corrupt JPEG (a Huffman table with more than 256 codes)");
   int w = 0, h = 0, channels = 0;
   MG_CHECK(stbi_info_from_memory(data, len, &w, &h, &channels) == 1,
            "ImageFolder: cannot decode '" << file << "': corrupt " << format << " header" << stb_reason());
-  MG_CHECK(static_cast<int64_t>(w) * h <= kMaxPixels,
-           "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of " << kMaxPixels);
-  MG_CHECK(!png || png_complete(data, bytes.size()),
-           "ImageFolder: cannot decode '" << file << "': truncated PNG (its chunks do not reach a complete IEND "
-                                              "chunk; " << bytes.size() << " bytes)");
+  MG_CHECK(static_cast<int64_t>(w) * h <= opts_.max_pixels,
+           "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of "
+                            << opts_.max_pixels);
+  const std::string chunk = png ? png_chunk_problem(data, bytes.size()) : "";
+  MG_CHECK(chunk.empty(), "ImageFolder: cannot decode '" << file << "': corrupt or truncated PNG (" << chunk << "; "
+                                                         << bytes.size() << " bytes)");
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(data, len, &w, &h, &channels, 3),
                                                    stbi_image_free);
   MG_CHECK(pixels != nullptr,

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <regex>
 
 #include <minigrad/core/error.h>
@@ -31,9 +32,11 @@ size_t parse_bytes(const std::string& text) {
   else if (unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
   MG_CHECK(mult > 0, "size: unknown unit '" << m[3].str() << "' in '" << text
                                             << "' (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-  const double v = std::stod(m[1].str()) * mult;
+  // strtod, not stod: 400 digits are HUGE_VAL and "too large" here, not std::out_of_range. And
+  // std::round, not llround: a long long ends at 9.2e18, and 1.6e19 came back as 2^63.
+  const double v = std::strtod(m[1].str().c_str(), nullptr) * mult;
   MG_CHECK(v >= 1 && v < 1.8e19, "size: '" << text << "' is " << (v < 1 ? "below one byte" : "too large"));
-  return static_cast<size_t>(std::llround(v));
+  return static_cast<size_t>(std::round(v));
 }
 
 std::string format_bytes(size_t bytes) {

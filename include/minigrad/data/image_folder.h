@@ -26,6 +26,10 @@ struct ImageFolderOptions {
   int64_t image_size = 224;
   bool random_flip = true;
   uint64_t seed = 0;
+  // A file whose header declares more pixels is refused before it is decoded. At most 2^28
+  // (16384 x 16384, 768 MiB decoded); a lower limit bounds what one file of a few bytes can
+  // cost in time and memory (fuzz/fuzz_image.cpp uses 2^16).
+  int64_t max_pixels = int64_t{1} << 28;
 };
 
 inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
