@@ -40,6 +40,57 @@ TEST_CASE("cpu allocator counts bytes, peak and release") {
   CHECK(memory_stats(cpu).peak_in_use == before);
 }
 
+TEST_CASE("set_memory_limit: the cpu allocator refuses past the cap with OutOfMemoryError") {
+  const Device cpu = Device::cpu();
+  REQUIRE(memory_limit(cpu) == 0);
+  const size_t base = memory_stats(cpu).in_use;
+  reset_peak_memory_stats(cpu);
+  constexpr size_t kMB = 1000 * 250 * 4;
+  set_memory_limit(cpu, base + 2 * kMB);  // room for exactly two 1 MB tensors
+  struct Uncap {
+    ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+  } uncap;
+  CHECK(memory_limit(cpu) == base + 2 * kMB);
+  {
+    Tensor a = Tensor::empty({1000, 250});
+    Tensor b = Tensor::empty({1000, 250});  // in use == the cap: still allowed
+    const MemoryStats before = memory_stats(cpu);
+    std::string msg;
+    size_t requested = 0;
+    try {
+      Tensor c = Tensor::empty({1});
+    } catch (const OutOfMemoryError& e) {
+      msg = e.what();
+      requested = e.requested();
+    }
+    INFO(msg);
+    CHECK(requested == 4);
+    CHECK(msg.find("cpu out of memory: tried to allocate 4 B with") != std::string::npos);
+    CHECK(msg.find("the memory limit is") != std::string::npos);
+    CHECK(msg.find("mg::set_memory_limit") != std::string::npos);
+    CHECK(msg.find("gradient accumulation") != std::string::npos);
+    CHECK(msg.find("mg::checkpoint") != std::string::npos);
+    // A refusal counts nothing.
+    const MemoryStats after = memory_stats(cpu);
+    CHECK(after.in_use == before.in_use);
+    CHECK(after.peak_in_use == before.peak_in_use);
+    CHECK(after.alloc_count == before.alloc_count);
+    // An out-of-memory error is an mg::Error, as every error of the library.
+    CHECK_THROWS_AS(Tensor::empty({2}), Error);
+  }
+  CHECK(memory_stats(cpu).in_use == base);
+  Tensor fits = Tensor::empty({2 * 1000, 250});  // freed bytes count again
+  CHECK(memory_stats(cpu).in_use == base + 2 * kMB);
+  // A cap below what is in use refuses everything until enough is freed.
+  set_memory_limit(cpu, base + kMB);
+  CHECK_THROWS_AS(Tensor::empty({1}), OutOfMemoryError);
+  fits = Tensor();
+  Tensor one = Tensor::empty({1000, 250});
+  set_memory_limit(cpu, 0);
+  Tensor more = Tensor::empty({3000, 250});  // no cap: anything the system gives
+  CHECK(memory_stats(cpu).in_use == base + 4 * kMB);
+}
+
 TEST_CASE("philox is a pure function of seed and counter") {
   CHECK(philox_u32(1, 5) == philox_u32(1, 5));
   CHECK(philox_u32(1, 5) != philox_u32(2, 5));

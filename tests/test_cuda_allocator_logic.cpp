@@ -197,6 +197,47 @@ TEST_CASE("block pool: out of memory names the request, the statistics and the r
   f.pool->deallocate(again, 4 * kMiB);
 }
 
+TEST_CASE("block pool: a memory limit caps in_use and reserved, releasing cached segments first") {
+  Fixture f(64 * kMiB);  // the device has more than the cap
+  f.pool->set_limit(24 * kMiB);
+  CHECK(f.pool->limit() == 24 * kMiB);
+  void* a = f.pool->allocate(10 * kMiB);  // a 10 MiB segment (large requests get their own size)
+  void* b = f.pool->allocate(10 * kMiB);
+  CHECK(f.pool->stats().reserved == 20 * kMiB);
+  // 20 + 6 MiB in use would pass the cap: refused before the system is asked.
+  const int mallocs = f.st->mallocs;
+  std::string msg;
+  try {
+    f.pool->allocate(6 * kMiB);
+  } catch (const OutOfMemoryError& e) {
+    msg = e.what();
+    CHECK(e.requested() == 6 * kMiB);
+  }
+  INFO(msg);
+  CHECK(msg.find("fake:0 out of memory: tried to allocate 6.00 MiB") != std::string::npos);
+  CHECK(msg.find("the memory limit is 24.00 MiB") != std::string::npos);
+  CHECK(msg.find("gradient accumulation") != std::string::npos);
+  CHECK(f.st->mallocs == mallocs);
+  CHECK(f.pool->stats().in_use == 20 * kMiB);
+  // 4 MiB fits in use (24), but a new 20 MiB segment would take reserved to 40: the cached free
+  // segment goes first, and then the new one fits.
+  f.pool->deallocate(b, 10 * kMiB);
+  void* c = f.pool->allocate(12 * kMiB);  // no cached block is big enough: a new segment
+  CHECK(c != nullptr);
+  CHECK(f.st->frees == 1);  // b's segment was released to make room under the cap
+  CHECK(f.pool->stats().reserved == 22 * kMiB);
+  CHECK(f.pool->stats().reserved <= f.pool->limit());
+  // 1.5 MiB fits in use (23.5), but its new 20 MiB segment would take reserved to 42 and nothing
+  // cached is left to release: refused.
+  CHECK_THROWS_AS(f.pool->allocate(kMiB + kMiB / 2), OutOfMemoryError);
+  CHECK(f.pool->stats().reserved == 22 * kMiB);
+  f.pool->set_limit(0);
+  void* d = f.pool->allocate(3 * kMiB);  // no cap: the device's 64 MiB
+  f.pool->deallocate(a, 10 * kMiB);
+  f.pool->deallocate(c, 12 * kMiB);
+  f.pool->deallocate(d, 3 * kMiB);
+}
+
 TEST_CASE("block pool: freeing a foreign pointer or the wrong size throws") {
   Fixture f(64 * kMiB);
   void* a = f.pool->allocate(2048);

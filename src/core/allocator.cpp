@@ -3,10 +3,60 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include <minigrad/core/error.h>
+#include <minigrad/util/bytes.h>
 
 namespace mg {
+
+bool StatsCounter::try_alloc(size_t bytes, size_t* peak_before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limit_ != 0 && (bytes > limit_ || s_.in_use > limit_ - bytes)) return false;
+  *peak_before = s_.peak_in_use;
+  s_.in_use += bytes;
+  s_.peak_in_use = std::max(s_.peak_in_use, s_.in_use);
+  s_.alloc_count++;
+  return true;
+}
+
+void StatsCounter::cancel_alloc(size_t bytes, size_t peak_before) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The peak this allocation set goes (another thread's allocation since may keep it higher).
+  if (s_.peak_in_use == s_.in_use) s_.peak_in_use = std::max(peak_before, s_.in_use - bytes);
+  s_.in_use -= bytes;
+  s_.alloc_count--;
+}
+
+void StatsCounter::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+
+size_t StatsCounter::limit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_;
+}
+
+std::string exact_bytes(size_t n) {
+  std::string s = format_bytes(n);
+  return n < 1024 ? s : s + " (" + std::to_string(n) + " bytes)";
+}
+
+const char* const kOutOfMemoryHint =
+    "---> HINT: hold less per step: gradient accumulation (minigrad/optim/accumulate.h: smaller "
+    "micro-batches, the same gradients), gradient checkpointing (mg::checkpoint in "
+    "minigrad/core/checkpoint.h, or a memory budget plan that picks the segments to drop: "
+    "mg::nn::make_plan(cost, \"budget=...\") in minigrad/nn/checkpoint_plan.h), or a smaller batch.";
+
+void throw_over_limit(const std::string& device, size_t nbytes, const MemoryStats& s, size_t limit) {
+  std::ostringstream os;
+  os << device << " out of memory: tried to allocate " << exact_bytes(nbytes) << " with "
+     << exact_bytes(s.in_use) << " in use and " << exact_bytes(s.reserved)
+     << " reserved; the memory limit is " << exact_bytes(limit) << " (mg::set_memory_limit).\n"
+     << kOutOfMemoryHint;
+  throw OutOfMemoryError(os.str(), nbytes);
+}
 
 void StatsCounter::on_alloc(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -46,14 +96,18 @@ void StatsCounter::reset_peak() {
 void* CpuAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   constexpr size_t kAlign = 64;
-  size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, rounded);
-  MG_CHECK(p != nullptr, "out of host memory: could not allocate " << nbytes << " bytes ("
-                             << stats_.get().in_use << " bytes in use by libminigrad). "
-                             << "---> HINT: lower the batch size and use gradient accumulation, "
-                                "or gradient checkpointing (mg::checkpoint, a memory budget).");
+  size_t peak_before = 0;
+  if (!stats_.try_alloc(nbytes, &peak_before)) throw_over_limit("cpu", nbytes, stats_.get(), stats_.limit());
+  const size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  void* p = rounded >= nbytes ? std::aligned_alloc(kAlign, rounded) : nullptr;
+  if (p == nullptr) {
+    stats_.cancel_alloc(nbytes, peak_before);
+    std::ostringstream os;
+    os << "cpu out of memory: the system could not allocate " << exact_bytes(nbytes) << " ("
+       << exact_bytes(stats_.get().in_use) << " in use by libminigrad).\n" << kOutOfMemoryHint;
+    throw OutOfMemoryError(os.str(), nbytes);
+  }
   stats_.on_reserve(nbytes);
-  stats_.on_alloc(nbytes);
   return p;
 }
 
@@ -75,5 +129,7 @@ Allocator& allocator_for(Device d) {
 MemoryStats memory_stats(Device d) { return allocator_for(d).stats(); }
 void reset_peak_memory_stats(Device d) { allocator_for(d).reset_peak(); }
 void empty_cache(Device d) { allocator_for(d).empty_cache(); }
+void set_memory_limit(Device d, size_t bytes) { allocator_for(d).set_limit(bytes); }
+size_t memory_limit(Device d) { return allocator_for(d).limit(); }
 
 }  // namespace mg

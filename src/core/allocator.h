@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include <minigrad/core/memory.h>
 
@@ -19,6 +20,9 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Returns cached, unused memory to the system (no-op where nothing is cached).
   virtual void empty_cache() {}
+  // The cap of mg::set_memory_limit (0: none).
+  virtual void set_limit(size_t bytes) = 0;
+  virtual size_t limit() const = 0;
 };
 
 // The allocator of a device (created on first use; lives for the whole program).
@@ -27,17 +31,33 @@ Allocator& allocator_for(Device d);
 // Bookkeeping shared by the allocators: call on_alloc/on_free with the counted bytes.
 class StatsCounter {
  public:
+  // Counts an allocation of `bytes` unless it would take in_use past the limit (then false, and
+  // nothing counted). *peak_before gets the peak before it, for cancel_alloc.
+  bool try_alloc(size_t bytes, size_t* peak_before);
+  // Takes back a counted allocation that the system then could not serve.
+  void cancel_alloc(size_t bytes, size_t peak_before);
   void on_alloc(size_t bytes);
   void on_free(size_t bytes);
   void on_reserve(size_t bytes);
   void on_release(size_t bytes);
   MemoryStats get() const;
   void reset_peak();
+  void set_limit(size_t bytes);
+  size_t limit() const;
 
  private:
   mutable std::mutex mu_;
   MemoryStats s_;
+  size_t limit_ = 0;  // 0: none
 };
+
+// "512 B", or "1.50 MiB (1572864 bytes)": for out-of-memory messages, where two sizes that round
+// alike must still read as different.
+std::string exact_bytes(size_t n);
+// The message of an allocation refused by a cap, with the remedies (shared by the allocators).
+[[noreturn]] void throw_over_limit(const std::string& device, size_t nbytes, const MemoryStats& s, size_t limit);
+// The remedies, for every out-of-memory message.
+extern const char* const kOutOfMemoryHint;
 
 // CPU allocator: 64-byte aligned blocks straight from the system, counted.
 class CpuAllocator final : public Allocator {
@@ -46,6 +66,8 @@ class CpuAllocator final : public Allocator {
   void deallocate(void* ptr, size_t nbytes) override;
   MemoryStats stats() const override { return stats_.get(); }
   void reset_peak() override { stats_.reset_peak(); }
+  void set_limit(size_t bytes) override { stats_.set_limit(bytes); }
+  size_t limit() const override { return stats_.limit(); }
 
  private:
   StatsCounter stats_;

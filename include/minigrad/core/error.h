@@ -8,6 +8,7 @@
 // failed expression, the file and line, and (for library calls) the library's own error string.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,18 @@ namespace mg {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// An allocation the device could not serve: the device is full, or the cap set with
+// mg::set_memory_limit (minigrad/core/memory.h) would be passed. A training loop can catch it,
+// release the step's graph and try again with less.
+class OutOfMemoryError : public Error {
+ public:
+  OutOfMemoryError(const std::string& what, size_t requested) : Error(what), requested_(requested) {}
+  size_t requested() const { return requested_; }  // bytes of the allocation that failed
+
+ private:
+  size_t requested_;
 };
 
 namespace detail {

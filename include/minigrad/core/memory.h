@@ -9,6 +9,7 @@
 // in_use counts the bytes of live tensors (as requested, before rounding); reserved counts what
 // the allocator holds from the system, including cached free blocks (the CPU allocator caches
 // nothing, so there reserved == in_use). Workspaces of cuBLAS/cuDNN are allocated here too.
+// An allocation that fails throws mg::OutOfMemoryError (minigrad/core/error.h).
 #pragma once
 
 #include <cstddef>
@@ -31,5 +32,15 @@ MemoryStats memory_stats(Device d);
 void reset_peak_memory_stats(Device d);
 // Returns cached, unused memory of the device's allocator to the system.
 void empty_cache(Device d);
+
+// Caps the memory of a device's allocator at `bytes` (0: no cap, the default): an allocation that
+// would take in_use past the cap throws mg::OutOfMemoryError, as a full device does, so a small
+// GPU can be emulated on any machine. The CUDA allocator keeps `reserved` (its cached segments
+// included) within the cap as well, releasing wholly free cached segments before it refuses. A
+// cap below what is in use already refuses every further allocation until enough is freed.
+//
+//   mg::set_memory_limit(mg::Device::cpu(), 64 << 20);   // this process now has 64 MiB
+void set_memory_limit(Device d, size_t bytes);
+size_t memory_limit(Device d);  // 0 when there is none
 
 }  // namespace mg

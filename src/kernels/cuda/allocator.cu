@@ -44,6 +44,8 @@ class CudaCachingAllocator final : public Allocator {
   void deallocate(void* ptr, size_t nbytes) override { pool_.deallocate(ptr, nbytes); }
   MemoryStats stats() const override { return pool_.stats(); }
   void reset_peak() override { pool_.reset_peak(); }
+  void set_limit(size_t bytes) override { pool_.set_limit(bytes); }
+  size_t limit() const override { return pool_.limit(); }
   void empty_cache() override {
     // cudaFree waits for the device anyway; waiting first keeps the release well defined.
     cuda::DeviceGuard guard(pool_device());

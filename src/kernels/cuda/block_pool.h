@@ -25,7 +25,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <iomanip>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -49,18 +48,6 @@ struct SystemMemInfo {
 };
 
 inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-// "1.50 GiB (1610612736 bytes)"
-inline std::string format_bytes(size_t n) {
-  std::ostringstream os;
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) { v /= 1024.0; ++u; }
-  if (u == 0) os << n << " B";
-  else os << std::fixed << std::setprecision(2) << v << " " << units[u] << " (" << n << " bytes)";
-  return os.str();
-}
 
 // Bytes of the segment that a block of `size` (already rounded) starts.
 inline size_t segment_size_for(size_t size) {
@@ -89,6 +76,9 @@ class BlockPool {
     const size_t size = round_up(nbytes, kMinBlockSize);
     const bool small = size <= kSmallSize;
     std::lock_guard<std::mutex> lock(mu_);
+    const size_t limit = stats_.limit();
+    const MemoryStats s = stats_.get();
+    if (limit != 0 && (nbytes > limit || s.in_use > limit - nbytes)) throw_over_limit(system_.name(), nbytes, s, limit);
     FreeSet& pool = small ? free_small_ : free_large_;
     Block* b = best_fit(pool, size);
     if (b != nullptr) {
@@ -139,6 +129,8 @@ class BlockPool {
 
   MemoryStats stats() const { return stats_.get(); }
   void reset_peak() { stats_.reset_peak(); }
+  void set_limit(size_t bytes) { stats_.set_limit(bytes); }
+  size_t limit() const { return stats_.limit(); }
   // Bytes of free blocks held in the cache.
   size_t cached_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -192,6 +184,13 @@ class BlockPool {
 
   Block* new_segment(size_t size, size_t nbytes) {
     const size_t seg = segment_size_for(size);
+    // Under a cap, the segments stay within it too: cached ones go first, as on a refusal.
+    const size_t limit = stats_.limit();
+    auto over_limit = [&] { return limit != 0 && (seg > limit || stats_.get().reserved > limit - seg); };
+    if (over_limit()) {
+      release_free_segments();
+      if (over_limit()) throw_over_limit(system_.name(), nbytes, stats_.get(), limit);
+    }
     void* p = system_.malloc(seg);
     bool retried = false;
     if (p == nullptr) {
@@ -227,21 +226,16 @@ class BlockPool {
   [[noreturn]] void throw_oom(size_t nbytes, size_t seg, bool retried) {
     const MemoryStats s = stats_.get();
     const SystemMemInfo info = system_.mem_info();
-    MG_FAIL(system_.name() << " out of memory: tried to allocate " << format_bytes(nbytes)
-                           << " (needs a new segment of " << format_bytes(seg) << ").\n"
-                           << "  libminigrad on " << system_.name() << ": " << format_bytes(s.in_use)
-                           << " in use by tensors, " << format_bytes(s.reserved) << " reserved, of which "
-                           << format_bytes(s.reserved - allocated_bytes_)
-                           << " cached in free blocks of partly used segments"
-                           << (retried ? " (wholly free cached segments were released and the request retried)"
-                                       : "")
-                           << ".\n  Device: " << format_bytes(info.free) << " free of "
-                           << format_bytes(info.total) << " total.\n"
-                           << "---> HINT: hold less per step: gradient accumulation (minigrad/optim/accumulate.h: "
-                              "smaller micro-batches, the same gradients), gradient checkpointing "
-                              "(mg::checkpoint in minigrad/core/checkpoint.h, or a memory budget plan that picks "
-                              "the segments to drop: mg::nn::make_plan(cost, \"budget=...\") in "
-                              "nn/checkpoint_plan.h), or a smaller batch.");
+    std::ostringstream os;
+    os << system_.name() << " out of memory: tried to allocate " << exact_bytes(nbytes)
+       << " (needs a new segment of " << exact_bytes(seg) << ").\n"
+       << "  libminigrad on " << system_.name() << ": " << exact_bytes(s.in_use) << " in use by tensors, "
+       << exact_bytes(s.reserved) << " reserved, of which " << exact_bytes(s.reserved - allocated_bytes_)
+       << " cached in free blocks of partly used segments"
+       << (retried ? " (wholly free cached segments were released and the request retried)" : "")
+       << ".\n  Device: " << exact_bytes(info.free) << " free of " << exact_bytes(info.total) << " total.\n"
+       << kOutOfMemoryHint;
+    throw OutOfMemoryError(os.str(), nbytes);
   }
 
   System system_;
