@@ -2,9 +2,10 @@
 // (3-D); what it accepts is written back with write_idx and must read the same.
 // Built twice (fuzz/CMakeLists.txt): fuzz_idx writes the input as "input.idx" and starts from raw
 // seeds, fuzz_idx_gz as "input.idx.gz" from gzip seeds. The reader itself goes by the content
-// (zlib's gzread passes raw bytes through), so what differs is the corpus: the raw target works
-// on the header and the data, the gzip one on damaged compressed streams (bad deflate blocks,
-// CRC and length trailers, concatenated members). Seeds: make_corpus.cpp (idx/, idx_gz/).
+// (gzip's magic bytes), so what differs is the corpus: the raw target works on the header and
+// the data, the gzip one on damaged compressed streams (bad deflate blocks, CRC and length
+// trailers, concatenated members, trailing bytes: Note [gzip members] in src/data/idx.cpp).
+// Seeds: make_corpus.cpp (idx/, idx_gz/).
 #include <minigrad/data/idx.h>
 
 #include "fuzz_common.h"

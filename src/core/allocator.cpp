@@ -1,8 +1,12 @@
 #include "core/allocator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <minigrad/core/error.h>
@@ -118,6 +122,26 @@ void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   stats_.on_release(nbytes);
 }
 
+// In use, plus what the system could still give: MemAvailable of /proc/meminfo (free memory and
+// the page cache the kernel would reclaim), or free pages where that file cannot be read.
+size_t CpuAllocator::capacity() {
+  size_t available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  if (available == 0) available = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t reachable = stats_.get().in_use + available;
+  const size_t cap = stats_.limit();
+  return cap != 0 && cap < reachable ? cap : reachable;
+}
+
 Allocator& allocator_for(Device d) {
   if (d.is_cpu()) {
     static CpuAllocator cpu;
@@ -131,5 +155,6 @@ void reset_peak_memory_stats(Device d) { allocator_for(d).reset_peak(); }
 void empty_cache(Device d) { allocator_for(d).empty_cache(); }
 void set_memory_limit(Device d, size_t bytes) { allocator_for(d).set_limit(bytes); }
 size_t memory_limit(Device d) { return allocator_for(d).limit(); }
+size_t memory_capacity(Device d) { return allocator_for(d).capacity(); }
 
 }  // namespace mg

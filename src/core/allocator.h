@@ -23,6 +23,8 @@ class Allocator {
   // The cap of mg::set_memory_limit (0: none).
   virtual void set_limit(size_t bytes) = 0;
   virtual size_t limit() const = 0;
+  // What in_use could reach now (mg::memory_capacity).
+  virtual size_t capacity() = 0;
 };
 
 // The allocator of a device (created on first use; lives for the whole program).
@@ -68,6 +70,7 @@ class CpuAllocator final : public Allocator {
   void reset_peak() override { stats_.reset_peak(); }
   void set_limit(size_t bytes) override { stats_.set_limit(bytes); }
   size_t limit() const override { return stats_.limit(); }
+  size_t capacity() override;
 
  private:
   StatsCounter stats_;

@@ -67,13 +67,24 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
 
   // Side effects to undo: gradient buffers (backward adds into them) and the default generator
   // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does.
+  // Both are put back however the pass ends: an out-of-memory error while measuring (under a
+  // memory cap, the joint planner measures until a micro-batch no longer fits) leaves the model
+  // as it was.
   std::vector<Tensor> saved_grads;
-  for (const Tensor& p : params) {
-    saved_grads.push_back(p.grad());
-    p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
-  }
+  for (const Tensor& p : params) saved_grads.push_back(p.grad());
   Generator& gen = default_generator();
-  const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
+  struct Restore {
+    std::vector<Tensor>& params;
+    std::vector<Tensor>& grads;
+    Generator& gen;
+    uint64_t seed, offset;
+    ~Restore() {
+      for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i]);
+      gen.manual_seed(seed);
+      gen.set_offset(offset);
+    }
+  } restore{params, saved_grads, gen, gen.seed(), gen.offset()};
+  for (const Tensor& p : params) p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
 
   Generator probe_gen(0x5eed);
   Tensor h = x_in.detach();
@@ -130,7 +141,10 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
       if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
       const size_t base1 = in_use(dev);
       reset_peak_memory_stats(dev);
+      const auto t1 = std::chrono::steady_clock::now();
       y.backward(g);
+      wait();
+      u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
       u.bwd_peak = memory_stats(dev).peak_in_use - base1;
       needs_grad = true;
     } else {
@@ -144,8 +158,6 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
 
   h = Tensor();
   for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(saved_grads[i]);
-  gen.manual_seed(gen_seed);
-  gen.set_offset(gen_offset);
   // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
   const size_t in_use_at_end = in_use(dev);
   if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;

@@ -43,4 +43,10 @@ void empty_cache(Device d);
 void set_memory_limit(Device d, size_t bytes);
 size_t memory_limit(Device d);  // 0 when there is none
 
+// The most bytes in use the device's allocator could reach now: what is in use plus what the
+// device has free (CPU: MemAvailable of /proc/meminfo; CUDA: cudaMemGetInfo's free bytes plus
+// the pool's cached blocks), and no more than the cap of set_memory_limit. A memory budget of
+// "what the device has" (minigrad/nn/train_plan.h) is this.
+size_t memory_capacity(Device d);
+
 }  // namespace mg

@@ -83,7 +83,8 @@ struct UnitCost {
   bool saves_input = false, saves_output = false;
   size_t fwd_peak = 0, bwd_peak = 0;
   double flops = 0;
-  double forward_ms = 0;  // measured, for information
+  double forward_ms = 0;   // measured: the unit's forward, and its backward from its output's
+  double backward_ms = 0;  // gradient (the joint planner's time model, minigrad/nn/train_plan.h)
 };
 
 struct ChainCost {

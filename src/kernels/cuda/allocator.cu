@@ -46,6 +46,10 @@ class CudaCachingAllocator final : public Allocator {
   void reset_peak() override { pool_.reset_peak(); }
   void set_limit(size_t bytes) override { pool_.set_limit(bytes); }
   size_t limit() const override { return pool_.limit(); }
+  size_t capacity() override {
+    cuda::DeviceGuard guard(pool_device());
+    return pool_.capacity();
+  }
   void empty_cache() override {
     // cudaFree waits for the device anyway; waiting first keeps the release well defined.
     cuda::DeviceGuard guard(pool_device());

@@ -131,6 +131,18 @@ class BlockPool {
   void reset_peak() { stats_.reset_peak(); }
   void set_limit(size_t bytes) { stats_.set_limit(bytes); }
   size_t limit() const { return stats_.limit(); }
+  // mg::memory_capacity: what in_use could reach now (the device's free memory and this pool's
+  // own segments), no more than the cap.
+  size_t capacity() {
+    size_t reserved = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reserved = stats_.get().reserved;
+    }
+    const size_t reachable = system_.mem_info().free + reserved;
+    const size_t cap = stats_.limit();
+    return cap != 0 && cap < reachable ? cap : reachable;
+  }
   // Bytes of free blocks held in the cache.
   size_t cached_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,0 +1,147 @@
+// The joint planner of micro-batch, accumulation and checkpointing (Note [joint plan] in
+// minigrad/nn/train_plan.h): measuring at a few micro-batch sizes, then arithmetic.
+#include <minigrad/nn/train_plan.h>
+
+#include <sstream>
+
+#include <minigrad/core/error.h>
+#include <minigrad/core/memory.h>
+
+namespace mg::nn {
+
+namespace {
+
+// The chain with each unit's measured forward time in place of its FLOPs: the budget planner,
+// which minimises recomputed FLOPs, then minimises recomputation time.
+ChainCost with_times_as_flops(const ChainCost& cost) {
+  ChainCost t = cost;
+  for (UnitCost& u : t.units) u.flops = u.forward_ms;
+  return t;
+}
+
+int64_t windows(int64_t effective_batch, int64_t micro_batch) { return (effective_batch + micro_batch - 1) / micro_batch; }
+
+}  // namespace
+
+std::string TrainPlan::str() const {
+  std::ostringstream os;
+  os << "micro-batch " << micro_batch << " x " << accumulation;
+  if (last_micro_batch != micro_batch) os << " (the last " << last_micro_batch << ")";
+  os << " (" << effective_batch << " per step), checkpoint " << checkpoint.str();
+  return os.str();
+}
+
+std::vector<int64_t> candidate_micro_batches(int64_t effective_batch) {
+  MG_CHECK(effective_batch >= 1, "candidate_micro_batches: the effective batch must be >= 1, got " << effective_batch);
+  std::vector<int64_t> out;
+  for (int64_t n = 1;; n *= 2) {
+    const int64_t b = windows(effective_batch, n);
+    if (out.empty() || out.back() != b) out.push_back(b);
+    if (b == 1) break;
+  }
+  return {out.rbegin(), out.rend()};
+}
+
+ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
+                           size_t budget, const MeasureOptions& opts) {
+  MG_CHECK(!micro_batches.empty(), "profile_chain: no micro-batch sizes to measure");
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    MG_CHECK(micro_batches[i] >= 1 && (i == 0 || micro_batches[i] > micro_batches[i - 1]),
+             "profile_chain: micro-batch sizes must be >= 1 and increasing; got " << micro_batches[i] << " at position " << i);
+  }
+  auto shape_at = [&](int64_t b) {
+    Shape s{b};
+    s.insert(s.end(), sample_shape.begin(), sample_shape.end());
+    return s;
+  };
+  ChainProfile p;
+  for (int64_t b : micro_batches) {
+    ChainCost cost;
+    try {
+      // A first pass is slower (threads start, pages are touched for the first time): unmeasured.
+      if (b == micro_batches[0]) measure_chain(seq, shape_at(b), opts);
+      cost = measure_chain(seq, shape_at(b), opts);
+    } catch (const OutOfMemoryError& e) {
+      p.stopped = "micro-batch " + std::to_string(b) + " ran out of memory while measured (" +
+                  std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")";
+      break;
+    }
+    p.micro_batches.push_back(b);
+    p.costs.push_back(std::move(cost));
+    if (budget != 0 && min_feasible_peak(p.costs.back()) > budget) {
+      if (b != micro_batches.back()) {
+        p.stopped = "micro-batch " + std::to_string(b) + " needs at least " + format_bytes(min_feasible_peak(p.costs.back())) +
+                    ", over the budget; larger ones were not measured";
+      }
+      break;
+    }
+  }
+  return p;
+}
+
+double predict_step_ms(const ChainProfile& profile, size_t i, const std::vector<Segment>& segments,
+                       int64_t effective_batch, double update_ms) {
+  MG_CHECK(i < profile.costs.size(), "predict_step_ms: no micro-batch " << i << " in a profile of " << profile.costs.size());
+  const int64_t b = profile.micro_batches[i];
+  const ChainCost& cost = profile.costs[i];
+  double t = recompute_flops(with_times_as_flops(cost), segments);
+  for (const UnitCost& u : cost.units) t += u.forward_ms + u.backward_ms;
+  const int64_t n = windows(effective_batch, b);
+  const int64_t last = effective_batch - (n - 1) * b;
+  return static_cast<double>(n - 1) * t + t * static_cast<double>(last) / static_cast<double>(b) + update_ms;
+}
+
+TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, size_t budget, const TrainPlanOptions& opts) {
+  MG_CHECK(effective_batch >= 1, "plan_training: the effective batch must be >= 1, got " << effective_batch);
+  MG_CHECK(budget > 0, "plan_training: the budget must be > 0 bytes");
+  MG_CHECK(opts.headroom >= 0 && opts.headroom < 1, "plan_training: headroom must be in [0, 1), got " << opts.headroom);
+  const size_t usable = budget - static_cast<size_t>(static_cast<double>(budget) * opts.headroom);
+  MG_CHECK(!profile.costs.empty() && profile.costs.size() == profile.micro_batches.size(),
+           "plan_training: the profile holds no measurement" << (profile.stopped.empty() ? "" : ": " + profile.stopped));
+  TrainPlan best;
+  size_t least_need = 0;
+  int64_t least_at = 0;
+  for (size_t i = 0; i < profile.costs.size(); ++i) {
+    const int64_t b = profile.micro_batches[i];
+    if (b > effective_batch) break;
+    const ChainCost& cost = profile.costs[i];
+    const size_t need = min_feasible_peak(cost);
+    if (least_at == 0 || need < least_need) least_need = need, least_at = b;
+    if (need > usable) continue;
+    Plan plan = plan_budget(with_times_as_flops(cost), usable);
+    plan.recompute_flops = recompute_flops(cost, plan.segments);
+    const double ms = predict_step_ms(profile, i, plan.segments, effective_batch, opts.update_ms);
+    if (best.micro_batch != 0 && ms > best.predicted_step_ms) continue;
+    best.effective_batch = effective_batch;
+    best.micro_batch = b;
+    best.accumulation = windows(effective_batch, b);
+    best.last_micro_batch = effective_batch - (best.accumulation - 1) * b;
+    best.checkpoint = std::move(plan);
+    best.budget = budget;
+    best.predicted_peak = best.checkpoint.predicted_peak;
+    best.predicted_step_ms = ms;
+  }
+  MG_CHECK(best.micro_batch != 0,
+           "plan_training: no plan fits a budget of " << format_bytes(budget)
+               << (usable < budget ? " (" + format_bytes(usable) + " less the headroom)" : std::string())
+               << " for an effective batch of " << effective_batch
+               << ": the least any plan needs is " << format_bytes(least_need) << " (micro-batch " << least_at
+               << " with the 'min' checkpoint plan)" << (profile.stopped.empty() ? "" : "; " + profile.stopped)
+               << ". Raise the budget, or make the model or the samples smaller");
+  return best;
+}
+
+TrainPlan plan_training(Sequential& seq, const Shape& sample_shape, int64_t effective_batch, size_t budget,
+                        const TrainPlanOptions& opts) {
+  MG_CHECK(effective_batch >= 1, "plan_training: the effective batch must be >= 1, got " << effective_batch);
+  if (budget == 0) {
+    const std::vector<Tensor> params = seq.parameters();
+    budget = memory_capacity(params.empty() ? Device::cpu() : params[0].device());
+  }
+  const std::vector<int64_t> candidates =
+      opts.micro_batches.empty() ? candidate_micro_batches(effective_batch) : opts.micro_batches;
+  const ChainProfile profile = profile_chain(seq, sample_shape, candidates, budget, opts.measure);
+  return plan_training(profile, effective_batch, budget, opts);
+}
+
+}  // namespace mg::nn

@@ -1,0 +1,261 @@
+// The joint planner of micro-batch, accumulation and checkpointing (Note [joint plan] in
+// minigrad/nn/train_plan.h): its choice against enumeration of every micro-batch and every
+// checkpoint plan on made-up profiles, its errors, and a real step under a memory cap of the
+// budget, which must fit and give the big batch's gradients.
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "helpers.h"
+#include <minigrad/nn/train_plan.h>
+#include <minigrad/optim/accumulate.h>
+
+using namespace mg;
+
+namespace {
+
+// Every set of checkpointed ranges over n one-layer units.
+std::vector<std::vector<nn::Segment>> all_plans(size_t n) {
+  std::vector<std::vector<nn::Segment>> out;
+  std::vector<int> state(n, 0);  // 0 plain, 1 starts a segment, 2 continues one
+  std::function<void(size_t)> rec = [&](size_t i) {
+    if (i == n) {
+      std::vector<nn::Segment> segs;
+      for (size_t u = 0; u < n; ++u) {
+        if (state[u] == 1) segs.push_back({u, u + 1});
+        if (state[u] == 2) segs.back().end = u + 1;
+      }
+      out.push_back(segs);
+      return;
+    }
+    for (int s = 0; s < 3; ++s) {
+      if (s == 2 && (i == 0 || state[i - 1] == 0)) continue;
+      state[i] = s;
+      rec(i + 1);
+    }
+  };
+  rec(0);
+  return out;
+}
+
+// A made-up chain measured at micro-batches 1, 2, 4, ...: bytes grow with b, times are a fixed
+// cost per call plus a cost per sample (so larger micro-batches are cheaper per sample).
+nn::ChainProfile random_profile(size_t units, int64_t max_b, std::mt19937_64& rng) {
+  auto uni = [&](size_t lo, size_t hi) { return std::uniform_int_distribution<size_t>(lo, hi)(rng); };
+  struct PerSample {
+    size_t out, extra, fwd, bwd;
+    bool si, so;
+    double call_ms, sample_ms;
+  };
+  std::vector<PerSample> per(units);
+  for (PerSample& u : per) {
+    u.out = uni(1, 400);
+    u.extra = uni(0, 3) == 0 ? uni(1, 200) : 0;
+    u.fwd = u.out + u.extra + uni(0, 300);
+    u.bwd = uni(0, 600);
+    u.si = uni(0, 1) == 1;
+    u.so = uni(0, 2) == 0;
+    u.call_ms = static_cast<double>(uni(1, 50)) / 10;
+    u.sample_ms = static_cast<double>(uni(1, 50)) / 100;
+  }
+  const size_t fixed = uni(1000, 5000), input = uni(10, 300);
+  nn::ChainProfile p;
+  for (int64_t b = 1; b <= max_b; b *= 2) {
+    nn::ChainCost c;
+    c.num_layers = units;
+    c.fixed_bytes = fixed + 8 * static_cast<size_t>(b);
+    c.input_bytes = input * static_cast<size_t>(b);
+    for (size_t i = 0; i < units; ++i) {
+      const PerSample& s = per[i];
+      nn::UnitCost u;
+      u.begin = i;
+      u.end = i + 1;
+      u.out_bytes = s.out * static_cast<size_t>(b);
+      u.extra_bytes = s.extra * static_cast<size_t>(b);
+      u.fwd_peak = s.fwd * static_cast<size_t>(b);
+      u.bwd_peak = s.bwd * static_cast<size_t>(b);
+      u.saves_input = s.si;
+      u.saves_output = s.so;
+      u.flops = static_cast<double>(s.out * static_cast<size_t>(b));
+      u.forward_ms = s.call_ms + s.sample_ms * static_cast<double>(b);
+      u.backward_ms = 2 * u.forward_ms;
+      c.units.push_back(u);
+    }
+    c.head_bytes = 2 * c.units.back().out_bytes + 8;
+    p.micro_batches.push_back(b);
+    p.costs.push_back(c);
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("joint planner: candidate micro-batches split the effective batch evenly") {
+  CHECK(nn::candidate_micro_batches(32) == std::vector<int64_t>{1, 2, 4, 8, 16, 32});
+  CHECK(nn::candidate_micro_batches(100) == std::vector<int64_t>{1, 2, 4, 7, 13, 25, 50, 100});
+  CHECK(nn::candidate_micro_batches(3) == std::vector<int64_t>{1, 2, 3});
+  CHECK(nn::candidate_micro_batches(1) == std::vector<int64_t>{1});
+  CHECK_THROWS_WITH_AS(nn::candidate_micro_batches(0), doctest::Contains("must be >= 1, got 0"), Error);
+}
+
+TEST_CASE("joint planner: the least time per sample of every fitting plan, against enumeration") {
+  std::mt19937_64 rng(11);
+  int fitted = 0, checkpointed = 0, accumulated = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t units = 2 + rng() % 4;
+    const nn::ChainProfile p = random_profile(units, 16, rng);
+    const int64_t B = 1 + static_cast<int64_t>(rng() % 24);
+    // Budgets from below the least need to above the largest plain peak.
+    const size_t lo = nn::min_feasible_peak(p.costs.front()), hi = nn::plan_none(p.costs.back()).predicted_peak;
+    const size_t budget = lo / 2 + rng() % (hi + hi / 4 - lo / 2);
+    const auto plans = all_plans(units);
+    double best = INFINITY;
+    for (size_t i = 0; i < p.costs.size() && p.micro_batches[i] <= B; ++i) {
+      for (const auto& segs : plans) {
+        if (nn::predict_peak(p.costs[i], segs) > budget) continue;
+        best = std::min(best, nn::predict_step_ms(p, i, segs, B));
+      }
+    }
+    INFO("trial " << trial << ": B " << B << ", budget " << budget);
+    if (!std::isfinite(best)) {
+      CHECK_THROWS_WITH_AS(nn::plan_training(p, B, budget, {.headroom = 0}), doctest::Contains("no plan fits a budget of"), Error);
+      continue;
+    }
+    const nn::TrainPlan t = nn::plan_training(p, B, budget, {.headroom = 0});
+    ++fitted;
+    checkpointed += !t.checkpoint.segments.empty();
+    accumulated += t.accumulation > 1;
+    CHECK(t.predicted_peak <= budget);
+    CHECK(t.micro_batch * (t.accumulation - 1) + t.last_micro_batch == B);
+    CHECK(t.last_micro_batch >= 1);
+    CHECK(t.last_micro_batch <= t.micro_batch);
+    CHECK(t.predicted_step_ms == doctest::Approx(best).epsilon(1e-12));
+  }
+  // The trials cover plans that fit, that checkpoint and that accumulate.
+  CHECK(fitted > 20);
+  CHECK(checkpointed > 3);
+  CHECK(accumulated > 3);
+}
+
+TEST_CASE("joint planner: when nothing fits, the error names the least any plan needs") {
+  std::mt19937_64 rng(3);
+  const nn::ChainProfile p = random_profile(3, 8, rng);
+  const size_t need = nn::min_feasible_peak(p.costs.front());
+  const std::string want = "the least any plan needs is " + format_bytes(need) + " (micro-batch 1 with the 'min' checkpoint plan)";
+  CHECK_THROWS_WITH_AS(nn::plan_training(p, 8, need - 1, {.headroom = 0}), doctest::Contains(want.c_str()), Error);
+  CHECK(nn::plan_training(p, 8, need, {.headroom = 0}).micro_batch == 1);
+  // The default headroom leaves 1/64 of the budget free.
+  CHECK_THROWS_WITH_AS(nn::plan_training(p, 8, need), doctest::Contains("less the headroom"), Error);
+  const nn::TrainPlan t = nn::plan_training(p, 8, need * 64 / 63 + 1);
+  CHECK(t.predicted_peak <= need);
+  CHECK_THROWS_WITH_AS(nn::plan_training(p, 8, need, {.headroom = 1}), doctest::Contains("headroom must be in [0, 1)"), Error);
+  CHECK_THROWS_WITH_AS(nn::plan_training(p, 0, need), doctest::Contains("effective batch must be >= 1"), Error);
+  CHECK_THROWS_WITH_AS(nn::plan_training(nn::ChainProfile{}, 8, need), doctest::Contains("holds no measurement"), Error);
+}
+
+TEST_CASE("joint planner: a real step fits the budget under a memory cap, with the big batch's gradients") {
+  const Device cpu = Device::cpu();
+  manual_seed(7);
+  auto m = nn::make_mlp({64, 512, 512, 512, 10});
+  optim::SGD opt(m->parameters(), {.lr = 0.0f});
+  const int64_t B = 32;
+  Tensor x = mg::test::rand_tensor({B, 64}, 5);
+  std::vector<int64_t> ys(B);
+  for (int64_t i = 0; i < B; ++i) ys[static_cast<size_t>(i)] = i % 10;
+  Tensor y = Tensor::from_vector(ys, {B});
+
+  // The gradients of the whole batch at once, with no cap.
+  opt.zero_grad();
+  cross_entropy(m->forward(x), y, Reduction::sum).backward();
+  std::vector<std::vector<float>> want;
+  for (const Tensor& g : opt.grads()) want.push_back(g.to_vector<float>());
+
+  // A budget between the floor and the plain step at B: the planner must split or checkpoint.
+  const nn::ChainProfile prof = nn::profile_chain(*m, {64}, nn::candidate_micro_batches(B));
+  REQUIRE(prof.micro_batches.back() == B);
+  const size_t floor = nn::min_feasible_peak(prof.costs.front()), full = nn::plan_none(prof.costs.back()).predicted_peak;
+  REQUIRE(floor < full);
+  for (double f : {0.2, 0.5, 0.8}) {
+    const size_t usable = floor + static_cast<size_t>(static_cast<double>(full - floor) * f);
+    const size_t budget = usable * 64 / 63 + 1;  // the default headroom leaves 1/64 free
+    const nn::TrainPlan plan = nn::plan_training(prof, B, budget);
+    INFO("budget " << budget << ": " << plan.str() << ", predicted peak " << plan.predicted_peak);
+    CHECK(plan.predicted_peak <= budget - budget / 64);
+    CHECK((plan.accumulation > 1 || !plan.checkpoint.segments.empty()));
+
+    // The step the plan describes, under a cap of the budget: micro-batches of b (the last one
+    // shorter), each through the checkpoint plan, accumulated into one step.
+    optim::Accumulator acc(opt, {.steps = plan.accumulation});
+    opt.zero_grad();
+    reset_peak_memory_stats(cpu);
+    set_memory_limit(cpu, budget);
+    struct Uncap {
+      ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+    } uncap;
+    for (int64_t k = 0; k < plan.accumulation; ++k) {
+      const int64_t begin = k * plan.micro_batch, n = std::min(plan.micro_batch, B - begin);
+      std::vector<float> xs = x.to_vector<float>();
+      Tensor xb = Tensor::from_vector(std::vector<float>(xs.begin() + begin * 64, xs.begin() + (begin + n) * 64), {n, 64});
+      Tensor yb = Tensor::from_vector(std::vector<int64_t>(ys.begin() + begin, ys.begin() + begin + n), {n});
+      acc.backward(cross_entropy(nn::forward_with_plan(*m, plan.checkpoint, xb), yb, Reduction::sum), n);
+    }
+    const size_t peak = memory_stats(cpu).peak_in_use;
+    set_memory_limit(cpu, 0);
+    INFO("measured peak " << peak);
+    CHECK(peak <= budget);
+    // The cost model's prediction, to within what it leaves out (TrainPlanOptions::headroom).
+    CHECK(static_cast<double>(peak) >= 0.99 * static_cast<double>(plan.predicted_peak));
+    CHECK(static_cast<double>(peak) <= 1.01 * static_cast<double>(plan.predicted_peak));
+    // The summed gradients equal the whole batch's (sums of the same terms in another order).
+    const std::vector<Tensor> grads = opt.grads();
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const std::vector<float> got = grads[i].to_vector<float>();
+      double worst = 0, scale = 0;
+      for (size_t j = 0; j < got.size(); ++j) {
+        worst = std::max(worst, std::abs(static_cast<double>(got[j]) - want[i][j]));
+        scale = std::max(scale, std::abs(static_cast<double>(want[i][j])));
+      }
+      CHECK(worst <= 1e-5 * scale);
+    }
+    opt.zero_grad();
+  }
+}
+
+TEST_CASE("joint planner: measuring stops at the first micro-batch over the budget or out of memory") {
+  const Device cpu = Device::cpu();
+  manual_seed(8);
+  auto m = nn::make_mlp({64, 256, 256, 10});
+  optim::SGD opt(m->parameters(), {.lr = 0.0f});
+  const nn::ChainProfile all = nn::profile_chain(*m, {64}, {1, 2, 4, 8, 16, 32, 64});
+  REQUIRE(all.micro_batches.size() == 7);
+  CHECK(all.stopped.empty());
+  // A budget that micro-batch 8 cannot meet: 1, 2, 4 and 8 are measured, the rest not.
+  const size_t budget = nn::min_feasible_peak(all.costs[3]) - 1;
+  REQUIRE(nn::min_feasible_peak(all.costs[2]) <= budget);
+  const nn::ChainProfile some = nn::profile_chain(*m, {64}, {1, 2, 4, 8, 16, 32, 64}, budget);
+  CHECK(some.micro_batches == std::vector<int64_t>{1, 2, 4, 8});
+  CHECK(some.stopped.find("micro-batch 8 needs at least") != std::string::npos);
+  const nn::TrainPlan t = nn::plan_training(some, 64, budget, {.headroom = 0});
+  CHECK(t.micro_batch <= 4);
+  CHECK(t.predicted_peak <= budget);
+  // Under a cap too small to measure micro-batch 64 at all: measuring stops there, and leaves the
+  // gradients and the generator as they were.
+  opt.zero_grad();
+  for (Tensor g : opt.grads()) g.fill_(0.5f);
+  const uint64_t offset = default_generator().offset();
+  set_memory_limit(cpu, memory_stats(cpu).in_use + all.costs[4].units[0].fwd_peak + all.costs[4].input_bytes);
+  nn::ChainProfile capped;
+  {
+    struct Uncap {
+      ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+    } uncap;
+    capped = nn::profile_chain(*m, {64}, {1, 2, 4, 8, 16, 32, 64});
+  }
+  CHECK(capped.micro_batches.size() < 7);
+  CHECK(capped.stopped.find("ran out of memory while measured") != std::string::npos);
+  CHECK(default_generator().offset() == offset);
+  for (const Tensor& g : opt.grads()) {
+    const auto v = g.to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [](float e) { return e == 0.5f; }));
+  }
+}
