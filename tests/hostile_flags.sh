@@ -166,6 +166,13 @@ vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --ch
 vgg_ckpt | --checkpoint   | expected a number with an optional unit    | $V --checkpoint budget=abc
 vgg_ckpt | --checkpoint   | is below the smallest feasible peak        | $V --checkpoint budget=1B
 vgg_ckpt | --checkpoint   | an empty value names nothing               | $V --checkpoint ''
+vgg_ckpt | --memory-budget | expected a number with an optional unit   | $V --memory-budget lots
+vgg_ckpt | --memory-budget | no plan fits a budget of                  | $V --memory-budget 1kB
+vgg_ckpt | --memory-budget | --checkpoint excludes --memory-budget      | $V --memory-budget 1GB --checkpoint sqrt
+vgg_ckpt | --memory-budget | an empty value names nothing              | $V --memory-budget ''
+vgg_ckpt | --memory-limit | expected a number with an optional unit    | $V --memory-limit -5MB
+vgg_ckpt | --memory-limit | an empty value names nothing               | $V --memory-limit ''
+vgg_ckpt | --memory-limit | cpu out of memory                          | $V --memory-limit 64kB
 vgg_ckpt | --device       | unknown device 'bogus'                     | $V --device bogus
 vgg_ckpt | --device       | unknown device 'cuda:-1'                   | $V --device cuda:-1
 vgg_ckpt | --batch-size   | Value 0 not in range                       | $V --batch-size 0

@@ -11,6 +11,15 @@
 // --data DIR with one sub-folder of JPEG/PNG images per class (minigrad/data/image_folder.h); either way a
 // DataLoader (minigrad/data/loader.h) shuffles it per epoch from --seed and drops the short last batch,
 // so that every step has the input shape the plan was made for.
+//
+// --memory-budget SIZE (or "free": what the device has) plans the whole step instead
+// (minigrad/nn/train_plan.h): --batch-size is then the effective batch B, and the planner picks
+// the micro-batch b, the accumulation N and the checkpoint plan of least predicted time whose
+// predicted peak fits. A step then runs N micro-batches of the same B samples, in the same order,
+// as the plain run (the last micro-batch B - (N-1) b), with exact accumulation. --memory-limit SIZE
+// caps the device's allocator (mg::set_memory_limit) to emulate a smaller device.
+//
+//   build/bin/vgg_ckpt --memory-budget 200MB --width-div 8 --batch-size 32 --steps 3
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -28,6 +37,8 @@
 #include <minigrad/cuda.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/nn/train_plan.h>
+#include <minigrad/optim/accumulate.h>
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
@@ -107,6 +118,14 @@ int main(int argc, char** argv) {
   app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (strict FP32) | conv (convolutions only, the default as in PyTorch)")
       ->check(CLI::IsMember({"on", "off", "conv"}))->capture_default_str();
   app.add_flag("--cudnn-benchmark", cudnn_benchmark, "CUDA: time cuDNN's algorithms once per shape (torch.backends.cudnn.benchmark)");
+  std::string memory_budget, memory_limit;
+  auto* budget_opt = app.add_option("--memory-budget", memory_budget,
+                                    "plan micro-batch, accumulation and checkpointing for this many bytes (e.g. 200MB, or "
+                                    "'free': what the device has); --batch-size is then the effective batch")
+                         ->check(nonempty());
+  app.get_option("--checkpoint")->excludes(budget_opt);
+  app.add_option("--memory-limit", memory_limit, "cap the device's allocator at this many bytes (mg::set_memory_limit)")
+      ->check(nonempty());
   CLI11_PARSE(app, argc, argv);
   mg::cuda::set_tf32_matmul(tf32 == "on");
   mg::cuda::set_tf32_conv(tf32 != "off");
@@ -114,6 +133,12 @@ int main(int argc, char** argv) {
 
   try {
     const mg::Device dev = for_flag("--device", [&] { return mg::Device::parse(device_str); });
+    size_t limit = 0, budget = 0;
+    if (!memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(memory_limit); });
+    if (!memory_budget.empty() && memory_budget != "free") {
+      budget = for_flag("--memory-budget", [&] { return mg::parse_bytes(memory_budget); });
+    }
+    if (limit != 0) mg::set_memory_limit(dev, limit);
     if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
     std::shared_ptr<const mg::data::Dataset> data;
     std::string data_str;
@@ -145,19 +170,41 @@ int main(int argc, char** argv) {
     model->train();
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
 
-    const mg::Shape in_shape{batch_size, 3, image_size, image_size};
-    mg::nn::ChainCost cost = mg::nn::measure_chain(*model, in_shape);
-    mg::nn::Plan plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
+    // The plan: a checkpoint plan at the batch size, or (--memory-budget) the joint plan.
+    const bool joint = !memory_budget.empty();
+    mg::nn::TrainPlan tp;
+    mg::nn::ChainCost cost;
+    mg::nn::Plan plan;
+    if (joint) {
+      if (budget == 0) budget = mg::memory_capacity(dev);
+      const mg::nn::ChainProfile profile = mg::nn::profile_chain(
+          *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), budget);
+      tp = for_flag("--memory-budget", [&] { return mg::nn::plan_training(profile, batch_size, budget); });
+      for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
+        if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
+      }
+      plan = tp.checkpoint;
+    } else {
+      cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size});
+      plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
+    }
+    const int64_t micro_batch = joint ? tp.micro_batch : batch_size, accumulation = joint ? tp.accumulation : 1;
     const size_t floor = mg::nn::min_feasible_peak(cost);
     std::printf("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
                 static_cast<long long>(width_div), static_cast<long long>(image_size),
                 static_cast<long long>(image_size), static_cast<long long>(batch_size),
                 static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
     std::printf("data: %s\n", data_str.c_str());
+    if (joint) {
+      std::printf("memory budget %s%s: %s\n  predicted step %.1f ms (%.2f ms per sample)\n",
+                  mg::format_bytes(budget).c_str(), memory_budget == "free" ? " (what the device has)" : "",
+                  tp.str().c_str(), tp.predicted_step_ms, tp.ms_per_sample());
+    }
     std::printf("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
                 plan.kind.c_str(), plan.str().c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
                 plan.recompute_flops / 1e9, mg::format_bytes(floor).c_str(),
                 mg::format_bytes(cost.fixed_bytes).c_str());
+    if (limit != 0) std::printf("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
     std::printf("  peak at %s\n", at.where.c_str());
     if (!save_dir.empty()) {
@@ -171,31 +218,55 @@ int main(int argc, char** argv) {
     std::vector<double> step_ms, step_cpu_ms;
     size_t peak_in_use = 0, peak_reserved = 0;
     float last_loss = NAN;
+    // Under a joint plan: the same samples as the loader's batch of B, read micro-batch by
+    // micro-batch (a batch of B read at once would hold B inputs, more than the plan has room for).
+    mg::optim::Accumulator acc(opt, {.steps = accumulation});
+    std::vector<int64_t> order;
     for (int64_t step = 0; step < total_steps; ++step) {
       const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
-      if (b == 0) loader.start_epoch(epoch);
+      if (b == 0 && !joint) loader.start_epoch(epoch);
+      if (b == 0 && joint) order = mg::data::epoch_permutation(data->size(), seed, epoch);
       mg::data::Batch batch;
-      // A damaged image under --data shows up here, when its batch is read.
-      const bool more = data_dir.empty() ? loader.next(batch) : for_flag("--data", [&] { return loader.next(batch); });
-      MG_CHECK(more, "vgg_ckpt: epoch " << epoch << " ended before its batch " << b);
-      const Tensor x = batch.x, y = batch.y;
+      if (!joint) {
+        // A damaged image under --data shows up here, when its batch is read.
+        const bool more = data_dir.empty() ? loader.next(batch) : for_flag("--data", [&] { return loader.next(batch); });
+        MG_CHECK(more, "vgg_ckpt: epoch " << epoch << " ended before its batch " << b);
+      }
 
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);  // the batch's copy is not timed
       const auto t0 = std::chrono::steady_clock::now();
       const std::clock_t c0 = std::clock();
-      opt.zero_grad();
-      {
-        Tensor logits = mg::nn::forward_with_plan(*model, plan, x);
-        Tensor loss = mg::cross_entropy(logits, y);
+      double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
+      if (!joint) {
+        opt.zero_grad();
+        Tensor logits = mg::nn::forward_with_plan(*model, plan, batch.x);
+        Tensor loss = mg::cross_entropy(logits, batch.y);
         loss.backward();
         opt.step();
         last_loss = loss.item();
+      } else {
+        for (int64_t k = 0; k < accumulation; ++k) {
+          const int64_t first = b * batch_size + k * micro_batch, n = std::min(micro_batch, (b + 1) * batch_size - first);
+          const auto d0 = std::chrono::steady_clock::now();
+          const std::clock_t dc0 = std::clock();
+          const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
+          mg::data::Batch mb = data_dir.empty() ? data->get_batch(idx, epoch)
+                                                : for_flag("--data", [&] { return data->get_batch(idx, epoch); });
+          const Tensor x = mb.x.to(dev), y = mb.y.to(dev);
+          mb = {};
+          mg::synchronize(dev);
+          data_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
+          data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
+          acc.backward(mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x), y, mg::Reduction::sum), n);
+        }
+        const mg::optim::StepInfo info = acc.step();
+        last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
       }
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - data_ms;
       // Process CPU time (all threads): the work done, less sensitive than wall time to other
       // processes sharing the cores.
-      const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+      const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC - data_cpu_ms;
       step_cpu_ms.push_back(cpu_ms);
       const mg::MemoryStats st = mg::memory_stats(dev);
       step_ms.push_back(ms);
@@ -221,10 +292,24 @@ int main(int argc, char** argv) {
     std::printf("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n",
                 med, mg::format_bytes(peak_in_use).c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
                 ratio, mg::format_bytes(peak_reserved).c_str());
+    if (joint) {
+      std::printf("joint plan: step %.1f ms predicted, %.1f ms measured (median; measured/predicted %.3f); peak %s of a "
+                  "budget of %s\n",
+                  tp.predicted_step_ms, med, med / tp.predicted_step_ms, mg::format_bytes(peak_in_use).c_str(),
+                  mg::format_bytes(budget).c_str());
+    }
 
     if (!json_path.empty()) {
       nlohmann::ordered_json j;
       j["plan"] = plan.kind;
+      j["micro_batch"] = micro_batch;
+      j["accumulation"] = accumulation;
+      if (joint) {
+        j["last_micro_batch"] = tp.last_micro_batch;
+        j["memory_budget_bytes"] = budget;
+        j["predicted_step_ms"] = tp.predicted_step_ms;
+      }
+      if (limit != 0) j["memory_limit_bytes"] = limit;
       j["segments"] = nlohmann::json::array();
       for (const auto& s : plan.segments) j["segments"].push_back({s.begin, s.end});
       j["num_layers"] = model->size();
@@ -255,11 +340,15 @@ int main(int argc, char** argv) {
         j["units"].push_back({{"layers", {u.begin, u.end}}, {"name", u.name}, {"out_bytes", u.out_bytes},
                               {"extra_bytes", u.extra_bytes}, {"saves_input", u.saves_input},
                               {"saves_output", u.saves_output}, {"fwd_peak", u.fwd_peak},
-                              {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9}, {"forward_ms", u.forward_ms}});
+                              {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9}, {"forward_ms", u.forward_ms}, {"backward_ms", u.backward_ms}});
       }
       mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
     }
     return 0;
+  } catch (const mg::OutOfMemoryError& e) {
+    std::fprintf(stderr, "vgg_ckpt: %s%s\n", memory_limit.empty() ? "" : ("under --memory-limit " + memory_limit + ": ").c_str(),
+                 e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vgg_ckpt: %s\n", e.what());
     return 1;
