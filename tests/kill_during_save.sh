@@ -20,6 +20,17 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 "$app" "${common[@]}" --epochs "$epochs" --save-dir "$work/ref" >"$work/ref.log"
 "$app" "${common[@]}" --epochs 1 --save-dir "$work/run" >"$work/first.log"
 
+# A start that only tidies, resumes and stops (--epochs 1 is done): how long start-up takes on
+# this machine now. Kills land that long plus a pseudo-random 0.05 to 0.44 s after a start, so
+# they fall among the epochs and saves on a loaded machine as on a quiet one. Every check run
+# below measures it again.
+startup_s() {
+  local t0=$EPOCHREALTIME
+  "$app" "${common[@]}" --epochs 1 --resume "$work/run" --save-dir "$work/run" >"$work/check.log" 2>&1 ||
+    { cat "$work/check.log" >&2; fail "$1"; }
+  startup=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }')
+}
+startup_s "the first start after the first epoch failed"
 RANDOM=42  # the kill moments are pseudo-random but the same from run to run
 delivered=0 tmp_left=0 state_alone=0 attempts=0
 while [ "$delivered" -lt "$kills" ]; do
@@ -28,7 +39,7 @@ while [ "$delivered" -lt "$kills" ]; do
   MG_SLOW_FSYNC_MS=40 LD_PRELOAD="$shim" \
     "$app" "${common[@]}" --epochs "$epochs" --resume "$work/run" --save-dir "$work/run" >"$work/run.log" 2>&1 &
   pid=$!
-  sleep "0.$((10 + RANDOM % 40))"  # 0.10 to 0.49 s: start-up, some epochs, some saves
+  sleep "$(awk -v s="$startup" -v r=$((5 + RANDOM % 40)) 'BEGIN { printf "%.3f", s + r / 100 }')"  # some epochs, some saves
   if kill -9 "$pid" 2>/dev/null; then delivered=$((delivered + 1)); fi
   wait "$pid" 2>/dev/null || true
   grep -q "Epoch $epochs/$epochs" "$work/run.log" && fail "training finished before $kills kills; raise epochs"
@@ -41,8 +52,7 @@ while [ "$delivered" -lt "$kills" ]; do
   done
 
   # The next start: --epochs 1 is already done, so it tidies the folder, resumes and stops.
-  "$app" "${common[@]}" --epochs 1 --resume "$work/run" --save-dir "$work/run" >"$work/check.log" 2>&1 ||
-    { cat "$work/check.log" >&2; fail "the start after kill $delivered failed"; }
+  startup_s "the start after kill $delivered failed"
   compgen -G "$work/run/*.tmp.*" >/dev/null && fail "temporaries left after the start following kill $delivered: $(ls "$work/run")"
   for s in "$work"/run/*.state.safetensors; do
     [ -e "${s%.state.safetensors}.safetensors" ] || fail "$s has no weights file after the start following kill $delivered"

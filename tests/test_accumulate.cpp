@@ -681,3 +681,91 @@ TEST_CASE("accumulator: a huge N costs no memory, and windows longer than the lo
   CHECK(info.micro_batches == 1500);
   CHECK(info.loss_sum == doctest::Approx(want).epsilon(1e-6));
 }
+
+namespace {
+
+// Three SGD steps of an MLP with two dropout layers on 32 samples per step, each step split into
+// micro-batches of the given sizes, optionally through a checkpoint plan and sample windows.
+std::vector<Tensor> dropout_run(const std::vector<int64_t>& split, bool windows,
+                                const std::vector<nn::Segment>& plan = {}) {
+  manual_seed(21);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Linear>(20, 64);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.5f);
+  m->add<nn::Linear>(64, 64);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.5f);
+  m->add<nn::Linear>(64, 10);
+  m->train();
+  optim::SGD opt(m->parameters(), {.lr = 0.1f, .momentum = 0.9f});
+  optim::Accumulator acc(opt, {.steps = static_cast<int64_t>(split.size())});
+  const Tensor x = mg::test::rand_tensor({96, 20}, 4);
+  const std::vector<float> xs = x.to_vector<float>();
+  for (int64_t step = 0; step < 3; ++step) {
+    int64_t first = step * 32;
+    for (int64_t n : split) {
+      Tensor xb = Tensor::from_vector(std::vector<float>(xs.begin() + first * 20, xs.begin() + (first + n) * 20), {n, 20});
+      std::vector<int64_t> ys(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) ys[static_cast<size_t>(i)] = (first + i) % 10;
+      Tensor loss;
+      if (windows) {
+        const SampleWindowGuard window = acc.sample_window();
+        loss = cross_entropy(nn::forward_with_plan(*m, plan, xb), Tensor::from_vector(ys, {n}), Reduction::sum);
+      } else {
+        loss = cross_entropy(nn::forward_with_plan(*m, plan, xb), Tensor::from_vector(ys, {n}), Reduction::sum);
+      }
+      acc.backward(loss, n);
+      first += n;
+    }
+    REQUIRE(acc.ready());
+    acc.step();
+  }
+  return snapshot(*m);
+}
+
+}  // namespace
+
+TEST_CASE("dropout by sample: any split of the step's batch draws the masks of the whole batch") {
+  // Note [dropout by sample] in minigrad/core/rng.h.
+  const std::vector<Tensor> whole = dropout_run({32}, true);
+  const double scale = max_abs(whole);
+  for (const auto& split : std::vector<std::vector<int64_t>>{{8, 8, 8, 8}, {12, 12, 8}, {1, 31}, {5, 5, 5, 5, 5, 5, 2}}) {
+    INFO("split " << split.size() << " micro-batches, the first of " << split[0]);
+    CHECK(max_diff(dropout_run(split, true), whole) <= 1e-5 * scale);
+  }
+  // Checkpointed ranges (each holding a dropout layer) replay the masks of the first pass.
+  CHECK(max_diff(dropout_run({8, 8, 8, 8}, true, {{0, 3}, {3, 6}}), whole) <= 1e-5 * scale);
+  const std::vector<Tensor> whole_ckpt = dropout_run({32}, true, {{0, 3}, {3, 6}});
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(bit_equal(whole_ckpt[i], whole[i]));
+  // Without windows the masks follow the split: 4 x 8 is another run than 32 (why this exists).
+  const std::vector<Tensor> plain = dropout_run({32}, false);
+  CHECK(max_diff(dropout_run({8, 8, 8, 8}, false), plain) > 1e-2 * scale);
+  // Windows change which masks are drawn, not how many: the weights differ from the plain run's,
+  // and the dropout layers did drop (a run without dropout is another run again).
+  CHECK(max_diff(plain, whole) > 1e-2 * scale);
+}
+
+TEST_CASE("dropout by sample: the window's key and first sample decide the mask; the generator does not advance") {
+  const Tensor x = Tensor::ones({6, 50});
+  auto mask_of = [&](uint64_t key, int64_t first) {
+    const SampleWindowGuard window(key, first);
+    return dropout(x, 0.5f).to_vector<float>();
+  };
+  const uint64_t offset = default_generator().offset();
+  const std::vector<float> a = mask_of(3, 0), b = mask_of(3, 0), c = mask_of(4, 0), d = mask_of(3, 2);
+  CHECK(default_generator().offset() == offset);
+  CHECK(a == b);
+  CHECK(a != c);
+  // Sample 2 of the window at first sample 0 is sample 0 of the micro-batch starting at 2.
+  CHECK(std::vector<float>(a.begin() + 100, a.end()) == std::vector<float>(d.begin(), d.begin() + 200));
+  // The second dropout call of a forward draws a mask of its own.
+  {
+    const SampleWindowGuard window(3, 0);
+    const std::vector<float> first = dropout(x, 0.5f).to_vector<float>(), second = dropout(x, 0.5f).to_vector<float>();
+    CHECK(first == a);
+    CHECK(first != second);
+  }
+  CHECK(current_sample_window() == nullptr);
+  CHECK_THROWS_WITH_AS(SampleWindowGuard(1, -1), doctest::Contains("first_sample must be >= 0"), Error);
+}

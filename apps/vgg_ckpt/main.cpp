@@ -240,6 +240,8 @@ int main(int argc, char** argv) {
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
       if (!joint) {
         opt.zero_grad();
+        // Dropout by sample (Note [dropout by sample]): the masks a joint plan's micro-batches draw.
+        const mg::SampleWindowGuard window(static_cast<uint64_t>(opt.step_count()), 0);
         Tensor logits = mg::nn::forward_with_plan(*model, plan, batch.x);
         Tensor loss = mg::cross_entropy(logits, batch.y);
         loss.backward();
@@ -258,7 +260,12 @@ int main(int argc, char** argv) {
           mg::synchronize(dev);
           data_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
           data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
-          acc.backward(mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x), y, mg::Reduction::sum), n);
+          Tensor loss;
+          {
+            const mg::SampleWindowGuard window = acc.sample_window();
+            loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x), y, mg::Reduction::sum);
+          }
+          acc.backward(loss, n);
         }
         const mg::optim::StepInfo info = acc.step();
         last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));

@@ -1,6 +1,7 @@
 // dropout: y = x * mask / (1 - p);  dx = dy * mask / (1 - p). The mask is a pure function of
 // (seed, offset) (Philox, minigrad/core/rng.h), regenerated in backward: nothing is saved, and replay
-// under checkpointing draws the same mask (Note [checkpoint replay]).
+// under checkpointing draws the same mask (Note [checkpoint replay]). Inside a sample window the
+// (seed, offset) come from the samples' positions in the window (Note [dropout by sample]).
 #include <minigrad/core/rng.h>
 
 #include "kernels/dropout.h"
@@ -43,8 +44,16 @@ Tensor dropout(const Tensor& x, float p, Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
   OpAttrs a;
   a.scalar = p;
-  a.seed = g.seed();
-  a.offset = g.advance(static_cast<uint64_t>(x.numel()));
+  if (SampleWindow* w = current_sample_window()) {  // Note [dropout by sample]
+    MG_CHECK(x.dim() >= 1, "dropout: inside a sample window the input needs a batch dimension, got shape "
+                               << shape_str(x.shape()));
+    const int64_t per_sample = x.size(0) > 0 ? x.numel() / x.size(0) : 0;
+    a.seed = sample_window_seed(g.seed(), w->key, w->calls++);
+    a.offset = static_cast<uint64_t>(w->first_sample) * static_cast<uint64_t>(per_sample);
+  } else {
+    a.seed = g.seed();
+    a.offset = g.advance(static_cast<uint64_t>(x.numel()));
+  }
   return apply(kDropout, a, {x});
 }
 

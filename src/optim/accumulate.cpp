@@ -279,8 +279,12 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
     if (callbacks.on_step) callbacks.on_step(info);
   };
   while (loader.next(b)) {
-    Tensor logits = model.forward(b.x);
-    Tensor loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+    Tensor loss;
+    {
+      const SampleWindowGuard window = acc.sample_window();  // Note [dropout by sample]
+      Tensor logits = model.forward(b.x);
+      loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+    }
     acc.backward(loss, b.size());
     st.samples += b.size();
     ++st.micro_batches;

@@ -77,4 +77,51 @@ class Generator {
 Generator& default_generator();
 void manual_seed(uint64_t seed);
 
+// Note [dropout by sample]
+// ------------------------
+// Outside a sample window, each dropout call reserves numel draws of its generator, so the masks
+// depend on how the batch was split: with two dropout layers, 4 micro-batches of 8 draw other
+// masks than one batch of 32. Inside a window (a SampleWindowGuard, held while a micro-batch's
+// forward runs; optim::Accumulator::sample_window() makes one), dropout call k of the forward
+// draws the mask of sample s of the window (counted from the window's first sample, over all its
+// micro-batches) from the key sample_window_seed(generator seed, window key, k) and the counters
+// s * F .. s * F + F - 1 (F: elements per sample): the same mask whichever micro-batch the sample
+// is in, and the generator does not advance. The window key is the optimizer step, so every step
+// draws new masks, and a resumed run draws the ones it would have drawn. The mask is recorded in
+// the op's attributes, so backward and checkpoint replay use it as before.
+//
+//   {
+//     mg::SampleWindowGuard window(/*key=*/step, /*first_sample=*/samples_before_this_micro_batch);
+//     loss = mg::cross_entropy(model.forward(x), y, mg::Reduction::sum);
+//   }
+struct SampleWindow {
+  uint64_t key = 0;          // the window: an optimizer step
+  int64_t first_sample = 0;  // this micro-batch's first sample within the window
+  uint32_t calls = 0;        // dropout calls so far in this micro-batch's forward
+};
+
+// The calling thread's innermost window, or nullptr.
+SampleWindow* current_sample_window();
+
+// Makes a window current on this thread for its lifetime (the previous one comes back after).
+class SampleWindowGuard {
+ public:
+  SampleWindowGuard(uint64_t key, int64_t first_sample);
+  ~SampleWindowGuard();
+  SampleWindowGuard(const SampleWindowGuard&) = delete;
+  SampleWindowGuard& operator=(const SampleWindowGuard&) = delete;
+
+ private:
+  SampleWindow window_;
+  SampleWindow* previous_;
+};
+
+// The Philox key of dropout call `call` in window `key` under a generator of seed `seed`.
+inline uint64_t sample_window_seed(uint64_t seed, uint64_t key, uint32_t call) {
+  const Philox4 r = philox4x32(seed ^ 0x5A4D504C45574E44ull, key);  // a key of its own per window
+  const uint64_t window = (static_cast<uint64_t>(r.v[1]) << 32) | r.v[0];
+  const Philox4 c = philox4x32(window, call);
+  return (static_cast<uint64_t>(c.v[1]) << 32) | c.v[0];
+}
+
 }  // namespace mg

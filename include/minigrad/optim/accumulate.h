@@ -4,6 +4,7 @@
 //   mg::optim::SGD sgd(model.parameters(), {.lr = 0.01f});
 //   mg::optim::Accumulator acc(sgd, {.steps = 4, .clip_norm = 1.0f});
 //   for (loader.start_epoch(e); loader.next(b);) {
+//     auto window = acc.sample_window();  // dropout masks independent of the split (optional)
 //     acc.backward(mg::cross_entropy(model(b.x), b.y, mg::Reduction::sum), b.size());
 //     if (acc.ready()) acc.step();    // read losses and norm once, clip, step, zero
 //   }
@@ -43,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/core/rng.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/data/loader.h>
 #include <minigrad/nn/module.h>
@@ -93,6 +95,15 @@ class Accumulator {
   // For callers that ran backward themselves: records a micro-batch of `samples` samples whose
   // gradients are already in the buffers, and its scalar loss (as backward() does).
   void add_micro_batch(int64_t samples, const Tensor& loss);
+
+  // Dropout by sample (Note [dropout by sample] in minigrad/core/rng.h): hold the returned guard
+  // while the next micro-batch's forward runs, and its dropout masks are those its samples get in
+  // the optimizer step's effective batch, whatever the split (train_epoch does this):
+  //   { auto window = acc.sample_window(); loss = mg::cross_entropy(model(x), y, mg::Reduction::sum); }
+  //   acc.backward(loss, x.size(0));
+  SampleWindowGuard sample_window() const {
+    return SampleWindowGuard(static_cast<uint64_t>(opt_.step_count()), pending_samples_);
+  }
 
   // True when the window holds `steps` micro-batches (or more, after set_steps lowered N).
   bool ready() const { return pending_micro_batches_ > 0 && pending_micro_batches_ >= opts_.steps; }
