@@ -159,6 +159,10 @@ mnist_ga | --data         | not a regular file (a FIFO)                | $MD --d
 mnist_ga | --data         | missing t10k-                              | $MD --data "$T/mnist_no_t10k"
 mnist_ga | --data         | wrong number of dimensions                 | $MD --data "$T/mnist_magic"
 mnist_ga | --data         | an empty value names nothing               | $MD --data ''
+mnist_ga | --memory-budget | no plan fits a budget of                  | $M --memory-budget 1kB
+mnist_ga | --memory-budget | --accum excludes --memory-budget          | $M --memory-budget 1GB --accum 2
+mnist_ga | --memory-budget | unknown unit 'apples'                     | $M --memory-budget 12apples
+mnist_ga | --memory-limit | cpu out of memory                          | $M --memory-limit 100kB
 vgg_ckpt | --checkpoint   | expected none, sqrt, min, segments=K or budget=SIZE | $V --checkpoint bogus
 vgg_ckpt | --checkpoint   | segments must be >= 1, got 0               | $V --checkpoint segments=0
 vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --checkpoint segments=x

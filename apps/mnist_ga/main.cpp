@@ -35,7 +35,7 @@ namespace {
 
 struct Config {
   std::string data_dir, dataset = "mnist", accum_schedule, optimizer = "sgd", device = "auto";
-  std::string save_dir, resume, json_path, compare;
+  std::string save_dir, resume, json_path, compare, memory_budget, memory_limit;
   int64_t epochs = 10, batch_size = 64, accum = 1, limit_train = 0, limit_test = 0;
   float lr = 1e-3f, momentum = 0.0f, clip_norm = 0.0f;
   uint64_t seed = 0;
@@ -75,10 +75,12 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
-EvalResult evaluate(mg::nn::Module& model, const mg::data::Dataset& test, mg::Device dev) {
+// batch: 1000, or under --memory-budget the planned micro-batch (without gradients it peaks lower
+// than a training step of the same size).
+EvalResult evaluate(mg::nn::Module& model, const mg::data::Dataset& test, mg::Device dev, int64_t batch = 1000) {
   mg::NoGradGuard ng;
   model.eval();
-  mg::data::DataLoader loader(test, {.batch_size = 1000, .shuffle = false, .device = dev});
+  mg::data::DataLoader loader(test, {.batch_size = batch, .shuffle = false, .device = dev});
   loader.start_epoch(0);
   mg::data::Batch b;
   double loss = 0;
@@ -127,14 +129,35 @@ void progress(int64_t done, int64_t total, double loss, int64_t epoch) {
   std::fflush(stdout);
 }
 
-int run(const Config& c, const char* argv0) {
-  const mg::optim::AccumulationSchedule sched =
+// The MLP through a checkpoint plan, as train_epoch's model (a joint plan may checkpoint).
+class Planned : public mg::nn::Module {
+ public:
+  Planned(mg::nn::Sequential& seq, std::vector<mg::nn::Segment> plan) : seq_(seq), plan_(std::move(plan)) {}
+  mg::Tensor forward(const mg::Tensor& x) override {
+    seq_.train(is_training());
+    return mg::nn::forward_with_plan(seq_, plan_, x);
+  }
+  std::string name() const override { return seq_.name(); }
+
+ private:
+  mg::nn::Sequential& seq_;
+  std::vector<mg::nn::Segment> plan_;
+};
+
+int run(Config c, const char* argv0) {
+  mg::optim::AccumulationSchedule sched =
       c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum)
                                : for_flag("--accum-schedule", [&] { return mg::optim::AccumulationSchedule::parse(c.accum_schedule); });
   // ---- device ----
   mg::Device dev = c.device == "auto" ? (mg::cuda_available() ? mg::Device::cuda() : mg::Device::cpu())
                                       : for_flag("--device", [&] { return mg::Device::parse(c.device); });
   if (dev.is_cuda()) MG_CHECK(mg::cuda_available(), "--device cuda: no CUDA device (or a build without CUDA); use --device cpu");
+  size_t limit = 0, budget = 0;
+  if (!c.memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(c.memory_limit); });
+  if (!c.memory_budget.empty() && c.memory_budget != "free") {
+    budget = for_flag("--memory-budget", [&] { return mg::parse_bytes(c.memory_budget); });
+  }
+  if (limit != 0) mg::set_memory_limit(dev, limit);
 
   // ---- data ----
   const mg::data::Normalization norm = c.dataset == "fashion" ? mg::data::Normalization{0.2860f, 0.3530f}
@@ -166,6 +189,30 @@ int run(const Config& c, const char* argv0) {
   auto model = mg::nn::make_mlp({784, 512, 512, 10});
   model->to(dev);
   auto opt = make_optimizer(c, *model);
+  // --memory-budget: --batch-size is the effective batch; the joint planner picks the micro-batch
+  // (one that divides it, so that every window holds the same samples as the batch would), N and
+  // the checkpoint plan (minigrad/nn/train_plan.h).
+  mg::nn::TrainPlan tp;
+  const int64_t effective_batch = c.batch_size;
+  if (!c.memory_budget.empty()) {
+    if (budget == 0) budget = mg::memory_capacity(dev);
+    std::vector<int64_t> divisors;
+    for (int64_t b : mg::nn::candidate_micro_batches(effective_batch)) {
+      if (effective_batch % b == 0) divisors.push_back(b);
+    }
+    model->train();
+    tp = for_flag("--memory-budget", [&] {
+      return mg::nn::plan_training(*model, train.sample_shape(), effective_batch, budget, {.micro_batches = divisors});
+    });
+    c.batch_size = tp.micro_batch;
+    sched = mg::optim::AccumulationSchedule(tp.accumulation);
+    std::printf("memory budget %s%s: %s\n  predicted peak %s, predicted step %.2f ms (%.4f ms per sample)\n",
+                mg::format_bytes(budget).c_str(), c.memory_budget == "free" ? " (what the device has)" : "",
+                tp.str().c_str(), mg::format_bytes(tp.predicted_peak).c_str(), tp.predicted_step_ms, tp.ms_per_sample());
+  }
+  if (limit != 0) std::printf("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
+  Planned planned(*model, tp.checkpoint.segments);
+  const int64_t eval_batch = c.memory_budget.empty() ? 1000 : tp.micro_batch;
   // --compare's file is checked against the model now, not after training.
   const mg::nn::SafetensorsFile compare_file =
       c.compare.empty() ? mg::nn::SafetensorsFile{} : for_flag("--compare", [&] { return load_compare(c.compare, *model); });
@@ -239,9 +286,9 @@ int run(const Config& c, const char* argv0) {
         progress(seen, loader.num_batches(), loss_sum / seen_samples, e + 1);
       };
     }
-    mg::optim::EpochStats st = mg::optim::train_epoch(*model, loader, acc, e, {}, cb);
+    mg::optim::EpochStats st = mg::optim::train_epoch(planned, loader, acc, e, {}, cb);
     if (tty) std::printf("\r%*s\r", 80, "");
-    last = evaluate(*model, test, dev);
+    last = evaluate(*model, test, dev, eval_batch);
     const double sps = st.samples / std::max(st.seconds, 1e-9);
     std::printf("Epoch %lld/%lld: train loss %.6f | test loss %.6f, accuracy %.2f%% | %.0f samples/s, %lld optimizer steps (N=%lld)%s\n",
                 static_cast<long long>(e + 1), static_cast<long long>(c.epochs), st.mean_loss(), last.loss,
@@ -260,7 +307,7 @@ int run(const Config& c, const char* argv0) {
     }
   }
   if (start_epoch >= c.epochs) {
-    last = evaluate(*model, test, dev);
+    last = evaluate(*model, test, dev, eval_batch);
     std::printf("nothing to train (%lld epochs done, --epochs %lld): test loss %.6f, accuracy %.2f%%\n",
                 static_cast<long long>(start_epoch), static_cast<long long>(c.epochs), last.loss, last.accuracy);
   }
@@ -290,6 +337,8 @@ int run(const Config& c, const char* argv0) {
               {"batch_size", c.batch_size},
               {"accum_schedule", sched.str()},
               {"effective_batch_epoch0", c.batch_size * sched.steps_for_epoch(0)},
+              {"micro_batch", c.batch_size},
+              {"accumulation", sched.steps_for_epoch(0)},
               {"clip_norm", c.clip_norm},
               {"normalize", c.divide_by_n ? "micro_batches" : "samples"},
               {"seed", c.seed},
@@ -300,6 +349,13 @@ int run(const Config& c, const char* argv0) {
               {"peak_memory_in_use_bytes", mem.peak_in_use},
               {"peak_memory_reserved_bytes", mem.peak_reserved}};
     if (compare_diff >= 0) j["compare_max_abs_diff"] = compare_diff;
+    if (!c.memory_budget.empty()) {
+      j["memory_budget_bytes"] = budget;
+      j["plan"] = tp.checkpoint.str();
+      j["predicted_peak_bytes"] = tp.predicted_peak;
+      j["predicted_step_ms"] = tp.predicted_step_ms;
+    }
+    if (limit != 0) j["memory_limit_bytes"] = limit;
     mg::nn::write_file_atomic(c.json_path, j.dump(2) + "\n");
   }
   return 0;
@@ -329,12 +385,24 @@ int main(int argc, char** argv) {
   app.add_option("--resume", c.resume, "continue from an epoch_K.state.safetensors (or epoch_K.safetensors beside it), or from the newest complete epoch in a --save-dir folder")->check(nonempty());
   app.add_option("--json", c.json_path, "write a JSON summary here")->check(nonempty());
   app.add_option("--compare", c.compare, "after training, print the largest weight difference to this .safetensors")->check(nonempty());
+  auto* budget_opt = app.add_option("--memory-budget", c.memory_budget,
+                                    "plan micro-batch, accumulation and checkpointing for this many bytes (e.g. 4MB, or "
+                                    "'free': what the device has); --batch-size is then the effective batch")
+                         ->check(nonempty());
+  budget_opt->excludes(accum);
+  budget_opt->excludes(app.get_option("--accum-schedule"));
+  app.add_option("--memory-limit", c.memory_limit, "cap the device's allocator at this many bytes (mg::set_memory_limit)")
+      ->check(nonempty());
   app.add_flag("--divide-by-n", c.divide_by_n, "the usual recipe, for comparison: mean loss per micro-batch / N (inexact on short windows)");
   app.add_flag("--skip-non-finite", c.skip_non_finite, "drop a window with a NaN/inf loss or gradient instead of stopping");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!c.json_path.empty()) mg::nn::check_writable(c.json_path, "--json");
     return run(c, argv[0]);
+  } catch (const mg::OutOfMemoryError& e) {
+    std::fprintf(stderr, "mnist_ga: error: %s%s\n",
+                 c.memory_limit.empty() ? "" : ("under --memory-limit " + c.memory_limit + ": ").c_str(), e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mnist_ga: error: %s\n", e.what());
     return 1;

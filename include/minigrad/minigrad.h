@@ -30,6 +30,7 @@
 #include <minigrad/nn/models.h>
 #include <minigrad/nn/module.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/nn/train_plan.h>
 #include <minigrad/ops/ops.h>
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/optimizer.h>

@@ -3,6 +3,7 @@
 // checkpoint planning that runs the model.
 #include <minigrad/nn/checkpoint_plan.h>
 
+#include <algorithm>
 #include <chrono>
 #include <unordered_set>
 
@@ -66,98 +67,121 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   cost.fixed_bytes = fixed;
 
   // Side effects to undo: gradient buffers (backward adds into them) and the default generator
-  // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does.
-  // Both are put back however the pass ends: an out-of-memory error while measuring (under a
-  // memory cap, the joint planner measures until a micro-batch no longer fits) leaves the model
-  // as it was.
-  std::vector<Tensor> saved_grads;
-  for (const Tensor& p : params) saved_grads.push_back(p.grad());
+  // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does: the
+  // existing ones, zeroed in place after their values are kept in host memory (a second set on
+  // the device would be counted in the peak, and could pass a memory cap the step itself fits),
+  // or new ones where there were none. Both are put back however the pass ends: an
+  // out-of-memory error while measuring (under a memory cap, the joint planner measures until a
+  // micro-batch no longer fits) leaves the model as it was.
+  std::vector<std::vector<float>> saved_grads(params.size());
+  std::vector<bool> had_grad(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    had_grad[i] = params[i].grad().defined();
+    if (had_grad[i]) saved_grads[i] = params[i].grad().to_vector<float>();
+  }
   Generator& gen = default_generator();
-  struct Restore {
-    std::vector<Tensor>& params;
-    std::vector<Tensor>& grads;
-    Generator& gen;
-    uint64_t seed, offset;
-    ~Restore() {
-      for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i]);
-      gen.manual_seed(seed);
-      gen.set_offset(offset);
+  const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
+  // Writes the kept gradients back without allocating where the device is the CPU (under a cap an
+  // allocation could fail here too; on CUDA the staging copy is host memory).
+  auto restore = [&] {
+    for (size_t i = 0; i < params.size(); ++i) {
+      Tensor g = params[i].grad();
+      if (!had_grad[i]) {
+        params[i].set_grad(Tensor());
+      } else if (g.device().is_cpu()) {
+        std::copy(saved_grads[i].begin(), saved_grads[i].end(), g.data<float>());
+      } else {
+        g.copy_(Tensor::from_vector(saved_grads[i], g.shape()));
+      }
     }
-  } restore{params, saved_grads, gen, gen.seed(), gen.offset()};
-  for (const Tensor& p : params) p.set_grad(Tensor::zeros(p.shape(), TensorOptions{DType::f32, p.device()}));
-
+    gen.manual_seed(gen_seed);
+    gen.set_offset(gen_offset);
+  };
   Generator probe_gen(0x5eed);
   Tensor h = x_in.detach();
   bool needs_grad = x_in.requires_grad();
-  for (auto [begin, end] : form_units(seq)) {
-    UnitCost u;
-    u.begin = begin;
-    u.end = end;
-    for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
-
-    Tensor xin = h.detach();
-    if (needs_grad) xin.requires_grad_(true);
-    h = Tensor();
-    if (dev.is_cuda()) {
-      // An unmeasured forward and backward first: the first call of a shape creates the device
-      // context (cuBLAS's workspace stays allocated: it is counted in the fixed part below) and
-      // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
-      // larger than the chosen one's. Both happen once per program, not in the steps planned.
-      Tensor yw = seq.forward_range(xin, begin, end);
-      if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
-      yw = Tensor();
-      if (xin.requires_grad()) xin.set_grad(Tensor());
-      wait();
-    }
-    const uint64_t first_seq = next_node_seq();
-    const size_t base0 = in_use(dev);
-    reset_peak_memory_stats(dev);
-    const auto t0 = std::chrono::steady_clock::now();
-    Tensor y = seq.forward_range(xin, begin, end);
-    wait();
-    u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    u.fwd_peak = memory_stats(dev).peak_in_use - base0;
-    const size_t after = in_use(dev);
-    u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
-    u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
-
-    // The unit's nodes: what they keep, and their work.
-    if (y.grad_fn()) {
-      std::vector<Node*> stack{y.grad_fn().get()};
-      std::unordered_set<Node*> seen{stack.back()};
-      while (!stack.empty()) {
-        Node* n = stack.back();
-        stack.pop_back();
-        if (n->op) u.flops += n->op->flops(*n);
-        for (const Tensor& t : n->saved) {
-          u.saves_input |= t.shares_storage(xin);
-          u.saves_output |= t.shares_storage(y);
-        }
-        for (const NodeInput& in : n->inputs) {
-          if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
-        }
+  try {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (had_grad[i]) {
+        params[i].grad().fill_(0.0f);
+      } else {
+        params[i].set_grad(Tensor::zeros(params[i].shape(), TensorOptions{DType::f32, params[i].device()}));
       }
-      Tensor g = Tensor::uniform(y.shape(), -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
-      if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
-      const size_t base1 = in_use(dev);
-      reset_peak_memory_stats(dev);
-      const auto t1 = std::chrono::steady_clock::now();
-      y.backward(g);
-      wait();
-      u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
-      u.bwd_peak = memory_stats(dev).peak_in_use - base1;
-      needs_grad = true;
-    } else {
-      u.flops = static_cast<double>(y.numel());
     }
-    h = y.detach();
-    cost.units.push_back(std::move(u));
+
+    for (auto [begin, end] : form_units(seq)) {
+      UnitCost u;
+      u.begin = begin;
+      u.end = end;
+      for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
+
+      Tensor xin = h.detach();
+      if (needs_grad) xin.requires_grad_(true);
+      h = Tensor();
+      if (dev.is_cuda()) {
+        // An unmeasured forward and backward first: the first call of a shape creates the device
+        // context (cuBLAS's workspace stays allocated: it is counted in the fixed part below) and
+        // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
+        // larger than the chosen one's. Both happen once per program, not in the steps planned.
+        Tensor yw = seq.forward_range(xin, begin, end);
+        if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
+        yw = Tensor();
+        if (xin.requires_grad()) xin.set_grad(Tensor());
+        wait();
+      }
+      const uint64_t first_seq = next_node_seq();
+      const size_t base0 = in_use(dev);
+      reset_peak_memory_stats(dev);
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor y = seq.forward_range(xin, begin, end);
+      wait();
+      u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      u.fwd_peak = memory_stats(dev).peak_in_use - base0;
+      const size_t after = in_use(dev);
+      u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
+      u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
+
+      // The unit's nodes: what they keep, and their work.
+      if (y.grad_fn()) {
+        std::vector<Node*> stack{y.grad_fn().get()};
+        std::unordered_set<Node*> seen{stack.back()};
+        while (!stack.empty()) {
+          Node* n = stack.back();
+          stack.pop_back();
+          if (n->op) u.flops += n->op->flops(*n);
+          for (const Tensor& t : n->saved) {
+            u.saves_input |= t.shares_storage(xin);
+            u.saves_output |= t.shares_storage(y);
+          }
+          for (const NodeInput& in : n->inputs) {
+            if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+          }
+        }
+        Tensor g = Tensor::uniform(y.shape(), -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
+        if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
+        const size_t base1 = in_use(dev);
+        reset_peak_memory_stats(dev);
+        const auto t1 = std::chrono::steady_clock::now();
+        y.backward(g);
+        wait();
+        u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+        u.bwd_peak = memory_stats(dev).peak_in_use - base1;
+        needs_grad = true;
+      } else {
+        u.flops = static_cast<double>(y.numel());
+      }
+      h = y.detach();
+      cost.units.push_back(std::move(u));
+    }
+  } catch (...) {
+    restore();  // an error here replaces the first: never a half-restored model
+    throw;
   }
   const size_t out_bytes = h.nbytes();
   cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 2 * sizeof(float) : 0;
 
   h = Tensor();
-  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(saved_grads[i]);
+  restore();  // before in_use_at_end is read
   // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
   const size_t in_use_at_end = in_use(dev);
   if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;

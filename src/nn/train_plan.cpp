@@ -96,8 +96,12 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
   MG_CHECK(budget > 0, "plan_training: the budget must be > 0 bytes");
   MG_CHECK(opts.headroom >= 0 && opts.headroom < 1, "plan_training: headroom must be in [0, 1), got " << opts.headroom);
   const size_t usable = budget - static_cast<size_t>(static_cast<double>(budget) * opts.headroom);
-  MG_CHECK(!profile.costs.empty() && profile.costs.size() == profile.micro_batches.size(),
-           "plan_training: the profile holds no measurement" << (profile.stopped.empty() ? "" : ": " + profile.stopped));
+  MG_CHECK(profile.costs.size() == profile.micro_batches.size(),
+           "plan_training: the profile holds " << profile.costs.size() << " measurements of " << profile.micro_batches.size()
+                                               << " micro-batch sizes");
+  MG_CHECK(!profile.costs.empty(), "plan_training: " << (profile.stopped.empty() ? "the profile holds no measurement"
+                                                                                  : "no plan fits a budget of " + format_bytes(budget) +
+                                                                                        ": " + profile.stopped));
   TrainPlan best;
   size_t least_need = 0;
   int64_t least_at = 0;
