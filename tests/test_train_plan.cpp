@@ -141,7 +141,8 @@ TEST_CASE("joint planner: when nothing fits, the error names the least any plan 
   std::mt19937_64 rng(3);
   const nn::ChainProfile p = random_profile(3, 8, rng);
   const size_t need = nn::min_feasible_peak(p.costs.front());
-  const std::string want = "the least any plan needs is " + format_bytes(need) + " (micro-batch 1 with the 'min' checkpoint plan)";
+  const std::string want = "the least any plan needs is " + format_bytes(need) + " (" + std::to_string(need) +
+                           " bytes: micro-batch 1 with the 'min' checkpoint plan)";
   CHECK_THROWS_WITH_AS(nn::plan_training(p, 8, need - 1, {.headroom = 0}), doctest::Contains(want.c_str()), Error);
   CHECK(nn::plan_training(p, 8, need, {.headroom = 0}).micro_batch == 1);
   // The default headroom leaves 1/64 of the budget free.

@@ -129,8 +129,8 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
            "plan_training: no plan fits a budget of " << format_bytes(budget)
                << (usable < budget ? " (" + format_bytes(usable) + " less the headroom)" : std::string())
                << " for an effective batch of " << effective_batch
-               << ": the least any plan needs is " << format_bytes(least_need) << " (micro-batch " << least_at
-               << " with the 'min' checkpoint plan)" << (profile.stopped.empty() ? "" : "; " + profile.stopped)
+               << ": the least any plan needs is " << format_bytes(least_need) << " (" << least_need << " bytes: micro-batch "
+               << least_at << " with the 'min' checkpoint plan)" << (profile.stopped.empty() ? "" : "; " + profile.stopped)
                << ". Raise the budget, or make the model or the samples smaller");
   return best;
 }
