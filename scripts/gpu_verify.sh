@@ -2,7 +2,8 @@
 # What to run on a machine with an NVIDIA GPU to verify the CUDA backend (issue 3) and measure
 # it against PyTorch (issue 6). Each stage fits in one 10-minute call of the device tool.
 #
-#   ../shared/tools/offline-kit.sh          # here, once: bundles the header deps into .devkit
+#   ../shared/tools/offline-kit.sh libjpeg62-turbo-dev libjpeg62-turbo
+#                                           # here, once: bundles the build deps into .devkit
 #   bash scripts/gpu_verify.sh build        # there (carry .devkit): configure + build build-gpu/
 #   bash scripts/gpu_verify.sh test         # ctest, the GPU tests included (none may skip)
 #   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer memcheck, racecheck, synccheck, initcheck
@@ -28,6 +29,13 @@ status=0
 gpu_tests=($(grep -l '^#include "cuda_helpers.h"' tests/test_*.cpp | xargs -n1 basename | sed 's/\.cpp$//') test_ops)
 
 note() { echo "[gpu_verify] $*" | tee -a "$out/summary.txt"; }
+
+# libjpeg-turbo from the kit, where the machine has none: its jconfig.h sits in the multiarch
+# include folder, which the compiler searches only under /usr, and its library is loaded at run time.
+if [ -d .devkit/usr/include/x86_64-linux-gnu ]; then
+  export CPATH="$PWD/.devkit/usr/include/x86_64-linux-gnu:$PWD/.devkit/usr/include${CPATH:+:$CPATH}"
+  export LD_LIBRARY_PATH="$PWD/.devkit/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 stage_build() {
   [ -f .devkit/gpu-build.sh ] || { note "build: .devkit missing (run ../shared/tools/offline-kit.sh here and carry .devkit)"; return 1; }

@@ -774,7 +774,7 @@ void add_image_rows(Table& t, const std::string& scratch) {
   for (int k = 1; k <= 30; ++k) {
     const size_t cut = jpg.size() * k / 31;
     add(t, "img.jpeg_truncated_" + std::to_string(cut), image("a.jpg", jpg.substr(0, cut)), load_image,
-        cut < sof + 17 ? "corrupt JPEG header" : "corrupt or truncated JPEG");
+        cut < sof + 17 ? "corrupt or truncated JPEG header" : "corrupt or truncated JPEG");
   }
   for (size_t cut : {jpg.size() - 1, jpg.size() - 2}) {
     add(t, "img.jpeg_truncated_" + std::to_string(cut), image("a.jpg", jpg.substr(0, cut)), load_image, "corrupt or truncated JPEG");
@@ -815,7 +815,7 @@ void add_image_rows(Table& t, const std::string& scratch) {
   };
   add(t, "img.jpeg_65500x65500", image("a.jpg", jpeg_declaring(65500, 65500)), load_image, "declares 65500x65500 pixels");
   add(t, "img.jpeg_20000x20000", image("a.jpg", jpeg_declaring(20000, 20000)), load_image, "declares 20000x20000 pixels");
-  add(t, "img.jpeg_zero_height", image("a.jpg", jpeg_declaring(64, 0)), load_image, "corrupt JPEG header");
+  add(t, "img.jpeg_zero_height", image("a.jpg", jpeg_declaring(64, 0)), load_image, "corrupt or truncated JPEG header (libjpeg: Empty JPEG image");
   add(t, "img.over_1GiB", [png](const std::string& dir) {
         const std::string p = image("big.png", png)(dir);
         fs::resize_file(p, (uintmax_t{1} << 30) + 1);  // sparse: no disk used

@@ -7,11 +7,16 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <minigrad/core/rng.h>
 
+// JPEG through libjpeg-turbo, PNG through stb_image (Note [image decoders]).
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h needs FILE
+#include <jpeglib.h>
 #define STB_IMAGE_IMPLEMENTATION
-#define STBI_ONLY_JPEG
 #define STBI_ONLY_PNG
 #include <stb/stb_image.h>
 
@@ -104,47 +109,74 @@ std::string read_image_file(const std::string& file) {
   return bytes;
 }
 
-// Note [stb_image JPEG guard]
-// Debian 12's stb_image (2.27) builds a JPEG Huffman table from the 16 code counts of a DHT
-// segment without checking that they add up to at most 256 codes, and writes past its 257-entry
-// arrays when they do (fuzz/fuzz_image.cpp found it; later stb_image releases refuse such a
-// table). A valid JPEG never has more than 256 codes in a table, so the segments are walked
-// here as stb_image walks them (skipping every segment by its length, and entropy-coded data
-// and junk byte by byte to the next marker), and a file with such a table is refused before
-// stb_image sees it. Returns whether every DHT table has at most 256 codes.
-bool jpeg_huffman_tables_fit(const uint8_t* p, size_t n) {
-  size_t i = 2;  // after SOI
-  while (i < n) {
-    if (p[i] != 0xFF) {  // entropy-coded data, or junk stb_image skips too
-      ++i;
-      continue;
-    }
-    while (i < n && p[i] == 0xFF) ++i;  // fill bytes
-    if (i >= n) break;
-    const uint8_t marker = p[i++];
-    if (marker == 0xD9) break;                                                // EOI: stb_image stops
-    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) continue;  // no length
-    if (i + 2 > n) break;
-    const size_t len = (size_t{p[i]} << 8) | p[i + 1];
-    if (marker != 0xC4) {
-      i += len;
-      continue;
-    }
-    // As stb_image reads a DHT: tables while the length says more is left, each a class/id byte,
-    // 16 counts and that many symbols, and bytes past the end of the file reading as 0.
-    size_t j = i + 2;
-    for (int64_t left = static_cast<int64_t>(len) - 2; left > 0 && j < n;) {
-      const uint8_t id = p[j++];
-      if ((id >> 4) > 1 || (id & 15) > 3) break;  // stb_image refuses the segment
-      size_t codes = 0;
-      for (size_t k = 0; k < 16; ++k) codes += j + k < n ? p[j + k] : 0;
-      if (codes > 256) return false;
-      j += 16 + codes;
-      left -= static_cast<int64_t>(17 + codes);
-    }
-    i = j;
+// Note [image decoders]
+// JPEG files are decoded by libjpeg-turbo (Debian's libjpeg-dev), PNG files by stb_image (2.27,
+// Debian's libstb-dev, compiled in here). Debian 12's stb_image JPEG decoder had two findings
+// under fuzz/fuzz_image.cpp: a Huffman table of more than 256 codes made it write past its arrays,
+// and entropy-coded data that does not match its tables made it shift by 32 bits or more
+// (undefined behaviour). libjpeg-turbo refuses both, is fuzzed continuously by OSS-Fuzz, and is
+// what PIL and torchvision decode JPEG with. Its warnings (corrupt data it would decode past, a
+// premature end of the file) are errors here: a training set should not silently hold grey
+// blocks. stb_image's PNG decoder is guarded by the chunk walk below.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void jpeg_fail(j_common_ptr c) {
+  auto* e = reinterpret_cast<JpegError*>(c->err);
+  c->err->format_message(c, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+void jpeg_message(j_common_ptr c, int level) {
+  if (level < 0) jpeg_fail(c);  // a warning; trace messages (level >= 0) are ignored
+}
+
+enum class JpegStage { header, too_large, data, done };
+
+struct JpegResult {
+  JpegStage stage = JpegStage::header;  // where it stopped
+  int width = 0, height = 0;
+  char message[JMSG_LENGTH_MAX] = {};  // libjpeg's, when it failed
+};
+
+// Decodes a JPEG to 8-bit RGB in `rgb`, refusing more than max_pixels before decoding. No
+// object with a destructor lives in this frame: libjpeg's errors longjmp back to setjmp here.
+void decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels, std::vector<uint8_t>& rgb, JpegResult& r) {
+  jpeg_decompress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof cinfo);
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_fail;
+  err.mgr.emit_message = jpeg_message;
+  if (setjmp(err.jump)) {
+    std::memcpy(r.message, err.message, sizeof r.message);
+    jpeg_destroy_decompress(&cinfo);
+    return;
   }
-  return true;
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  r.width = static_cast<int>(cinfo.image_width);
+  r.height = static_cast<int>(cinfo.image_height);
+  if (static_cast<int64_t>(r.width) * r.height > max_pixels) {
+    r.stage = JpegStage::too_large;
+    jpeg_destroy_decompress(&cinfo);
+    return;
+  }
+  r.stage = JpegStage::data;
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  rgb.resize(static_cast<size_t>(r.width) * static_cast<size_t>(r.height) * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = rgb.data() + static_cast<size_t>(cinfo.output_scanline) * static_cast<size_t>(r.width) * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  r.stage = JpegStage::done;
 }
 
 // Note [PNG chunk walk]
@@ -183,32 +215,43 @@ std::string stb_reason() {
 void ImageFolder::load(int64_t i, bool flip, float* dst) const {
   const std::string& file = path(i);
   const std::string bytes = read_image_file(file);
-  // stb_image tries every decoder and reports the last one's complaint ("bad png sig" for a
-  // truncated JPEG), so the format is named from the file's own signature.
+  // The format is named from the file's own signature, whatever the decoder says.
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   const int len = static_cast<int>(bytes.size());
   const bool jpeg = bytes.size() >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
   const bool png = bytes.size() >= 8 && std::memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0;
   MG_CHECK(jpeg || png, "ImageFolder: '" << file << "' is neither a JPEG nor a PNG file (its first bytes are not "
                                              "either signature; empty or another format?)");
-  const char* format = jpeg ? "JPEG" : "PNG";
-  MG_CHECK(!jpeg || jpeg_huffman_tables_fit(data, bytes.size()),
-           "ImageFolder: cannot decode '" << file << "': corrupt JPEG (a Huffman table with more than 256 codes)");
-  int w = 0, h = 0, channels = 0;
-  MG_CHECK(stbi_info_from_memory(data, len, &w, &h, &channels) == 1,
-           "ImageFolder: cannot decode '" << file << "': corrupt " << format << " header" << stb_reason());
-  MG_CHECK(static_cast<int64_t>(w) * h <= opts_.max_pixels,
-           "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of "
-                            << opts_.max_pixels);
-  const std::string chunk = png ? png_chunk_problem(data, bytes.size()) : "";
-  MG_CHECK(chunk.empty(), "ImageFolder: cannot decode '" << file << "': corrupt or truncated PNG (" << chunk << "; "
-                                                         << bytes.size() << " bytes)");
-  std::unique_ptr<stbi_uc, void (*)(void*)> pixels(stbi_load_from_memory(data, len, &w, &h, &channels, 3),
-                                                   stbi_image_free);
-  MG_CHECK(pixels != nullptr,
-           "ImageFolder: cannot decode '" << file << "': corrupt or truncated " << format << stb_reason());
+  int w = 0, h = 0;
+  std::vector<uint8_t> jpeg_rgb;
+  std::unique_ptr<stbi_uc, void (*)(void*)> png_rgb(nullptr, stbi_image_free);
+  if (jpeg) {
+    JpegResult r;
+    decode_jpeg(data, bytes.size(), opts_.max_pixels, jpeg_rgb, r);
+    MG_CHECK(r.stage != JpegStage::header,
+             "ImageFolder: cannot decode '" << file << "': corrupt or truncated JPEG header (libjpeg: " << r.message << ")");
+    MG_CHECK(r.stage != JpegStage::too_large, "ImageFolder: '" << file << "' declares " << r.width << "x" << r.height
+                                                                << " pixels, more than the limit of " << opts_.max_pixels);
+    MG_CHECK(r.stage == JpegStage::done,
+             "ImageFolder: cannot decode '" << file << "': corrupt or truncated JPEG (libjpeg: " << r.message << ")");
+    w = r.width;
+    h = r.height;
+  } else {
+    int channels = 0;
+    MG_CHECK(stbi_info_from_memory(data, len, &w, &h, &channels) == 1,
+             "ImageFolder: cannot decode '" << file << "': corrupt PNG header" << stb_reason());
+    MG_CHECK(static_cast<int64_t>(w) * h <= opts_.max_pixels,
+             "ImageFolder: '" << file << "' declares " << w << "x" << h << " pixels, more than the limit of "
+                              << opts_.max_pixels);
+    const std::string chunk = png_chunk_problem(data, bytes.size());
+    MG_CHECK(chunk.empty(), "ImageFolder: cannot decode '" << file << "': corrupt or truncated PNG (" << chunk << "; "
+                                                           << bytes.size() << " bytes)");
+    png_rgb.reset(stbi_load_from_memory(data, len, &w, &h, &channels, 3));
+    MG_CHECK(png_rgb != nullptr, "ImageFolder: cannot decode '" << file << "': corrupt or truncated PNG" << stb_reason());
+  }
+  const uint8_t* pixels = jpeg ? jpeg_rgb.data() : png_rgb.get();
   const int s = static_cast<int>(opts_.image_size);
-  resize_rgb_bilinear(pixels.get(), h, w, s, dst);
+  resize_rgb_bilinear(pixels, h, w, s, dst);
   const size_t plane = static_cast<size_t>(s) * s;
   for (int c = 0; c < 3; ++c) {
     float* p = dst + c * plane;
