@@ -260,3 +260,126 @@ TEST_CASE("joint planner: measuring stops at the first micro-batch over the budg
     CHECK(std::all_of(v.begin(), v.end(), [](float e) { return e == 0.5f; }));
   }
 }
+
+namespace {
+
+// An MLP with dropout, and one SGD step of its 32 samples in micro-batches of b through a
+// checkpoint plan, with dropout by sample (Note [dropout by sample]).
+std::shared_ptr<nn::Sequential> dropout_mlp() {
+  manual_seed(9);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Linear>(64, 512);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.3f);
+  m->add<nn::Linear>(512, 512);
+  m->add<nn::ReLU>();
+  m->add<nn::Dropout>(0.3f);
+  m->add<nn::Linear>(512, 10);
+  m->train();
+  return m;
+}
+
+void run_window(nn::Sequential& m, optim::Accumulator& acc, const Tensor& x, const std::vector<int64_t>& ys, int64_t b,
+                const std::vector<nn::Segment>& plan) {
+  const int64_t B = x.size(0), F = x.size(1);
+  const std::vector<float> xs = x.to_vector<float>();
+  for (int64_t first = 0; first < B; first += b) {
+    const int64_t n = std::min(b, B - first);
+    Tensor xb = Tensor::from_vector(std::vector<float>(xs.begin() + first * F, xs.begin() + (first + n) * F), {n, F});
+    Tensor yb = Tensor::from_vector(std::vector<int64_t>(ys.begin() + first, ys.begin() + first + n), {n});
+    Tensor loss;
+    {
+      const SampleWindowGuard window = acc.sample_window();
+      loss = cross_entropy(nn::forward_with_plan(m, plan, xb), yb, Reduction::sum);
+    }
+    acc.backward(loss, n);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("joint planner: out of memory in a window, discard, re-plan for what is there, redo: the planned step") {
+  // Note [recovering from out-of-memory] in minigrad/optim/accumulate.h.
+  const Device cpu = Device::cpu();
+  const int64_t B = 32;
+  const Tensor x = mg::test::rand_tensor({B, 64}, 12);
+  std::vector<int64_t> ys(B);
+  for (int64_t i = 0; i < B; ++i) ys[static_cast<size_t>(i)] = (i * 7) % 10;
+  struct Uncap {
+    ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+  } uncap;
+
+  // The cap: half-way between the floor and the plain step at 32.
+  size_t cap = 0;
+  {
+    auto m = dropout_mlp();
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    const nn::ChainProfile p = nn::profile_chain(*m, {64}, nn::candidate_micro_batches(B));
+    const size_t floor = nn::min_feasible_peak(p.costs.front()), full = nn::plan_none(p.costs.back()).predicted_peak;
+    REQUIRE(floor < full);
+    cap = (floor + full) / 2;
+  }
+
+  // Run A starts with the plain step at 32 under the cap, runs out of memory, and recovers.
+  std::vector<std::vector<float>> wa;
+  std::string recovered;
+  {
+    auto a = dropout_mlp();
+    optim::SGD opt_a(a->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    optim::Accumulator acc_a(opt_a, {.steps = 1});
+    set_memory_limit(cpu, cap);
+    bool ran_out = false;
+    try {
+      run_window(*a, acc_a, x, ys, B, {});
+    } catch (const OutOfMemoryError&) {
+      ran_out = true;
+    }
+    REQUIRE(ran_out);
+    CHECK(acc_a.pending_micro_batches() == 0);  // the failed micro-batch was never recorded
+    acc_a.discard();
+    for (const Tensor& g : opt_a.grads()) {
+      const auto v = g.to_vector<float>();
+      CHECK(std::all_of(v.begin(), v.end(), [](float e) { return e == 0.0f; }));
+    }
+    CHECK(opt_a.step_count() == 0);
+    const size_t there = memory_capacity(cpu);
+    CHECK(there == cap);
+    const nn::TrainPlan ra = nn::plan_training(*a, {64}, B, there);
+    CHECK(ra.predicted_peak <= cap);
+    acc_a.set_steps(ra.accumulation);
+    run_window(*a, acc_a, x, ys, ra.micro_batch, ra.checkpoint.segments);
+    acc_a.step();
+    CHECK(opt_a.step_count() == 1);
+    set_memory_limit(cpu, 0);
+    recovered = ra.str();
+    for (const Tensor& p : a->parameters()) wa.push_back(p.to_vector<float>());
+  }
+
+  // Run B plans for the cap from the start.
+  std::vector<std::vector<float>> wb;
+  std::string planned;
+  {
+    auto b = dropout_mlp();
+    optim::SGD opt_b(b->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    set_memory_limit(cpu, cap);
+    const nn::TrainPlan rb = nn::plan_training(*b, {64}, B, memory_capacity(cpu));
+    optim::Accumulator acc_b(opt_b, {.steps = rb.accumulation});
+    run_window(*b, acc_b, x, ys, rb.micro_batch, rb.checkpoint.segments);
+    acc_b.step();
+    set_memory_limit(cpu, 0);
+    planned = rb.str();
+    for (const Tensor& p : b->parameters()) wb.push_back(p.to_vector<float>());
+  }
+
+  INFO("recovered: " << recovered << "; planned: " << planned);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < wa.size(); ++i) {
+    for (size_t j = 0; j < wa[i].size(); ++j) {
+      worst = std::max(worst, std::abs(static_cast<double>(wa[i][j]) - wb[i][j]));
+      scale = std::max(scale, std::abs(static_cast<double>(wb[i][j])));
+    }
+  }
+  CHECK(worst <= 1e-5 * scale);
+  // Dropout was on: a step with other masks would differ by far more.
+  CHECK(scale > 0);
+}

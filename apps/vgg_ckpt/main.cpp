@@ -171,24 +171,39 @@ int main(int argc, char** argv) {
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
 
     // The plan: a checkpoint plan at the batch size, or (--memory-budget) the joint plan.
-    const bool joint = !memory_budget.empty();
+    bool joint = !memory_budget.empty();
+    nlohmann::ordered_json replans = nlohmann::json::array();  // what out-of-memory recovery changed
     mg::nn::TrainPlan tp;
     mg::nn::ChainCost cost;
     mg::nn::Plan plan;
+    if (!joint) {
+      try {
+        cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size});
+      } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
+        const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+        std::printf("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
+                    "the effective batch)\n", static_cast<long long>(batch_size), what.c_str());
+        joint = true;
+      }
+    }
     if (joint) {
       if (budget == 0) budget = mg::memory_capacity(dev);
       const mg::nn::ChainProfile profile = mg::nn::profile_chain(
           *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), budget);
-      tp = for_flag("--memory-budget", [&] { return mg::nn::plan_training(profile, batch_size, budget); });
+      // Without --memory-budget this is the fallback after measuring ran out of memory: the cap's flag.
+      tp = for_flag(memory_budget.empty() ? "--memory-limit" : "--memory-budget",
+                    [&] { return mg::nn::plan_training(profile, batch_size, budget); });
+      if (memory_budget.empty()) {
+        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
+      }
       for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
         if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
       }
       plan = tp.checkpoint;
     } else {
-      cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size});
       plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
     }
-    const int64_t micro_batch = joint ? tp.micro_batch : batch_size, accumulation = joint ? tp.accumulation : 1;
+    int64_t micro_batch = joint ? tp.micro_batch : batch_size, accumulation = joint ? tp.accumulation : 1;
     const size_t floor = mg::nn::min_feasible_peak(cost);
     std::printf("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
                 static_cast<long long>(width_div), static_cast<long long>(image_size),
@@ -222,6 +237,35 @@ int main(int argc, char** argv) {
     // micro-batch (a batch of B read at once would hold B inputs, more than the plan has room for).
     mg::optim::Accumulator acc(opt, {.steps = accumulation});
     std::vector<int64_t> order;
+    // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): after an out-of-memory
+    // error the step is planned again, jointly, for what the device has now (the plain path
+    // switches to the joint one: --batch-size becomes the effective batch), and redone.
+    auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
+      const size_t there = mg::memory_capacity(dev);
+      const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+      std::printf("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
+                  static_cast<long long>(step + 1), what.c_str(), mg::format_bytes(there).c_str());
+      const mg::nn::ChainProfile profile = mg::nn::profile_chain(
+          *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), there);
+      const std::string before = joint ? tp.str() : "batch " + std::to_string(batch_size) + ", checkpoint " + plan.str();
+      const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
+      tp = mg::nn::plan_training(profile, batch_size, there);
+      for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
+        if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
+      }
+      plan = tp.checkpoint;
+      micro_batch = tp.micro_batch;
+      accumulation = tp.accumulation;
+      acc.set_steps(accumulation);
+      if (!joint) {
+        joint = true;
+        budget = there;
+        order = mg::data::epoch_permutation(data->size(), seed, step / batches_per_epoch);
+      }
+      std::printf("  re-planned: %s, predicted peak %s (was %s, predicted peak %s)\n", tp.str().c_str(),
+                  mg::format_bytes(tp.predicted_peak).c_str(), before.c_str(), mg::format_bytes(before_peak).c_str());
+      replans.push_back({{"step", step + 1}, {"memory_bytes", there}, {"from", before}, {"to", tp.str()}});
+    };
     for (int64_t step = 0; step < total_steps; ++step) {
       const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
       if (b == 0 && !joint) loader.start_epoch(epoch);
@@ -239,33 +283,52 @@ int main(int argc, char** argv) {
       const std::clock_t c0 = std::clock();
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
       if (!joint) {
-        opt.zero_grad();
-        // Dropout by sample (Note [dropout by sample]): the masks a joint plan's micro-batches draw.
-        const mg::SampleWindowGuard window(static_cast<uint64_t>(opt.step_count()), 0);
-        Tensor logits = mg::nn::forward_with_plan(*model, plan, batch.x);
-        Tensor loss = mg::cross_entropy(logits, batch.y);
-        loss.backward();
-        opt.step();
-        last_loss = loss.item();
-      } else {
-        for (int64_t k = 0; k < accumulation; ++k) {
-          const int64_t first = b * batch_size + k * micro_batch, n = std::min(micro_batch, (b + 1) * batch_size - first);
-          const auto d0 = std::chrono::steady_clock::now();
-          const std::clock_t dc0 = std::clock();
-          const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
-          mg::data::Batch mb = data_dir.empty() ? data->get_batch(idx, epoch)
-                                                : for_flag("--data", [&] { return data->get_batch(idx, epoch); });
-          const Tensor x = mb.x.to(dev), y = mb.y.to(dev);
-          mb = {};
-          mg::synchronize(dev);
-          data_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
-          data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
-          Tensor loss;
-          {
-            const mg::SampleWindowGuard window = acc.sample_window();
-            loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x), y, mg::Reduction::sum);
+        try {
+          opt.zero_grad();
+          // Dropout by sample (Note [dropout by sample]): the masks a joint plan's micro-batches draw.
+          const mg::SampleWindowGuard window(static_cast<uint64_t>(opt.step_count()), 0);
+          Tensor logits = mg::nn::forward_with_plan(*model, plan, batch.x);
+          Tensor loss = mg::cross_entropy(logits, batch.y);
+          loss.backward();
+          opt.step();
+          last_loss = loss.item();
+        } catch (const mg::OutOfMemoryError& e) {
+          opt.zero_grad();
+          batch = {};
+          replan(e, step);
+        }
+      }
+      if (joint) {
+        // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): a window that runs
+        // out of memory is dropped and redone from its first micro-batch under a plan for what the
+        // device has then; dropout by sample keeps the step the planned one.
+        for (int tries = 0;; ++tries) {
+          try {
+            for (int64_t k = 0; k < accumulation; ++k) {
+              const int64_t first = b * batch_size + k * micro_batch, n = std::min(micro_batch, (b + 1) * batch_size - first);
+              const auto d0 = std::chrono::steady_clock::now();
+              const std::clock_t dc0 = std::clock();
+              const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
+              mg::data::Batch mb = data_dir.empty() ? data->get_batch(idx, epoch)
+                                                    : for_flag("--data", [&] { return data->get_batch(idx, epoch); });
+              const Tensor x = mb.x.to(dev), y = mb.y.to(dev);
+              mb = {};
+              mg::synchronize(dev);
+              data_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
+              data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
+              Tensor loss;
+              {
+                const mg::SampleWindowGuard window = acc.sample_window();
+                loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x), y, mg::Reduction::sum);
+              }
+              acc.backward(loss, n);
+            }
+            break;
+          } catch (const mg::OutOfMemoryError& e) {
+            acc.discard();
+            if (tries == 2) throw;  // a third plan did not fit either: the prediction is off, say so
+            replan(e, step);
           }
-          acc.backward(loss, n);
         }
         const mg::optim::StepInfo info = acc.step();
         last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
@@ -317,6 +380,7 @@ int main(int argc, char** argv) {
         j["predicted_step_ms"] = tp.predicted_step_ms;
       }
       if (limit != 0) j["memory_limit_bytes"] = limit;
+      j["replans"] = replans;
       j["segments"] = nlohmann::json::array();
       for (const auto& s : plan.segments) j["segments"].push_back({s.begin, s.end});
       j["num_layers"] = model->size();

@@ -34,6 +34,14 @@
 // is therefore found at the step, named by its micro-batch, and its window is dropped (its
 // gradients are NaN by then).
 //
+// Note [recovering from out-of-memory]: a window that runs out of memory (mg::OutOfMemoryError:
+// a full device, or the cap of mg::set_memory_limit) is dropped with discard() and redone from its
+// first micro-batch under a plan for the memory actually there (mg::memory_capacity and the
+// joint planner, minigrad/nn/train_plan.h). The optimizer has not stepped, its state is untouched,
+// and dropout by sample draws the same masks whatever the new split, so the step equals the one
+// planned for that memory from the start, to float rounding (vgg_ckpt does this; the test is
+// "joint planner: out of memory in a window ..." in tests/test_train_plan.cpp).
+//
 // Optimizer state (Adam's t, momentum initialisation, LR schedules) advances once per real step
 // because the wrapped optimizer's step() is called once per window.
 #pragma once
@@ -113,6 +121,13 @@ class Accumulator {
   StepInfo step();
   // Steps if anything is pending (end of data). Returns whether it stepped (or skipped).
   bool flush(StepInfo* info = nullptr);
+
+  // Drops the pending window: zeroes the gradient buffers and forgets its micro-batches and
+  // losses, without stepping. After an mg::OutOfMemoryError inside a window (its graph is
+  // released as the exception unwinds), discard, re-plan for less memory, and redo the window
+  // from its first micro-batch: no sample is lost or counted twice, and with dropout by sample the
+  // step is the one an uninterrupted run takes (Note [recovering from out-of-memory]).
+  void discard() { drop_window(); }
 
   // Changes N between windows (a schedule); throws if micro-batches are pending.
   void set_steps(int64_t n);
