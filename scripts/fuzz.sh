@@ -15,19 +15,9 @@
 #   MG_SKIP_APT=1  install nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(clang libclang-rt-14-dev libomp-dev)  # libFuzzer and clang's OpenMP runtime
-if [ "${MG_SKIP_APT:-0}" != 1 ]; then
-  missing=()
-  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "fuzz: installing ${missing[*]}"
-    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
-  fi
-fi
 build=${FUZZ_BUILD_DIR:-build-fuzz}
-BUILD_DIR=$build CMAKE_ARGS="-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMINIGRAD_FUZZ=ON \
+# libFuzzer and clang's OpenMP runtime, installed by setup.sh with the rest.
+MG_EXTRA_PACKAGES="clang libclang-rt-14-dev libomp-dev" BUILD_DIR=$build CMAKE_ARGS="-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMINIGRAD_FUZZ=ON \
 -DMINIGRAD_CUDA=OFF -DMINIGRAD_BUILD_TESTS=OFF -DMINIGRAD_BUILD_APPS=OFF" bash scripts/setup.sh
 
 secs=${FUZZ_SECONDS:-60}

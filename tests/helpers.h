@@ -48,6 +48,30 @@ inline double rel_err(const Tensor& a, const Tensor& ref) {
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
+// Every plan of n units: each unit is plain, starts a checkpointed segment, or continues one.
+inline std::vector<std::vector<nn::Segment>> all_plans(size_t n) {
+  std::vector<std::vector<nn::Segment>> out;
+  std::vector<int> state(n, 0);  // 0 plain, 1 start, 2 continue
+  std::function<void(size_t)> rec = [&](size_t i) {
+    if (i == n) {
+      std::vector<nn::Segment> segs;
+      for (size_t u = 0; u < n; ++u) {
+        if (state[u] == 1) segs.push_back({u, u + 1});
+        if (state[u] == 2) segs.back().end = u + 1;
+      }
+      out.push_back(segs);
+      return;
+    }
+    for (int s = 0; s < 3; ++s) {
+      if (s == 2 && (i == 0 || state[i - 1] == 0)) continue;
+      state[i] = s;
+      rec(i + 1);
+    }
+  };
+  rec(0);
+  return out;
+}
+
 inline bool bit_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.to_vector<float>() == b.to_vector<float>();
 }

@@ -39,30 +39,6 @@ nn::ChainCost random_chain(size_t n, std::mt19937_64& rng) {
   return c;
 }
 
-// Every plan of n units: each unit is plain, starts a checkpointed segment, or continues one.
-std::vector<std::vector<nn::Segment>> all_plans(size_t n) {
-  std::vector<std::vector<nn::Segment>> out;
-  std::vector<int> state(n, 0);  // 0 plain, 1 start, 2 continue
-  std::function<void(size_t)> rec = [&](size_t i) {
-    if (i == n) {
-      std::vector<nn::Segment> segs;
-      for (size_t u = 0; u < n; ++u) {
-        if (state[u] == 1) segs.push_back({u, u + 1});
-        if (state[u] == 2) segs.back().end = u + 1;
-      }
-      out.push_back(segs);
-      return;
-    }
-    for (int s = 0; s < 3; ++s) {
-      if (s == 2 && (i == 0 || state[i - 1] == 0)) continue;
-      state[i] = s;
-      rec(i + 1);
-    }
-  };
-  rec(0);
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("planner: the dynamic programme is optimal against enumeration on random chains") {
@@ -71,7 +47,7 @@ TEST_CASE("planner: the dynamic programme is optimal against enumeration on rand
   for (int trial = 0; trial < 60; ++trial) {
     const size_t n = 1 + trial % 8;
     const nn::ChainCost c = random_chain(n, rng);
-    const auto plans = all_plans(n);
+    const auto plans = mg::test::all_plans(n);
     size_t min_peak = std::numeric_limits<size_t>::max(), max_peak = 0;
     std::vector<std::pair<size_t, double>> scored;
     for (const auto& p : plans) {

@@ -14,30 +14,6 @@ using namespace mg;
 
 namespace {
 
-// Every set of checkpointed ranges over n one-layer units.
-std::vector<std::vector<nn::Segment>> all_plans(size_t n) {
-  std::vector<std::vector<nn::Segment>> out;
-  std::vector<int> state(n, 0);  // 0 plain, 1 starts a segment, 2 continues one
-  std::function<void(size_t)> rec = [&](size_t i) {
-    if (i == n) {
-      std::vector<nn::Segment> segs;
-      for (size_t u = 0; u < n; ++u) {
-        if (state[u] == 1) segs.push_back({u, u + 1});
-        if (state[u] == 2) segs.back().end = u + 1;
-      }
-      out.push_back(segs);
-      return;
-    }
-    for (int s = 0; s < 3; ++s) {
-      if (s == 2 && (i == 0 || state[i - 1] == 0)) continue;
-      state[i] = s;
-      rec(i + 1);
-    }
-  };
-  rec(0);
-  return out;
-}
-
 // A made-up chain measured at micro-batches 1, 2, 4, ...: bytes grow with b, times are a fixed
 // cost per call plus a cost per sample (so larger micro-batches are cheaper per sample).
 nn::ChainProfile random_profile(size_t units, int64_t max_b, std::mt19937_64& rng) {
@@ -108,7 +84,7 @@ TEST_CASE("joint planner: the least time per sample of every fitting plan, again
     // Budgets from below the least need to above the largest plain peak.
     const size_t lo = nn::min_feasible_peak(p.costs.front()), hi = nn::plan_none(p.costs.back()).predicted_peak;
     const size_t budget = lo / 2 + rng() % (hi + hi / 4 - lo / 2);
-    const auto plans = all_plans(units);
+    const auto plans = mg::test::all_plans(units);
     double best = INFINITY;
     for (size_t i = 0; i < p.costs.size() && p.micro_batches[i] <= B; ++i) {
       for (const auto& segs : plans) {

@@ -186,20 +186,23 @@ int main(int argc, char** argv) {
         joint = true;
       }
     }
-    if (joint) {
-      if (budget == 0) budget = mg::memory_capacity(dev);
+    // The joint plan for `memory` bytes: tp, and the checkpoint plan and chain cost at its micro-batch.
+    auto plan_jointly = [&](size_t memory) {
       const mg::nn::ChainProfile profile = mg::nn::profile_chain(
-          *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), budget);
-      // Without --memory-budget this is the fallback after measuring ran out of memory: the cap's flag.
-      tp = for_flag(memory_budget.empty() ? "--memory-limit" : "--memory-budget",
-                    [&] { return mg::nn::plan_training(profile, batch_size, budget); });
-      if (memory_budget.empty()) {
-        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
-      }
+          *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), memory);
+      tp = mg::nn::plan_training(profile, batch_size, memory);
       for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
         if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
       }
       plan = tp.checkpoint;
+    };
+    if (joint) {
+      if (budget == 0) budget = mg::memory_capacity(dev);
+      // Without --memory-budget this is the fallback after measuring ran out of memory: the cap's flag.
+      for_flag(memory_budget.empty() ? "--memory-limit" : "--memory-budget", [&] { plan_jointly(budget); });
+      if (memory_budget.empty()) {
+        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
+      }
     } else {
       plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
     }
@@ -245,15 +248,9 @@ int main(int argc, char** argv) {
       const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
       std::printf("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
                   static_cast<long long>(step + 1), what.c_str(), mg::format_bytes(there).c_str());
-      const mg::nn::ChainProfile profile = mg::nn::profile_chain(
-          *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), there);
       const std::string before = joint ? tp.str() : "batch " + std::to_string(batch_size) + ", checkpoint " + plan.str();
       const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
-      tp = mg::nn::plan_training(profile, batch_size, there);
-      for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
-        if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
-      }
-      plan = tp.checkpoint;
+      plan_jointly(there);
       micro_batch = tp.micro_batch;
       accumulation = tp.accumulation;
       acc.set_steps(accumulation);
@@ -313,7 +310,6 @@ int main(int argc, char** argv) {
                                                     : for_flag("--data", [&] { return data->get_batch(idx, epoch); });
               const Tensor x = mb.x.to(dev), y = mb.y.to(dev);
               mb = {};
-              mg::synchronize(dev);
               data_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
               data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
               Tensor loss;

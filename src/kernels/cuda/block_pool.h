@@ -76,9 +76,10 @@ class BlockPool {
     const size_t size = round_up(nbytes, kMinBlockSize);
     const bool small = size <= kSmallSize;
     std::lock_guard<std::mutex> lock(mu_);
-    const size_t limit = stats_.limit();
-    const MemoryStats s = stats_.get();
-    if (limit != 0 && (nbytes > limit || s.in_use > limit - nbytes)) throw_over_limit(system_.name(), nbytes, s, limit);
+    if (const size_t limit = stats_.limit(); limit != 0) {
+      const MemoryStats s = stats_.get();
+      if (nbytes > limit || s.in_use > limit - nbytes) throw_over_limit(system_.name(), nbytes, s, limit);
+    }
     FreeSet& pool = small ? free_small_ : free_large_;
     Block* b = best_fit(pool, size);
     if (b != nullptr) {
