@@ -1,10 +1,11 @@
 # The layering of the tree, checked (ctest: layering). Run by hand with
 #   cmake -DROOT=<repository> -P tests/check_layering.cmake
-# Floors, bottom up: core < kernels < ops < nn, optim, data. A file may include its own floor and
-# those below it, never one above:
+# Floors, bottom up: core < kernels < ops < nn, optim, data, dist. A file may include its own floor
+# and those below it, never one above:
 #   - core (src/core, include/minigrad/core) includes nothing of kernels, ops, nn, optim or data;
 #     it reaches the op layer only through the hooks in src/core/tape.h (Note [op layer hooks]);
-#   - kernels include nothing of ops, nn, optim or data; ops nothing of nn, optim or data.
+#   - kernels include nothing of ops, nn, optim, data or dist; ops nothing of nn, optim, data or dist;
+#   - dist (processes and collectives) includes nothing of nn, optim or data.
 # And the installed headers (include/minigrad) include only each other and the standard
 # library, so a user needs no include path but the package's: no "quoted" include, no Eigen,
 # no CUDA header.
@@ -32,17 +33,21 @@ function(forbid dir globs pattern why)
 endfunction()
 
 set(code "*.h;*.cpp;*.cu;*.cuh")
-forbid(src/core "${code}" "\"(kernels|ops|nn|optim|data)/|<minigrad/(ops|nn|optim|data|cuda)"
+forbid(src/core "${code}" "\"(kernels|ops|nn|optim|data|dist)/|<minigrad/(ops|nn|optim|data|dist|cuda)"
        "core must not include a floor above it")
-forbid(include/minigrad/core "*.h" "<minigrad/(ops|nn|optim|data|cuda)"
+forbid(include/minigrad/core "*.h" "<minigrad/(ops|nn|optim|data|dist|cuda)"
        "core must not include a floor above it")
-forbid(src/kernels "${code}" "\"(ops|nn|optim|data)/|<minigrad/(ops|nn|optim|data)"
-       "kernels must not include ops, nn, optim or data")
-forbid(src/ops "${code}" "\"(nn|optim|data)/|<minigrad/(nn|optim|data)"
-       "ops must not include nn, optim or data")
+forbid(src/kernels "${code}" "\"(ops|nn|optim|data|dist)/|<minigrad/(ops|nn|optim|data|dist)"
+       "kernels must not include ops, nn, optim, data or dist")
+forbid(src/ops "${code}" "\"(nn|optim|data|dist)/|<minigrad/(nn|optim|data|dist)"
+       "ops must not include nn, optim, data or dist")
+forbid(src/dist "${code}" "\"(nn|optim|data)/|<minigrad/(nn|optim|data)"
+       "dist must not include nn, optim or data")
+forbid(include/minigrad/dist "*.h" "<minigrad/(nn|optim|data)"
+       "dist must not include nn, optim or data")
 forbid(include/minigrad "*.h" "#[ \t]*include[ \t]*\""
        "an installed header includes only <minigrad/...> and standard headers")
-forbid(include/minigrad "*.h" "<(Eigen|eigen3|unsupported/Eigen|cuda|cublas|cudnn|nccl|nlohmann|zlib|stb)"
+forbid(include/minigrad "*.h" "<(Eigen|eigen3|unsupported/Eigen|cuda|cublas|cudnn|nccl|mpi|nlohmann|zlib|stb)"
        "an installed header must not need a dependency's include path")
 
 if(failures)

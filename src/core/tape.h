@@ -38,6 +38,7 @@ struct OpAttrs {
   int out_h = 0, out_w = 0;     // adaptive_avg_pool2d
   float scalar = 0.0f;          // dropout p, scale factor
   uint64_t seed = 0, offset = 0;  // dropout's counter-based RNG position
+  uint64_t sample_stride = 0;     // dropout: counters from one sample's first to the next's (0: contiguous)
   Reduction reduction = Reduction::mean;
   Shape shape;                  // reshape target
 };

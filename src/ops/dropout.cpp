@@ -11,17 +11,20 @@ namespace mg {
 
 namespace {
 
+int64_t per_sample(const Tensor& x) { return x.dim() >= 1 && x.size(0) > 0 ? x.numel() / x.size(0) : 0; }
+
 Tensor dropout_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
   check_float("dropout", "input", in[0]);
   MG_CHECK(a.scalar >= 0.0f && a.scalar < 1.0f, "dropout: p must be in [0, 1), got " << a.scalar);
   Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
-  MG_DISPATCH(y.device(), dropout_forward, y, in[0], a.scalar, a.seed, a.offset);
+  MG_DISPATCH(y.device(), dropout_forward, y, in[0], a.scalar, a.seed, a.offset, per_sample(in[0]), a.sample_stride);
   return y;
 }
 
 void dropout_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
   grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), dropout_backward, grads[0], gy, n.attrs.scalar, n.attrs.seed, n.attrs.offset);
+  MG_DISPATCH(gy.device(), dropout_backward, grads[0], gy, n.attrs.scalar, n.attrs.seed, n.attrs.offset, per_sample(gy),
+              n.attrs.sample_stride);
 }
 
 std::vector<OpCase> dropout_cases() {
@@ -31,7 +34,9 @@ std::vector<OpCase> dropout_cases() {
   odd.scalar = 0.3f;
   odd.seed = 11;
   odd.offset = 3;  // not a multiple of 4: the per-element path of the 4-wide kernels
-  return {{{{.shape = {4, 33}}}, half}, {{{.shape = {3, 5, 7}}}, odd}};
+  OpAttrs spread = odd;  // samples spread over the counters (a data-parallel rank's micro-batch)
+  spread.sample_stride = 3 * 35 + 2;
+  return {{{{.shape = {4, 33}}}, half}, {{{.shape = {3, 5, 7}}}, odd}, {{{.shape = {3, 5, 7}}}, spread}};
 }
 
 const OpDef kDropout{"dropout", OpKind::elementwise, dropout_fwd, dropout_bwd, flops_per_output, dropout_cases};
@@ -47,9 +52,10 @@ Tensor dropout(const Tensor& x, float p, Generator* gen) {
   if (SampleWindow* w = current_sample_window()) {  // Note [dropout by sample]
     MG_CHECK(x.dim() >= 1, "dropout: inside a sample window the input needs a batch dimension, got shape "
                                << shape_str(x.shape()));
-    const int64_t per_sample = x.size(0) > 0 ? x.numel() / x.size(0) : 0;
+    const uint64_t f = static_cast<uint64_t>(per_sample(x));
     a.seed = sample_window_seed(g.seed(), w->key, w->calls++);
-    a.offset = static_cast<uint64_t>(w->first_sample) * static_cast<uint64_t>(per_sample);
+    a.offset = static_cast<uint64_t>(w->first_sample * w->sample_stride + w->sample_lane) * f;
+    if (w->sample_stride > 1) a.sample_stride = static_cast<uint64_t>(w->sample_stride) * f;
   } else {
     a.seed = g.seed();
     a.offset = g.advance(static_cast<uint64_t>(x.numel()));

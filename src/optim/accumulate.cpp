@@ -7,17 +7,25 @@
 #include <limits>
 #include <sstream>
 
+#include <minigrad/dist/dist.h>
+
 #include "core/tape.h"
 #include "kernels/elementwise.h"
 #include "ops/op.h"
 
 namespace mg::optim {
 
-double global_grad_norm(const std::vector<Tensor>& grads, double scale) {
+namespace {
+double sum_squares(const std::vector<Tensor>& grads) {
   if (grads.empty()) return 0.0;
   Tensor ss = Tensor::empty({1}, TensorOptions{DType::f64, grads[0].device()});
   MG_DISPATCH(ss.device(), sum_squares_into, grads, ss, 0);
-  return std::sqrt(ss.to_vector<double>()[0]) * std::abs(scale);
+  return ss.to_vector<double>()[0];
+}
+}  // namespace
+
+double global_grad_norm(const std::vector<Tensor>& grads, double scale) {
+  return std::sqrt(sum_squares(grads)) * std::abs(scale);
 }
 
 Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), opts_(opts) {
@@ -120,19 +128,30 @@ void Accumulator::drop_window() {
   window_samples_.clear();
 }
 
-StepInfo Accumulator::step() {
-  MG_CHECK(pending_micro_batches_ > 0, "Accumulator::step: no micro-batch since the last step");
+bool Accumulator::data_parallel() const { return opts_.data_parallel && dist::world_size() > 1; }
+
+SampleWindowGuard Accumulator::sample_window() const {
+  const uint64_t key = static_cast<uint64_t>(opt_.step_count());
+  if (!data_parallel()) return SampleWindowGuard(key, pending_samples_);
+  return SampleWindowGuard(key, pending_samples_, dist::world_size(), dist::rank());  // Note [data parallel step]
+}
+
+StepInfo Accumulator::step() { return step_window(false); }
+
+StepInfo Accumulator::step_window(bool flushing) {
+  const bool dp = data_parallel();
+  MG_CHECK(pending_micro_batches_ > 0 || dp, "Accumulator::step: no micro-batch since the last step");
   StepInfo info;
   info.samples = pending_samples_;
   info.micro_batches = pending_micro_batches_;
-  // Note [accumulation normalises by samples] (minigrad/optim/accumulate.h).
-  const double base = opts_.normalize == Normalize::samples ? 1.0 / static_cast<double>(pending_samples_)
-                                                            : 1.0 / static_cast<double>(opts_.steps);
-  // The step's one read: the window's losses and, when needed, the squared gradient norm.
+  // The step's one read: the window's losses and, when needed, the squared gradient norm (under
+  // data parallelism the norm is that of the reduced gradients, read after the reduction).
   const bool want_norm = opts_.clip_norm > 0.0f || opts_.check_finite;
-  const int64_t norm_slot = stats_.numel() - 1;
-  if (want_norm) MG_DISPATCH(stats_.device(), sum_squares_into, opt_.grads(), stats_, norm_slot);
-  const std::vector<double> read = stats_.to_vector<double>();
+  const std::vector<Tensor> grads = opt_.grads();
+  const int64_t norm_slot = stats_.defined() ? stats_.numel() - 1 : 0;
+  if (want_norm && !dp) MG_DISPATCH(stats_.device(), sum_squares_into, grads, stats_, norm_slot);
+  const std::vector<double> read = stats_.defined() && (recorded_ > 0 || !dp) ? stats_.to_vector<double>()
+                                                                                : std::vector<double>{};
   std::vector<double> losses = std::move(spilled_losses_);
   losses.insert(losses.end(), read.begin(), read.begin() + recorded_);
   const int64_t step_number = opt_.step_count() + 1;
@@ -143,11 +162,40 @@ StepInfo Accumulator::step() {
     info.loss_sum += losses[i] * w;
     if (bad < 0 && !std::isfinite(losses[i])) bad = static_cast<int64_t>(i);
   }
-  info.grad_norm = want_norm ? std::sqrt(read[norm_slot]) * base : std::numeric_limits<double>::quiet_NaN();
-  if (bad >= 0 || (want_norm && !std::isfinite(info.grad_norm))) {
+  double norm_sq = want_norm && !dp ? read[norm_slot] : 0.0;
+  bool bad_elsewhere = false;
+  if (dp) {  // Note [data parallel step]
+    const std::vector<double> sums = dist::all_reduce(std::vector<double>{
+        static_cast<double>(info.samples), static_cast<double>(info.micro_batches), info.loss_sum, bad >= 0 ? 1.0 : 0.0});
+    info.samples = static_cast<int64_t>(sums[0]);
+    info.micro_batches = static_cast<int64_t>(sums[1]);
+    info.loss_sum = sums[2];
+    bad_elsewhere = bad < 0 && sums[3] > 0;
+    if (info.samples == 0 && flushing) {
+      drop_window();
+      return info;
+    }
+    MG_CHECK(info.samples > 0, "Accumulator::step: no micro-batch since the last step on any of the "
+                                   << dist::world_size() << " ranks");
+    std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
+    dist::all_reduce(last_layer_first);
+    if (want_norm) norm_sq = sum_squares(grads);
+  }
+  // Note [accumulation normalises by samples] (minigrad/optim/accumulate.h).
+  const double base = opts_.normalize == Normalize::samples
+                          ? 1.0 / static_cast<double>(info.samples)
+                          : 1.0 / static_cast<double>(opts_.steps * (dp ? dist::world_size() : 1));
+  info.grad_norm = want_norm ? std::sqrt(norm_sq) * base : std::numeric_limits<double>::quiet_NaN();
+  if (bad >= 0 || bad_elsewhere || (want_norm && !std::isfinite(info.grad_norm))) {
     std::ostringstream what;
-    if (bad >= 0) what << "loss is " << losses[bad] << " at micro-batch " << bad + 1 << " of " << losses.size();
-    else what << "the gradient norm is " << info.grad_norm;
+    if (bad >= 0) {
+      what << "loss is " << losses[bad] << " at micro-batch " << bad + 1 << " of " << losses.size();
+      if (dp) what << " on rank " << dist::rank();
+    } else if (bad_elsewhere) {
+      what << "a loss is " << info.loss_sum << " on another rank";
+    } else {
+      what << "the gradient norm is " << info.grad_norm;
+    }
     drop_window();
     MG_CHECK(opts_.non_finite == NonFinite::skip,
              "gradient accumulation: " << what.str() << " in the window of optimizer step " << step_number << " ("
@@ -171,8 +219,9 @@ StepInfo Accumulator::step() {
 }
 
 bool Accumulator::flush(StepInfo* info) {
-  if (pending_micro_batches_ == 0) return false;
-  StepInfo s = step();
+  if (pending_micro_batches_ == 0 && !data_parallel()) return false;
+  StepInfo s = step_window(true);
+  if (s.samples == 0) return false;  // nothing pending on any rank
   if (info) *info = s;
   return true;
 }
@@ -270,26 +319,40 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   auto t0 = std::chrono::steady_clock::now();
   EpochStats st;
   const int64_t skipped0 = acc.skipped_steps();
+  const bool dp = acc.data_parallel();
+  if (dp) {
+    const data::LoaderOptions& lo = loader.options();
+    MG_CHECK(lo.num_shards == dist::world_size() && lo.shard == dist::rank(),
+             "train_epoch: " << dist::world_size() << " processes train data-parallel, but rank " << dist::rank()
+                 << "'s loader reads shard " << lo.shard << " of " << lo.num_shards
+                 << ": each rank must read its own shard. ---> HINT: LoaderOptions{.shard = mg::dist::rank(), "
+                    ".num_shards = mg::dist::world_size()}");
+  }
   model.train();
   loader.start_epoch(epoch);
+  // Note [data parallel step]: every rank walks as many micro-batch slots as the largest shard
+  // has batches, and steps at the same slots; a shard that ran out adds nothing to the last one.
+  const int64_t slots = dp ? dist::all_reduce_max(loader.num_batches()) : loader.num_batches();
   data::Batch b;
   auto after_step = [&](const StepInfo& info) {
-    st.loss_sum += info.loss_sum;
+    st.loss_sum += info.loss_sum;  // of every rank's samples, under data parallelism
+    st.samples += info.samples;
+    st.micro_batches += info.micro_batches;
     if (!info.skipped) ++st.optimizer_steps;
     if (callbacks.on_step) callbacks.on_step(info);
   };
-  while (loader.next(b)) {
-    Tensor loss;
-    {
-      const SampleWindowGuard window = acc.sample_window();  // Note [dropout by sample]
-      Tensor logits = model.forward(b.x);
-      loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    if (loader.next(b)) {
+      Tensor loss;
+      {
+        const SampleWindowGuard window = acc.sample_window();  // Note [dropout by sample]
+        Tensor logits = model.forward(b.x);
+        loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+      }
+      acc.backward(loss, b.size());
+      if (callbacks.on_micro_batch) callbacks.on_micro_batch(b);
     }
-    acc.backward(loss, b.size());
-    st.samples += b.size();
-    ++st.micro_batches;
-    if (callbacks.on_micro_batch) callbacks.on_micro_batch(b);
-    if (acc.ready()) after_step(acc.step());
+    if ((slot + 1) % acc.steps() == 0) after_step(acc.step());
   }
   StepInfo last;
   if (acc.flush(&last)) after_step(last);

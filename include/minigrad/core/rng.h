@@ -88,7 +88,10 @@ void manual_seed(uint64_t seed);
 // s * F .. s * F + F - 1 (F: elements per sample): the same mask whichever micro-batch the sample
 // is in, and the generator does not advance. The window key is the optimizer step, so every step
 // draws new masks, and a resumed run draws the ones it would have drawn. The mask is recorded in
-// the op's attributes, so backward and checkpoint replay use it as before.
+// the op's attributes, so backward and checkpoint replay use it as before. Under data parallelism
+// rank r of K holds every K-th sample of the window (Note [shards]): its micro-batch's sample j
+// is sample (first_sample + j) * K + r of the window (sample_stride K, sample_lane r), and draws
+// that sample's mask, the one a single process draws.
 //
 //   {
 //     mg::SampleWindowGuard window(/*key=*/step, /*first_sample=*/samples_before_this_micro_batch);
@@ -96,7 +99,8 @@ void manual_seed(uint64_t seed);
 //   }
 struct SampleWindow {
   uint64_t key = 0;          // the window: an optimizer step
-  int64_t first_sample = 0;  // this micro-batch's first sample within the window
+  int64_t first_sample = 0;  // this micro-batch's first sample within the window (of this rank)
+  int64_t sample_stride = 1, sample_lane = 0;  // window sample of local sample s: s * stride + lane
   uint32_t calls = 0;        // dropout calls so far in this micro-batch's forward
 };
 
@@ -106,7 +110,7 @@ SampleWindow* current_sample_window();
 // Makes a window current on this thread for its lifetime (the previous one comes back after).
 class SampleWindowGuard {
  public:
-  SampleWindowGuard(uint64_t key, int64_t first_sample);
+  SampleWindowGuard(uint64_t key, int64_t first_sample, int64_t sample_stride = 1, int64_t sample_lane = 0);
   ~SampleWindowGuard();
   SampleWindowGuard(const SampleWindowGuard&) = delete;
   SampleWindowGuard& operator=(const SampleWindowGuard&) = delete;

@@ -42,6 +42,18 @@
 // planned for that memory from the start, to float rounding (vgg_ckpt does this; the test is
 // "joint planner: out of memory in a window ..." in tests/test_train_plan.cpp).
 //
+// Note [data parallel step]: when mg::dist runs K processes (minigrad/dist/dist.h), each reads its
+// shard of the epoch (Note [shards], minigrad/data/loader.h), and step() is a collective: it sums
+// the window's sample count, loss and micro-batch count, then the summed gradients (last layer
+// first, in buckets: Note [gradient buckets] in src/dist/dist.cpp) over the K processes, once per
+// optimizer step, never per micro-batch; grad_scale is 1 / (samples of the window on all ranks),
+// and the clipping norm is that of the reduced gradient. K ranks x N micro-batches of b therefore
+// take the step of one process with N micro-batches of K*b, and that of a batch of K*N*b (short
+// windows included), to float rounding in the order of the sums. Every rank calls step() at the
+// same windows, even a rank whose shard ran out a micro-batch early (it adds nothing):
+// train_epoch counts the windows from the largest shard. Dropout by sample numbers the samples
+// across ranks (sample_window()), so masks too are those of the single process.
+//
 // Optimizer state (Adam's t, momentum initialisation, LR schedules) advances once per real step
 // because the wrapped optimizer's step() is called once per window.
 #pragma once
@@ -79,11 +91,14 @@ struct AccumulateOptions {
   NonFinite non_finite = NonFinite::error;
   Normalize normalize = Normalize::samples;
   bool check_finite = true; // compute the gradient norm every step (one read pass) to catch NaN/inf
+  // Under mg::dist with several processes, sum each window over them (Note [data parallel step]);
+  // false: every process steps on its own gradients.
+  bool data_parallel = true;
 };
 
 struct StepInfo {
-  int64_t samples = 0;        // in the window
-  int64_t micro_batches = 0;  // in the window
+  int64_t samples = 0;        // in the window (on every rank, under data parallelism)
+  int64_t micro_batches = 0;  // in the window (on every rank, under data parallelism)
   double loss_sum = 0.0;      // the window's loss summed over its samples (non-finite if a loss was)
   double grad_norm = 0.0;     // global norm of the step's gradient before clipping (NaN if not computed)
   float clip_coef = 1.0f;     // 1 when not clipped
@@ -109,17 +124,20 @@ class Accumulator {
   // the optimizer step's effective batch, whatever the split (train_epoch does this):
   //   { auto window = acc.sample_window(); loss = mg::cross_entropy(model(x), y, mg::Reduction::sum); }
   //   acc.backward(loss, x.size(0));
-  SampleWindowGuard sample_window() const {
-    return SampleWindowGuard(static_cast<uint64_t>(opt_.step_count()), pending_samples_);
-  }
+  // Under data parallelism the samples are numbered as in the single process's window.
+  SampleWindowGuard sample_window() const;
 
   // True when the window holds `steps` micro-batches (or more, after set_steps lowered N).
   bool ready() const { return pending_micro_batches_ > 0 && pending_micro_batches_ >= opts_.steps; }
   // Reads the window's losses and gradient norm (one copy), clips, steps the optimizer once with
   // the window's grad_scale, zeroes the buffers. Throws when nothing is pending, and on a
-  // non-finite loss or norm under NonFinite::error (the window is dropped first).
+  // non-finite loss or norm under NonFinite::error (the window is dropped first). Under data
+  // parallelism a collective (Note [data parallel step]): a rank with nothing pending takes part.
   StepInfo step();
-  // Steps if anything is pending (end of data). Returns whether it stepped (or skipped).
+  // Whether step() reduces over processes: data_parallel and mg::dist::world_size() > 1.
+  bool data_parallel() const;
+  // Steps if anything is pending (end of data). Returns whether it stepped (or skipped). Under
+  // data parallelism a collective on every rank, stepping when any rank has something pending.
   bool flush(StepInfo* info = nullptr);
 
   // Drops the pending window: zeroes the gradient buffers and forgets its micro-batches and
@@ -142,6 +160,7 @@ class Accumulator {
   const StepInfo& last_step() const { return last_; }
 
  private:
+  StepInfo step_window(bool flushing);
   void record_loss(const Tensor& loss, int64_t samples);
   void spill_losses();
   void drop_window();
@@ -184,7 +203,7 @@ float scale_lr_linear(float base_lr, int64_t base_batch, int64_t effective_batch
 // sum over the micro-batch (the default is cross_entropy with Reduction::sum).
 using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
 
-struct EpochStats {
+struct EpochStats {  // under data parallelism, of all ranks together
   double loss_sum = 0.0;       // summed per-sample training loss
   int64_t samples = 0;
   int64_t micro_batches = 0;
@@ -201,7 +220,8 @@ struct TrainCallbacks {
 };
 
 // One epoch: loader.start_epoch(epoch), a forward/backward per micro-batch, a step per window,
-// a flush at the end. The model is put in training mode.
+// a flush at the end. The model is put in training mode. Under data parallelism the loader must
+// read this rank's shard, and every rank steps at the same windows (Note [data parallel step]).
 EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator& acc, int64_t epoch,
                        const LossFn& loss_fn = {}, const TrainCallbacks& callbacks = {});
 

@@ -26,16 +26,38 @@ void masked_scale(float* out, const float* in, int64_t n, float p, uint64_t seed
     }
   }
 }
+// Samples spread over the counters: each sample's F elements are contiguous counters of their own.
+void masked_scale_strided(float* out, const float* in, int64_t n, float p, uint64_t seed, uint64_t offset,
+                          int64_t per_sample, uint64_t sample_stride) {
+  if (n <= 0) return;
+  const int64_t samples = n / per_sample;
+#pragma omp parallel for if (n > cpu::kParallelGrain)
+  for (int64_t s = 0; s < samples; ++s) {
+    masked_scale(out + s * per_sample, in + s * per_sample, per_sample, p, seed,
+                 offset + static_cast<uint64_t>(s) * sample_stride);
+  }
+}
+
+void dropout(float* out, const float* in, int64_t n, float p, uint64_t seed, uint64_t offset, int64_t per_sample,
+             uint64_t sample_stride) {
+  if (sample_stride == 0 || sample_stride == static_cast<uint64_t>(per_sample)) {
+    masked_scale(out, in, n, p, seed, offset);
+  } else {
+    masked_scale_strided(out, in, n, p, seed, offset, per_sample, sample_stride);
+  }
+}
 }  // namespace
 
 template <>
-void dropout_forward<Cpu>(Tensor& y, const Tensor& x, float p, uint64_t seed, uint64_t offset) {
-  masked_scale(y.data<float>(), x.data<float>(), y.numel(), p, seed, offset);
+void dropout_forward<Cpu>(Tensor& y, const Tensor& x, float p, uint64_t seed, uint64_t offset, int64_t per_sample,
+                          uint64_t sample_stride) {
+  dropout(y.data<float>(), x.data<float>(), y.numel(), p, seed, offset, per_sample, sample_stride);
 }
 
 template <>
-void dropout_backward<Cpu>(Tensor& dx, const Tensor& dy, float p, uint64_t seed, uint64_t offset) {
-  masked_scale(dx.data<float>(), dy.data<float>(), dx.numel(), p, seed, offset);
+void dropout_backward<Cpu>(Tensor& dx, const Tensor& dy, float p, uint64_t seed, uint64_t offset, int64_t per_sample,
+                           uint64_t sample_stride) {
+  dropout(dx.data<float>(), dy.data<float>(), dx.numel(), p, seed, offset, per_sample, sample_stride);
 }
 
 }  // namespace mg

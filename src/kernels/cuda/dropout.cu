@@ -20,25 +20,43 @@ __global__ void dropout_kernel(float* out, const float* in, int64_t n, float p, 
     cuda::math::dropout4(out, in, first, n, p, keep_scale, seed, offset);
 }
 
-void masked_scale(Tensor& out, const Tensor& in, float p, uint64_t seed, uint64_t offset) {
+// Samples spread over the counters (data-parallel ranks): one thread per element.
+__global__ void dropout_strided_kernel(float* out, const float* in, int64_t n, float p, float keep_scale,
+                                       uint64_t seed, uint64_t offset, int64_t per_sample, uint64_t sample_stride) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t counter =
+        offset + static_cast<uint64_t>(i / per_sample) * sample_stride + static_cast<uint64_t>(i % per_sample);
+    out[i] = philox_uniform(seed, counter) >= p ? in[i] * keep_scale : 0.0f;
+  }
+}
+
+void masked_scale(Tensor& out, const Tensor& in, float p, uint64_t seed, uint64_t offset, int64_t per_sample,
+                  uint64_t sample_stride) {
   const int64_t n = out.numel();
   if (n == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(out));
-  dropout_kernel<<<cuda::grid_for((n + 3) / 4), cuda::kThreads>>>(
-      out.data<float>(), in.data<float>(), n, p, 1.0f / (1.0f - p), seed, offset);
+  if (sample_stride == 0 || sample_stride == static_cast<uint64_t>(per_sample)) {
+    dropout_kernel<<<cuda::grid_for((n + 3) / 4), cuda::kThreads>>>(
+        out.data<float>(), in.data<float>(), n, p, 1.0f / (1.0f - p), seed, offset);
+  } else {
+    dropout_strided_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(
+        out.data<float>(), in.data<float>(), n, p, 1.0f / (1.0f - p), seed, offset, per_sample, sample_stride);
+  }
   MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 template <>
-void dropout_forward<Cuda>(Tensor& y, const Tensor& x, float p, uint64_t seed, uint64_t offset) {
-  masked_scale(y, x, p, seed, offset);
+void dropout_forward<Cuda>(Tensor& y, const Tensor& x, float p, uint64_t seed, uint64_t offset, int64_t per_sample,
+                           uint64_t sample_stride) {
+  masked_scale(y, x, p, seed, offset, per_sample, sample_stride);
 }
 
 template <>
-void dropout_backward<Cuda>(Tensor& dx, const Tensor& dy, float p, uint64_t seed, uint64_t offset) {
-  masked_scale(dx, dy, p, seed, offset);
+void dropout_backward<Cuda>(Tensor& dx, const Tensor& dy, float p, uint64_t seed, uint64_t offset, int64_t per_sample,
+                            uint64_t sample_stride) {
+  masked_scale(dx, dy, p, seed, offset, per_sample, sample_stride);
 }
 
 }  // namespace mg

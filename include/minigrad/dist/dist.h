@@ -1,0 +1,89 @@
+// Data-parallel training over several processes: MPI between CPU processes (Open MPI), NCCL
+// between GPUs, one interface. Every process holds the whole model, reads its own shard of each
+// epoch (LoaderOptions::shard, Note [shards] in minigrad/data/loader.h), and the Accumulator sums
+// the window's gradients across processes once per optimizer step (Note [data parallel step] in
+// minigrad/optim/accumulate.h).
+//
+//   int main(int argc, char** argv) {
+//     mg::dist::Session session(&argc, &argv);  // MPI_Init under mpirun; one process otherwise
+//     auto model = mg::nn::make_mlp({784, 512, 512, 10});
+//     mg::dist::broadcast(model->parameters());                  // start from rank 0's weights
+//     mg::dist::check_same_parameters(model->named_parameters());  // the same model everywhere
+//     mg::data::DataLoader loader(train, {.batch_size = 16, .shard = mg::dist::rank(),
+//                                         .num_shards = mg::dist::world_size()});
+//     mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f});
+//     mg::optim::Accumulator acc(sgd, {.steps = 2});  // 2 ranks x 2 x 16 = one step of 64
+//     mg::optim::train_epoch(*model, loader, acc, 0);
+//   }
+//
+//   $ mpirun -np 2 ./train
+//
+// The backend follows the tensors' device: CPU tensors go through MPI_Allreduce, CUDA tensors
+// through ncclAllReduce on a stream of its own, ordered after the work that produced them
+// (the NCCL communicator is made on first use; its unique id travels over MPI).
+//
+// Note [collectives never hang]: every collective waits at most timeout_seconds (Session's
+// option, or MG_DIST_TIMEOUT in seconds; default 300). A peer that died, threw, or called a
+// different collective makes the others throw mg::Error naming the operation and the wait,
+// instead of hanging. A process that throws should not just return: Session's destructor, run
+// while an exception unwinds, calls MPI_Abort, and mpirun then stops every rank at once (the
+// apps print the error first). A rank killed by a signal is noticed by mpirun, which stops the
+// others and names the dead rank.
+//
+// Built when MPI is found (CMake option MINIGRAD_MPI: AUTO/ON/OFF) and NCCL with the CUDA
+// backend (MINIGRAD_NCCL). Without MPI the library still links: a single process is world 1,
+// and collectives over one process do nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <minigrad/core/tensor.h>
+
+namespace mg::dist {
+
+struct SessionOptions {
+  double timeout_seconds = 0;  // 0: MG_DIST_TIMEOUT, else 300 (Note [collectives never hang])
+};
+
+// Starts the process group for its lifetime: MPI_Init when this process was started by mpirun
+// (or srun, or another PMI launcher), nothing otherwise. One Session per process.
+class Session {
+ public:
+  Session(int* argc, char*** argv, SessionOptions opts = {});
+  ~Session();  // MPI_Finalize; MPI_Abort instead when an exception is unwinding through it
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
+
+bool mpi_built();   // this build has the MPI backend
+bool nccl_built();  // this build has the NCCL backend
+bool launched();    // started by an MPI launcher (world_size may still be 1)
+int rank();         // 0 without a Session
+int world_size();   // 1 without a Session
+std::string backend_name(Device d);  // "mpi", "nccl" or "none"
+
+// Sums `tensors` over all ranks, in place (every rank ends with the same values). All tensors
+// on one device, float32 or float64, contiguous. With world_size() == 1 it does nothing.
+void all_reduce(const std::vector<Tensor>& tensors);
+// Sums host values over all ranks.
+std::vector<double> all_reduce(std::vector<double> values);
+int64_t all_reduce_max(int64_t value);
+// Copies rank `root`'s tensors into every rank's, in place.
+void broadcast(const std::vector<Tensor>& tensors, int root = 0);
+void barrier();
+
+// Throws on every rank, naming the ranks that differ, unless `value` is the same on all of them
+// (a model's layer list, the run's configuration): mismatches are found at start, not as a hang
+// or a wrong shape in the middle of a collective.
+void check_same(const std::string& what, const std::string& value);
+// check_same over the parameters' names, shapes and dtypes.
+void check_same_parameters(const std::vector<std::pair<std::string, Tensor>>& named);
+
+// Bytes this process has sent into collectives since the Session began (the payload, counted
+// once per call: what an all-reduce of a gradient costs, whatever the algorithm underneath).
+int64_t bytes_reduced();
+
+}  // namespace mg::dist

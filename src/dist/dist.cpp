@@ -1,0 +1,353 @@
+// mg::dist (minigrad/dist/dist.h): the process group over MPI, collectives on CPU tensors through
+// MPI, on CUDA tensors through NCCL (src/dist/nccl.cpp), every wait bounded
+// (Note [collectives never hang]).
+#include <minigrad/dist/dist.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <thread>
+
+#include "dist/backend.h"
+
+#ifdef MINIGRAD_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace mg::dist {
+
+namespace {
+
+struct World {
+  bool session = false, launched = false;
+  int rank = 0, size = 1;
+  double timeout_s = 300;
+  int64_t bytes = 0;
+};
+World g_world;
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+double timeout_from_env(double configured) {
+  if (configured > 0) return configured;
+  if (const char* v = std::getenv("MG_DIST_TIMEOUT")) {
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    MG_CHECK(end != v && *end == '\0' && t > 0 && t < 1e9,
+             "MG_DIST_TIMEOUT=\"" << v << "\": expected a number of seconds > 0, e.g. 60");
+    return t;
+  }
+  return 300;
+}
+
+#ifdef MINIGRAD_WITH_MPI
+void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  MG_FAIL("mg::dist: " << what << " failed on rank " << g_world.rank << ": " << std::string(text, len));
+}
+
+// Note [collectives never hang]: MPI's blocking collectives wait forever for a peer that never
+// comes; the non-blocking ones are polled here against a deadline instead.
+void wait_all(std::vector<MPI_Request>& reqs, const std::string& what) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::duration<double>(g_world.timeout_s);
+  for (int64_t polls = 0;; ++polls) {
+    int done = 0;
+    mpi_check(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), what.c_str());
+    if (done) return;
+    if (clock::now() > deadline) {
+      MG_FAIL("mg::dist: rank " << g_world.rank << " of " << g_world.size << " waited " << g_world.timeout_s
+              << " s in " << what << " and not every rank arrived: a rank died, threw, or is in a different "
+              "collective (the ranks must run the same steps). ---> HINT: the other ranks' output names the "
+              "failure; MG_DIST_TIMEOUT sets this wait in seconds");
+    }
+    // Spin briefly (a step's reduction is usually microseconds away), then sleep so a rank that
+    // waits for a slow peer does not take its core.
+    if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(polls > 20000 ? 1000 : 50));
+    else std::this_thread::yield();
+  }
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    default: MG_FAIL("mg::dist: collectives take float32 or float64 tensors, got " << dtype_name(t));
+  }
+}
+
+// Note [gradient buckets]: the tensors are reduced in buckets of about kBucketBytes, in the order
+// given (the Accumulator passes the gradients last layer first). Small tensors are packed into a
+// host buffer so that one message carries many of them; a tensor of a bucket's size or more is
+// reduced in place. Each bucket's reduction starts as soon as it is packed, so packing the next
+// overlaps it, and every rank adds the same values in the same order: the result is the same on
+// every rank, to the bit.
+constexpr size_t kBucketBytes = size_t{4} << 20;
+
+void mpi_all_reduce_cpu(const std::vector<Tensor>& tensors) {
+  const DType dt = tensors[0].dtype();
+  const size_t esize = dtype_size(dt);
+  struct Bucket {
+    std::vector<Tensor> members;
+    std::vector<char> packed;  // empty: a single tensor reduced in place
+  };
+  std::vector<Bucket> buckets;
+  std::vector<MPI_Request> reqs;
+  size_t total = 0;
+  auto start = [&](Bucket& b) {
+    MPI_Request r;
+    if (b.packed.empty()) {
+      const Tensor& t = b.members[0];
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(dt), MPI_SUM,
+                               MPI_COMM_WORLD, &r), "MPI_Iallreduce");
+    } else {
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, b.packed.data(), static_cast<int>(b.packed.size() / esize),
+                               mpi_type(dt), MPI_SUM, MPI_COMM_WORLD, &r), "MPI_Iallreduce");
+    }
+    reqs.push_back(r);
+  };
+  Bucket open;
+  auto close = [&] {
+    if (open.members.empty()) return;
+    buckets.push_back(std::move(open));
+    open = Bucket{};
+    start(buckets.back());
+  };
+  buckets.reserve(tensors.size());  // starting a bucket keeps pointers into it
+  for (const Tensor& t : tensors) {
+    MG_CHECK(t.dtype() == dt, "mg::dist::all_reduce: tensors of one call share a dtype, got "
+                                  << dtype_name(dt) << " and " << dtype_name(t.dtype()));
+    MG_CHECK(t.numel() < (int64_t{1} << 31), "mg::dist::all_reduce: a tensor of " << t.numel()
+                                                 << " elements (MPI counts are int; at most 2^31 - 1)");
+    total += t.nbytes();
+    if (t.nbytes() >= kBucketBytes) {
+      close();
+      open.members.push_back(t);
+      close();
+      continue;
+    }
+    if (open.packed.size() + t.nbytes() > kBucketBytes) close();
+    const size_t at = open.packed.size();
+    open.packed.resize(at + t.nbytes());
+    std::memcpy(open.packed.data() + at, t.raw_data(), t.nbytes());
+    open.members.push_back(t);
+  }
+  close();
+  wait_all(reqs, "all_reduce of " + std::to_string(tensors.size()) + " tensors (" + std::to_string(total) +
+                     " bytes in " + std::to_string(buckets.size()) + " buckets)");
+  for (Bucket& b : buckets) {
+    if (b.packed.empty()) continue;
+    size_t at = 0;
+    for (const Tensor& t : b.members) {
+      std::memcpy(t.raw_data(), b.packed.data() + at, t.nbytes());
+      at += t.nbytes();
+    }
+  }
+  g_world.bytes += static_cast<int64_t>(total);
+}
+
+std::vector<std::string> all_gather_strings(const std::string& value, const std::string& what) {
+  const int n = g_world.size;
+  int len = static_cast<int>(value.size());
+  std::vector<int> lens(n), offsets(n);
+  std::vector<MPI_Request> reqs(1);
+  mpi_check(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD, &reqs[0]), "MPI_Iallgather");
+  wait_all(reqs, "check_same(" + what + ")");
+  int total = 0;
+  for (int i = 0; i < n; ++i) {
+    offsets[i] = total;
+    total += lens[i];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  mpi_check(MPI_Iallgatherv(value.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR,
+                            MPI_COMM_WORLD, &reqs[0]), "MPI_Iallgatherv");
+  wait_all(reqs, "check_same(" + what + ")");
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(lens[i])));
+  return out;
+}
+#endif  // MINIGRAD_WITH_MPI
+
+void check_tensors(const std::vector<Tensor>& tensors, const char* what) {
+  for (const Tensor& t : tensors) {
+    MG_CHECK(t.defined(), "mg::dist::" << what << ": an undefined tensor");
+    MG_CHECK(t.device() == tensors[0].device(), "mg::dist::" << what << ": tensors of one call share a device, got "
+                                                             << tensors[0].device().str() << " and " << t.device().str());
+  }
+}
+
+// The first line where two descriptions differ, for check_same's message.
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  for (int line = 1;; ++line) {
+    const bool ha = static_cast<bool>(std::getline(sa, la)), hb = static_cast<bool>(std::getline(sb, lb));
+    if (!ha && !hb) return "";
+    if (!ha || !hb || la != lb) {
+      return "line " + std::to_string(line) + ": \"" + (ha ? la : "<end>") + "\" against \"" + (hb ? lb : "<end>") + "\"";
+    }
+  }
+}
+
+}  // namespace
+
+Session::Session(int* argc, char*** argv, SessionOptions opts) {
+  MG_CHECK(!g_world.session, "mg::dist::Session: one per process (a Session already exists)");
+  g_world.timeout_s = timeout_from_env(opts.timeout_seconds);
+  g_world.launched = env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK") ||
+                     env_set("PMI_SIZE");
+#ifdef MINIGRAD_WITH_MPI
+  if (g_world.launched) {
+    int provided = 0;
+    mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors become mg::Error, not exit()
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world.size);
+  }
+#else
+  (void)argc;
+  (void)argv;
+  const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  MG_CHECK(!g_world.launched || (n && std::string(n) == "1"),
+           "mg::dist: this process was started by an MPI launcher (" << (n ? std::string("world size ") + n : "PMI")
+               << "), but libminigrad was built without MPI: every rank would train alone. ---> HINT: install "
+                  "libopenmpi-dev and reconfigure (MINIGRAD_MPI=ON), or start one process without mpirun");
+#endif
+  g_world.session = true;
+  g_world.bytes = 0;
+}
+
+Session::~Session() {
+#ifdef MINIGRAD_WITH_MPI
+  if (g_world.launched) {
+    detail::nccl_shutdown(std::uncaught_exceptions() > 0);
+    // Note [collectives never hang]: a rank leaving on an exception takes the others with it.
+    if (std::uncaught_exceptions() > 0) MPI_Abort(MPI_COMM_WORLD, 1);
+    else MPI_Finalize();
+  }
+#endif
+  g_world = World{};
+}
+
+bool mpi_built() {
+#ifdef MINIGRAD_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool nccl_built() { return detail::nccl_built(); }
+bool launched() { return g_world.launched; }
+int rank() { return g_world.rank; }
+int world_size() { return g_world.size; }
+int64_t bytes_reduced() { return g_world.bytes; }
+
+std::string backend_name(Device d) {
+  if (g_world.size == 1) return "none";
+  return d.is_cuda() ? "nccl" : "mpi";
+}
+
+void all_reduce(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return;
+  check_tensors(tensors, "all_reduce");
+  if (g_world.size == 1) return;
+#ifdef MINIGRAD_WITH_MPI
+  if (tensors[0].is_cuda()) {
+    int64_t bytes = 0;
+    for (const Tensor& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
+    detail::nccl_all_reduce(tensors, g_world.rank, g_world.size, g_world.timeout_s);
+    g_world.bytes += bytes;
+    return;
+  }
+  mpi_all_reduce_cpu(tensors);
+#endif
+}
+
+std::vector<double> all_reduce(std::vector<double> values) {
+  if (g_world.size == 1 || values.empty()) return values;
+#ifdef MINIGRAD_WITH_MPI
+  std::vector<MPI_Request> reqs(1);
+  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
+                           MPI_COMM_WORLD, &reqs[0]), "MPI_Iallreduce");
+  wait_all(reqs, "all_reduce of " + std::to_string(values.size()) + " host values");
+  g_world.bytes += static_cast<int64_t>(values.size() * sizeof(double));
+#endif
+  return values;
+}
+
+int64_t all_reduce_max(int64_t value) {
+  if (g_world.size == 1) return value;
+#ifdef MINIGRAD_WITH_MPI
+  std::vector<MPI_Request> reqs(1);
+  long long v = value;
+  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD, &reqs[0]), "MPI_Iallreduce");
+  wait_all(reqs, "all_reduce_max");
+  value = v;
+#endif
+  return value;
+}
+
+void broadcast(const std::vector<Tensor>& tensors, int root) {
+  MG_CHECK(root >= 0 && root < g_world.size, "mg::dist::broadcast: root " << root << " is not a rank of a world of "
+                                                                         << g_world.size);
+  if (tensors.empty()) return;
+  check_tensors(tensors, "broadcast");
+  if (g_world.size == 1) return;
+#ifdef MINIGRAD_WITH_MPI
+  if (tensors[0].is_cuda()) {
+    detail::nccl_broadcast(tensors, root, g_world.rank, g_world.size, g_world.timeout_s);
+    return;
+  }
+  std::vector<MPI_Request> reqs;
+  for (const Tensor& t : tensors) {
+    MPI_Request r;
+    MG_CHECK(t.nbytes() < (size_t{1} << 31), "mg::dist::broadcast: a tensor of " << t.nbytes() << " bytes (at most 2^31 - 1)");
+    mpi_check(MPI_Ibcast(t.raw_data(), static_cast<int>(t.nbytes()), MPI_BYTE, root, MPI_COMM_WORLD, &r), "MPI_Ibcast");
+    reqs.push_back(r);
+  }
+  wait_all(reqs, "broadcast of " + std::to_string(tensors.size()) + " tensors");
+#endif
+}
+
+void barrier() {
+  if (g_world.size == 1) return;
+#ifdef MINIGRAD_WITH_MPI
+  std::vector<MPI_Request> reqs(1);
+  mpi_check(MPI_Ibarrier(MPI_COMM_WORLD, &reqs[0]), "MPI_Ibarrier");
+  wait_all(reqs, "barrier");
+#endif
+}
+
+void check_same(const std::string& what, const std::string& value) {
+  if (g_world.size == 1) return;
+#ifdef MINIGRAD_WITH_MPI
+  const std::vector<std::string> all = all_gather_strings(value, what);
+  std::ostringstream diff;
+  for (int r = 1; r < g_world.size; ++r) {
+    if (all[r] != all[0]) diff << "\n  rank " << r << " differs from rank 0 at " << first_difference(all[r], all[0]);
+  }
+  MG_CHECK(diff.str().empty(), "mg::dist: the " << what << " is not the same on every rank:" << diff.str());
+#else
+  (void)what;
+  (void)value;
+#endif
+}
+
+void check_same_parameters(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::ostringstream s;
+  for (const auto& [name, t] : named) s << name << " " << shape_str(t.shape()) << " " << dtype_name(t.dtype()) << "\n";
+  check_same("model (parameter names, shapes and dtypes)", s.str());
+}
+
+}  // namespace mg::dist

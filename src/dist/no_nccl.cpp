@@ -1,0 +1,23 @@
+// mg::dist without NCCL (a CPU build, or NCCL not found): CUDA tensors cannot be reduced.
+#include <minigrad/core/error.h>
+
+#include "dist/backend.h"
+
+namespace mg::dist::detail {
+
+bool nccl_built() { return false; }
+
+void nccl_all_reduce(const std::vector<Tensor>& tensors, int, int size, double) {
+  MG_FAIL("mg::dist::all_reduce: " << tensors.size() << " CUDA tensors over " << size
+          << " ranks, but this build has no NCCL. ---> HINT: build with the CUDA backend and NCCL "
+             "(MINIGRAD_NCCL=ON), or train data-parallel on the CPU");
+}
+
+void nccl_broadcast(const std::vector<Tensor>& tensors, int, int, int size, double) {
+  MG_FAIL("mg::dist::broadcast: " << tensors.size() << " CUDA tensors over " << size
+          << " ranks, but this build has no NCCL (MINIGRAD_NCCL=ON)");
+}
+
+void nccl_shutdown(bool) {}
+
+}  // namespace mg::dist::detail
