@@ -5,6 +5,7 @@
 //
 //   mnist_ga --epochs 1 --batch-size 64 --accum 1 --save-dir runs/b64
 //   mnist_ga --epochs 1 --batch-size 16 --accum 4 --compare runs/b64/epoch_1.safetensors
+//   mpirun -np 2 mnist_ga --epochs 1 --batch-size 16 --accum 2   # 2 ranks: a global batch of 64
 //
 // Data: --data DIR (the four standard IDX names, or only t10k-* which is then split 8,000 / rest);
 // without --data, ../shared/data/mnist when present, else generated data (--synthetic forces it).
@@ -117,7 +118,8 @@ mg::nn::Metadata run_signature(const Config& c, const std::string& data_desc, co
           {"config.lr", lr},                {"config.momentum", mom},
           {"config.clip_norm", clip},       {"config.batch_size", std::to_string(c.batch_size)},
           {"config.accum_schedule", sched}, {"config.seed", std::to_string(c.seed)},
-          {"config.normalize", c.divide_by_n ? "micro_batches" : "samples"}};
+          {"config.normalize", c.divide_by_n ? "micro_batches" : "samples"},
+          {"config.world_size", std::to_string(mg::dist::world_size())}};
 }
 
 void progress(int64_t done, int64_t total, double loss, int64_t epoch) {
@@ -144,7 +146,12 @@ class Planned : public mg::nn::Module {
   std::vector<mg::nn::Segment> plan_;
 };
 
+// Under mpirun only rank 0 prints progress and results, and writes files (mg::dist).
+bool lead() { return mg::dist::rank() == 0; }
+#define LEAD_PRINTF(...) (lead() ? std::printf(__VA_ARGS__) : 0)
+
 int run(Config c, const char* argv0) {
+  const int64_t world = mg::dist::world_size();
   mg::optim::AccumulationSchedule sched =
       c.accum_schedule.empty() ? mg::optim::AccumulationSchedule(c.accum)
                                : for_flag("--accum-schedule", [&] { return mg::optim::AccumulationSchedule::parse(c.accum_schedule); });
@@ -181,7 +188,7 @@ int run(Config c, const char* argv0) {
   }
   const mg::data::IdxDataset train = splits.train.limit(c.limit_train);
   const mg::data::IdxDataset test = splits.test.limit(c.limit_test);
-  std::printf("data: %s; using %lld train, %lld test\n", splits.description.c_str(),
+  LEAD_PRINTF("data: %s; using %lld train, %lld test\n", splits.description.c_str(),
               static_cast<long long>(train.size()), static_cast<long long>(test.size()));
 
   // ---- model, optimizer, accumulation ----
@@ -193,7 +200,12 @@ int run(Config c, const char* argv0) {
   // (one that divides it, so that every window holds the same samples as the batch would), N and
   // the checkpoint plan (minigrad/nn/train_plan.h).
   mg::nn::TrainPlan tp;
-  const int64_t effective_batch = c.batch_size;
+  // Under data parallelism --batch-size with --memory-budget is the global batch: each rank plans
+  // for its part, with the budget per rank.
+  MG_CHECK(c.memory_budget.empty() || c.batch_size % world == 0,
+           "--batch-size " << c.batch_size << " with --memory-budget is the global batch, split over " << world
+                           << " ranks: it must be a multiple of " << world);
+  const int64_t effective_batch = c.batch_size / (c.memory_budget.empty() ? 1 : world);
   if (!c.memory_budget.empty()) {
     if (budget == 0) budget = mg::memory_capacity(dev);
     std::vector<int64_t> divisors;
@@ -206,11 +218,11 @@ int run(Config c, const char* argv0) {
     });
     c.batch_size = tp.micro_batch;
     sched = mg::optim::AccumulationSchedule(tp.accumulation);
-    std::printf("memory budget %s%s: %s\n  predicted peak %s, predicted step %.2f ms (%.4f ms per sample)\n",
+    LEAD_PRINTF("memory budget %s%s: %s\n  predicted peak %s, predicted step %.2f ms (%.4f ms per sample)\n",
                 mg::format_bytes(budget).c_str(), c.memory_budget == "free" ? " (what the device has)" : "",
                 tp.str().c_str(), mg::format_bytes(tp.predicted_peak).c_str(), tp.predicted_step_ms, tp.ms_per_sample());
   }
-  if (limit != 0) std::printf("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
+  if (limit != 0) LEAD_PRINTF("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
   Planned planned(*model, tp.checkpoint.segments);
   const int64_t eval_batch = c.memory_budget.empty() ? 1000 : tp.micro_batch;
   // --compare's file is checked against the model now, not after training.
@@ -220,10 +232,25 @@ int run(Config c, const char* argv0) {
                                     .clip_norm = c.clip_norm,
                                     .non_finite = c.skip_non_finite ? mg::optim::NonFinite::skip : mg::optim::NonFinite::error,
                                     .normalize = c.divide_by_n ? mg::optim::Normalize::micro_batches : mg::optim::Normalize::samples});
-  mg::data::DataLoader loader(train, {.batch_size = c.batch_size, .seed = c.seed, .device = dev});
+  // Every rank starts from rank 0's weights, with the same model and configuration (checked).
+  mg::dist::check_same_parameters(model->named_parameters());
+  mg::dist::broadcast(model->parameters());
+  mg::data::DataLoader loader(train, {.batch_size = c.batch_size, .seed = c.seed, .device = dev,
+                                      .shard = mg::dist::rank(), .num_shards = world});
   const mg::nn::Metadata signature = run_signature(c, splits.description + " limit " + std::to_string(train.size()), sched.str());
+  {
+    std::string all;
+    for (auto& [k, v] : signature) all += k + "=" + v + "\n";
+    mg::dist::check_same("configuration (flags and data)", all);
+  }
+  if (world > 1) {
+    LEAD_PRINTF("data parallel: %lld ranks (%s) x %lld micro-batches x %lld samples = a global batch of %lld per optimizer step\n",
+                static_cast<long long>(world), mg::dist::backend_name(dev).c_str(),
+                static_cast<long long>(sched.steps_for_epoch(0)), static_cast<long long>(c.batch_size),
+                static_cast<long long>(world * sched.steps_for_epoch(0) * c.batch_size));
+  }
 
-  std::printf("model: MLP 784-512-512-10 (%lld parameters) on %s; %s lr %g%s; batch %lld, accumulation %s%s%s\n",
+  LEAD_PRINTF("model: MLP 784-512-512-10 (%lld parameters) on %s; %s lr %g%s; batch %lld, accumulation %s%s%s\n",
               static_cast<long long>(model->parameter_count()), dev.str().c_str(), c.optimizer.c_str(), c.lr,
               c.optimizer == "sgd" ? (" momentum " + std::to_string(c.momentum)).c_str() : "",
               static_cast<long long>(c.batch_size), sched.str().c_str(),
@@ -239,9 +266,9 @@ int run(Config c, const char* argv0) {
     const mg::optim::CheckpointRepair r =
         for_flag("--save-dir", [&] { return mg::optim::repair_checkpoints(c.save_dir); });
     if (r.temporaries_removed > 0) {
-      std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", c.save_dir.c_str(), r.temporaries_removed);
+      LEAD_PRINTF("%s: removed %d temporary file(s) left by an interrupted save\n", c.save_dir.c_str(), r.temporaries_removed);
     }
-    for (const std::string& w : r.completed) std::printf("%s: written from its training state (a save was interrupted)\n", w.c_str());
+    for (const std::string& w : r.completed) LEAD_PRINTF("%s: written from its training state (a save was interrupted)\n", w.c_str());
   }
   int64_t start_epoch = 0;
   if (!c.resume.empty()) {
@@ -258,19 +285,19 @@ int run(Config c, const char* argv0) {
     for (auto& [k, v] : signature) {
       auto it = st.extra.find(k);
       if (it == st.extra.end() || it->second != v) {
-        std::printf("warning: --resume: %s was \"%s\", now \"%s\": the result will not match an uninterrupted run\n",
+        LEAD_PRINTF("warning: --resume: %s was \"%s\", now \"%s\": the result will not match an uninterrupted run\n",
                     k.c_str(), it == st.extra.end() ? "?" : it->second.c_str(), v.c_str());
       }
     }
     start_epoch = st.epoch;
-    std::printf("resumed from %s: %lld epochs done, %lld optimizer steps\n", path.c_str(),
+    LEAD_PRINTF("resumed from %s: %lld epochs done, %lld optimizer steps\n", path.c_str(),
                 static_cast<long long>(st.epoch), static_cast<long long>(opt->step_count()));
   }
 
   // ---- train ----
   mg::reset_peak_memory_stats(dev);
   json epochs_json = json::array();
-  const bool tty = isatty(fileno(stdout));
+  const bool tty = isatty(fileno(stdout)) && lead();
   EvalResult last{};
   for (int64_t e = start_epoch; e < c.epochs; ++e) {
     acc.set_steps(sched.steps_for_epoch(e));
@@ -283,14 +310,14 @@ int run(Config c, const char* argv0) {
         seen += info.micro_batches;
         seen_samples += info.samples;
         loss_sum += info.loss_sum;
-        progress(seen, loader.num_batches(), loss_sum / seen_samples, e + 1);
+        progress(seen, loader.num_batches() * world, loss_sum / seen_samples, e + 1);
       };
     }
     mg::optim::EpochStats st = mg::optim::train_epoch(planned, loader, acc, e, {}, cb);
-    if (tty) std::printf("\r%*s\r", 80, "");
-    last = evaluate(*model, test, dev, eval_batch);
+    if (tty) LEAD_PRINTF("\r%*s\r", 80, "");
+    if (lead()) last = evaluate(*model, test, dev, eval_batch);  // the weights are the same on every rank
     const double sps = st.samples / std::max(st.seconds, 1e-9);
-    std::printf("Epoch %lld/%lld: train loss %.6f | test loss %.6f, accuracy %.2f%% | %.0f samples/s, %lld optimizer steps (N=%lld)%s\n",
+    LEAD_PRINTF("Epoch %lld/%lld: train loss %.6f | test loss %.6f, accuracy %.2f%% | %.0f samples/s, %lld optimizer steps (N=%lld)%s\n",
                 static_cast<long long>(e + 1), static_cast<long long>(c.epochs), st.mean_loss(), last.loss,
                 last.accuracy, sps, static_cast<long long>(st.optimizer_steps),
                 static_cast<long long>(acc.steps()),
@@ -300,7 +327,7 @@ int run(Config c, const char* argv0) {
                            {"test_accuracy", last.accuracy}, {"samples_per_s", sps},
                            {"optimizer_steps", st.optimizer_steps}, {"skipped_steps", st.skipped_steps},
                            {"accum_steps", acc.steps()}, {"seconds", st.seconds}});
-    if (!c.save_dir.empty()) {
+    if (!c.save_dir.empty() && lead()) {
       const std::string base = (fs::path(c.save_dir) / ("epoch_" + std::to_string(e + 1))).string();
       mg::optim::save_checkpoint(base, *model, *opt, {.epoch = e + 1, .extra = signature},
                                  {{"epoch", std::to_string(e + 1)}, {"model", "mlp 784-512-512-10"}});
@@ -308,11 +335,11 @@ int run(Config c, const char* argv0) {
   }
   if (start_epoch >= c.epochs) {
     last = evaluate(*model, test, dev, eval_batch);
-    std::printf("nothing to train (%lld epochs done, --epochs %lld): test loss %.6f, accuracy %.2f%%\n",
+    LEAD_PRINTF("nothing to train (%lld epochs done, --epochs %lld): test loss %.6f, accuracy %.2f%%\n",
                 static_cast<long long>(start_epoch), static_cast<long long>(c.epochs), last.loss, last.accuracy);
   }
   const mg::MemoryStats mem = mg::memory_stats(dev);
-  std::printf("peak memory in use on %s: %s; optimizer steps in total: %lld\n", dev.str().c_str(),
+  LEAD_PRINTF("peak memory in use on %s: %s; optimizer steps in total: %lld\n", dev.str().c_str(),
               mg::format_bytes(mem.peak_in_use).c_str(), static_cast<long long>(opt->step_count()));
 
   // ---- compare with saved weights (the exactness demonstration) ----
@@ -322,12 +349,14 @@ int run(Config c, const char* argv0) {
       auto a = p.to_vector<float>(), b = compare_file.find(name)->to_vector<float>();
       for (size_t i = 0; i < a.size(); ++i) compare_diff = std::max(compare_diff, static_cast<double>(std::abs(a[i] - b[i])));
     }
-    std::printf("max |w - w(%s)| = %.3g over all %lld parameters\n", c.compare.c_str(), compare_diff,
+    LEAD_PRINTF("max |w - w(%s)| = %.3g over all %lld parameters\n", c.compare.c_str(), compare_diff,
                 static_cast<long long>(model->parameter_count()));
   }
 
-  if (!c.json_path.empty()) {
+  if (!c.json_path.empty() && lead()) {
     json j = {{"device", dev.str()},
+              {"world_size", world},
+              {"global_batch", world * c.batch_size * sched.steps_for_epoch(0)},
               {"data", splits.description},
               {"train_samples", train.size()},
               {"test_samples", test.size()},
@@ -361,9 +390,17 @@ int run(Config c, const char* argv0) {
   return 0;
 }
 
+std::string rank_prefix() {
+  return mg::dist::world_size() > 1 ? "rank " + std::to_string(mg::dist::rank()) + " of " +
+                                          std::to_string(mg::dist::world_size()) + ": "
+                                    : "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under mpirun every rank runs this; mg::dist reduces each step's gradients over them.
+  mg::dist::Session session(&argc, &argv);
   CLI::App app{"MLP 784-512-512-10 on MNIST with exact gradient accumulation (libminigrad)"};
   Config c;
   auto* data = app.add_option("--data", c.data_dir, "folder with the MNIST/FashionMNIST IDX files (default: ../shared/data/mnist if present, else generated data)")->check(nonempty());
@@ -400,11 +437,13 @@ int main(int argc, char** argv) {
     if (!c.json_path.empty()) mg::nn::check_writable(c.json_path, "--json");
     return run(c, argv[0]);
   } catch (const mg::OutOfMemoryError& e) {
-    std::fprintf(stderr, "mnist_ga: error: %s%s\n",
+    std::fprintf(stderr, "mnist_ga: %serror: %s%s\n", rank_prefix().c_str(),
                  c.memory_limit.empty() ? "" : ("under --memory-limit " + c.memory_limit + ": ").c_str(), e.what());
+    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);  // Note [collectives never hang]
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mnist_ga: error: %s\n", e.what());
+    std::fprintf(stderr, "mnist_ga: %serror: %s\n", rank_prefix().c_str(), e.what());
+    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);
     return 1;
   }
 }

@@ -25,10 +25,10 @@
 // Note [collectives never hang]: every collective waits at most timeout_seconds (Session's
 // option, or MG_DIST_TIMEOUT in seconds; default 300). A peer that died, threw, or called a
 // different collective makes the others throw mg::Error naming the operation and the wait,
-// instead of hanging. A process that throws should not just return: Session's destructor, run
-// while an exception unwinds, calls MPI_Abort, and mpirun then stops every rank at once (the
-// apps print the error first). A rank killed by a signal is noticed by mpirun, which stops the
-// others and names the dead rank.
+// instead of hanging. A rank that fails should not just return (the others may wait for it in a
+// collective): it reports its error and calls abort_all(), as the apps do, and mpirun stops every
+// rank at once; a Session destroyed while an exception unwinds does the same. A rank killed by a
+// signal is noticed by mpirun, which stops the others and names the dead rank.
 //
 // Built when MPI is found (CMake option MINIGRAD_MPI: AUTO/ON/OFF) and NCCL with the CUDA
 // backend (MINIGRAD_NCCL). Without MPI the library still links: a single process is world 1,
@@ -57,6 +57,11 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 };
+
+// Ends every rank now with `exit_code` (MPI_Abort; std::exit without MPI): for a rank that
+// failed while the others may be waiting in a collective (the apps call it after printing their
+// error).
+[[noreturn]] void abort_all(int exit_code);
 
 bool mpi_built();   // this build has the MPI backend
 bool nccl_built();  // this build has the NCCL backend

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Ranks that fail make the others stop, with a message, within 60 s (Note [collectives never hang]
+# in minigrad/dist/dist.h). Usage: mpi_faults.sh MPIEXEC MPI_FAULTS_BINARY
+set -uo pipefail
+mpiexec=$1 bin=$2
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail=0
+
+# run NAME MODE EXPECTED_RC(0|nonzero) PATTERN [extra env]: runs 2 ranks, checks rc, time and output.
+run() {
+  local name=$1 mode=$2 want=$3 pattern=$4
+  local t0=$SECONDS
+  timeout 120 "$mpiexec" -n 2 "$bin" "$mode" >"$out/$name.log" 2>&1
+  local rc=$? took=$((SECONDS - t0))
+  check "$name" "$rc" "$took" "$want" "$pattern"
+}
+
+check() {
+  local name=$1 rc=$2 took=$3 want=$4 pattern=$5
+  local ok=1
+  if [ "$want" = 0 ] && [ "$rc" != 0 ]; then ok=0; fi
+  if [ "$want" != 0 ] && { [ "$rc" = 0 ] || [ "$rc" = 124 ]; }; then ok=0; fi
+  if [ "$took" -gt 60 ]; then ok=0; fi
+  if ! grep -q -E -- "$pattern" "$out/$name.log"; then ok=0; fi
+  if [ $ok = 1 ]; then
+    echo "ok   $name: exit $rc after ${took}s, output has \"$pattern\""
+  else
+    echo "FAIL $name: exit $rc after ${took}s (want $( [ "$want" = 0 ] && echo 0 || echo 'non-zero') within 60 s and \"$pattern\"); output:"
+    sed 's/^/    /' "$out/$name.log" | tail -30
+    fail=1
+  fi
+}
+
+run healthy none 0 "done: 128 steps"
+run throw throw nonzero "rank 1: error: rank 1 failed on purpose at step 5"
+MG_DIST_TIMEOUT=5 run stall stall nonzero "waited 5 s in all_reduce"
+
+# SIGKILL rank 1 in the middle of training: mpirun notices and stops rank 0.
+t0=$SECONDS
+timeout 120 "$mpiexec" -n 2 "$bin" slow >"$out/kill.log" 2>&1 &
+launcher=$!
+victim=""
+for _ in $(seq 1 200); do
+  for p in $(pgrep -f "mpi_faults slow"); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$p; fi
+  done
+  [ -n "$victim" ] && grep -q "step 10" "$out/kill.log" && break
+  sleep 0.1
+done
+if [ -z "$victim" ]; then
+  echo "FAIL kill: rank 1's process was not found"; fail=1; wait $launcher
+else
+  kill -9 "$victim"
+  wait $launcher
+  rc=$?
+  check kill "$rc" $((SECONDS - t0)) nonzero "process rank 1 .* exited on signal 9"
+fi
+exit $fail
