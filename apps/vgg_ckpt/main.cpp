@@ -96,7 +96,20 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+namespace {
+bool lead() { return mg::dist::rank() == 0; }
+std::string rank_prefix() {
+  return mg::dist::world_size() > 1 ? "rank " + std::to_string(mg::dist::rank()) + " of " +
+                                          std::to_string(mg::dist::world_size()) + ": "
+                                    : "";
+}
+}  // namespace
+// Under mpirun only rank 0 prints and writes files (mg::dist).
+#define LEAD_PRINTF(...) (lead() ? std::printf(__VA_ARGS__) : 0)
+
 int main(int argc, char** argv) {
+  // Under mpirun every rank runs this; mg::dist reduces each step's gradients over them.
+  mg::dist::Session session(&argc, &argv);
   CLI::App app{"Train VGG16 with a gradient-checkpointing plan; report memory and time."};
   std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, data_dir;
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
@@ -133,6 +146,14 @@ int main(int argc, char** argv) {
 
   try {
     const mg::Device dev = for_flag("--device", [&] { return mg::Device::parse(device_str); });
+    // Data parallelism: each rank reads its shard (every K-th sample of each epoch's order) and
+    // --batch-size samples per step (with --memory-budget: the global batch, split over the ranks).
+    const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
+    if (!memory_budget.empty()) {
+      MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the global batch, "
+                                        "split over " << world << " ranks: it must be a multiple of " << world);
+      batch_size /= world;
+    }
     size_t limit = 0, budget = 0;
     if (!memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(memory_limit); });
     if (!memory_budget.empty() && memory_budget != "free") {
@@ -149,24 +170,28 @@ int main(int argc, char** argv) {
       });
       MG_CHECK(folder->num_classes() == kNumClasses,
                "--data: expected " << kNumClasses << " class folders, found " << folder->num_classes());
-      MG_CHECK(folder->size() >= batch_size, "--data: " << folder->size() << " images, fewer than one batch of "
-                                                        << batch_size << "; use a smaller --batch-size");
+      MG_CHECK(folder->size() >= batch_size * world, "--data: " << folder->size() << " images, fewer than one batch of "
+                                                        << batch_size * world << "; use a smaller --batch-size");
       data_str = data_dir + " (" + std::to_string(folder->size()) + " images)";
       data = folder;
     } else {
-      const int64_t n = std::max(kSyntheticSize, batch_size);
+      const int64_t n = std::max(kSyntheticSize, batch_size * world);
       data = std::make_shared<SyntheticImages>(n, image_size, seed);
       data_str = "synthetic (" + std::to_string(n) + " images)";
     }
     // No prefetch thread: a step's wall and CPU time must not include assembling the next batch.
     mg::data::DataLoader loader(data, {.batch_size = batch_size, .seed = seed, .drop_last = true, .device = dev,
-                                       .prefetch = 0});
-    const int64_t batches_per_epoch = loader.num_batches();
+                                       .prefetch = 0, .shard = rank, .num_shards = world});
+    // Shards differ by a sample at most, and so (drop_last) can their numbers of batches: every
+    // rank takes the smallest, so that all step together.
+    const int64_t batches_per_epoch = -mg::dist::all_reduce_max(-loader.num_batches());
     const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
 
     mg::manual_seed(seed);
     auto model = mg::nn::make_vgg16(kNumClasses, width_div);
     model->to(dev);
+    mg::dist::check_same_parameters(model->named_parameters());
+    mg::dist::broadcast(model->parameters());  // every rank starts from rank 0's weights
     model->train();
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
 
@@ -181,7 +206,7 @@ int main(int argc, char** argv) {
         cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size});
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
         const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
-        std::printf("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
+        LEAD_PRINTF("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
                     "the effective batch)\n", static_cast<long long>(batch_size), what.c_str());
         joint = true;
       }
@@ -208,28 +233,33 @@ int main(int argc, char** argv) {
     }
     int64_t micro_batch = joint ? tp.micro_batch : batch_size, accumulation = joint ? tp.accumulation : 1;
     const size_t floor = mg::nn::min_feasible_peak(cost);
-    std::printf("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
+    LEAD_PRINTF("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
                 static_cast<long long>(width_div), static_cast<long long>(image_size),
                 static_cast<long long>(image_size), static_cast<long long>(batch_size),
                 static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
-    std::printf("data: %s\n", data_str.c_str());
+    LEAD_PRINTF("data: %s\n", data_str.c_str());
+    if (world > 1) {
+      LEAD_PRINTF("data parallel: %lld ranks (%s) x %lld samples = a global batch of %lld per optimizer step\n",
+                  static_cast<long long>(world), mg::dist::backend_name(dev).c_str(), static_cast<long long>(batch_size),
+                  static_cast<long long>(world * batch_size));
+    }
     if (joint) {
-      std::printf("memory budget %s%s: %s\n  predicted step %.1f ms (%.2f ms per sample)\n",
+      LEAD_PRINTF("memory budget %s%s: %s\n  predicted step %.1f ms (%.2f ms per sample)\n",
                   mg::format_bytes(budget).c_str(), memory_budget == "free" ? " (what the device has)" : "",
                   tp.str().c_str(), tp.predicted_step_ms, tp.ms_per_sample());
     }
-    std::printf("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
+    LEAD_PRINTF("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
                 plan.kind.c_str(), plan.str().c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
                 plan.recompute_flops / 1e9, mg::format_bytes(floor).c_str(),
                 mg::format_bytes(cost.fixed_bytes).c_str());
-    if (limit != 0) std::printf("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
+    if (limit != 0) LEAD_PRINTF("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
-    std::printf("  peak at %s\n", at.where.c_str());
+    LEAD_PRINTF("  peak at %s\n", at.where.c_str());
     if (!save_dir.empty()) {
       for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
       mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
       if (int n = mg::nn::remove_stale_temporaries(save_dir)) {
-        std::printf("%s: removed %d temporary file(s) left by an interrupted save\n", save_dir.c_str(), n);
+        LEAD_PRINTF("%s: removed %d temporary file(s) left by an interrupted save\n", save_dir.c_str(), n);
       }
     }
 
@@ -239,14 +269,20 @@ int main(int argc, char** argv) {
     // Under a joint plan: the same samples as the loader's batch of B, read micro-batch by
     // micro-batch (a batch of B read at once would hold B inputs, more than the plan has room for).
     mg::optim::Accumulator acc(opt, {.steps = accumulation});
-    std::vector<int64_t> order;
+    std::vector<int64_t> order;  // this rank's samples of the epoch (Note [shards])
+    auto shard_order = [&](int64_t epoch) {
+      const std::vector<int64_t> all = mg::data::epoch_permutation(data->size(), seed, epoch);
+      std::vector<int64_t> mine;
+      for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) mine.push_back(all[i]);
+      return mine;
+    };
     // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): after an out-of-memory
     // error the step is planned again, jointly, for what the device has now (the plain path
     // switches to the joint one: --batch-size becomes the effective batch), and redone.
     auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
       const size_t there = mg::memory_capacity(dev);
       const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
-      std::printf("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
+      LEAD_PRINTF("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
                   static_cast<long long>(step + 1), what.c_str(), mg::format_bytes(there).c_str());
       const std::string before = joint ? tp.str() : "batch " + std::to_string(batch_size) + ", checkpoint " + plan.str();
       const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
@@ -257,16 +293,16 @@ int main(int argc, char** argv) {
       if (!joint) {
         joint = true;
         budget = there;
-        order = mg::data::epoch_permutation(data->size(), seed, step / batches_per_epoch);
+        order = shard_order(step / batches_per_epoch);
       }
-      std::printf("  re-planned: %s, predicted peak %s (was %s, predicted peak %s)\n", tp.str().c_str(),
+      LEAD_PRINTF("  re-planned: %s, predicted peak %s (was %s, predicted peak %s)\n", tp.str().c_str(),
                   mg::format_bytes(tp.predicted_peak).c_str(), before.c_str(), mg::format_bytes(before_peak).c_str());
       replans.push_back({{"step", step + 1}, {"memory_bytes", there}, {"from", before}, {"to", tp.str()}});
     };
     for (int64_t step = 0; step < total_steps; ++step) {
       const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
       if (b == 0 && !joint) loader.start_epoch(epoch);
-      if (b == 0 && joint) order = mg::data::epoch_permutation(data->size(), seed, epoch);
+      if (b == 0 && joint) order = shard_order(epoch);
       mg::data::Batch batch;
       if (!joint) {
         // A damaged image under --data shows up here, when its batch is read.
@@ -281,16 +317,19 @@ int main(int argc, char** argv) {
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
       if (!joint) {
         try {
-          opt.zero_grad();
-          // Dropout by sample (Note [dropout by sample]): the masks a joint plan's micro-batches draw.
-          const mg::SampleWindowGuard window(static_cast<uint64_t>(opt.step_count()), 0);
-          Tensor logits = mg::nn::forward_with_plan(*model, plan, batch.x);
-          Tensor loss = mg::cross_entropy(logits, batch.y);
-          loss.backward();
-          opt.step();
-          last_loss = loss.item();
+          // One micro-batch per step through the Accumulator, which sums the step over the ranks
+          // under data parallelism. Dropout by sample (Note [dropout by sample]): the masks a joint
+          // plan's micro-batches draw.
+          Tensor loss;
+          {
+            const mg::SampleWindowGuard window = acc.sample_window();
+            loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, batch.x), batch.y, mg::Reduction::sum);
+          }
+          acc.backward(loss, batch.size());
+          const mg::optim::StepInfo info = acc.step();
+          last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
         } catch (const mg::OutOfMemoryError& e) {
-          opt.zero_grad();
+          acc.discard();
           batch = {};
           replan(e, step);
         }
@@ -338,35 +377,37 @@ int main(int argc, char** argv) {
       step_ms.push_back(ms);
       peak_in_use = std::max(peak_in_use, st.peak_in_use);
       peak_reserved = std::max(peak_reserved, st.peak_reserved);
-      std::printf("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
+      LEAD_PRINTF("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(total_steps),
                   static_cast<long long>(epoch), last_loss, ms, cpu_ms, mg::format_bytes(st.peak_in_use).c_str(),
                   mg::format_bytes(st.peak_reserved).c_str());
       std::fflush(stdout);
-      if (!save_dir.empty() && b + 1 == batches_per_epoch) {
+      if (!save_dir.empty() && b + 1 == batches_per_epoch && lead()) {
         mg::nn::save_safetensors(save_dir + "/epoch_" + std::to_string(epoch + 1) + ".safetensors",
                                  model->named_parameters(),
                                  {{"epoch", std::to_string(epoch + 1)}});
       }
     }
-    if (!save_dir.empty()) {
+    if (!save_dir.empty() && lead()) {
       mg::nn::save_safetensors(save_dir + "/final.safetensors", model->named_parameters(),
                                {{"steps", std::to_string(total_steps)}});
     }
     const double med = median(step_ms);
     const double ratio = static_cast<double>(peak_in_use) / static_cast<double>(plan.predicted_peak);
-    std::printf("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n",
+    LEAD_PRINTF("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n",
                 med, mg::format_bytes(peak_in_use).c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
                 ratio, mg::format_bytes(peak_reserved).c_str());
     if (joint) {
-      std::printf("joint plan: step %.1f ms predicted, %.1f ms measured (median; measured/predicted %.3f); peak %s of a "
+      LEAD_PRINTF("joint plan: step %.1f ms predicted, %.1f ms measured (median; measured/predicted %.3f); peak %s of a "
                   "budget of %s\n",
                   tp.predicted_step_ms, med, med / tp.predicted_step_ms, mg::format_bytes(peak_in_use).c_str(),
                   mg::format_bytes(budget).c_str());
     }
 
-    if (!json_path.empty()) {
+    if (!json_path.empty() && lead()) {
       nlohmann::ordered_json j;
+      j["world_size"] = world;
+      j["global_batch"] = world * batch_size;
       j["plan"] = plan.kind;
       j["micro_batch"] = micro_batch;
       j["accumulation"] = accumulation;
@@ -413,11 +454,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const mg::OutOfMemoryError& e) {
-    std::fprintf(stderr, "vgg_ckpt: %s%s\n", memory_limit.empty() ? "" : ("under --memory-limit " + memory_limit + ": ").c_str(),
-                 e.what());
+    std::fprintf(stderr, "vgg_ckpt: %s%s%s\n", rank_prefix().c_str(),
+                 memory_limit.empty() ? "" : ("under --memory-limit " + memory_limit + ": ").c_str(), e.what());
+    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);  // Note [collectives never hang]
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "vgg_ckpt: %s\n", e.what());
+    std::fprintf(stderr, "vgg_ckpt: %s%s\n", rank_prefix().c_str(), e.what());
+    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);
     return 1;
   }
 }
