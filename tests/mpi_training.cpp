@@ -25,6 +25,7 @@ struct Setup {
   bool adam = false, dropout = false, checkpoint = false;
   float momentum = 0.9f;  // SGD (lr 0.01 with momentum, 0.02 without)
   float clip_norm = 0.0f;
+  Device device = Device::cpu();  // CUDA: collectives through NCCL
 };
 
 std::shared_ptr<nn::Sequential> mlp(bool dropout) {
@@ -64,6 +65,7 @@ class Planned : public nn::Module {
 std::vector<Tensor> train(const data::Dataset& d, const Setup& s, int64_t batch, int64_t accum, bool data_parallel) {
   manual_seed(11);  // the same initial weights on every rank (broadcast checks it below)
   auto model = mlp(s.dropout);
+  model->to(s.device);
   if (data_parallel) {
     dist::check_same_parameters(model->named_parameters());
     dist::broadcast(model->parameters());
@@ -73,7 +75,7 @@ std::vector<Tensor> train(const data::Dataset& d, const Setup& s, int64_t batch,
   if (s.adam) opt = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1e-3f});
   else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = s.momentum > 0 ? 0.01f : 0.02f, .momentum = s.momentum});
   optim::Accumulator acc(*opt, {.steps = accum, .clip_norm = s.clip_norm, .data_parallel = data_parallel});
-  data::LoaderOptions lo{.batch_size = batch, .seed = 3};
+  data::LoaderOptions lo{.batch_size = batch, .seed = 3, .device = s.device};
   if (data_parallel) {
     lo.shard = dist::rank();
     lo.num_shards = dist::world_size();
@@ -95,16 +97,16 @@ void check_equal_to_one_process(const data::Dataset& d, const Setup& s, double r
   std::vector<Tensor> from0;
   for (const Tensor& t : dp) from0.push_back(t.clone());
   dist::broadcast(from0);
-  for (size_t i = 0; i < dp.size(); ++i) CHECK(bit_equal(dp[i], from0[i]));
+  for (size_t i = 0; i < dp.size(); ++i) CHECK(bit_equal(dp[i].cpu(), from0[i].cpu()));
   if (dist::rank() != 0) return;
   const std::vector<Tensor> one = train(d, s, s.micro_batch * k * s.accum, 1, false);
   double worst = 0, worst_abs = 0, moved = 0;
   manual_seed(11);
   auto init = mlp(s.dropout);
   for (size_t i = 0; i < dp.size(); ++i) {
-    worst = std::max(worst, rel_err(dp[i], one[i]));
-    worst_abs = std::max(worst_abs, max_abs_diff(dp[i], one[i]));
-    moved = std::max(moved, max_abs_diff(one[i], init->parameters()[i]));
+    worst = std::max(worst, rel_err(dp[i].cpu(), one[i].cpu()));
+    worst_abs = std::max(worst_abs, max_abs_diff(dp[i].cpu(), one[i].cpu()));
+    moved = std::max(moved, max_abs_diff(one[i].cpu(), init->parameters()[i]));
   }
   MESSAGE(k << " ranks x " << s.accum << " x " << s.micro_batch << " against one process at batch "
             << k * s.accum * s.micro_batch << " (" << d.size() << " samples" << std::string(s.adam ? ", Adam" : s.momentum > 0 ? ", SGD momentum" : ", SGD")
@@ -162,6 +164,18 @@ TEST_CASE("dropout by sample and checkpointing: masks and replay are those of th
 TEST_CASE("Adam with the global norm clipped once per step") {
   const data::IdxDataset d = digits().slice(0, 2048 + 40);
   check_equal_to_one_process(d, {.micro_batch = 16, .accum = 2, .adam = true, .clip_norm = 0.5f});
+}
+
+TEST_CASE("CUDA: the step through NCCL equals one process's (one GPU per rank)") {
+  if (!cuda_available() || cuda_device_count() < dist::world_size() || !dist::nccl_built() || !dist::launched()) {
+    MESSAGE("skipped: needs a CUDA build with NCCL, a launcher (mpiexec -n 1 runs NCCL over one rank) and a GPU per "
+            "rank; this process has " << cuda_device_count() << " GPU(s) for " << dist::world_size() << " rank(s)");
+    return;
+  }
+  const data::IdxDataset d = digits().slice(0, 2048 + 40);
+  const Device gpu = Device::cuda(dist::local_rank());
+  check_equal_to_one_process(d, {.micro_batch = 16, .accum = 2, .device = gpu});
+  check_equal_to_one_process(d, {.micro_batch = 8, .accum = 4, .dropout = true, .checkpoint = true, .device = gpu});
 }
 
 TEST_CASE("a gradient is communicated once per optimizer step, not once per micro-batch") {

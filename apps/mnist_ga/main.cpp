@@ -158,6 +158,8 @@ int run(Config c, const char* argv0) {
   // ---- device ----
   mg::Device dev = c.device == "auto" ? (mg::cuda_available() ? mg::Device::cuda() : mg::Device::cpu())
                                       : for_flag("--device", [&] { return mg::Device::parse(c.device); });
+  // Under data parallelism "cuda" (or auto) means each rank's own GPU on its machine.
+  dev = mg::dist::device_for_rank(dev, c.device.find(':') != std::string::npos);
   if (dev.is_cuda()) MG_CHECK(mg::cuda_available(), "--device cuda: no CUDA device (or a build without CUDA); use --device cpu");
   size_t limit = 0, budget = 0;
   if (!c.memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(c.memory_limit); });

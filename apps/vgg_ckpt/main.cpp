@@ -145,7 +145,9 @@ int main(int argc, char** argv) {
   mg::cuda::set_cudnn_benchmark(cudnn_benchmark);
 
   try {
-    const mg::Device dev = for_flag("--device", [&] { return mg::Device::parse(device_str); });
+    // Under data parallelism "cuda" means each rank's own GPU on its machine.
+    const mg::Device dev = mg::dist::device_for_rank(for_flag("--device", [&] { return mg::Device::parse(device_str); }),
+                                                     device_str.find(':') != std::string::npos);
     // Data parallelism: each rank reads its shard (every K-th sample of each epoch's order) and
     // --batch-size samples per step (with --memory-budget: the global batch, split over the ranks).
     const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();

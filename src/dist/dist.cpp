@@ -24,7 +24,7 @@ namespace {
 
 struct World {
   bool session = false, launched = false;
-  int rank = 0, size = 1;
+  int rank = 0, size = 1, local_rank = 0;
   double timeout_s = 300;
   int64_t bytes = 0;
 };
@@ -219,6 +219,11 @@ Session::Session(int* argc, char*** argv, SessionOptions opts) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // errors become mg::Error, not exit()
     MPI_Comm_rank(MPI_COMM_WORLD, &g_world.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world.size);
+    MPI_Comm node;  // the ranks sharing this machine's memory
+    mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_world.rank, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    MPI_Comm_rank(node, &g_world.local_rank);
+    MPI_Comm_free(&node);
   }
 #else
   (void)argc;
@@ -265,17 +270,24 @@ bool nccl_built() { return detail::nccl_built(); }
 bool launched() { return g_world.launched; }
 int rank() { return g_world.rank; }
 int world_size() { return g_world.size; }
+int local_rank() { return g_world.local_rank; }
+
+Device device_for_rank(Device d, bool index_given) {
+  if (!d.is_cuda() || index_given || g_world.size == 1) return d;
+  const int n = cuda_device_count();
+  return n > 0 ? Device::cuda(g_world.local_rank % n) : d;
+}
 int64_t bytes_reduced() { return g_world.bytes; }
 
 std::string backend_name(Device d) {
-  if (g_world.size == 1) return "none";
+  if (!g_world.launched) return "none";
   return d.is_cuda() ? "nccl" : "mpi";
 }
 
 void all_reduce(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   check_tensors(tensors, "all_reduce");
-  if (g_world.size == 1) return;
+  if (!g_world.launched) return;
 #ifdef MINIGRAD_WITH_MPI
   if (tensors[0].is_cuda()) {
     int64_t bytes = 0;
@@ -289,7 +301,7 @@ void all_reduce(const std::vector<Tensor>& tensors) {
 }
 
 std::vector<double> all_reduce(std::vector<double> values) {
-  if (g_world.size == 1 || values.empty()) return values;
+  if (!g_world.launched || values.empty()) return values;
 #ifdef MINIGRAD_WITH_MPI
   std::vector<MPI_Request> reqs(1);
   mpi_check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
@@ -301,7 +313,7 @@ std::vector<double> all_reduce(std::vector<double> values) {
 }
 
 int64_t all_reduce_max(int64_t value) {
-  if (g_world.size == 1) return value;
+  if (!g_world.launched) return value;
 #ifdef MINIGRAD_WITH_MPI
   std::vector<MPI_Request> reqs(1);
   long long v = value;
@@ -317,7 +329,7 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
                                                                          << g_world.size);
   if (tensors.empty()) return;
   check_tensors(tensors, "broadcast");
-  if (g_world.size == 1) return;
+  if (!g_world.launched) return;
 #ifdef MINIGRAD_WITH_MPI
   if (tensors[0].is_cuda()) {
     detail::nccl_broadcast(tensors, root, g_world.rank, g_world.size, g_world.timeout_s);
@@ -335,7 +347,7 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
 }
 
 void barrier() {
-  if (g_world.size == 1) return;
+  if (!g_world.launched) return;
 #ifdef MINIGRAD_WITH_MPI
   std::vector<MPI_Request> reqs(1);
   mpi_check(MPI_Ibarrier(MPI_COMM_WORLD, &reqs[0]), "MPI_Ibarrier");
@@ -344,7 +356,7 @@ void barrier() {
 }
 
 void check_same(const std::string& what, const std::string& value) {
-  if (g_world.size == 1) return;
+  if (!g_world.launched) return;
 #ifdef MINIGRAD_WITH_MPI
   const std::vector<std::string> all = all_gather_strings(value, what);
   std::ostringstream diff;

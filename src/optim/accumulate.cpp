@@ -128,7 +128,7 @@ void Accumulator::drop_window() {
   window_samples_.clear();
 }
 
-bool Accumulator::data_parallel() const { return opts_.data_parallel && dist::world_size() > 1; }
+bool Accumulator::data_parallel() const { return opts_.data_parallel && dist::launched(); }
 
 SampleWindowGuard Accumulator::sample_window() const {
   const uint64_t key = static_cast<uint64_t>(opt_.step_count());

@@ -32,7 +32,7 @@
 //
 // Built when MPI is found (CMake option MINIGRAD_MPI: AUTO/ON/OFF) and NCCL with the CUDA
 // backend (MINIGRAD_NCCL). Without MPI the library still links: a single process is world 1,
-// and collectives over one process do nothing.
+// and collectives do nothing. Started by a launcher, even a world of 1 runs every collective.
 #pragma once
 
 #include <cstdint>
@@ -68,10 +68,15 @@ bool nccl_built();  // this build has the NCCL backend
 bool launched();    // started by an MPI launcher (world_size may still be 1)
 int rank();         // 0 without a Session
 int world_size();   // 1 without a Session
+int local_rank();   // this rank's index among the ranks on its machine (to pick its GPU), 0 alone
+// The device a rank trains on when the user named a type but no index ("cuda", "auto"):
+// cuda:(local_rank % devices) for CUDA under data parallelism, `d` itself otherwise.
+Device device_for_rank(Device d, bool index_given);
 std::string backend_name(Device d);  // "mpi", "nccl" or "none"
 
 // Sums `tensors` over all ranks, in place (every rank ends with the same values). All tensors
-// on one device, float32 or float64, contiguous. With world_size() == 1 it does nothing.
+// on one device, float32 or float64, contiguous. Without a launcher it does nothing; under
+// `mpirun -np 1` it goes through MPI or NCCL all the same (a one-rank run tests the machinery).
 void all_reduce(const std::vector<Tensor>& tensors);
 // Sums host values over all ranks.
 std::vector<double> all_reduce(std::vector<double> values);

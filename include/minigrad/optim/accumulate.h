@@ -91,7 +91,7 @@ struct AccumulateOptions {
   NonFinite non_finite = NonFinite::error;
   Normalize normalize = Normalize::samples;
   bool check_finite = true; // compute the gradient norm every step (one read pass) to catch NaN/inf
-  // Under mg::dist with several processes, sum each window over them (Note [data parallel step]);
+  // Under an MPI launcher (mg::dist), sum each window over the ranks (Note [data parallel step]);
   // false: every process steps on its own gradients.
   bool data_parallel = true;
 };
@@ -134,7 +134,8 @@ class Accumulator {
   // non-finite loss or norm under NonFinite::error (the window is dropped first). Under data
   // parallelism a collective (Note [data parallel step]): a rank with nothing pending takes part.
   StepInfo step();
-  // Whether step() reduces over processes: data_parallel and mg::dist::world_size() > 1.
+  // Whether step() reduces over processes: data_parallel and started by an MPI launcher (under
+  // `mpirun -np 1` too, where the reduction runs over one rank).
   bool data_parallel() const;
   // Steps if anything is pending (end of data). Returns whether it stepped (or skipped). Under
   // data parallelism a collective on every rank, stepping when any rank has something pending.
