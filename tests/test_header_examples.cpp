@@ -123,6 +123,25 @@ TEST_CASE("data/loader.h") {
   while (loader.next(b)) { /* b.x: (B, 1, 28, 28) float32, b.y: (B) int64 */ }
 }
 
+TEST_CASE("dist/dist.h") {  // no launcher here: a world of one, the same training loop
+  int argc = 1;
+  char name[] = "test_header_examples";
+  char* args[] = {name, nullptr};
+  char** argv = args;
+  const mg::data::TensorDataset train(mg::test::rand_tensor({64, 1, 28, 28}, 3),
+                                      Tensor::from_vector(std::vector<int64_t>(64, 7), {64}));
+  mg::dist::Session session(&argc, &argv);  // MPI_Init under mpirun; one process otherwise
+  auto model = mg::nn::make_mlp({784, 512, 512, 10});
+  mg::dist::check_same_parameters(model->named_parameters());  // the same model everywhere
+  mg::dist::broadcast(model->parameters());                    // start from rank 0's weights
+  mg::data::DataLoader loader(train, {.batch_size = 16, .shard = mg::dist::rank(),
+                                      .num_shards = mg::dist::world_size()});
+  mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f});
+  mg::optim::Accumulator acc(sgd, {.steps = 2});  // 2 ranks x 2 x 16 = one step of 64
+  mg::optim::train_epoch(*model, loader, acc, /*epoch=*/0);
+  CHECK(acc.steps_taken() == 2);
+}
+
 TEST_CASE("minigrad.h") {
   Tensor x = mg::test::rand_tensor({2, 784}, 5);
   Tensor y = Tensor::from_vector(std::vector<int64_t>{3, 7}, {2});

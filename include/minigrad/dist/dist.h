@@ -4,17 +4,16 @@
 // the window's gradients across processes once per optimizer step (Note [data parallel step] in
 // minigrad/optim/accumulate.h).
 //
-//   int main(int argc, char** argv) {
-//     mg::dist::Session session(&argc, &argv);  // MPI_Init under mpirun; one process otherwise
-//     auto model = mg::nn::make_mlp({784, 512, 512, 10});
-//     mg::dist::broadcast(model->parameters());                  // start from rank 0's weights
-//     mg::dist::check_same_parameters(model->named_parameters());  // the same model everywhere
-//     mg::data::DataLoader loader(train, {.batch_size = 16, .shard = mg::dist::rank(),
-//                                         .num_shards = mg::dist::world_size()});
-//     mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f});
-//     mg::optim::Accumulator acc(sgd, {.steps = 2});  // 2 ranks x 2 x 16 = one step of 64
-//     mg::optim::train_epoch(*model, loader, acc, 0);
-//   }
+//   // in main(int argc, char** argv), with a data set `train`:
+//   mg::dist::Session session(&argc, &argv);  // MPI_Init under mpirun; one process otherwise
+//   auto model = mg::nn::make_mlp({784, 512, 512, 10});
+//   mg::dist::check_same_parameters(model->named_parameters());  // the same model everywhere
+//   mg::dist::broadcast(model->parameters());                    // start from rank 0's weights
+//   mg::data::DataLoader loader(train, {.batch_size = 16, .shard = mg::dist::rank(),
+//                                       .num_shards = mg::dist::world_size()});
+//   mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f});
+//   mg::optim::Accumulator acc(sgd, {.steps = 2});  // 2 ranks x 2 x 16 = one step of 64
+//   mg::optim::train_epoch(*model, loader, acc, /*epoch=*/0);
 //
 //   $ mpirun -np 2 ./train
 //
