@@ -28,6 +28,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/ranks.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -145,10 +146,6 @@ class Planned : public mg::nn::Module {
   mg::nn::Sequential& seq_;
   std::vector<mg::nn::Segment> plan_;
 };
-
-// Under mpirun only rank 0 prints progress and results, and writes files (mg::dist).
-bool lead() { return mg::dist::rank() == 0; }
-#define LEAD_PRINTF(...) (lead() ? std::printf(__VA_ARGS__) : 0)
 
 int run(Config c, const char* argv0) {
   const int64_t world = mg::dist::world_size();
@@ -390,12 +387,6 @@ int run(Config c, const char* argv0) {
     mg::nn::write_file_atomic(c.json_path, j.dump(2) + "\n");
   }
   return 0;
-}
-
-std::string rank_prefix() {
-  return mg::dist::world_size() > 1 ? "rank " + std::to_string(mg::dist::rank()) + " of " +
-                                          std::to_string(mg::dist::world_size()) + ": "
-                                    : "";
 }
 
 }  // namespace

@@ -42,6 +42,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/ranks.h"
 
 namespace {
 
@@ -95,17 +96,6 @@ double median(std::vector<double> v) {
 }
 
 }  // namespace
-
-namespace {
-bool lead() { return mg::dist::rank() == 0; }
-std::string rank_prefix() {
-  return mg::dist::world_size() > 1 ? "rank " + std::to_string(mg::dist::rank()) + " of " +
-                                          std::to_string(mg::dist::world_size()) + ": "
-                                    : "";
-}
-}  // namespace
-// Under mpirun only rank 0 prints and writes files (mg::dist).
-#define LEAD_PRINTF(...) (lead() ? std::printf(__VA_ARGS__) : 0)
 
 int main(int argc, char** argv) {
   // Under mpirun every rank runs this; mg::dist reduces each step's gradients over them.
