@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
-      nlohmann-json3-dev zlib1g-dev libstb-dev libjpeg-dev libopenmpi-dev openmpi-bin ${MG_EXTRA_PACKAGES:-})
+      nlohmann-json3-dev zlib1g-dev libstb-dev libjpeg-dev libopenblas-dev libopenmpi-dev openmpi-bin ${MG_EXTRA_PACKAGES:-})
 if [ "${MG_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -21,6 +21,7 @@
 #include <minigrad/core/memory.h>
 #include <minigrad/core/rng.h>
 #include <minigrad/core/tensor.h>
+#include <minigrad/core/threads.h>
 #include <minigrad/cuda.h>
 #include <minigrad/data/dataset.h>
 #include <minigrad/data/idx.h>

@@ -1,4 +1,4 @@
-// 2-D convolution on the CPU: im2col + Eigen GEMM, one image at a time, in blocks of output rows.
+// 2-D convolution on the CPU: im2col + SGEMM (kernels/cpu/gemm.h), in blocks of output rows.
 //   x: (N, C, H, W)   w: (O, C, KH, KW) viewed as W: (O, C KH KW)   b: (O)   y: (N, O, OH, OW)
 //   col_n = im2col(x_n): (C KH KW, OH OW), col_n[(c,p,q), (i,j)] = x[n, c, i s - pad + p, j s - pad + q]
 //                                          (0 where that falls in the padding)
@@ -12,20 +12,20 @@
 // cache, and the workspace is small. A 1x1 kernel with stride 1 and no padding needs no im2col:
 // col_n is x_n itself.
 //
-// Threads: images are split over OpenMP threads in static contiguous chunks; each thread owns one
-// column block buffer (allocated as a Tensor so the CPU allocator counts it) and, in backward, one
-// partial dW. Within a thread dW sums images, then row blocks, in order, and the partials are summed
-// in thread order, so for a given thread count every run gives the same bits (Note [checkpoint
-// replay] relies on that). With a single image (or one thread) the images run in order and Eigen
-// threads the GEMM itself.
+// Threads (Note [fixed pieces] in core/parallel.h): forward runs one piece per (image, row block).
+// Backward runs, in one parallel part, one piece per image for dx and one piece per group of input
+// channels for dW: a dW piece builds the im2col rows of its channels only and sums every image and
+// row block, in order, into its own columns of dW. So no thread holds a partial dW to be added up
+// later, and every result has the same bits for any thread count. Each thread owns one column
+// block buffer (allocated as a Tensor, so the CPU allocator counts it).
 #include "kernels/conv2d.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/gemm.h"
 
 namespace mg {
 
@@ -52,14 +52,15 @@ void valid_cols(const ConvGeom& g, int64_t q, int64_t& j0, int64_t& j1) {
   j1 = std::max(std::min(first_at_least(g.w + g.pad - q, g.stride), g.ow), j0);
 }
 
-// Output rows [i0, i1) of one image x: (C, H, W) as columns: col: (C KH KW, (i1 - i0) OW).
-void im2col(float* col, const float* x, const ConvGeom& g, int64_t i0, int64_t i1) {
+// Output rows [i0, i1) of channels [c0, c1) of one image x: (C, H, W) as columns:
+// col: ((c1 - c0) KH KW, (i1 - i0) OW).
+void im2col(float* col, const float* x, const ConvGeom& g, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   const int64_t cols = (i1 - i0) * g.ow;
-  for (int64_t c = 0; c < g.c; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     const float* plane = x + c * g.h * g.w;
     for (int64_t p = 0; p < g.kh; ++p) {
       for (int64_t q = 0; q < g.kw; ++q) {
-        float* row = col + ((c * g.kh + p) * g.kw + q) * cols;
+        float* row = col + (((c - c0) * g.kh + p) * g.kw + q) * cols;
         int64_t j0, j1;
         valid_cols(g, q, j0, j1);
         for (int64_t i = i0; i < i1; ++i) {
@@ -110,10 +111,6 @@ void col2im_add(float* dx, const float* col, const ConvGeom& g, int64_t i0, int6
   }
 }
 
-// A column block of a row-major (rows, total_cols) matrix.
-using BlockMap = Eigen::Map<cpu::MatrixRM, 0, Eigen::OuterStride<>>;
-using ConstBlockMap = Eigen::Map<const cpu::MatrixRM, 0, Eigen::OuterStride<>>;
-
 // im2col block size: L2-resident (the CPU this was tuned on has 1 MiB of L2 per core).
 constexpr int64_t kColBlockBytes = 512 << 10;
 
@@ -123,9 +120,14 @@ int64_t block_rows(const ConvGeom& g) {
   return std::clamp<int64_t>(kColBlockBytes / row_bytes, 1, g.oh);
 }
 
-// Threads to split the batch over: no more than there are images.
-int batch_threads(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(std::min<int64_t>(omp_get_max_threads(), n), 1));
+// dW is cut into groups of input channels of about this many multiply-adds each (all images).
+constexpr int64_t kDwPieceFma = int64_t{1} << 22;
+constexpr int64_t kMaxDwPieces = 16;
+
+int64_t channels_per_dw_piece(const ConvGeom& g) {
+  const int64_t fma = g.n * g.o * g.ohw() * g.ckk();
+  const int64_t pieces = std::clamp<int64_t>(fma / kDwPieceFma, 1, std::min<int64_t>(g.c, kMaxDwPieces));
+  return (g.c + pieces - 1) / pieces;
 }
 
 }  // namespace
@@ -135,132 +137,112 @@ void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tens
                          int pad) {
   const ConvGeom g = geometry(x, w, y.size(2), y.size(3), stride, pad);
   const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
-  const int threads = batch_threads(g.n);
   const bool pointwise = g.pointwise();
-  const int64_t rows = block_rows(g), block = g.ckk() * rows * g.ow;
-  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, block});
-  const auto W = cpu::cmat(w, g.o, g.ckk());
+  const int64_t rows = pointwise ? g.oh : block_rows(g), blocks = (g.oh + rows - 1) / rows;
+  const int64_t block = g.ckk() * rows * g.ow, pieces = g.n * blocks;
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   const float* bp = b.defined() ? b.data<float>() : nullptr;
 
-  auto one_image = [&](int64_t n, int tid) {
-    float* yn = yp + n * out;
-    if (pointwise) {
-      auto Y = cpu::MatMap(yn, g.o, g.ohw());
-      Y.noalias() = W * cpu::ConstMatMap(xp + n * img, g.c, g.ohw());
-      if (bp) Y.colwise() += cpu::ConstVecMap(bp, g.o);
-      return;
+  cpu::parallel_pieces(pieces, [&](int64_t piece, int slot) {
+    const int64_t n = piece / blocks, i0 = piece % blocks * rows, i1 = std::min(i0 + rows, g.oh);
+    const int64_t cols = (i1 - i0) * g.ow;
+    float* yb = yp + n * out + i0 * g.ow;
+    const float* col = xp + n * img;
+    if (!pointwise) {
+      float* buf = ws.data<float>() + slot * block;
+      im2col(buf, xp + n * img, g, i0, i1, 0, g.c);
+      col = buf;
     }
-    float* col = ws.data<float>() + tid * block;
-    for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
-      const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
-      im2col(col, xp + n * img, g, i0, i1);
-      BlockMap Y(yn + i0 * g.ow, g.o, cols, Eigen::OuterStride<>(g.ohw()));
-      Y.noalias() = W * cpu::ConstMatMap(col, g.ckk(), cols);
-      if (bp) Y.colwise() += cpu::ConstVecMap(bp, g.o);  // while the block is in cache
+    if (bp) {  // the bias first, the product added onto it
+      for (int64_t o = 0; o < g.o; ++o) std::fill(yb + o * g.ohw(), yb + o * g.ohw() + cols, bp[o]);
     }
-  };
-
-  if (threads == 1) {
-    for (int64_t n = 0; n < g.n; ++n) one_image(n, 0);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int tid = omp_get_thread_num();
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.n; ++n) one_image(n, tid);
-  }
+    cpu::gemm_serial({.m = g.o, .n = cols, .k = g.ckk(), .a = w.data<float>(), .lda = g.ckk(), .b = col,
+                      .ldb = cols, .c = yb, .ldc = g.ohw(), .accumulate = bp != nullptr});
+  });
 }
 
 template <>
 void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
                           const Tensor& w, int stride, int pad, bool accumulate) {
   const ConvGeom g = geometry(x, w, dy.size(2), dy.size(3), stride, pad);
-  const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
+  const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw(), kk = g.kh * g.kw;
   const float* xp = x.data<float>();
   const float* dyp = dy.data<float>();
 
   if (db.defined()) {
     // Per channel, images in order: the same bits for any thread count.
     float* dbp = db.data<float>();
-#pragma omp parallel for if (g.n * out > cpu::kParallelGrain)
-    for (int64_t o = 0; o < g.o; ++o) {
-      float s = 0.0f;
-      for (int64_t n = 0; n < g.n; ++n) s += cpu::ConstArrMap(dyp + n * out + o * g.ohw(), g.ohw()).sum();
-      dbp[o] = accumulate ? dbp[o] + s : s;
-    }
+    cpu::parallel_for(g.o, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(g.n * g.ohw(), 1), 1),
+                      [&](int64_t o0, int64_t o1) {
+                        for (int64_t o = o0; o < o1; ++o) {
+                          float s = 0.0f;
+                          for (int64_t n = 0; n < g.n; ++n) {
+                            s += cpu::ConstArrMap(dyp + n * out + o * g.ohw(), g.ohw()).sum();
+                          }
+                          dbp[o] = accumulate ? dbp[o] + s : s;
+                        }
+                      });
   }
   if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
   if (g.n == 0 || (!dx.defined() && !dw.defined())) return;
 
-  const int threads = batch_threads(g.n);
   const bool pointwise = g.pointwise();
-  const int64_t rows = block_rows(g), block = g.ckk() * rows * g.ow, wsize = g.o * g.ckk();
-  const auto W = cpu::cmat(w, g.o, g.ckk());
-  Tensor ws = pointwise ? Tensor() : Tensor::empty({threads, block});
-  // With one thread dW accumulates straight into dw; otherwise into per-thread partials.
-  Tensor partial = dw.defined() && threads > 1 ? Tensor::empty({threads, wsize}) : Tensor();
-  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  const int64_t rows = pointwise ? g.oh : block_rows(g);
+  const int64_t block = g.ckk() * rows * g.ow;
+  const int64_t group = channels_per_dw_piece(g);
+  const int64_t dw_pieces = dw.defined() ? (g.c + group - 1) / group : 0;
+  const int64_t pieces = dw_pieces + (dx.defined() ? g.n : 0);
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
+  const float* wp = w.data<float>();
 
-  // `assign`: the first contribution to this thread's dW overwrites it.
-  auto one_image = [&](int64_t n, int tid, bool assign) {
-    const float* dyn = dyp + n * out;
-    float* dxn = dxp ? dxp + n * img : nullptr;
-    cpu::MatMap DW(dw.defined() ? (threads > 1 ? partial.data<float>() + tid * wsize : dw.data<float>())
-                                : nullptr,
-                   g.o, g.ckk());
-    if (pointwise) {
-      const cpu::ConstMatMap DY(dyn, g.o, g.ohw()), X(xp + n * img, g.c, g.ohw());
-      if (dw.defined() && assign) DW.noalias() = DY * X.transpose();
-      else if (dw.defined()) DW.noalias() += DY * X.transpose();
-      if (dxn) cpu::MatMap(dxn, g.c, g.ohw()).noalias() = W.transpose() * DY;
-      return;
-    }
-    if (dxn) std::fill(dxn, dxn + img, 0.0f);
-    float* col = ws.data<float>() + tid * block;
-    for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
-      const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
-      const ConstBlockMap DY(dyn + i0 * g.ow, g.o, cols, Eigen::OuterStride<>(g.ohw()));
-      const cpu::ConstMatMap COL(col, g.ckk(), cols);
-      if (dw.defined()) {
-        im2col(col, xp + n * img, g, i0, i1);
-        if (assign) DW.noalias() = DY * COL.transpose();
-        else DW.noalias() += DY * COL.transpose();
-        assign = false;
-      }
-      if (dxn) {
-        cpu::MatMap(col, g.ckk(), cols).noalias() = W.transpose() * DY;
-        col2im_add(dxn, col, g, i0, i1);
+  // dW's columns of channels [c0, c1): every image and row block, in order.
+  auto dw_piece = [&](int64_t c0, int64_t c1, float* buf) {
+    float* dwp = dw.data<float>() + c0 * kk;
+    bool add = accumulate;
+    for (int64_t n = 0; n < g.n; ++n) {
+      for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
+        const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
+        const float* col = xp + n * img + c0 * g.h * g.w;
+        if (!pointwise) {
+          im2col(buf, xp + n * img, g, i0, i1, c0, c1);
+          col = buf;
+        }
+        cpu::gemm_serial({.trans_b = true, .m = g.o, .n = (c1 - c0) * kk, .k = cols, .a = dyp + n * out + i0 * g.ow,
+                          .lda = g.ohw(), .b = col, .ldb = pointwise ? g.ohw() : cols, .c = dwp, .ldc = g.ckk(),
+                          .accumulate = add});
+        add = true;
       }
     }
   };
+  // dx of image n: W^T dY block by block, each scattered back by col2im.
+  auto dx_piece = [&](int64_t n, float* buf) {
+    float* dxn = dx.data<float>() + n * img;
+    const float* dyn = dyp + n * out;
+    if (pointwise) {
+      cpu::gemm_serial({.trans_a = true, .m = g.c, .n = g.ohw(), .k = g.o, .a = wp, .lda = g.ckk(), .b = dyn,
+                        .ldb = g.ohw(), .c = dxn, .ldc = g.ohw()});
+      return;
+    }
+    std::fill(dxn, dxn + img, 0.0f);
+    for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
+      const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
+      cpu::gemm_serial({.trans_a = true, .m = g.ckk(), .n = cols, .k = g.o, .a = wp, .lda = g.ckk(),
+                        .b = dyn + i0 * g.ow, .ldb = g.ohw(), .c = buf, .ldc = cols});
+      col2im_add(dxn, buf, g, i0, i1);
+    }
+  };
 
-  if (threads == 1) {
-    for (int64_t n = 0; n < g.n; ++n) one_image(n, 0, n == 0 && !accumulate);
-    return;
-  }
-  // Static contiguous chunks: thread t handles the same images every run.
-#pragma omp parallel num_threads(threads)
-  {
-    const int tid = omp_get_thread_num();
-    bool first = true;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g.n; ++n) {
-      one_image(n, tid, first);
-      first = false;
+  cpu::parallel_pieces(pieces, [&](int64_t piece, int slot) {
+    float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
+    if (piece < dw_pieces) {
+      const int64_t c0 = piece * group;
+      dw_piece(c0, std::min(c0 + group, g.c), buf);
+    } else {
+      dx_piece(piece - dw_pieces, buf);
     }
-    if (first && partial.defined()) cpu::ArrMap(partial.data<float>() + tid * wsize, wsize).setZero();
-  }
-  if (dw.defined()) {
-    auto DW = cpu::arr(dw);
-    for (int t = 0; t < threads; ++t) {
-      const cpu::ConstArrMap P(partial.data<float>() + t * wsize, wsize);
-      if (t == 0 && !accumulate) DW = P;
-      else DW += P;
-    }
-  }
+  });
 }
 
 }  // namespace mg

@@ -1,7 +1,9 @@
 #include "kernels/elementwise.h"
 
 #include <cstring>
+#include <vector>
 
+#include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 
 namespace mg {
@@ -10,16 +12,20 @@ template <> void add_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
   const float *pa = a.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] + pb[i];
+  });
 }
 
 template <> void mul_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
   const float *pa = a.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] * pb[i];
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) py[i] = pa[i] * pb[i];
+  });
 }
 
 template <> void add_inplace<Cpu>(Tensor& y, const Tensor& x) {
@@ -27,28 +33,34 @@ template <> void add_inplace<Cpu>(Tensor& y, const Tensor& x) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) py[i] += px[i];
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) py[i] += px[i];
+  });
 }
 
 template <> void scale_forward<Cpu>(Tensor& y, const Tensor& x, float s) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) py[i] = s * px[i];
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) py[i] = s * px[i];
+  });
 }
 
 template <> void fill<Cpu>(Tensor& y, float v) {
   float* py = y.data<float>();
   const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) py[i] = v;
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) py[i] = v;
+  });
 }
 
 template <> void zero_many<Cpu>(const std::vector<Tensor>& ys) {
   check_float_list("zero_many", ys, Device::cpu());
-  for (Tensor y : ys) fill<Cpu>(y, 0.0f);  // each split over the OpenMP threads when large
+  for (Tensor y : ys) fill<Cpu>(y, 0.0f);  // each split over the threads when large
 }
 
 void check_float_list(const char* op, const std::vector<Tensor>& xs, Device d) {
@@ -80,10 +92,16 @@ template <> void sum_squares_into<Cpu>(const std::vector<Tensor>& xs, Tensor& ou
   for (const Tensor& x : xs) {
     const float* px = x.data<float>();
     const int64_t n = x.numel();
-    double s = 0.0;
-#pragma omp parallel for simd reduction(+ : s) if (n > cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(px[i]) * px[i];
-    total += s;
+    // A partial sum per piece, added in piece order: the same bits for any thread count.
+    const int64_t pieces = (n + cpu::kParallelGrain - 1) / cpu::kParallelGrain;
+    std::vector<double> partial(static_cast<size_t>(pieces));
+    cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+      double s = 0.0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(px[i]) * px[i];
+      partial[static_cast<size_t>(i0 / cpu::kParallelGrain)] = s;
+    });
+    for (double s : partial) total += s;
   }
   out.data<double>()[slot] = total;
 }

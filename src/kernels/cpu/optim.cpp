@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 
 namespace mg {
@@ -12,17 +13,19 @@ namespace {
 template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
 void sgd_loop(float* p, const float* g, float* buf, int64_t n, const SgdHyper& h) {
   const float s = h.grad_scale, wd = h.weight_decay, mu = h.momentum, damp = 1.0f - h.dampening, lr = h.lr;
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    float d = s * g[i];
-    if constexpr (kDecay) d += wd * p[i];
-    if constexpr (kMomentum) {
-      const float b = kFirst ? d : mu * buf[i] + damp * d;
-      buf[i] = b;
-      d = kNesterov ? d + mu * b : b;
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) {
+      float d = s * g[i];
+      if constexpr (kDecay) d += wd * p[i];
+      if constexpr (kMomentum) {
+        const float b = kFirst ? d : mu * buf[i] + damp * d;
+        buf[i] = b;
+        d = kNesterov ? d + mu * b : b;
+      }
+      p[i] -= lr * d;
     }
-    p[i] -= lr * d;
-  }
+  });
 }
 
 template <bool kDecay>
@@ -63,18 +66,20 @@ void adam_update<Cpu>(std::vector<Tensor>& params, const std::vector<Tensor>& gr
     float* m = exp_avg[k].data<float>();
     float* v = exp_avg_sq[k].data<float>();
     const int64_t n = params[k].numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) {
-      float d = h.grad_scale * g[i];
-      if (h.weight_decay != 0.0f) {
-        if (h.decoupled) p[i] *= 1.0f - h.lr * h.weight_decay;
-        else d += h.weight_decay * p[i];
+    cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i) {
+        float d = h.grad_scale * g[i];
+        if (h.weight_decay != 0.0f) {
+          if (h.decoupled) p[i] *= 1.0f - h.lr * h.weight_decay;
+          else d += h.weight_decay * p[i];
+        }
+        m[i] += (d - m[i]) * (1.0f - h.beta1);  // torch: exp_avg.lerp_(grad, 1 - beta1)
+        v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * d * d;
+        const float denom = std::sqrt(v[i]) / bias_c2_sqrt + h.eps;
+        p[i] -= step_size * (m[i] / denom);
       }
-      m[i] += (d - m[i]) * (1.0f - h.beta1);  // torch: exp_avg.lerp_(grad, 1 - beta1)
-      v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * d * d;
-      const float denom = std::sqrt(v[i]) / bias_c2_sqrt + h.eps;
-      p[i] -= step_size * (m[i] / denom);
-    }
+    });
   }
 }
 

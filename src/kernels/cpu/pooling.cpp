@@ -1,4 +1,4 @@
-// Pooling on the CPU, one (n, c) plane per OpenMP iteration.
+// Pooling on the CPU, (n, c) planes split over the threads (core/parallel.h).
 //   x, dx: (N, C, H, W)   y, dy, idx: (N, C, OH, OW)
 // max_pool2d:  y[i,j] = max of x over rows [i s - pad, i s - pad + K) and columns likewise, clipped
 //              to the plane (padding is -inf, so it is never the max); idx = h * W + w of the first
@@ -10,9 +10,11 @@
 //   backward:  dx = 0, then every element of window (i,j) += dy[i,j] / window size           (=)
 #include "kernels/pooling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 
 namespace mg {
@@ -32,8 +34,8 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   int64_t* ip = idx.data<int64_t>();
-#pragma omp parallel for if (planes * h * w > cpu::kParallelGrain)
-  for (int64_t pl = 0; pl < planes; ++pl) {
+  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(h * w, 1), 1), [&](int64_t pl0, int64_t pl1) {
+  for (int64_t pl = pl0; pl < pl1; ++pl) {
     const float* in = xp + pl * h * w;
     float* out = yp + pl * oh * ow;
     int64_t* arg = ip + pl * oh * ow;
@@ -59,6 +61,7 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
       }
     }
   }
+  });
 }
 
 template <>
@@ -69,12 +72,13 @@ void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, i
   const float* gp = dy.data<float>();
   const int64_t* ip = idx.data<int64_t>();
   float* dp = dx.data<float>();
-#pragma omp parallel for if (planes * hw > cpu::kParallelGrain)
-  for (int64_t pl = 0; pl < planes; ++pl) {
+  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(hw, 1), 1), [&](int64_t pl0, int64_t pl1) {
+  for (int64_t pl = pl0; pl < pl1; ++pl) {
     float* plane = dp + pl * hw;
     std::fill(plane, plane + hw, 0.0f);
     for (int64_t k = 0; k < ohw; ++k) plane[ip[pl * ohw + k]] += gp[pl * ohw + k];
   }
+  });
 }
 
 template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
@@ -82,8 +86,8 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
   const int64_t oh = y.size(2), ow = y.size(3);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-#pragma omp parallel for if (planes * h * w > cpu::kParallelGrain)
-  for (int64_t pl = 0; pl < planes; ++pl) {
+  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(h * w, 1), 1), [&](int64_t pl0, int64_t pl1) {
+  for (int64_t pl = pl0; pl < pl1; ++pl) {
     const float* in = xp + pl * h * w;
     float* out = yp + pl * oh * ow;
     for (int64_t i = 0; i < oh; ++i) {
@@ -98,6 +102,7 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
       }
     }
   }
+  });
 }
 
 template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy) {
@@ -105,8 +110,8 @@ template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy)
   const int64_t oh = dy.size(2), ow = dy.size(3);
   const float* gp = dy.data<float>();
   float* dp = dx.data<float>();
-#pragma omp parallel for if (planes * h * w > cpu::kParallelGrain)
-  for (int64_t pl = 0; pl < planes; ++pl) {
+  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(h * w, 1), 1), [&](int64_t pl0, int64_t pl1) {
+  for (int64_t pl = pl0; pl < pl1; ++pl) {
     const float* g = gp + pl * oh * ow;
     float* plane = dp + pl * h * w;
     std::fill(plane, plane + h * w, 0.0f);
@@ -121,6 +126,7 @@ template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy)
       }
     }
   }
+  });
 }
 
 }  // namespace mg

@@ -1,5 +1,6 @@
 #include "kernels/relu.h"
 
+#include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 
 namespace mg {
@@ -8,16 +9,20 @@ template <> void relu_forward<Cpu>(Tensor& y, const Tensor& x) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0.0f ? px[i] : 0.0f;
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) py[i] = px[i] > 0.0f ? px[i] : 0.0f;
+  });
 }
 
 template <> void relu_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& y) {
   const float *pdy = dy.data<float>(), *py = y.data<float>();
   float* pdx = dx.data<float>();
   const int64_t n = dx.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) pdx[i] = py[i] > 0.0f ? pdy[i] : 0.0f;
+  cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; ++i) pdx[i] = py[i] > 0.0f ? pdy[i] : 0.0f;
+  });
 }
 
 }  // namespace mg

@@ -1,0 +1,180 @@
+#include "kernels/cpu/gemm.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/parallel.h"
+#include "kernels/cpu/eigen.h"
+
+#ifdef MINIGRAD_WITH_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace mg::cpu {
+
+namespace {
+
+// Pieces of about this many multiply-adds (~0.1 ms on one AVX2 core): enough work per piece to
+// hide the packing each SGEMM call repeats, enough pieces for a few cores.
+constexpr int64_t kPieceFma = int64_t{1} << 21;
+constexpr int64_t kMaxPieces = 16;
+constexpr int64_t kPieceAlign = 16;
+
+#ifdef MINIGRAD_WITH_OPENBLAS
+// OpenBLAS would start its own threads inside every call; ours already split the work.
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+#endif
+
+void product(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+#ifdef MINIGRAD_WITH_OPENBLAS
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a,
+              static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.accumulate ? 1.0f : 0.0f, g.c,
+              static_cast<int>(g.ldc));
+#else
+  using Strided = Eigen::Map<const MatrixRM, 0, Eigen::OuterStride<>>;
+  Eigen::Map<MatrixRM, 0, Eigen::OuterStride<>> C(g.c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
+  const Strided A(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, Eigen::OuterStride<>(g.lda));
+  const Strided B(g.b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, Eigen::OuterStride<>(g.ldb));
+  auto run = [&](const auto& a, const auto& b) {
+    if (g.accumulate) C.noalias() += a * b;
+    else C.noalias() = a * b;
+  };
+  if (g.trans_a && g.trans_b) run(A.transpose(), B.transpose());
+  else if (g.trans_a) run(A.transpose(), B);
+  else if (g.trans_b) run(A, B.transpose());
+  else run(A, B);
+#endif
+}
+
+}  // namespace
+
+void gemm_serial(const GemmArgs& g) {
+#ifdef MINIGRAD_WITH_OPENBLAS
+  single_threaded_blas();
+#endif
+  if (g.k == 0) {  // an empty sum: C = 0, or C unchanged
+    if (!g.accumulate) {
+      for (int64_t i = 0; i < g.m; ++i) std::fill(g.c + i * g.ldc, g.c + i * g.ldc + g.n, 0.0f);
+    }
+    return;
+  }
+  product(g);
+}
+
+void gemm(const GemmArgs& g) {
+  const int64_t fma = g.m * g.n * std::max<int64_t>(g.k, 1);
+  const int64_t want = std::clamp<int64_t>(fma / kPieceFma, 1, kMaxPieces);
+  // Cut the longer side of C: the other operand's packing is what every piece repeats.
+  const bool by_rows = g.m >= g.n;
+  const int64_t len = by_rows ? g.m : g.n;
+  const int64_t step = std::max<int64_t>((len + want - 1) / want + kPieceAlign - 1, kPieceAlign) / kPieceAlign * kPieceAlign;
+  const int64_t pieces = (len + step - 1) / step;
+  if (pieces <= 1) return gemm_serial(g);
+  parallel_pieces(pieces, [&](int64_t piece, int) {
+    const int64_t begin = piece * step, size = std::min(step, len - begin);
+    GemmArgs p = g;
+    if (by_rows) {
+      p.m = size;
+      p.a = g.trans_a ? g.a + begin : g.a + begin * g.lda;
+      p.c = g.c + begin * g.ldc;
+    } else {
+      p.n = size;
+      p.b = g.trans_b ? g.b + begin * g.ldb : g.b + begin;
+      p.c = g.c + begin;
+    }
+    gemm_serial(p);
+  });
+}
+
+namespace {
+
+#ifdef __FMA__
+inline float fmadd(float x, float y, float z) { return __builtin_fmaf(x, y, z); }
+#else
+inline float fmadd(float x, float y, float z) { return x * y + z; }
+#endif
+
+// A tile of R rows (of C) by kTileCols columns, held in registers while the samples stream by.
+constexpr int64_t kTileRows = 6, kTileCols = 16;
+
+template <int64_t R>
+void outer_tile(int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                bool accumulate) {
+  float acc[R][kTileCols];
+  for (int64_t r = 0; r < R; ++r) {
+#pragma omp simd
+    for (int64_t j = 0; j < kTileCols; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : 0.0f;
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    const float* bs = b + s * ldb;
+    const float* as = a + s * lda;
+    for (int64_t r = 0; r < R; ++r) {
+      const float x = as[r];
+#pragma omp simd
+      for (int64_t j = 0; j < kTileCols; ++j) acc[r][j] = fmadd(x, bs[j], acc[r][j]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+#pragma omp simd
+    for (int64_t j = 0; j < kTileCols; ++j) c[r * ldc + j] = acc[r][j];
+  }
+}
+
+// Any rows by `cols` < kTileCols columns: the same chains, one element at a time.
+void outer_edge(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t lda, const float* b, int64_t ldb,
+                float* c, int64_t ldc, bool accumulate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      float acc = accumulate ? c[r * ldc + j] : 0.0f;
+      for (int64_t s = 0; s < n; ++s) acc = fmadd(a[s * lda + r], b[s * ldb + j], acc);
+      c[r * ldc + j] = acc;
+    }
+  }
+}
+
+// Rows [0, rows) of C over columns [0, cols): full tiles, then the edges.
+void outer_block(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float* c, int64_t ldc, bool accumulate) {
+  const int64_t full_cols = cols / kTileCols * kTileCols;
+  for (int64_t j = 0; j < full_cols; j += kTileCols) {
+    int64_t r = 0;
+    for (; r + kTileRows <= rows; r += kTileRows) {
+      outer_tile<kTileRows>(n, a + r, lda, b + j, ldb, c + r * ldc + j, ldc, accumulate);
+    }
+    for (; r < rows; ++r) outer_tile<1>(n, a + r, lda, b + j, ldb, c + r * ldc + j, ldc, accumulate);
+  }
+  if (full_cols < cols) {
+    outer_edge(n, rows, cols - full_cols, a, lda, b + full_cols, ldb, c + full_cols, ldc, accumulate);
+  }
+}
+
+}  // namespace
+
+void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                        float* c, int64_t ldc, bool accumulate) {
+  if (m == 0 || k == 0) return;
+  // Pieces: row bands of C, sized by the work (the samples stream once per band and tile column).
+  const int64_t fma = m * k * std::max<int64_t>(n, 1);
+  const int64_t want = std::clamp<int64_t>(fma / kPieceFma, 1, kMaxPieces);
+  const int64_t band = std::max<int64_t>((m + want - 1) / want + kTileRows - 1, kTileRows) / kTileRows * kTileRows;
+  parallel_for(m, band, [&](int64_t r0, int64_t r1) {
+    outer_block(n, r1 - r0, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+  });
+}
+
+const char* gemm_backend() {
+#ifdef MINIGRAD_WITH_OPENBLAS
+  return "openblas " MINIGRAD_OPENBLAS_VERSION;
+#else
+#define MG_STR2(x) #x
+#define MG_STR(x) MG_STR2(x)
+  return "eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(EIGEN_MINOR_VERSION);
+#endif
+}
+
+}  // namespace mg::cpu

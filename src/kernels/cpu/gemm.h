@@ -1,0 +1,51 @@
+// Matrix products for the CPU kernels, row-major float32:
+//   C (m x n) = op(A) op(B)        (accumulate: C += op(A) op(B))
+// op(A) is A (m x k, leading dimension lda) or, with trans_a, the transpose of A stored (k x m);
+// likewise B. The product runs in OpenBLAS's single-threaded SGEMM when the build found OpenBLAS
+// (MINIGRAD_BLAS; Eigen otherwise), called by our own threads (core/parallel.h).
+//
+//   gemm(...)         C is cut into pieces of rows or columns fixed by (m, n, k) and the pieces run
+//                     in parallel (Note [fixed pieces]); the bits do not depend on the thread count.
+//   gemm_serial(...)  one call on this thread, for products inside a piece (a conv block).
+#pragma once
+
+#include <cstdint>
+
+namespace mg::cpu {
+
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+};
+
+void gemm(const GemmArgs& g);
+void gemm_serial(const GemmArgs& g);
+
+// Note [sums in sample order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A weight gradient is a sum over samples: dW = sum_s a_s^T b_s (a_s: the sample's output
+// gradient, b_s: its input). An SGEMM adds each C element's terms in blocks of its choosing and
+// only then onto C, so accumulating 4 micro-batches of 8 into dW rounds differently from one batch
+// of 32, and over an epoch a ReLU kink can turn that rounding into a visible difference (Note
+// [kinks over an epoch] in tests/mpi_training.cpp). sum_outer_products adds the terms onto C one
+// sample at a time, in sample order, starting from C itself:
+//   C = (((C + a_0^T b_0) + a_1^T b_1) + ...)        (C = 0 first unless accumulate)
+// so any split of a batch into micro-batches, accumulated in order, gives the bits of the whole
+// batch. Every element is one chain of fused multiply-adds; the pieces (fixed by the shape) only
+// say which elements a thread computes.
+//   a: (n x m), row-major, leading dimension lda      C: (m x k), ldc
+//   b: (n x k), row-major, leading dimension ldb
+void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                        float* c, int64_t ldc, bool accumulate);
+
+// "openblas 0.3.21" or "eigen 3.4.0": what gemm runs on (printed beside benchmark results).
+const char* gemm_backend();
+
+}  // namespace mg::cpu

@@ -1,0 +1,136 @@
+// The CPU thread pool (src/core/parallel.h): results do not depend on the thread count (Note
+// [fixed pieces]), every piece runs exactly once, errors come back to the caller, nested and
+// concurrent parallel parts work.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <minigrad/minigrad.h>
+
+#include "core/parallel.h"
+#include "helpers.h"
+
+using namespace mg;
+using namespace mg::test;
+
+namespace {
+
+// Restores the thread count a test changed.
+struct ThreadCount {
+  int saved = num_threads();
+  ~ThreadCount() { set_num_threads(saved); }
+};
+
+// Trains `model` for a few steps from a fixed start and returns its parameters.
+std::vector<Tensor> train(const std::function<std::shared_ptr<nn::Sequential>()>& make, const Shape& sample,
+                          int64_t classes, bool adam, int threads) {
+  set_num_threads(threads);
+  manual_seed(5);
+  auto model = make();
+  std::unique_ptr<optim::Optimizer> opt;
+  if (adam) opt = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1e-3f});
+  else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.05f, .momentum = 0.9f});
+  optim::Accumulator acc(*opt, {.steps = 2});
+  Generator gen(9);
+  for (int step = 0; step < 6; ++step) {
+    Shape xs = sample;
+    xs.insert(xs.begin(), 24);
+    const Tensor x = Tensor::uniform(xs, -1.0f, 1.0f, gen);
+    std::vector<int64_t> y(24);
+    for (int64_t j = 0; j < 24; ++j) y[j] = philox_u32(3, step * 24 + j) % classes;
+    Tensor loss;
+    {
+      auto window = acc.sample_window();
+      loss = cross_entropy(model->forward(x), Tensor::from_vector(y, {24}), Reduction::sum);
+    }
+    acc.backward(loss, 24);
+    if (acc.ready()) acc.step();
+  }
+  std::vector<Tensor> out;
+  for (const Tensor& p : model->parameters()) out.push_back(p.clone());
+  return out;
+}
+
+void check_same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("parameter " << i << " " << shape_str(a[i].shape()));
+    CHECK(bit_equal(a[i], b[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("training gives the same bits with 1, 2 and 3 threads (MLP 784-512-512-10 and a CNN, SGD and Adam)") {
+  ThreadCount restore;
+  const auto mlp = [] { return nn::make_mlp({784, 512, 512, 10}); };
+  for (bool adam : {false, true}) {
+    INFO(std::string(adam ? "Adam" : "SGD momentum"));
+    const std::vector<Tensor> one = train(mlp, {1, 28, 28}, 10, adam, 1);
+    check_same_bits(train(mlp, {1, 28, 28}, 10, adam, 2), one);
+    check_same_bits(train(mlp, {1, 28, 28}, 10, adam, 3), one);
+  }
+  // Convolutions (im2col blocks, dW by channel groups), pooling and dropout; 3 x 96 x 96 makes
+  // every kernel split its work into several pieces.
+  const auto cnn = [] { return small_cnn(); };
+  const std::vector<Tensor> one = train(cnn, {3, 96, 96}, 3, true, 1);
+  check_same_bits(train(cnn, {3, 96, 96}, 3, true, 2), one);
+  check_same_bits(train(cnn, {3, 96, 96}, 3, true, 3), one);
+}
+
+TEST_CASE("set_num_threads: a count below 1 is an error") {
+  ThreadCount restore;
+  CHECK_THROWS_WITH_AS(set_num_threads(0), doctest::Contains("expected a count in [1, 4096], got 0"), Error);
+  set_num_threads(3);
+  CHECK(num_threads() == 3);
+}
+
+TEST_CASE("parallel_pieces runs every piece once, nests, and returns a piece's exception") {
+  ThreadCount restore;
+  set_num_threads(3);
+  for (int64_t pieces : {int64_t{2}, int64_t{7}, int64_t{1000}}) {
+    std::vector<std::atomic<int>> runs(static_cast<size_t>(pieces));
+    std::atomic<int> bad_slot{0};
+    const int slots = cpu::parallel_slots(pieces);
+    CHECK(slots == std::min<int64_t>(3, pieces));
+    cpu::parallel_pieces(pieces, [&](int64_t p, int slot) {
+      if (slot < 0 || slot >= slots) ++bad_slot;
+      CHECK(cpu::parallel_slots(10) == 1);  // inside a piece, parts run on this thread
+      int64_t inner = 0;
+      cpu::parallel_for(10, 1, [&](int64_t b, int64_t e) { inner += e - b; });
+      if (inner == 10) runs[static_cast<size_t>(p)]++;
+    });
+    CHECK(bad_slot == 0);
+    for (int64_t p = 0; p < pieces; ++p) CHECK(runs[static_cast<size_t>(p)] == 1);
+  }
+  CHECK_THROWS_WITH_AS(cpu::parallel_pieces(64,
+                                            [](int64_t p, int) {
+                                              if (p == 17) throw Error("piece 17 failed");
+                                            }),
+                       doctest::Contains("piece 17 failed"), Error);
+  // The pool works after an error.
+  std::atomic<int64_t> sum{0};
+  cpu::parallel_for(1000, 10, [&](int64_t b, int64_t e) { sum += e - b; });
+  CHECK(sum == 1000);
+}
+
+TEST_CASE("two threads of the caller's may run kernels at once") {
+  ThreadCount restore;
+  set_num_threads(2);
+  const Tensor a = rand_tensor({64, 300}, 1), w = rand_tensor({200, 300}, 2), b = rand_tensor({200}, 3);
+  const Tensor ref = linear(a, w, b);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> users;
+  for (int t = 0; t < 2; ++t) {
+    users.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        if (!bit_equal(linear(a, w, b), ref)) ++wrong;
+      }
+    });
+  }
+  for (auto& u : users) u.join();
+  CHECK(wrong == 0);
+}
