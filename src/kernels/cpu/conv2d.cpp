@@ -124,10 +124,15 @@ int64_t block_rows(const ConvGeom& g) {
 constexpr int64_t kDwPieceFma = int64_t{1} << 22;
 constexpr int64_t kMaxDwPieces = 16;
 
+// A group spans at least kMinDwColumns columns of dW (64 columns = 8 channels of a 3x3 kernel):
+// narrower products run far below the SGEMM's rate.
+constexpr int64_t kMinDwColumns = 64;
+
 int64_t channels_per_dw_piece(const ConvGeom& g) {
   const int64_t fma = g.n * g.o * g.ohw() * g.ckk();
-  const int64_t pieces = std::clamp<int64_t>(fma / kDwPieceFma, 1, std::min<int64_t>(g.c, kMaxDwPieces));
-  return (g.c + pieces - 1) / pieces;
+  const int64_t pieces = std::clamp<int64_t>(fma / kDwPieceFma, 1, kMaxDwPieces);
+  const int64_t min_group = (kMinDwColumns + g.kh * g.kw - 1) / (g.kh * g.kw);
+  return std::min(std::max((g.c + pieces - 1) / pieces, min_group), g.c);
 }
 
 }  // namespace

@@ -1,13 +1,19 @@
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 
 #ifdef MINIGRAD_WITH_OPENBLAS
 #include <cblas.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
 #endif
 
 namespace mg::cpu {
@@ -28,14 +34,7 @@ void single_threaded_blas() {
 }
 #endif
 
-void product(const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0) return;
-#ifdef MINIGRAD_WITH_OPENBLAS
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a,
-              static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.accumulate ? 1.0f : 0.0f, g.c,
-              static_cast<int>(g.ldc));
-#else
+void eigen_product(const GemmArgs& g) {
   using Strided = Eigen::Map<const MatrixRM, 0, Eigen::OuterStride<>>;
   Eigen::Map<MatrixRM, 0, Eigen::OuterStride<>> C(g.c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
   const Strided A(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, Eigen::OuterStride<>(g.lda));
@@ -48,7 +47,32 @@ void product(const GemmArgs& g) {
   else if (g.trans_a) run(A.transpose(), B);
   else if (g.trans_b) run(A, B.transpose());
   else run(A, B);
+}
+
+#ifdef MINIGRAD_WITH_OPENBLAS
+// Eigen unless MG_GEMM=openblas: measured faster in our pieces on the MLP and VGG steps (BENCHMARKS.md,
+// "Which GEMM").
+bool use_openblas() {
+  static const bool yes = [] {
+    const char* s = std::getenv("MG_GEMM");
+    return s != nullptr && std::string(s) == "openblas";
+  }();
+  return yes;
+}
 #endif
+
+void product(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;
+#ifdef MINIGRAD_WITH_OPENBLAS
+  if (use_openblas()) {
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a,
+                static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.accumulate ? 1.0f : 0.0f, g.c,
+                static_cast<int>(g.ldc));
+    return;
+  }
+#endif
+  eigen_product(g);
 }
 
 }  // namespace
@@ -105,24 +129,43 @@ constexpr int64_t kTileRows = 6, kTileCols = 16;
 template <int64_t R>
 void outer_tile(int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                 bool accumulate) {
+#if defined(__AVX2__) && defined(__FMA__)
+  // Written out in 256-bit registers: compilers tuned for some CPUs pick 128-bit vectors and spill
+  // the 12 accumulators. Each lane is one correctly rounded fused multiply-add, as in outer_edge.
+  __m256 acc[R][2];
+  for (int64_t r = 0; r < R; ++r) {
+    acc[r][0] = accumulate ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
+    acc[r][1] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    const __m256 b0 = _mm256_loadu_ps(b + s * ldb), b1 = _mm256_loadu_ps(b + s * ldb + 8);
+    const float* as = a + s * lda;
+    for (int64_t r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(as + r);
+      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+  }
+#else
   float acc[R][kTileCols];
   for (int64_t r = 0; r < R; ++r) {
-#pragma omp simd
     for (int64_t j = 0; j < kTileCols; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : 0.0f;
   }
   for (int64_t s = 0; s < n; ++s) {
     const float* bs = b + s * ldb;
     const float* as = a + s * lda;
     for (int64_t r = 0; r < R; ++r) {
-      const float x = as[r];
-#pragma omp simd
-      for (int64_t j = 0; j < kTileCols; ++j) acc[r][j] = fmadd(x, bs[j], acc[r][j]);
+      for (int64_t j = 0; j < kTileCols; ++j) acc[r][j] = fmadd(as[r], bs[j], acc[r][j]);
     }
   }
   for (int64_t r = 0; r < R; ++r) {
-#pragma omp simd
     for (int64_t j = 0; j < kTileCols; ++j) c[r * ldc + j] = acc[r][j];
   }
+#endif
 }
 
 // Any rows by `cols` < kTileCols columns: the same chains, one element at a time.
@@ -137,16 +180,39 @@ void outer_edge(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t l
   }
 }
 
-// Rows [0, rows) of C over columns [0, cols): full tiles, then the edges.
+// Rows [0, rows) of C over columns [0, cols): full tiles, then the edges. The rows' `a` values are
+// copied first, a chunk of kChunkRows rows at a time, into a contiguous (n x kTileRows) panel per
+// tile row: read in place they sit lda floats apart, a stride (2 KiB for 512 outputs) that maps a
+// tile's samples onto a few L1 sets, and the loads then miss.
+constexpr int64_t kChunkRows = 16 * kTileRows;
+
 void outer_block(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t lda, const float* b, int64_t ldb,
                  float* c, int64_t ldc, bool accumulate) {
+  thread_local std::vector<float> panel;
   const int64_t full_cols = cols / kTileCols * kTileCols;
-  for (int64_t j = 0; j < full_cols; j += kTileCols) {
-    int64_t r = 0;
-    for (; r + kTileRows <= rows; r += kTileRows) {
-      outer_tile<kTileRows>(n, a + r, lda, b + j, ldb, c + r * ldc + j, ldc, accumulate);
+  for (int64_t r0 = 0; r0 < rows; r0 += kChunkRows) {
+    const int64_t chunk = std::min(kChunkRows, rows - r0);
+    panel.resize(static_cast<size_t>(n * chunk));
+    // Panel t holds rows [r0 + t kTileRows, ...) as (n x width), width = kTileRows but the last.
+    for (int64_t t0 = 0; t0 < chunk; t0 += kTileRows) {
+      const int64_t width = std::min(kTileRows, chunk - t0);
+      float* dst = panel.data() + t0 * n;
+      for (int64_t s = 0; s < n; ++s) {
+        for (int64_t r = 0; r < width; ++r) dst[s * width + r] = a[s * lda + r0 + t0 + r];
+      }
     }
-    for (; r < rows; ++r) outer_tile<1>(n, a + r, lda, b + j, ldb, c + r * ldc + j, ldc, accumulate);
+    for (int64_t j = 0; j < full_cols; j += kTileCols) {
+      for (int64_t t0 = 0; t0 < chunk; t0 += kTileRows) {
+        const int64_t width = std::min(kTileRows, chunk - t0);
+        const float* pa = panel.data() + t0 * n;
+        float* pc = c + (r0 + t0) * ldc + j;
+        if (width == kTileRows) {
+          outer_tile<kTileRows>(n, pa, kTileRows, b + j, ldb, pc, ldc, accumulate);
+        } else {
+          for (int64_t r = 0; r < width; ++r) outer_tile<1>(n, pa + r, width, b + j, ldb, pc + r * ldc, ldc, accumulate);
+        }
+      }
+    }
   }
   if (full_cols < cols) {
     outer_edge(n, rows, cols - full_cols, a, lda, b + full_cols, ldb, c + full_cols, ldc, accumulate);
@@ -167,14 +233,13 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t
   });
 }
 
-const char* gemm_backend() {
-#ifdef MINIGRAD_WITH_OPENBLAS
-  return "openblas " MINIGRAD_OPENBLAS_VERSION;
-#else
 #define MG_STR2(x) #x
 #define MG_STR(x) MG_STR2(x)
-  return "eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(EIGEN_MINOR_VERSION);
+const char* gemm_backend() {
+#ifdef MINIGRAD_WITH_OPENBLAS
+  if (use_openblas()) return "openblas " MINIGRAD_OPENBLAS_VERSION;
 #endif
+  return "eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(EIGEN_MINOR_VERSION);
 }
 
 }  // namespace mg::cpu
