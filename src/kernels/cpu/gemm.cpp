@@ -130,25 +130,51 @@ template <int64_t R>
 void outer_tile(int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                 bool accumulate) {
 #if defined(__AVX2__) && defined(__FMA__)
-  // Written out in 256-bit registers: compilers tuned for some CPUs pick 128-bit vectors and spill
-  // the 12 accumulators. Each lane is one correctly rounded fused multiply-add, as in outer_edge.
-  __m256 acc[R][2];
-  for (int64_t r = 0; r < R; ++r) {
-    acc[r][0] = accumulate ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
-    acc[r][1] = accumulate ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
-  }
-  for (int64_t s = 0; s < n; ++s) {
-    const __m256 b0 = _mm256_loadu_ps(b + s * ldb), b1 = _mm256_loadu_ps(b + s * ldb + 8);
-    const float* as = a + s * lda;
-    for (int64_t r = 0; r < R; ++r) {
-      const __m256 x = _mm256_broadcast_ss(as + r);
-      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+  // Written out in 256-bit registers, one named variable per accumulator: compilers tuned for some
+  // CPUs pick 128-bit vectors, and an array of accumulators was kept on the stack. Each lane is
+  // one correctly rounded fused multiply-add, as in outer_edge.
+  static_assert(R == 1 || R == 6);
+  const auto load = [&](int64_t r, int64_t half) {
+    return accumulate ? _mm256_loadu_ps(c + r * ldc + 8 * half) : _mm256_setzero_ps();
+  };
+  const auto store = [&](int64_t r, int64_t half, __m256 v) { _mm256_storeu_ps(c + r * ldc + 8 * half, v); };
+  if constexpr (R == 1) {
+    __m256 c0 = load(0, 0), c1 = load(0, 1);
+    for (int64_t s = 0; s < n; ++s) {
+      const __m256 x = _mm256_broadcast_ss(a + s * lda);
+      c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + s * ldb), c0);
+      c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + s * ldb + 8), c1);
     }
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
-    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+    store(0, 0, c0);
+    store(0, 1, c1);
+  } else {
+    __m256 c00 = load(0, 0), c01 = load(0, 1), c10 = load(1, 0), c11 = load(1, 1), c20 = load(2, 0),
+           c21 = load(2, 1), c30 = load(3, 0), c31 = load(3, 1), c40 = load(4, 0), c41 = load(4, 1),
+           c50 = load(5, 0), c51 = load(5, 1);
+    for (int64_t s = 0; s < n; ++s) {
+      const __m256 b0 = _mm256_loadu_ps(b + s * ldb), b1 = _mm256_loadu_ps(b + s * ldb + 8);
+      const float* as = a + s * lda;
+      __m256 x = _mm256_broadcast_ss(as + 0);
+      c00 = _mm256_fmadd_ps(x, b0, c00);
+      c01 = _mm256_fmadd_ps(x, b1, c01);
+      x = _mm256_broadcast_ss(as + 1);
+      c10 = _mm256_fmadd_ps(x, b0, c10);
+      c11 = _mm256_fmadd_ps(x, b1, c11);
+      x = _mm256_broadcast_ss(as + 2);
+      c20 = _mm256_fmadd_ps(x, b0, c20);
+      c21 = _mm256_fmadd_ps(x, b1, c21);
+      x = _mm256_broadcast_ss(as + 3);
+      c30 = _mm256_fmadd_ps(x, b0, c30);
+      c31 = _mm256_fmadd_ps(x, b1, c31);
+      x = _mm256_broadcast_ss(as + 4);
+      c40 = _mm256_fmadd_ps(x, b0, c40);
+      c41 = _mm256_fmadd_ps(x, b1, c41);
+      x = _mm256_broadcast_ss(as + 5);
+      c50 = _mm256_fmadd_ps(x, b0, c50);
+      c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    store(0, 0, c00), store(0, 1, c01), store(1, 0, c10), store(1, 1, c11), store(2, 0, c20), store(2, 1, c21);
+    store(3, 0, c30), store(3, 1, c31), store(4, 0, c40), store(4, 1, c41), store(5, 0, c50), store(5, 1, c51);
   }
 #else
   float acc[R][kTileCols];

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""MLP training throughput on a quiet and on a loaded CPU, libminigrad beside PyTorch, same run.
+
+The load is as many busy processes as the machine has cores (pure Python spin loops), started
+before and stopped after each measurement by this script. Each configuration is measured
+--rounds times, alternating frameworks; the table shows the median samples/s.
+
+  /usr/bin/python3 bench/loaded.py --app build/bin/mlp_bench
+  /usr/bin/python3 bench/loaded.py --app build/bin/mlp_bench --other old=path/to/older/mlp_bench
+
+--other NAME=PATH adds another mlp_bench binary (an older build, say) to compare under the same load.
+Output: a Markdown table on stdout, one JSON line per run in --out (default
+bench/results/loaded/runs.jsonl).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def start_load(n):
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop_load(procs):
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def run(cmd, env):
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--app", required=True, help="libminigrad's mlp_bench")
+    ap.add_argument("--other", action="append", default=[], help="NAME=PATH of another mlp_bench build")
+    ap.add_argument("--torch-python", default="/usr/bin/python3")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--accum", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--load", type=int, default=os.cpu_count(), help="busy processes in the loaded runs")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "loaded", "runs.jsonl"))
+    args = ap.parse_args()
+
+    apps = [("libminigrad", args.app)] + [tuple(o.split("=", 1)) for o in args.other]
+    threads = [int(t) for t in args.threads.split(",")]
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    results = {}
+    with open(args.out, "a") as log:
+        for load in (0, args.load):
+            for rnd in range(args.rounds):
+                for t in threads:
+                    jobs = [(name, [path, "--device", "cpu", "--batch", str(args.batch), "--accum", str(args.accum),
+                                    "--steps", str(args.steps)]) for name, path in apps]
+                    jobs.append(("pytorch", [args.torch_python, os.path.join(HERE, "reference", "mlp_torch.py"),
+                                             "--batch", str(args.batch), "--accum", str(args.accum),
+                                             "--steps", str(args.steps), "--threads", str(t)]))
+                    for name, cmd in jobs:
+                        env = dict(os.environ, OMP_NUM_THREADS=str(t))
+                        env.pop("OMP_WAIT_POLICY", None)
+                        procs = start_load(load)
+                        try:
+                            time.sleep(0.5 if load else 0)
+                            r = run(cmd, env)
+                        finally:
+                            stop_load(procs)
+                        r.update(framework=name, threads=t, load=load, round=rnd,
+                                 when=time.strftime("%Y-%m-%d %H:%M:%S"))
+                        log.write(json.dumps(r) + "\n")
+                        log.flush()
+                        results.setdefault((load, name, t), []).append(r["samples_per_s"])
+                        print(f"load {load} {name} threads {t}: {r['samples_per_s']:.0f} samples/s", file=sys.stderr)
+
+    names = [n for n, _ in apps] + ["pytorch"]
+    print(f"MLP 784-512-512-10, batch {args.batch} x {args.accum}, median samples/s of {args.rounds} runs "
+          f"(load: {args.load} busy processes on {os.cpu_count()} cores)\n")
+    print("| load | threads | " + " | ".join(names) + " | libminigrad / pytorch |")
+    print("|---|---|" + "---|" * (len(names) + 1))
+    for load in (0, args.load):
+        for t in threads:
+            med = {n: statistics.median(results[(load, n, t)]) for n in names}
+            cells = " | ".join(f"{med[n]:.0f}" for n in names)
+            print(f"| {load} | {t} | {cells} | {med['libminigrad'] / med['pytorch']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
