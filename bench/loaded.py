@@ -82,18 +82,22 @@ def main():
                         log.write(json.dumps(r) + "\n")
                         log.flush()
                         results.setdefault((load, name, t), []).append(r["samples_per_s"])
+                        if "fraction_of_sgemm" in r and name == "libminigrad":
+                            results.setdefault((load, "frac", t), []).append(r["fraction_of_sgemm"])
                         print(f"load {load} {name} threads {t}: {r['samples_per_s']:.0f} samples/s", file=sys.stderr)
 
     names = [n for n, _ in apps] + ["pytorch"]
     print(f"MLP 784-512-512-10, batch {args.batch} x {args.accum}, median samples/s of {args.rounds} runs "
           f"(load: {args.load} busy processes on {os.cpu_count()} cores)\n")
-    print("| load | threads | " + " | ".join(names) + " | libminigrad / pytorch |")
-    print("|---|---|" + "---|" * (len(names) + 1))
+    print("| load | threads | " + " | ".join(names) + " | libminigrad / pytorch | libminigrad, fraction of SGEMM rate |")
+    print("|---|---|" + "---|" * (len(names) + 2))
     for load in (0, args.load):
         for t in threads:
             med = {n: statistics.median(results[(load, n, t)]) for n in names}
             cells = " | ".join(f"{med[n]:.0f}" for n in names)
-            print(f"| {load} | {t} | {cells} | {med['libminigrad'] / med['pytorch']:.2f} |")
+            frac = results.get((load, "frac", t))
+            frac_cell = f"{statistics.median(frac):.2f}" if frac else "-"
+            print(f"| {load} | {t} | {cells} | {med['libminigrad'] / med['pytorch']:.2f} | {frac_cell} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@
 #include <minigrad/cuda.h>
 #include <minigrad/minigrad.h>
 
+#include "roofline.h"
+
 // The process's peak resident set (Linux reports ru_maxrss in KiB), beside the allocator's figure.
 static int64_t peak_rss_bytes() {
   rusage ru{};
@@ -39,6 +41,8 @@ int main(int argc, char** argv) {
   std::string tf32 = "off";
   app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (FP32) | conv (convolutions only)")
       ->check(CLI::IsMember({"on", "off", "conv"}));
+  bool roofline = true;
+  app.add_option("--roofline", roofline, "CPU: measure the SGEMM rate (bench/roofline.h) and report the fraction of it reached");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -107,6 +111,20 @@ int main(int argc, char** argv) {
                         {"peak_rss_bytes", peak_rss_bytes()},
                         {"loss", last_loss},
                         {"tf32", tf32}};
+    if (dev.is_cpu()) {
+      // 784-512-512-10: forward 2 F, backward 4 F multiply-adds per sample, minus the first layer's
+      // input gradient (not computed), F = 784 * 512 + 512 * 512 + 512 * 10.
+      const double fma_per_sample = 3.0 * (784 * 512 + 512 * 512 + 512 * 10) - 784 * 512;
+      const double gflops = 2.0 * fma_per_sample * static_cast<double>(batch * accum) / median / 1e9;
+      j["threads"] = mg::num_threads();
+      j["gemm"] = mg::cpu::gemm_backend();
+      j["gflops"] = gflops;
+      if (roofline) {
+        const double peak = mg::bench::sgemm_gflops();
+        j["sgemm_gflops"] = peak;
+        j["fraction_of_sgemm"] = gflops / peak;
+      }
+    }
     std::cout << j.dump() << std::endl;
   } catch (const mg::Error& e) {
     std::fprintf(stderr, "mlp_bench: %s\n", e.what());
