@@ -15,8 +15,9 @@
 // Threads (Note [fixed pieces] in core/parallel.h): forward runs one piece per (image, row block).
 // Backward runs, in one parallel part, one piece per image for dx and one piece per group of input
 // channels for dW: a dW piece builds the im2col rows of its channels only and sums every image and
-// row block, in order, into its own columns of dW. So no thread holds a partial dW to be added up
-// later, and every result has the same bits for any thread count. Each thread owns one column
+// row block, in order, into its own columns of dW. Layers with few input channels also cut dW by
+// groups of images, summed into partials added afterwards in group order. The groups depend on
+// the shapes only, so every result has the same bits for any thread count. Each thread owns one column
 // block buffer (allocated as a Tensor, so the CPU allocator counts it).
 #include "kernels/conv2d.h"
 
@@ -135,6 +136,21 @@ int64_t channels_per_dw_piece(const ConvGeom& g) {
   return std::min(std::max((g.c + pieces - 1) / pieces, min_group), g.c);
 }
 
+// With fewer than kMinDwSpread channel groups (the first layers: 3 or 8 input channels), dW is
+// also cut by images: each further group of images sums into a partial dW of its own (the first
+// into dw itself), and the partials are added afterwards in group order. Those layers' weights
+// are small, so the partials are too.
+constexpr int64_t kMinDwSpread = 4;
+
+int64_t dw_image_groups(const ConvGeom& g, int64_t channel_groups) {
+  if (channel_groups >= kMinDwSpread) return 1;
+  const int64_t fma = g.n * g.o * g.ohw() * g.ckk();
+  const int64_t want = std::min<int64_t>(fma / kDwPieceFma / channel_groups, (kMinDwSpread + channel_groups - 1) / channel_groups);
+  const int64_t groups = std::clamp<int64_t>(want, 1, g.n);
+  const int64_t per = (g.n + groups - 1) / groups;
+  return (g.n + per - 1) / per;
+}
+
 }  // namespace
 
 template <>
@@ -197,16 +213,23 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   const int64_t rows = pointwise ? g.oh : block_rows(g);
   const int64_t block = g.ckk() * rows * g.ow;
   const int64_t group = channels_per_dw_piece(g);
-  const int64_t dw_pieces = dw.defined() ? (g.c + group - 1) / group : 0;
+  const int64_t channel_groups = (g.c + group - 1) / group;
+  const int64_t image_groups = dw.defined() ? dw_image_groups(g, channel_groups) : 1;
+  const int64_t per_group = (g.n + image_groups - 1) / image_groups;
+  const int64_t dw_pieces = dw.defined() ? channel_groups * image_groups : 0;
   const int64_t pieces = dw_pieces + (dx.defined() ? g.n : 0);
   Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
+  const int64_t wsize = g.o * g.ckk();
+  Tensor partial = image_groups > 1 ? Tensor::empty({image_groups - 1, wsize}) : Tensor();
   const float* wp = w.data<float>();
 
-  // dW's columns of channels [c0, c1): every image and row block, in order.
-  auto dw_piece = [&](int64_t c0, int64_t c1, float* buf) {
-    float* dwp = dw.data<float>() + c0 * kk;
-    bool add = accumulate;
-    for (int64_t n = 0; n < g.n; ++n) {
+  // dW's columns of channels [c0, c1) over images [n0, n1), every row block, in order: into dw
+  // for the first image group, into its partial for the others.
+  auto dw_piece = [&](int64_t c0, int64_t c1, int64_t image_group, float* buf) {
+    const int64_t n0 = image_group * per_group, n1 = std::min(n0 + per_group, g.n);
+    float* dwp = (image_group == 0 ? dw.data<float>() : partial.data<float>() + (image_group - 1) * wsize) + c0 * kk;
+    bool add = image_group == 0 && accumulate;
+    for (int64_t n = n0; n < n1; ++n) {
       for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
         const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
         const float* col = xp + n * img + c0 * g.h * g.w;
@@ -242,12 +265,21 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   cpu::parallel_pieces(pieces, [&](int64_t piece, int slot) {
     float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
     if (piece < dw_pieces) {
-      const int64_t c0 = piece * group;
-      dw_piece(c0, std::min(c0 + group, g.c), buf);
+      const int64_t c0 = piece % channel_groups * group;
+      dw_piece(c0, std::min(c0 + group, g.c), piece / channel_groups, buf);
     } else {
       dx_piece(piece - dw_pieces, buf);
     }
   });
+  if (partial.defined()) {  // dw += partial 0, then partial 1, ...: per element, in group order
+    float* dwp = dw.data<float>();
+    const float* pp = partial.data<float>();
+    cpu::parallel_for(wsize, cpu::kParallelGrain, [&](int64_t e0, int64_t e1) {
+      for (int64_t q = 0; q < image_groups - 1; ++q) {
+        for (int64_t e = e0; e < e1; ++e) dwp[e] += pp[q * wsize + e];
+      }
+    });
+  }
 }
 
 }  // namespace mg
