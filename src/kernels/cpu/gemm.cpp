@@ -233,6 +233,14 @@ void outer_block(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t 
         const float* pa = panel.data() + t0 * n;
         float* pc = c + (r0 + t0) * ldc + j;
         if (width == kTileRows) {
+#if defined(__AVX2__) && defined(__FMA__)
+          // The next tile's C rows (they are usually not in cache: a weight gradient is MiBs).
+          if (accumulate && j + kTileCols < full_cols) {
+            for (int64_t r = 0; r < kTileRows; ++r) {
+              _mm_prefetch(reinterpret_cast<const char*>(pc + r * ldc + kTileCols), _MM_HINT_T0);
+            }
+          }
+#endif
           outer_tile<kTileRows>(n, pa, kTileRows, b + j, ldb, pc, ldc, accumulate);
         } else {
           for (int64_t r = 0; r < width; ++r) outer_tile<1>(n, pa + r, width, b + j, ldb, pc + r * ldc, ldc, accumulate);
