@@ -18,6 +18,8 @@
 
 #include <minigrad/minigrad.h>
 
+#include "roofline.h"
+
 namespace {
 
 struct Layer {
@@ -133,6 +135,13 @@ int main(int argc, char** argv) {
                         {"min_fwd_s", total_min_fwd},
                         {"min_fwd_bwd_s", total_min_step},
                         {"fwd_bwd_gflops", total_gflop / total_step}};
+    if (dev.is_cpu()) {  // the machine's measured limit beside the result (bench/roofline.h)
+      const double peak = mg::bench::sgemm_gflops();
+      j["threads"] = mg::num_threads();
+      j["gemm"] = mg::cpu::gemm_backend();
+      j["sgemm_gflops"] = peak;
+      j["fraction_of_sgemm"] = total_gflop / total_step / peak;
+    }
     std::cout << j.dump() << std::endl;
   } catch (const mg::Error& e) {
     std::fprintf(stderr, "conv_bench: %s\n", e.what());

@@ -1,15 +1,17 @@
 // The CPU thread pool (src/core/parallel.h): results do not depend on the thread count (Note
 // [fixed pieces]), every piece runs exactly once, errors come back to the caller, nested and
-// concurrent parallel parts work.
+// concurrent parallel parts work, and the back-off policy (Note [backing off]) acts as documented.
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include <minigrad/minigrad.h>
 
+#include "core/backoff.h"
 #include "core/parallel.h"
 #include "helpers.h"
 
@@ -133,4 +135,35 @@ TEST_CASE("two threads of the caller's may run kernels at once") {
   }
   for (auto& u : users) u.join();
   CHECK(wrong == 0);
+}
+
+TEST_CASE("back-off: stalls over a quarter of a window drop a thread; the full count is retried later") {
+  using namespace std::chrono_literals;
+  using clock = std::chrono::steady_clock;
+  cpu::detail::Backoff b;
+  clock::time_point now{};
+  CHECK(b.threads(4, now) == 4);
+  // A quiet window: waits of a fifth of the time are normal unevenness, nothing changes.
+  for (int i = 0; i < 10; ++i) b.record(4, 1ms, 200us, now += 1ms);
+  CHECK(b.threads(4, now) == 4);
+  // Stalls of half the time: one thread fewer, until the 200 ms pause is over.
+  for (int i = 0; i < 10; ++i) b.record(4, 1ms, 500us, now += 1ms);
+  CHECK(b.threads(4, now) == 3);
+  CHECK(b.threads(4, now + 199ms) == 3);
+  now += 200ms;
+  CHECK(b.threads(4, now) == 4);  // tried again
+  // Still stalled: back to 3, and the next try waits twice as long.
+  for (int i = 0; i < 10; ++i) b.record(4, 1ms, 500us, now += 1ms);
+  CHECK(b.threads(4, now + 399ms) == 3);
+  now += 400ms;
+  CHECK(b.threads(4, now) == 4);
+  // A clean window at the full count forgets the failures: the pause is 200 ms again.
+  for (int i = 0; i < 10; ++i) b.record(4, 1ms, 0us, now += 1ms);
+  for (int i = 0; i < 10; ++i) b.record(4, 1ms, 500us, now += 1ms);
+  CHECK(b.threads(4, now + 199ms) == 3);
+  CHECK(b.threads(4, now + 200ms) == 4);
+  // Never below one thread.
+  cpu::detail::Backoff one;
+  for (int i = 0; i < 10; ++i) one.record(1, 1ms, 900us, now += 1ms);
+  CHECK(one.threads(2, now) == 1);
 }

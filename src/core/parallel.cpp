@@ -9,6 +9,7 @@
 //   overwrite them, before the claimed piece is done). A worker that wakes after the part ended
 //   fails to claim, whatever part it thought it saw, and goes back to waiting.
 #include "core/parallel.h"
+#include "core/backoff.h"
 
 #include <minigrad/core/error.h>
 #include <minigrad/core/threads.h>
@@ -76,41 +77,6 @@ constexpr uint64_t encode(uint64_t index, uint64_t pieces, uint64_t slots) {
 }
 
 thread_local bool t_in_piece = false;
-
-// Note [backing off]
-// ~~~~~~~~~~~~~~~~~~
-// The caller times each part with more than one thread: from publishing it to claiming nothing
-// more (its own work), and from then to the last piece's end (waiting). Waiting up to two of
-// its own pieces' average time is the normal unevenness of the last pieces; the rest is a stall,
-// a worker descheduled inside a piece. Over a window of 10 ms of parallel time, stalls above a
-// quarter of it mean the machine is shared: one thread fewer. After a pause (200 ms, doubling
-// while it keeps failing, at most 3.2 s) the full count is tried again. Results do not change
-// (Note [fixed pieces]); only who computes the pieces does.
-struct Backoff {
-  int active = 0;  // threads in use now; 0: all of num_threads()
-  clock::duration window_total{}, window_stall{};
-  clock::time_point retry_at{};
-  clock::duration pause = std::chrono::milliseconds(200);
-
-  int threads(int configured, clock::time_point now) {
-    if (active != 0 && now >= retry_at) active = 0;  // try them all again
-    return active == 0 ? configured : std::min(active, configured);
-  }
-  void record(int used, clock::duration total, clock::duration stall, clock::time_point now) {
-    window_total += total;
-    window_stall += stall;
-    if (window_total < std::chrono::milliseconds(10)) return;
-    const bool stalled = window_stall * 4 > window_total;
-    window_total = window_stall = {};
-    if (stalled) {
-      active = std::max(used - 1, 1);
-      retry_at = now + pause;
-      pause = std::min<clock::duration>(pause * 2, std::chrono::milliseconds(3200));
-    } else if (active == 0) {
-      pause = std::chrono::milliseconds(200);  // the full count works: forget earlier failures
-    }
-  }
-};
 
 class Pool {
  public:
@@ -211,7 +177,7 @@ class Pool {
   void* ctx_ = nullptr;
   std::mutex error_mu_;
   std::exception_ptr error_;
-  Backoff backoff_;
+  cpu::detail::Backoff backoff_;
 };
 
 Pool& pool() {

@@ -23,7 +23,7 @@
 // waiting thread does not take the core from the one it waits for. On top of that, the pool
 // watches how long the caller waits for started pieces: when that exceeds a quarter of the
 // parallel time over a window of parts, other processes are taking our cores, and it uses one
-// thread fewer for a while before trying again (Note [backing off] in parallel.cpp). OpenMP's
+// thread fewer for a while before trying again (Note [backing off] in core/backoff.h). OpenMP's
 // barrier, by contrast, waits for every thread of the team, spinning: with two busy processes
 // on a 2-core machine a step took 25x as long with 2 threads as with 1.
 #pragma once
