@@ -195,16 +195,13 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   if (db.defined()) {
     // Per channel, images in order: the same bits for any thread count.
     float* dbp = db.data<float>();
-    cpu::parallel_for(g.o, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(g.n * g.ohw(), 1), 1),
-                      [&](int64_t o0, int64_t o1) {
-                        for (int64_t o = o0; o < o1; ++o) {
-                          float s = 0.0f;
-                          for (int64_t n = 0; n < g.n; ++n) {
-                            s += cpu::ConstArrMap(dyp + n * out + o * g.ohw(), g.ohw()).sum();
-                          }
-                          dbp[o] = accumulate ? dbp[o] + s : s;
-                        }
-                      });
+    cpu::parallel_for(g.o, cpu::items_per_piece(g.n * g.ohw()), [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        float s = 0.0f;
+        for (int64_t n = 0; n < g.n; ++n) s += cpu::ConstArrMap(dyp + n * out + o * g.ohw(), g.ohw()).sum();
+        dbp[o] = accumulate ? dbp[o] + s : s;
+      }
+    });
   }
   if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
   if (g.n == 0 || (!dx.defined() && !dw.defined())) return;

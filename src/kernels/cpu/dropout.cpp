@@ -35,7 +35,7 @@ void masked_scale_strided(float* out, const float* in, int64_t n, float p, uint6
                           int64_t per_sample, uint64_t sample_stride) {
   if (n <= 0) return;
   const int64_t samples = n / per_sample;
-  cpu::parallel_for(samples, std::max<int64_t>(cpu::kParallelGrain / per_sample, 1), [&](int64_t s0, int64_t s1) {
+  cpu::parallel_for(samples, cpu::items_per_piece(per_sample), [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       masked_scale(out + s * per_sample, in + s * per_sample, per_sample, p, seed,
                    offset + static_cast<uint64_t>(s) * sample_stride);

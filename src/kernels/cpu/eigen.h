@@ -3,6 +3,8 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
+
 #include <minigrad/core/tensor.h>
 
 namespace mg::cpu {
@@ -25,5 +27,11 @@ inline ConstArrMap carr(const Tensor& t) { return ConstArrMap(t.data<float>(), t
 // Element-wise loops go parallel only past this many elements; below it threads cost more
 // than they save.
 constexpr int64_t kParallelGrain = 1 << 15;
+
+// The grain of a loop over items (rows, planes, samples) of `per_item` elements each: about
+// kParallelGrain elements per piece, at least one item.
+inline int64_t items_per_piece(int64_t per_item) {
+  return std::max<int64_t>(kParallelGrain / std::max<int64_t>(per_item, 1), 1);
+}
 
 }  // namespace mg::cpu

@@ -1,5 +1,6 @@
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -89,17 +90,17 @@ void check_store_scalar_args(const Tensor& out, int64_t slot, const Tensor& x) {
 template <> void sum_squares_into<Cpu>(const std::vector<Tensor>& xs, Tensor& out, int64_t slot) {
   check_stats_args("sum_squares_into", xs, out, slot);
   double total = 0.0;
+  std::vector<double> partial;  // a partial sum per piece, added in piece order: the same bits for any thread count
   for (const Tensor& x : xs) {
     const float* px = x.data<float>();
-    const int64_t n = x.numel();
-    // A partial sum per piece, added in piece order: the same bits for any thread count.
-    const int64_t pieces = (n + cpu::kParallelGrain - 1) / cpu::kParallelGrain;
-    std::vector<double> partial(static_cast<size_t>(pieces));
-    cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
+    const int64_t n = x.numel(), grain = cpu::kParallelGrain;
+    partial.assign(static_cast<size_t>((n + grain - 1) / grain), 0.0);
+    cpu::parallel_pieces(static_cast<int64_t>(partial.size()), [&](int64_t piece, int) {
+      const int64_t i0 = piece * grain, i1 = std::min(i0 + grain, n);
       double s = 0.0;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(px[i]) * px[i];
-      partial[static_cast<size_t>(i0 / cpu::kParallelGrain)] = s;
+      partial[static_cast<size_t>(piece)] = s;
     });
     for (double s : partial) total += s;
   }

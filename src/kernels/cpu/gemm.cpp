@@ -26,6 +26,13 @@ constexpr int64_t kPieceFma = int64_t{1} << 21;
 constexpr int64_t kMaxPieces = 16;
 constexpr int64_t kPieceAlign = 16;
 
+// The length of each piece when `len` rows or columns holding `fma` multiply-adds in all are cut
+// into pieces of about kPieceFma (at most kMaxPieces): a multiple of `align`, at least `align`.
+int64_t piece_length(int64_t len, int64_t fma, int64_t align) {
+  const int64_t want = std::clamp<int64_t>(fma / kPieceFma, 1, kMaxPieces);
+  return std::max<int64_t>((len + want - 1) / want + align - 1, align) / align * align;
+}
+
 #ifdef MINIGRAD_WITH_OPENBLAS
 // OpenBLAS would start its own threads inside every call; ours already split the work.
 void single_threaded_blas() {
@@ -65,6 +72,7 @@ void product(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
 #ifdef MINIGRAD_WITH_OPENBLAS
   if (use_openblas()) {
+    single_threaded_blas();
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a,
                 static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.accumulate ? 1.0f : 0.0f, g.c,
@@ -78,9 +86,6 @@ void product(const GemmArgs& g) {
 }  // namespace
 
 void gemm_serial(const GemmArgs& g) {
-#ifdef MINIGRAD_WITH_OPENBLAS
-  single_threaded_blas();
-#endif
   if (g.k == 0) {  // an empty sum: C = 0, or C unchanged
     if (!g.accumulate) {
       for (int64_t i = 0; i < g.m; ++i) std::fill(g.c + i * g.ldc, g.c + i * g.ldc + g.n, 0.0f);
@@ -91,12 +96,10 @@ void gemm_serial(const GemmArgs& g) {
 }
 
 void gemm(const GemmArgs& g) {
-  const int64_t fma = g.m * g.n * std::max<int64_t>(g.k, 1);
-  const int64_t want = std::clamp<int64_t>(fma / kPieceFma, 1, kMaxPieces);
   // Cut the longer side of C: the other operand's packing is what every piece repeats.
   const bool by_rows = g.m >= g.n;
   const int64_t len = by_rows ? g.m : g.n;
-  const int64_t step = std::max<int64_t>((len + want - 1) / want + kPieceAlign - 1, kPieceAlign) / kPieceAlign * kPieceAlign;
+  const int64_t step = piece_length(len, g.m * g.n * std::max<int64_t>(g.k, 1), kPieceAlign);
   const int64_t pieces = (len + step - 1) / step;
   if (pieces <= 1) return gemm_serial(g);
   parallel_pieces(pieces, [&](int64_t piece, int) {
@@ -259,9 +262,7 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t
                         float* c, int64_t ldc, bool accumulate) {
   if (m == 0 || k == 0) return;
   // Pieces: row bands of C, sized by the work (the samples stream once per band and tile column).
-  const int64_t fma = m * k * std::max<int64_t>(n, 1);
-  const int64_t want = std::clamp<int64_t>(fma / kPieceFma, 1, kMaxPieces);
-  const int64_t band = std::max<int64_t>((m + want - 1) / want + kTileRows - 1, kTileRows) / kTileRows * kTileRows;
+  const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
   parallel_for(m, band, [&](int64_t r0, int64_t r1) {
     outer_block(n, r1 - r0, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
   });

@@ -17,10 +17,9 @@ template <> void linear_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w
   float* yp = y.data<float>();
   if (b.defined()) {
     const float* bp = b.data<float>();
-    cpu::parallel_for(n, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(m, 1), 1),
-                      [&](int64_t r0, int64_t r1) {
-                        for (int64_t r = r0; r < r1; ++r) std::copy(bp, bp + m, yp + r * m);
-                      });
+    cpu::parallel_for(n, cpu::items_per_piece(m), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) std::copy(bp, bp + m, yp + r * m);
+    });
   }
   cpu::gemm({.trans_b = true, .m = n, .n = m, .k = k, .a = x.data<float>(), .lda = k, .b = w.data<float>(),
              .ldb = k, .c = yp, .ldc = m, .accumulate = b.defined()});

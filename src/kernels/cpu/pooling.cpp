@@ -34,33 +34,33 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   int64_t* ip = idx.data<int64_t>();
-  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(h * w, 1), 1), [&](int64_t pl0, int64_t pl1) {
-  for (int64_t pl = pl0; pl < pl1; ++pl) {
-    const float* in = xp + pl * h * w;
-    float* out = yp + pl * oh * ow;
-    int64_t* arg = ip + pl * oh * ow;
-    for (int64_t i = 0; i < oh; ++i) {
-      const int64_t h0 = std::max<int64_t>(i * stride - pad, 0);
-      const int64_t h1 = std::min<int64_t>(i * stride - pad + kernel, h);
-      for (int64_t j = 0; j < ow; ++j) {
-        const int64_t w0 = std::max<int64_t>(j * stride - pad, 0);
-        const int64_t w1 = std::min<int64_t>(j * stride - pad + kernel, w);
-        float best = -std::numeric_limits<float>::infinity();
-        int64_t best_at = h0 * w + w0;
-        for (int64_t r = h0; r < h1; ++r) {
-          for (int64_t s = w0; s < w1; ++s) {
-            const float v = in[r * w + s];
-            if (v > best || std::isnan(v)) {
-              best = v;
-              best_at = r * w + s;
+  cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
+    for (int64_t pl = pl0; pl < pl1; ++pl) {
+      const float* in = xp + pl * h * w;
+      float* out = yp + pl * oh * ow;
+      int64_t* arg = ip + pl * oh * ow;
+      for (int64_t i = 0; i < oh; ++i) {
+        const int64_t h0 = std::max<int64_t>(i * stride - pad, 0);
+        const int64_t h1 = std::min<int64_t>(i * stride - pad + kernel, h);
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t w0 = std::max<int64_t>(j * stride - pad, 0);
+          const int64_t w1 = std::min<int64_t>(j * stride - pad + kernel, w);
+          float best = -std::numeric_limits<float>::infinity();
+          int64_t best_at = h0 * w + w0;
+          for (int64_t r = h0; r < h1; ++r) {
+            for (int64_t s = w0; s < w1; ++s) {
+              const float v = in[r * w + s];
+              if (v > best || std::isnan(v)) {
+                best = v;
+                best_at = r * w + s;
+              }
             }
           }
+          out[i * ow + j] = best;
+          arg[i * ow + j] = best_at;
         }
-        out[i * ow + j] = best;
-        arg[i * ow + j] = best_at;
       }
     }
-  }
   });
 }
 
@@ -72,12 +72,12 @@ void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, i
   const float* gp = dy.data<float>();
   const int64_t* ip = idx.data<int64_t>();
   float* dp = dx.data<float>();
-  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(hw, 1), 1), [&](int64_t pl0, int64_t pl1) {
-  for (int64_t pl = pl0; pl < pl1; ++pl) {
-    float* plane = dp + pl * hw;
-    std::fill(plane, plane + hw, 0.0f);
-    for (int64_t k = 0; k < ohw; ++k) plane[ip[pl * ohw + k]] += gp[pl * ohw + k];
-  }
+  cpu::parallel_for(planes, cpu::items_per_piece(hw), [&](int64_t pl0, int64_t pl1) {
+    for (int64_t pl = pl0; pl < pl1; ++pl) {
+      float* plane = dp + pl * hw;
+      std::fill(plane, plane + hw, 0.0f);
+      for (int64_t k = 0; k < ohw; ++k) plane[ip[pl * ohw + k]] += gp[pl * ohw + k];
+    }
   });
 }
 
@@ -86,22 +86,22 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
   const int64_t oh = y.size(2), ow = y.size(3);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(h * w, 1), 1), [&](int64_t pl0, int64_t pl1) {
-  for (int64_t pl = pl0; pl < pl1; ++pl) {
-    const float* in = xp + pl * h * w;
-    float* out = yp + pl * oh * ow;
-    for (int64_t i = 0; i < oh; ++i) {
-      const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
-      for (int64_t j = 0; j < ow; ++j) {
-        const int64_t w0 = window_start(j, ow, w), w1 = window_end(j, ow, w);
-        float sum = 0.0f;
-        for (int64_t r = h0; r < h1; ++r) {
-          for (int64_t s = w0; s < w1; ++s) sum += in[r * w + s];
+  cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
+    for (int64_t pl = pl0; pl < pl1; ++pl) {
+      const float* in = xp + pl * h * w;
+      float* out = yp + pl * oh * ow;
+      for (int64_t i = 0; i < oh; ++i) {
+        const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t w0 = window_start(j, ow, w), w1 = window_end(j, ow, w);
+          float sum = 0.0f;
+          for (int64_t r = h0; r < h1; ++r) {
+            for (int64_t s = w0; s < w1; ++s) sum += in[r * w + s];
+          }
+          out[i * ow + j] = sum / static_cast<float>((h1 - h0) * (w1 - w0));
         }
-        out[i * ow + j] = sum / static_cast<float>((h1 - h0) * (w1 - w0));
       }
     }
-  }
   });
 }
 
@@ -110,22 +110,22 @@ template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy)
   const int64_t oh = dy.size(2), ow = dy.size(3);
   const float* gp = dy.data<float>();
   float* dp = dx.data<float>();
-  cpu::parallel_for(planes, std::max<int64_t>(cpu::kParallelGrain / std::max<int64_t>(h * w, 1), 1), [&](int64_t pl0, int64_t pl1) {
-  for (int64_t pl = pl0; pl < pl1; ++pl) {
-    const float* g = gp + pl * oh * ow;
-    float* plane = dp + pl * h * w;
-    std::fill(plane, plane + h * w, 0.0f);
-    for (int64_t i = 0; i < oh; ++i) {
-      const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
-      for (int64_t j = 0; j < ow; ++j) {
-        const int64_t w0 = window_start(j, ow, w), w1 = window_end(j, ow, w);
-        const float share = g[i * ow + j] / static_cast<float>((h1 - h0) * (w1 - w0));
-        for (int64_t r = h0; r < h1; ++r) {
-          for (int64_t s = w0; s < w1; ++s) plane[r * w + s] += share;
+  cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
+    for (int64_t pl = pl0; pl < pl1; ++pl) {
+      const float* g = gp + pl * oh * ow;
+      float* plane = dp + pl * h * w;
+      std::fill(plane, plane + h * w, 0.0f);
+      for (int64_t i = 0; i < oh; ++i) {
+        const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t w0 = window_start(j, ow, w), w1 = window_end(j, ow, w);
+          const float share = g[i * ow + j] / static_cast<float>((h1 - h0) * (w1 - w0));
+          for (int64_t r = h0; r < h1; ++r) {
+            for (int64_t s = w0; s < w1; ++s) plane[r * w + s] += share;
+          }
         }
       }
     }
-  }
   });
 }
 
