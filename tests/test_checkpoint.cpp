@@ -1,6 +1,7 @@
 // mg::checkpoint (Note [checkpoint replay]): exact gradients, memory actually dropped, replay
 // checks, and the errors a user can run into. Plans and the planner: tests/test_planner.cpp.
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "core/tape.h"
@@ -301,4 +302,127 @@ TEST_CASE("a few SGD steps of a small VGG16 with dropout: weights bit-identical 
     INFO(a[i].first);
     CHECK(bit_equal(a[i].second, b[i].second));
   }
+}
+
+// ---- tiled segments (Note [tiled segments]) ----------------------------------------------------
+
+TEST_CASE("tiled segments: gradients bit for bit for any tile size (CNN with dropout)") {
+  // With optimizer buffers, every parameter's gradient is summed sample by sample into them, so
+  // tiles change no bit; the input's gradient is a per-sample computation either way.
+  auto cnn = std::make_shared<nn::Sequential>();
+  cnn->add<nn::Conv2d>(3, 4, 3, 1, 1);
+  cnn->add<nn::ReLU>();
+  cnn->add<nn::Dropout>(0.3f);
+  cnn->add<nn::Conv2d>(4, 6, 3, 2, 1);
+  cnn->add<nn::ReLU>();
+  cnn->add<nn::MaxPool2d>(2);
+  cnn->add<nn::Dropout>(0.5f);
+  cnn->add<nn::Flatten>();
+  cnn->add<nn::Linear>(54, 3);
+  manual_seed(5);
+  cnn->train();
+  Tensor x = rand_tensor({5, 3, 11, 13}, 12);
+  Tensor t = targets({2, 0, 1, 1, 2});
+  using S = std::vector<nn::Segment>;
+  const std::vector<S> plans = {S{{0, 3, 1}}, S{{0, 3, 2}}, S{{0, 4, 3}}, S{{0, 8, 4}}, S{{0, 2, 2}, {3, 7, 3}},
+                                S{{2, 8, 1}}, S{{0, 3, 5}}, S{{0, 3, 9}}};
+  for (bool window : {false, true}) {  // dropout from the generator, and by sample
+    auto run = [&](const S& plan) {
+      std::optional<SampleWindowGuard> w;
+      if (window) w.emplace(/*key=*/3, /*first_sample=*/2, /*sample_stride=*/2, /*sample_lane=*/1);
+      return step(*cnn, plan, x, t, true);
+    };
+    const StepResult ref = run({});
+    for (const S& plan : plans) {
+      nn::Plan p;
+      p.segments = plan;
+      INFO("plan " << p.str() << (window ? ", in a sample window" : ""));
+      check_bit_equal(ref, run(plan));
+    }
+  }
+}
+
+TEST_CASE("tiled segments: a few SGD steps of a small VGG16, dropout by sample on, weights bit-identical") {
+  auto train = [](const std::vector<nn::Segment>& plan) {
+    manual_seed(11);
+    auto m = nn::make_vgg16(2, 16);
+    m->train();
+    optim::SGD opt(m->parameters(), {.lr = 0.01f, .momentum = 0.9f});
+    optim::Accumulator acc(opt, {.steps = 1});
+    const Shape in{4, 3, 32, 32};
+    for (int s = 0; s < 3; ++s) {
+      Tensor x = rand_tensor(in, 100 + s);
+      Tensor t = targets({s % 2, (s + 1) % 2, 1, 0});
+      auto window = acc.sample_window();
+      acc.backward(cross_entropy(nn::forward_with_plan(*m, plan, x), t, Reduction::sum), 4);
+      acc.step();
+    }
+    return m;
+  };
+  auto ref = train({});
+  using S = std::vector<nn::Segment>;
+  // The first block (conv, relu, conv, relu, pool), all the convolutions, and two tiled segments.
+  for (const S& plan : {S{{0, 5, 1}}, S{{0, 5, 3}}, S{{0, 31, 2}}, S{{0, 5, 1}, {5, 10, 2}}}) {
+    nn::Plan p;
+    p.segments = plan;
+    INFO("plan " << p.str());
+    auto m = train(plan);
+    auto a = ref->named_parameters(), b = m->named_parameters();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(a[i].first);
+      CHECK(bit_equal(a[i].second, b[i].second));
+    }
+  }
+}
+
+TEST_CASE("tiled segments hold one tile's activations, not the batch's") {
+  // conv-relu-conv at 16 x 8 x 32 x 32: whole, the segment's backward holds several activations
+  // of the batch; in tiles of 1 it holds the batch's input, output and gradients only.
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Conv2d>(8, 8, 3, 1, 1);
+  m->add<nn::ReLU>();
+  m->add<nn::Conv2d>(8, 8, 3, 1, 1);
+  m->add<nn::ReLU>();
+  const Tensor x = rand_tensor({16, 8, 32, 32}, 4);
+  auto peak_of = [&](const std::vector<nn::Segment>& plan) {
+    for (const Tensor& p : m->parameters()) p.set_grad(Tensor::zeros(p.shape()));
+    reset_peak_memory_stats(kCpu);
+    const size_t before = memory_stats(kCpu).in_use;
+    Tensor y = nn::forward_with_plan(*m, plan, x.clone().requires_grad_());
+    y.backward(Tensor::ones(y.shape()));
+    return memory_stats(kCpu).peak_in_use - before;
+  };
+  // Live either way: the input's copy, the output, the incoming gradient, the input gradient and
+  // its copy into x.grad. Whole, the backward of the second conv adds three more of the batch.
+  const size_t act = x.nbytes();
+  const size_t whole = peak_of({{0, 4}}), tiled = peak_of({{0, 4, 1}});
+  INFO("whole " << whole << " B, tiles of 1: " << tiled << " B, one activation " << act << " B");
+  CHECK(tiled < 5 * act + act / 2);
+  CHECK(whole > tiled + 3 * act / 2);
+}
+
+TEST_CASE("tiled segments: clear errors for what cannot run in tiles") {
+  Tensor x = rand_tensor({4, 6}, 1).requires_grad_();
+  Tensor w = rand_tensor({3, 6}, 2).requires_grad_();
+  auto message = [&](const SegmentFn& fn, std::vector<Tensor> in) {
+    try {
+      checkpoint(fn, in, {.tile_rows = 2});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Tensor t = targets({0, 1});  // the first tile's (fn runs on it)
+  CHECK(message([&](const std::vector<Tensor>& in) { return relu(linear(in[0], w, Tensor())); }, {x})
+            .find("linear cannot run in tiles") != std::string::npos);
+  CHECK(message([&](const std::vector<Tensor>& in) { return cross_entropy(relu(in[0]), t); }, {x})
+            .find("cross_entropy cannot run in tiles") != std::string::npos);
+  CHECK(message([&](const std::vector<Tensor>& in) { return relu(in[0]).reshape({-1}); }, {x})
+            .find("produced shape [12] from a tile of 2 rows; tiles need every output to keep the batch first") !=
+        std::string::npos);
+  CHECK(message([&](const std::vector<Tensor>& in) { return in[0] + in[1]; }, {x, rand_tensor({3, 6}, 3)})
+            .find("every input needs the batch as its first dimension") != std::string::npos);
+  CHECK(message([&](const std::vector<Tensor>& in) { return relu(in[0]); }, {rand_tensor({}, 3).requires_grad_()})
+            .find("every input needs the batch") != std::string::npos);
 }

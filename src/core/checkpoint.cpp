@@ -10,23 +10,104 @@ namespace mg {
 
 namespace {
 thread_local int t_recording_depth = 0;
+thread_local const TileRecording* t_tile = nullptr;
 
 struct RecordingScope {
   RecordingScope() { ++t_recording_depth; }
   ~RecordingScope() { --t_recording_depth; }
 };
 
-struct GradEnabledScope {
-  bool prev = GradMode::enabled();
-  GradEnabledScope() { GradMode::set_enabled(true); }
-  ~GradEnabledScope() { GradMode::set_enabled(prev); }
+struct TileScope {
+  TileRecording tile;
+  const TileRecording* prev = t_tile;
+  TileScope(int64_t rows, int64_t batch_rows) : tile{rows, batch_rows} { t_tile = rows < batch_rows ? &tile : prev; }
+  ~TileScope() { t_tile = prev; }
 };
+
+struct GradModeScope {
+  bool prev = GradMode::enabled();
+  explicit GradModeScope(bool on) { GradMode::set_enabled(on); }
+  ~GradModeScope() { GradMode::set_enabled(prev); }
+};
+
+// The rows a tiled segment takes from its inputs: all of them share the first dimension.
+int64_t batch_rows(const std::vector<Tensor>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    MG_CHECK(inputs[i].dim() >= 1 && inputs[i].size(0) == inputs[0].size(0),
+             "checkpoint tiles: every input needs the batch as its first dimension, of one size; input 0 has shape "
+                 << shape_str(inputs[0].shape()) << ", input " << i << " " << shape_str(inputs[i].shape()));
+  }
+  return inputs[0].size(0);
+}
+
+Shape with_rows(Shape s, int64_t rows) {
+  s[0] = rows;
+  return s;
+}
+
+// Runs the recorded nodes again on `leaves` (standing for the boundary) and returns the
+// segment's output. Each replayed value is dropped after its last reader, so replay holds no
+// more than the first pass did. For a tiled segment the nodes run on rows [first, first + rows)
+// of the batch (Note [tiled segments]). Records a fresh sub-tape when grad mode is on.
+Tensor replay(const CheckpointSegment& seg, const std::vector<Tensor>& leaves, int64_t first, int64_t rows) {
+  std::unordered_map<const Node*, std::vector<std::pair<size_t, size_t>>> uses;  // node -> (input, boundary)
+  for (const auto& u : seg.boundary_uses) uses[seg.nodes[u.node].get()].push_back({u.input, u.boundary});
+  std::unordered_map<const Node*, Tensor> value;
+  std::unordered_map<const Node*, int> readers;
+  for (const auto& n : seg.nodes) {
+    for (const NodeInput& ni : n->inputs) {
+      if (ni.fn) ++readers[ni.fn.get()];
+    }
+  }
+  const bool tiled = seg.tile_rows > 0;
+  for (const auto& n : seg.nodes) {
+    std::vector<Tensor> in(n->inputs.size());
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      const NodeInput& ni = n->inputs[i];
+      if (ni.fn) {
+        in[i] = value.at(ni.fn.get());
+      } else if (ni.leaf.defined()) {
+        in[i] = ni.leaf;
+      }
+    }
+    if (auto it = uses.find(n.get()); it != uses.end()) {
+      for (auto [input, b] : it->second) in[input] = leaves[b];
+    }
+    const OpAttrs attrs = tiled ? tile_attrs(*n, seg.tile_rows, first, rows) : n->attrs;
+    Tensor out = apply(*n->op, attrs, std::move(in));
+    const Shape expected = tiled ? with_rows(n->out_shape, rows) : n->out_shape;
+    MG_CHECK(out.shape() == expected, "checkpoint replay: " << node_name(*n) << " produced shape "
+                                                            << shape_str(out.shape()) << " but the first pass produced "
+                                                            << shape_str(expected));
+    for (const NodeInput& ni : n->inputs) {
+      if (ni.fn && --readers[ni.fn.get()] == 0) value.erase(ni.fn.get());
+    }
+    value[n.get()] = std::move(out);
+  }
+  return value.at(seg.nodes.back().get());
+}
+
+// A tiled segment's nodes must each keep the batch first, and be ops that can run in tiles.
+void check_tileable(const CheckpointSegment& seg) {
+  for (const auto& n : seg.nodes) {
+    MG_CHECK(op_tiles(*n->op), "checkpoint tiles: " << node_name(*n)
+                                                    << " cannot run in tiles (it mixes the samples of its batch, or "
+                                                       "rounds differently for another number of rows); end the "
+                                                       "tiled segment before it");
+    const bool batch_first = !n->out_shape.empty() && n->out_shape[0] == seg.tile_rows;
+    MG_CHECK(batch_first, "checkpoint tiles: " << node_name(*n) << " produced shape " << shape_str(n->out_shape)
+                                               << " from a tile of " << seg.tile_rows
+                                               << " rows; tiles need every output to keep the batch first");
+  }
+}
 }  // namespace
 
 bool checkpoint_recording() { return t_recording_depth > 0; }
+const TileRecording* tile_recording() { return t_tile; }
 
-Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
+Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& opts) {
   if (!GradMode::enabled()) return fn(inputs);
+  MG_CHECK(opts.tile_rows >= 0, "checkpoint: tile_rows must be >= 0, got " << opts.tile_rows);
   auto seg = std::make_shared<CheckpointSegment>();
   for (const Tensor& t : inputs) {
     MG_CHECK(t.defined(), "checkpoint: an input is undefined");
@@ -34,17 +115,38 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
     if (t.requires_grad()) b.requires_grad_(true);
     seg->boundary.push_back(b);
   }
+  MG_CHECK(opts.tile_rows == 0 || !inputs.empty(), "checkpoint tiles: a segment without inputs has no batch to tile");
+  const int64_t batch = opts.tile_rows > 0 ? batch_rows(inputs) : 0;
+  const bool tiled = opts.tile_rows > 0 && opts.tile_rows < batch;
+  // What the function sees: the boundary, or the first tile's rows of it.
+  std::vector<Tensor> recorded = seg->boundary;
+  if (tiled) {
+    seg->tile_rows = opts.tile_rows;
+    seg->batch_rows = batch;
+    for (Tensor& r : recorded) {
+      const bool grad = r.requires_grad();
+      r = rows_view(r, 0, opts.tile_rows);
+      if (grad) r.requires_grad_(true);
+    }
+  }
   const uint64_t first_seq = next_node_seq();
   Tensor y;
   {
     RecordingScope rec;
-    y = fn(seg->boundary);
+    TileScope tile(seg->tile_rows, seg->batch_rows);
+    y = fn(recorded);
   }
   MG_CHECK(y.defined(), "checkpoint: the segment function returned an undefined tensor");
   for (size_t i = 0; i < inputs.size(); ++i) {  // fn returned an input untouched: keep its history
-    if (y.same(seg->boundary[i])) return inputs[i];
+    if (y.same(recorded[i])) {
+      MG_CHECK(!tiled, "checkpoint tiles: the segment function returned its input " << i << " untouched");
+      return inputs[i];
+    }
   }
-  if (!y.grad_fn()) return y;  // nothing inside needed a gradient: nothing to drop
+  if (!y.grad_fn()) {  // nothing inside needed a gradient: nothing to drop
+    MG_CHECK(!tiled, "checkpoint tiles: nothing in the segment needs a gradient; run it without tiles");
+    return y;
+  }
 
   // Collect the sub-tape: every node reachable from y that was recorded inside the segment.
   std::unordered_set<Node*> seen{y.grad_fn().get()};
@@ -65,8 +167,9 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
   }
   std::sort(seg->nodes.begin(), seg->nodes.end(),
             [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  if (tiled) check_tileable(*seg);
   std::unordered_map<const TensorImpl*, size_t> boundary_index;
-  for (size_t i = 0; i < seg->boundary.size(); ++i) boundary_index[seg->boundary[i].impl_ptr().get()] = i;
+  for (size_t i = 0; i < recorded.size(); ++i) boundary_index[recorded[i].impl_ptr().get()] = i;
   for (size_t k = 0; k < seg->nodes.size(); ++k) {  // drop the activations: replay recomputes them
     Node& n = *seg->nodes[k];
     n.saved.clear();
@@ -79,14 +182,29 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
       n.inputs[i].leaf = Tensor();
     }
   }
+  recorded.clear();
+
+  Tensor out = y.detach();
+  if (tiled) {  // the other tiles: replayed without recording, each into its rows of the output
+    out = Tensor::empty(with_rows(y.shape(), batch), TensorOptions{y.dtype(), y.device()});
+    rows_view(out, 0, seg->tile_rows).copy_(y);
+    y = Tensor();
+    GradModeScope no_grad(false);
+    for (int64_t first = seg->tile_rows; first < batch; first += seg->tile_rows) {
+      const int64_t rows = std::min(seg->tile_rows, batch - first);
+      std::vector<Tensor> leaves;
+      for (const Tensor& b : seg->boundary) leaves.push_back(rows_view(b, first, rows));
+      rows_view(out, first, rows).copy_(replay(*seg, leaves, first, rows));
+    }
+  }
 
   auto node = std::make_shared<Node>();
   node->seq = next_node_seq();
   node->saved = std::move(seg->boundary);  // released with the node's saved tensors
   seg->boundary.clear();
-  node->out_shape = y.shape();
-  node->out_dtype = y.dtype();
-  node->out_device = y.device();
+  node->out_shape = out.shape();
+  node->out_dtype = out.dtype();
+  node->out_device = out.device();
   node->inputs.resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     NodeInput& ni = node->inputs[i];
@@ -96,75 +214,60 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs) {
     if (!ni.fn && ni.requires_grad) ni.leaf = inputs[i];
   }
   node->segment = std::move(seg);
-  Tensor out = y.detach();
   out.impl().requires_grad = true;
   out.impl().grad_fn = std::move(node);
   return out;
 }
 
 void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
-  CheckpointSegment& seg = *node.segment;
-  // Fresh leaves stand in for the boundary so that gradients w.r.t. the inputs collect there.
-  std::vector<Tensor> fresh;
-  for (const Tensor& b : node.saved) {
-    Tensor f = b.detach();
-    if (b.requires_grad()) f.requires_grad_(true);
-    fresh.push_back(f);
+  const CheckpointSegment& seg = *node.segment;
+  const bool tiled = seg.tile_rows > 0;
+  const int64_t batch = tiled ? seg.batch_rows : 1, step = tiled ? seg.tile_rows : 1;
+  if (tiled) {  // the input gradients, filled tile by tile
+    for (size_t i = 0; i < node.saved.size(); ++i) {
+      if (node.inputs[i].requires_grad) grads[i] = Tensor::empty(node.saved[i].shape(), TensorOptions{node.saved[i].dtype(), node.saved[i].device()});
+    }
   }
-  std::unordered_map<const Node*, std::vector<std::pair<size_t, size_t>>> uses;  // node -> (input, boundary)
-  for (const auto& u : seg.boundary_uses) uses[seg.nodes[u.node].get()].push_back({u.input, u.boundary});
-  Tensor y;
-  {
-    GradEnabledScope grad_on;
-    RecordingScope rec;
-    // Each replayed value is dropped after its last reader, so replay holds no more than the
-    // first pass did.
-    std::unordered_map<const Node*, Tensor> value;
-    std::unordered_map<const Node*, int> readers;
-    for (const auto& n : seg.nodes) {
-      for (const NodeInput& ni : n->inputs) {
-        if (ni.fn) ++readers[ni.fn.get()];
+  for (int64_t first = 0; first < batch; first += step) {
+    const int64_t rows = std::min(step, batch - first);
+    // Fresh leaves stand in for the boundary (or the tile's rows of it), so that gradients w.r.t.
+    // the inputs collect there.
+    std::vector<Tensor> fresh;
+    for (const Tensor& b : node.saved) {
+      Tensor f = tiled ? rows_view(b, first, rows) : b.detach();
+      if (b.requires_grad()) f.requires_grad_(true);
+      fresh.push_back(f);
+    }
+    Tensor y;
+    {
+      GradModeScope grad_on(true);
+      RecordingScope rec;
+      y = replay(seg, fresh, first, rows);
+    }
+    MG_CHECK(y.shape() == (tiled ? with_rows(node.out_shape, rows) : node.out_shape),
+             "checkpoint replay: segment output shape " << shape_str(y.shape()) << ", first pass "
+                                                        << shape_str(node.out_shape));
+    if (y.requires_grad()) {
+      // Backward needs y's node, not its values (a node that does keeps them in its saved
+      // tensors), so the replayed output is not held for the whole backward of the segment.
+      Tensor root(std::make_shared<TensorImpl>());
+      root.impl().shape = y.shape();
+      root.impl().requires_grad = true;
+      root.impl().grad_fn = y.grad_fn();
+      y = Tensor();
+      Tensor g = tiled ? rows_view(grad_out, first, rows) : std::move(grad_out);
+      run_backward(root, std::move(g), /*retain_graph=*/false);
+    }
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      if (!node.inputs[i].requires_grad) continue;
+      if (!tiled) {
+        grads[i] = fresh[i].grad();
+      } else if (Tensor g = fresh[i].grad(); g.defined()) {
+        rows_view(grads[i], first, rows).copy_(g);
+      } else {
+        rows_view(grads[i], first, rows).zero_();
       }
     }
-    for (const auto& n : seg.nodes) {
-      std::vector<Tensor> in(n->inputs.size());
-      for (size_t i = 0; i < n->inputs.size(); ++i) {
-        const NodeInput& ni = n->inputs[i];
-        if (ni.fn) {
-          in[i] = value.at(ni.fn.get());
-        } else if (ni.leaf.defined()) {
-          in[i] = ni.leaf;
-        }
-      }
-      if (auto it = uses.find(n.get()); it != uses.end()) {
-        for (auto [input, b] : it->second) in[input] = fresh[b];
-      }
-      Tensor out = apply(*n->op, n->attrs, std::move(in));
-      MG_CHECK(out.shape() == n->out_shape,
-               "checkpoint replay: " << node_name(*n) << " produced shape " << shape_str(out.shape())
-                                     << " but the first pass produced " << shape_str(n->out_shape));
-      for (const NodeInput& ni : n->inputs) {
-        if (ni.fn && --readers[ni.fn.get()] == 0) value.erase(ni.fn.get());
-      }
-      value[n.get()] = std::move(out);
-    }
-    y = value.at(seg.nodes.back().get());
-  }
-  MG_CHECK(y.shape() == node.out_shape, "checkpoint replay: segment output shape "
-                                            << shape_str(y.shape()) << ", first pass "
-                                            << shape_str(node.out_shape));
-  if (y.requires_grad()) {
-    // Backward needs y's node, not its values (a node that does keeps them in its saved
-    // tensors), so the replayed output is not held for the whole backward of the segment.
-    Tensor root(std::make_shared<TensorImpl>());
-    root.impl().shape = y.shape();
-    root.impl().requires_grad = true;
-    root.impl().grad_fn = y.grad_fn();
-    y = Tensor();
-    run_backward(root, std::move(grad_out), /*retain_graph=*/false);
-  }
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    if (node.inputs[i].requires_grad) grads[i] = fresh[i].grad();
   }
 }
 

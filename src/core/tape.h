@@ -86,10 +86,24 @@ struct CheckpointSegment {
     size_t node, input, boundary;
   };
   std::vector<BoundaryUse> boundary_uses;
+  // Tiled segments (Note [tiled segments]): the nodes were recorded on rows [0, tile_rows) of a
+  // batch of batch_rows; 0 when the segment runs whole.
+  int64_t tile_rows = 0, batch_rows = 0;
 };
 
 // True while a segment's forward pass records (ops then keep inputs that have no history).
 bool checkpoint_recording();
+
+// While a tiled segment records its first tile (Note [tiled segments]): that tile's rows and the
+// rows of the batch it stands for, so that an op drawing from a generator takes the whole batch's
+// counters. Null otherwise.
+struct TileRecording {
+  int64_t rows = 0, batch_rows = 0;
+};
+const TileRecording* tile_recording();
+
+// Rows [first, first + rows) of t's first dimension: a detached tensor sharing t's storage.
+Tensor rows_view(const Tensor& t, int64_t first, int64_t rows);
 
 // The gradient rule of a checkpoint node. grad_out goes on to the replayed segment's backward,
 // which frees it after the segment's last op.
@@ -106,6 +120,10 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs);
 // rule, so that one may release it early.
 void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);
+// Tiles (Note [tiled segments]): whether an op can run on rows of its batch, and the attributes
+// that run node n, recorded on rows [0, recorded), on rows [first, first + rows).
+bool op_tiles(const OpDef& op);
+OpAttrs tile_attrs(const Node& n, int64_t recorded, int64_t first, int64_t rows);
 // The device kernels core itself needs.
 void fill_kernel(Tensor& t, float value);                  // t = value
 void copy_kernel(Tensor& dst, const Tensor& src);          // bytes, any pair of devices

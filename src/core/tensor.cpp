@@ -111,7 +111,7 @@ int64_t Tensor::size(int64_t d) const {
 }
 
 Device Tensor::device() const { return impl().storage->device(); }
-void* Tensor::raw_data() const { return impl().storage->data(); }
+void* Tensor::raw_data() const { return static_cast<char*>(impl().storage->data()) + impl().offset; }
 
 bool Tensor::shares_storage(const Tensor& o) const {
   return defined() && o.defined() && impl().storage == o.impl().storage;
@@ -178,9 +178,19 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = this->impl().storage;
+  impl->offset = this->impl().offset;
   impl->shape = shape();
   impl->dtype = dtype();
   return Tensor(std::move(impl));
+}
+
+Tensor rows_view(const Tensor& t, int64_t first, int64_t rows) {
+  MG_CHECK(t.dim() >= 1 && first >= 0 && rows >= 0 && first + rows <= t.size(0),
+           "rows_view: rows [" << first << ", " << first + rows << ") of a tensor of shape " << shape_str(t.shape()));
+  Tensor v = t.detach();
+  v.impl().shape[0] = rows;
+  v.impl().offset += static_cast<size_t>(first) * (t.size(0) > 0 ? t.nbytes() / static_cast<size_t>(t.size(0)) : 0);
+  return v;
 }
 
 Tensor& Tensor::requires_grad_(bool r) {

@@ -194,6 +194,10 @@ std::string Plan::str() const {
     s += ',';
     s += std::to_string(g.end);
     s += ')';
+    if (g.tile_rows > 0) {
+      s += '/';
+      s += std::to_string(g.tile_rows);
+    }
   }
   return s;
 }

@@ -34,7 +34,11 @@ void Module::to(Device d) {
   for (Tensor& p : parameters()) {
     if (p.device() == d) continue;
     p.impl().storage = p.to(d).impl().storage;
-    if (Tensor g = p.grad(); g.defined()) g.impl().storage = g.to(d).impl().storage;
+    p.impl().offset = 0;
+    if (Tensor g = p.grad(); g.defined()) {
+      g.impl().storage = g.to(d).impl().storage;
+      g.impl().offset = 0;
+    }
   }
 }
 

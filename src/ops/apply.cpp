@@ -88,6 +88,12 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
   n.op->backward(n, std::move(gy), grads, accum);
 }
 
+bool op_tiles(const OpDef& op) { return op.tile != nullptr; }
+
+OpAttrs tile_attrs(const Node& n, int64_t recorded, int64_t first, int64_t rows) {
+  return n.op->tile(n, recorded, first, rows);
+}
+
 void fill_kernel(Tensor& t, float value) { MG_DISPATCH(t.device(), fill, t, value); }
 
 void copy_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(Device::cuda(), copy_bytes, dst, src); }

@@ -45,7 +45,7 @@ std::vector<OpCase> cross_entropy_cases() {
 }
 
 const OpDef kCrossEntropy{"cross_entropy", OpKind::loss, cross_entropy_fwd, cross_entropy_bwd,
-                          cross_entropy_flops, cross_entropy_cases};
+                          cross_entropy_flops, cross_entropy_cases, /*tile: sums over samples*/ nullptr};
 MG_REGISTER_OP(kCrossEntropy);
 
 }  // namespace

@@ -39,7 +39,16 @@ std::vector<OpCase> dropout_cases() {
   return {{{{.shape = {4, 33}}}, half}, {{{.shape = {3, 5, 7}}}, odd}, {{{.shape = {3, 5, 7}}}, spread}};
 }
 
-const OpDef kDropout{"dropout", OpKind::elementwise, dropout_fwd, dropout_bwd, flops_per_output, dropout_cases};
+// A tile starting `first` rows later starts that many samples later in the counters.
+OpAttrs dropout_tile(const Node& n, int64_t recorded, int64_t first, int64_t) {
+  const uint64_t f = static_cast<uint64_t>(shape_numel(n.out_shape) / recorded);
+  OpAttrs a = n.attrs;
+  a.offset += static_cast<uint64_t>(first) * (a.sample_stride != 0 ? a.sample_stride : f);
+  return a;
+}
+
+const OpDef kDropout{"dropout", OpKind::elementwise, dropout_fwd, dropout_bwd, flops_per_output, dropout_cases,
+                     dropout_tile};
 MG_REGISTER_OP(kDropout);
 
 }  // namespace
@@ -58,7 +67,11 @@ Tensor dropout(const Tensor& x, float p, Generator* gen) {
     if (w->sample_stride > 1) a.sample_stride = static_cast<uint64_t>(w->sample_stride) * f;
   } else {
     a.seed = g.seed();
-    a.offset = g.advance(static_cast<uint64_t>(x.numel()));
+    uint64_t count = static_cast<uint64_t>(x.numel());
+    if (const TileRecording* t = tile_recording()) {  // the whole batch's counters (Note [tiled segments])
+      count = count / static_cast<uint64_t>(t->rows) * static_cast<uint64_t>(t->batch_rows);
+    }
+    a.offset = g.advance(count);
   }
   return apply(kDropout, a, {x});
 }

@@ -27,7 +27,7 @@ void add_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<T
 
 std::vector<OpCase> add_cases() { return {{{{.shape = {3, 5, 7}}, {.shape = {3, 5, 7}}}, {}}}; }
 
-const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases};
+const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases, rows_apart};
 MG_REGISTER_OP(kAdd);
 
 Tensor mul_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
@@ -58,7 +58,7 @@ std::vector<OpCase> mul_cases() {
           {{{.shape = {2, 9}}, {.shape = {2, 9}, .grad = false}}, {}}};
 }
 
-const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases};
+const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases, rows_apart};
 MG_REGISTER_OP(kMul);
 
 Tensor scale_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
@@ -79,7 +79,7 @@ std::vector<OpCase> scale_cases() {
   return {{{{.shape = {2, 9}}}, a}};
 }
 
-const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases};
+const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases, rows_apart};
 MG_REGISTER_OP(kScale);
 
 }  // namespace

@@ -62,6 +62,10 @@ struct OpDef {
   void (*backward)(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum);
   double (*flops)(const Node& n);
   std::vector<OpCase> (*cases)();
+  // Tiles of a checkpoint segment (Note [tiled segments] in minigrad/core/checkpoint.h): the
+  // attributes that run node n, recorded on rows [0, recorded) of a batch, on rows
+  // [first, first + rows) instead. Null when the op mixes samples and cannot run in tiles.
+  OpAttrs (*tile)(const Node& n, int64_t recorded, int64_t first, int64_t rows);
 };
 
 // Every registered op, in registration order.
@@ -99,5 +103,7 @@ inline int64_t window_count(int64_t in, int k, int s, int p) {
 inline double out_numel(const Node& n) { return static_cast<double>(shape_numel(n.out_shape)); }
 inline double flops_per_output(const Node& n) { return out_numel(n); }
 inline double no_flops(const Node&) { return 0.0; }
+// OpDef::tile of an op whose attributes do not depend on the rows it runs on.
+inline OpAttrs rows_apart(const Node& n, int64_t, int64_t, int64_t) { return n.attrs; }
 
 }  // namespace mg

@@ -46,7 +46,7 @@ std::vector<OpCase> max_pool2d_cases() {
 }
 
 const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
-                       max_pool2d_cases};
+                       max_pool2d_cases, rows_apart};
 MG_REGISTER_OP(kMaxPool2d);
 
 Tensor adaptive_avg_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
@@ -78,7 +78,7 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
 
 const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,
                                adaptive_avg_pool2d_bwd, adaptive_avg_pool2d_flops,
-                               adaptive_avg_pool2d_cases};
+                               adaptive_avg_pool2d_cases, rows_apart};
 MG_REGISTER_OP(kAdaptiveAvgPool2d);
 
 }  // namespace

@@ -23,7 +23,7 @@ void relu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<
 
 std::vector<OpCase> relu_cases() { return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {1}}}, {}}}; }
 
-const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases};
+const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases, rows_apart};
 MG_REGISTER_OP(kRelu);
 
 }  // namespace

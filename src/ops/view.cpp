@@ -26,7 +26,18 @@ std::vector<OpCase> reshape_cases() {
   return {{{{.shape = {3, 5, 7}}}, a}};
 }
 
-const OpDef kReshape{"reshape", OpKind::view, reshape_fwd, reshape_bwd, no_flops, reshape_cases};
+// A tile's view keeps every dimension but the batch's, which must stay first.
+OpAttrs reshape_tile(const Node& n, int64_t recorded, int64_t, int64_t rows) {
+  MG_CHECK(!n.attrs.shape.empty() && n.attrs.shape[0] == recorded && !n.inputs[0].shape.empty() &&
+               n.inputs[0].shape[0] == recorded,
+           "checkpoint tiles: a reshape from " << shape_str(n.inputs[0].shape) << " to " << shape_str(n.attrs.shape)
+               << " moves the batch dimension (" << recorded << " rows in the tile recorded); tiles need it first");
+  OpAttrs a = n.attrs;
+  a.shape[0] = rows;
+  return a;
+}
+
+const OpDef kReshape{"reshape", OpKind::view, reshape_fwd, reshape_bwd, no_flops, reshape_cases, reshape_tile};
 MG_REGISTER_OP(kReshape);
 
 }  // namespace

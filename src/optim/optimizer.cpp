@@ -47,7 +47,9 @@ void state_follows_params(const Optimizer& opt) {
                                           << " (was only part of the model moved with to()?)");
   }
   for (const auto& [name, t] : opt.state_tensors()) {
-    if (t.device() != d) t.impl().storage = t.to(d).impl().storage;
+    if (t.device() == d) continue;
+    t.impl().storage = t.to(d).impl().storage;
+    t.impl().offset = 0;
   }
 }
 }  // namespace

@@ -20,6 +20,24 @@
 //   - each replayed output is checked against the shape recorded in the first pass.
 // Gradients of parameters used inside land in their .grad as without checkpointing, and in the
 // same order, since replayed nodes keep the relative order of the first pass.
+//
+// Note [tiled segments]
+// ---------------------
+// A segment's backward holds, at its peak, a few of its activations at the whole batch: the
+// floor that no choice of segments goes below (docs/checkpointing.md). With tile_rows = r, the
+// segment runs on rows [0, r), [r, 2r), ... of its inputs (dim 0, the batch) one tile at a time,
+// in forward and in backward, so only its input, its output, their gradients and one tile's
+// activations are ever live. The math does not change:
+//   - the first tile is recorded (fn runs once, on rows [0, r)); the others replay its nodes, each
+//     op's attributes moved to the tile's rows (OpDef::tile: dropout's counters start that many
+//     samples later, a reshape's batch dimension follows); an op that mixes samples (a loss) is
+//     refused, as is a node whose output does not keep the batch first, and linear: its SGEMM
+//     (Eigen's) takes other code paths, with other rounding, for another number of rows;
+//   - every kernel computes a sample's rows the same way whatever else is in the batch, and the
+//     weight gradients are added into the optimizer's buffers one sample at a time in sample
+//     order (Note [sums in sample order], Note [weight gradients in sample order]), so on the CPU
+//     the parameters' gradients have the same bits for any tile size (tests/test_checkpoint.cpp);
+//   - tiles run in row order; each tile's input gradient is copied into its rows of the whole.
 #pragma once
 
 #include <functional>
@@ -31,7 +49,13 @@ namespace mg {
 
 using SegmentFn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-// Runs fn(inputs) as a checkpoint segment (see the Note). With grad mode off, it is just fn.
-Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs);
+struct CheckpointOptions {
+  // Rows of the batch (the inputs' first dimension, equal for all of them) per tile
+  // (Note [tiled segments]); 0, or at least the batch, runs the segment whole.
+  int64_t tile_rows = 0;
+};
+
+// Runs fn(inputs) as a checkpoint segment (see the Notes). With grad mode off, it is just fn.
+Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& opts = {});
 
 }  // namespace mg

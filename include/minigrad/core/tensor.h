@@ -59,6 +59,7 @@ class StorageImpl {
 
 struct TensorImpl {
   std::shared_ptr<StorageImpl> storage;
+  size_t offset = 0;  // bytes from the storage's start (internal row views; 0 for every tensor users make)
   Shape shape;
   DType dtype = DType::f32;
   bool requires_grad = false;

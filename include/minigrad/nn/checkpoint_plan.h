@@ -47,9 +47,11 @@
 
 namespace mg::nn {
 
-// A checkpointed range of layers [begin, end) of a Sequential.
+// A checkpointed range of layers [begin, end) of a Sequential, run whole or in tiles of
+// tile_rows samples (Note [tiled segments] in minigrad/core/checkpoint.h; 0: whole).
 struct Segment {
   size_t begin = 0, end = 0;
+  int64_t tile_rows = 0;
   bool operator==(const Segment&) const = default;
 };
 
@@ -59,7 +61,7 @@ struct Plan {
   size_t predicted_peak = 0;      // bytes in use at the peak of a training step (the cost model)
   double recompute_flops = 0;     // forward work done again in backward
   size_t budget = 0;              // budget= plans only
-  std::string str() const;        // "[0,6) [6,12)" or "no checkpointing"
+  std::string str() const;        // "[0,6) [6,12)", "[0,3)/2 [3,12)" (tiles of 2), or "no checkpointing"
 };
 
 // Runs seq's layers; every segment of the plan runs under mg::checkpoint, the rest normally.

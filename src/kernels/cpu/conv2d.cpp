@@ -14,11 +14,21 @@
 //
 // Threads (Note [fixed pieces] in core/parallel.h): forward runs one piece per (image, row block).
 // Backward runs, in one parallel part, one piece per image for dx and one piece per group of input
-// channels for dW: a dW piece builds the im2col rows of its channels only and sums every image and
-// row block, in order, into its own columns of dW. Layers with few input channels also cut dW by
-// groups of images, summed into partials added afterwards in group order. The groups depend on
-// the shapes only, so every result has the same bits for any thread count. Each thread owns one column
-// block buffer (allocated as a Tensor, so the CPU allocator counts it).
+// channels for dW: a dW piece builds the im2col rows of its channels only and adds every image and
+// row block, in order, into its own columns of dW. Layers with few input channels (too few groups
+// to keep the threads busy) instead give every image a dW piece of its own, a partial added into
+// dW afterwards in image order. The groups depend on one image's shape only, so every result has
+// the same bits for any thread count. Each thread owns one column block buffer (allocated as a
+// Tensor, so the CPU allocator counts it).
+//
+// Note [weight gradients in sample order]
+// ---------------------------------------
+// dW and db are added into the gradient buffer one image at a time, in image order, each image's
+// term computed the same way whatever else is in the batch (its own row blocks in order; sums over
+// pixels in fixed lanes, not in an order that depends on the address, as Eigen's vectorised sum
+// does). So with an optimizer's buffer (accumulate), a batch split into consecutive parts (tiles
+// of a checkpoint segment, Note [tiled segments] in minigrad/core/checkpoint.h, or micro-batches)
+// leaves the same bits in dW and db as the batch in one call.
 #include "kernels/conv2d.h"
 
 #include <algorithm>
@@ -121,8 +131,9 @@ int64_t block_rows(const ConvGeom& g) {
   return std::clamp<int64_t>(kColBlockBytes / row_bytes, 1, g.oh);
 }
 
-// dW is cut into groups of input channels of about this many multiply-adds each (all images).
-constexpr int64_t kDwPieceFma = int64_t{1} << 22;
+// dW is cut into groups of input channels of about this many multiply-adds each per image (the
+// batch size must not change the grouping: Note [weight gradients in sample order]).
+constexpr int64_t kDwPieceFma = int64_t{1} << 19;
 constexpr int64_t kMaxDwPieces = 16;
 
 // A group spans at least kMinDwColumns columns of dW (64 columns = 8 channels of a 3x3 kernel):
@@ -130,25 +141,27 @@ constexpr int64_t kMaxDwPieces = 16;
 constexpr int64_t kMinDwColumns = 64;
 
 int64_t channels_per_dw_piece(const ConvGeom& g) {
-  const int64_t fma = g.n * g.o * g.ohw() * g.ckk();
+  const int64_t fma = g.o * g.ohw() * g.ckk();
   const int64_t pieces = std::clamp<int64_t>(fma / kDwPieceFma, 1, kMaxDwPieces);
   const int64_t min_group = (kMinDwColumns + g.kh * g.kw - 1) / (g.kh * g.kw);
   return std::min(std::max((g.c + pieces - 1) / pieces, min_group), g.c);
 }
 
-// With fewer than kMinDwSpread channel groups (the first layers: 3 or 8 input channels), dW is
-// also cut by images: each further group of images sums into a partial dW of its own (the first
-// into dw itself), and the partials are added afterwards in group order. Those layers' weights
-// are small, so the partials are too.
+// With fewer than kMinDwSpread channel groups (the first layers: 3 or 8 input channels), each
+// image gets a dW piece of its own instead, a partial of the whole (small) dW.
 constexpr int64_t kMinDwSpread = 4;
 
-int64_t dw_image_groups(const ConvGeom& g, int64_t channel_groups) {
-  if (channel_groups >= kMinDwSpread) return 1;
-  const int64_t fma = g.n * g.o * g.ohw() * g.ckk();
-  const int64_t want = std::min<int64_t>(fma / kDwPieceFma / channel_groups, (kMinDwSpread + channel_groups - 1) / channel_groups);
-  const int64_t groups = std::clamp<int64_t>(want, 1, g.n);
-  const int64_t per = (g.n + groups - 1) / groups;
-  return (g.n + per - 1) / per;
+// sum of p[0, n) in 8 fixed lanes, then the lanes in order: the same bits wherever p lies.
+float sum_in_lanes(const float* p, int64_t n) {
+  float lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += p[i + l];
+  }
+  for (int l = 0; i < n; ++i, ++l) lane[l] += p[i];
+  float s = 0.0f;
+  for (float v : lane) s += v;
+  return s;
 }
 
 }  // namespace
@@ -193,13 +206,12 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   const float* dyp = dy.data<float>();
 
   if (db.defined()) {
-    // Per channel, images in order: the same bits for any thread count.
     float* dbp = db.data<float>();
     cpu::parallel_for(g.o, cpu::items_per_piece(g.n * g.ohw()), [&](int64_t o0, int64_t o1) {
-      for (int64_t o = o0; o < o1; ++o) {
-        float s = 0.0f;
-        for (int64_t n = 0; n < g.n; ++n) s += cpu::ConstArrMap(dyp + n * out + o * g.ohw(), g.ohw()).sum();
-        dbp[o] = accumulate ? dbp[o] + s : s;
+      for (int64_t o = o0; o < o1; ++o) {  // Note [weight gradients in sample order]
+        float s = accumulate ? dbp[o] : 0.0f;
+        for (int64_t n = 0; n < g.n; ++n) s += sum_in_lanes(dyp + n * out + o * g.ohw(), g.ohw());
+        dbp[o] = s;
       }
     });
   }
@@ -211,21 +223,17 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   const int64_t block = g.ckk() * rows * g.ow;
   const int64_t group = channels_per_dw_piece(g);
   const int64_t channel_groups = (g.c + group - 1) / group;
-  const int64_t image_groups = dw.defined() ? dw_image_groups(g, channel_groups) : 1;
-  const int64_t per_group = (g.n + image_groups - 1) / image_groups;
-  const int64_t dw_pieces = dw.defined() ? channel_groups * image_groups : 0;
+  const bool per_image = channel_groups < kMinDwSpread;  // dW pieces: one per image, or per channel group
+  const int64_t dw_pieces = !dw.defined() ? 0 : per_image ? g.n : channel_groups;
   const int64_t pieces = dw_pieces + (dx.defined() ? g.n : 0);
   Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
   const int64_t wsize = g.o * g.ckk();
-  Tensor partial = image_groups > 1 ? Tensor::empty({image_groups - 1, wsize}) : Tensor();
+  Tensor partial = dw.defined() && per_image ? Tensor::empty({g.n, wsize}) : Tensor();
   const float* wp = w.data<float>();
 
-  // dW's columns of channels [c0, c1) over images [n0, n1), every row block, in order: into dw
-  // for the first image group, into its partial for the others.
-  auto dw_piece = [&](int64_t c0, int64_t c1, int64_t image_group, float* buf) {
-    const int64_t n0 = image_group * per_group, n1 = std::min(n0 + per_group, g.n);
-    float* dwp = (image_group == 0 ? dw.data<float>() : partial.data<float>() + (image_group - 1) * wsize) + c0 * kk;
-    bool add = image_group == 0 && accumulate;
+  // dW's columns of channels [c0, c1) over images [n0, n1), every row block, in order, into dwp
+  // (a row stride of ckk), added onto what it holds when `add`.
+  auto dw_piece = [&](int64_t c0, int64_t c1, int64_t n0, int64_t n1, float* dwp, bool add, float* buf) {
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t i0 = 0; i0 < g.oh; i0 += rows) {
         const int64_t i1 = std::min(i0 + rows, g.oh), cols = (i1 - i0) * g.ow;
@@ -235,8 +243,8 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
           col = buf;
         }
         cpu::gemm_serial({.trans_b = true, .m = g.o, .n = (c1 - c0) * kk, .k = cols, .a = dyp + n * out + i0 * g.ow,
-                          .lda = g.ohw(), .b = col, .ldb = pointwise ? g.ohw() : cols, .c = dwp, .ldc = g.ckk(),
-                          .accumulate = add});
+                          .lda = g.ohw(), .b = col, .ldb = pointwise ? g.ohw() : cols, .c = dwp + c0 * kk,
+                          .ldc = g.ckk(), .accumulate = add});
         add = true;
       }
     }
@@ -261,19 +269,23 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
 
   cpu::parallel_pieces(pieces, [&](int64_t piece, int slot) {
     float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
-    if (piece < dw_pieces) {
-      const int64_t c0 = piece % channel_groups * group;
-      dw_piece(c0, std::min(c0 + group, g.c), piece / channel_groups, buf);
-    } else {
+    if (piece >= dw_pieces) {
       dx_piece(piece - dw_pieces, buf);
+    } else if (per_image) {
+      dw_piece(0, g.c, piece, piece + 1, partial.data<float>() + piece * wsize, false, buf);
+    } else {
+      const int64_t c0 = piece * group;
+      dw_piece(c0, std::min(c0 + group, g.c), 0, g.n, dw.data<float>(), accumulate, buf);
     }
   });
-  if (partial.defined()) {  // dw += partial 0, then partial 1, ...: per element, in group order
+  if (partial.defined()) {  // dw (+)= partial 0, then partial 1, ...: per element, in image order
     float* dwp = dw.data<float>();
     const float* pp = partial.data<float>();
     cpu::parallel_for(wsize, cpu::kParallelGrain, [&](int64_t e0, int64_t e1) {
-      for (int64_t q = 0; q < image_groups - 1; ++q) {
-        for (int64_t e = e0; e < e1; ++e) dwp[e] += pp[q * wsize + e];
+      for (int64_t e = e0; e < e1; ++e) {
+        float s = accumulate ? dwp[e] : 0.0f;
+        for (int64_t n = 0; n < g.n; ++n) s += pp[n * wsize + e];
+        dwp[e] = s;
       }
     });
   }
