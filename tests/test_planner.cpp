@@ -81,6 +81,78 @@ TEST_CASE("planner: the dynamic programme is optimal against enumeration on rand
   CHECK(budgets_checked > 500);
 }
 
+TEST_CASE("planner: with tiled segments, still optimal against enumeration on random chains") {
+  // The chain at 8 rows and, scaled down, at 2 and 4 (Note [tiled segments]); some units cannot
+  // run in tiles. Every plan: every segmentation, each segment whole or in either tile size.
+  std::mt19937_64 rng(77);
+  int budgets_checked = 0, tiled_chosen = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const size_t n = 1 + trial % 6;
+    nn::ChainCost c = random_chain(n, rng);
+    c.rows = 8;
+    for (nn::UnitCost& u : c.units) u.tiles = rng() % 4 != 0;
+    for (int64_t r : {2, 4}) {
+      nn::ChainCost t = c;
+      auto scale = [&](size_t b) { return b * static_cast<size_t>(r) / 8 + rng() % 7; };  // not exactly linear
+      t.rows = r;
+      t.input_bytes = c.input_bytes * static_cast<size_t>(r) / 8;
+      for (nn::UnitCost& u : t.units) {
+        u.out_bytes = scale(u.out_bytes);
+        u.extra_bytes = u.extra_bytes ? scale(u.extra_bytes) : 0;
+        u.fwd_peak = u.out_bytes + u.extra_bytes + scale(u.fwd_peak);
+        u.bwd_peak = scale(u.bwd_peak);
+        u.flops = u.flops * static_cast<double>(r) / 8 * 1.25;  // tiles run slower per sample
+      }
+      c.tile_costs.push_back(std::move(t));
+    }
+    std::vector<std::vector<nn::Segment>> plans;
+    for (const auto& base : mg::test::all_plans(n)) {
+      std::vector<std::vector<nn::Segment>> grown{{}};
+      for (const nn::Segment& g : base) {
+        bool tileable = true;
+        for (size_t u = g.begin; u < g.end; ++u) tileable &= c.units[u].tiles;
+        std::vector<std::vector<nn::Segment>> next;
+        for (const auto& p : grown) {
+          for (int64_t r : {0, 2, 4}) {
+            if (r && !tileable) continue;
+            next.push_back(p);
+            next.back().push_back({g.begin, g.end, r});
+          }
+        }
+        grown = std::move(next);
+      }
+      plans.insert(plans.end(), grown.begin(), grown.end());
+    }
+    size_t min_peak = std::numeric_limits<size_t>::max(), max_peak = 0;
+    std::vector<std::pair<size_t, double>> scored;
+    for (const auto& p : plans) {
+      const size_t peak = nn::predict_peak(c, p);
+      scored.push_back({peak, nn::recompute_flops(c, p)});
+      min_peak = std::min(min_peak, peak);
+      max_peak = std::max(max_peak, peak);
+    }
+    INFO("trial " << trial << ", " << n << " units, " << plans.size() << " plans");
+    CHECK(nn::min_feasible_peak(c) == min_peak);
+    std::vector<size_t> budgets = {min_peak, max_peak};
+    for (int k = 0; k < 8; ++k) budgets.push_back(scored[rng() % scored.size()].first);
+    for (size_t budget : budgets) {
+      double best = std::numeric_limits<double>::infinity();
+      for (const auto& [peak, flops] : scored) {
+        if (peak <= budget) best = std::min(best, flops);
+      }
+      const nn::Plan p = nn::plan_budget(c, budget);
+      INFO("budget " << budget << ", plan " << p.str());
+      CHECK(p.predicted_peak <= budget);
+      CHECK(p.predicted_peak == nn::predict_peak(c, p.segments));
+      CHECK(p.recompute_flops == best);
+      for (const nn::Segment& g : p.segments) tiled_chosen += g.tile_rows > 0;
+      ++budgets_checked;
+    }
+  }
+  CHECK(budgets_checked > 300);
+  CHECK(tiled_chosen > 10);  // tiles are what fits some of these budgets
+}
+
 TEST_CASE("planner: sizes and plan specs") {
   CHECK(nn::parse_bytes("512MB") == 512'000'000u);
   CHECK(nn::parse_bytes("1.5GiB") == 1'610'612'736u);
@@ -157,11 +229,27 @@ size_t measured_step_peak(nn::Sequential& m, optim::SGD& opt, const std::vector<
   return memory_stats(cpu).peak_in_use;
 }
 
-void check_predictions(nn::Sequential& m, const Shape& in_shape, int64_t classes) {
+void check_predictions(nn::Sequential& m, const Shape& in_shape, int64_t classes, bool tiles) {
   optim::SGD opt(m.parameters(), {.lr = 0.001f, .momentum = 0.9f});
-  const nn::ChainCost cost = nn::measure_chain(m, in_shape);
+  const nn::ChainCost cost = nn::measure_chain(m, in_shape, {.tile_rows = nn::tile_rows_below(in_shape[0])});
   std::vector<nn::Plan> plans = {nn::plan_none(cost), nn::plan_sqrt(cost), nn::plan_segments(cost, 2),
                                  nn::plan_segments(cost, 3), nn::plan_min_peak(cost)};
+  // Tiled: the first tileable units in tiles of each measured size (none in an MLP: linear
+  // layers do not run in tiles).
+  size_t tileable = 0;
+  while (tileable < cost.units.size() && cost.units[tileable].tiles) ++tileable;
+  CHECK(tileable >= (tiles ? 2 : 0));
+  CHECK(cost.tile_costs.size() == static_cast<size_t>(std::log2(static_cast<double>(in_shape[0]) - 1)) + 1);
+  for (const nn::ChainCost& t : cost.tile_costs) {
+    for (size_t e : {size_t{1}, tileable / 2, tileable}) {
+      if (e == 0 || e > tileable) continue;
+      nn::Plan p;
+      p.kind = "tiled";
+      p.segments = {{0, cost.units[e - 1].end, t.rows}};
+      p.predicted_peak = nn::predict_peak(cost, p.segments);
+      plans.push_back(p);
+    }
+  }
   const size_t lo = nn::min_feasible_peak(cost), hi = nn::plan_none(cost).predicted_peak;
   for (double f : {0.3, 0.7}) plans.push_back(nn::plan_budget(cost, lo + static_cast<size_t>((hi - lo) * f)));
   // A few arbitrary segmentations on unit boundaries too.
@@ -197,13 +285,13 @@ TEST_CASE("planner: measured peak of a training step is within 10% of the predic
   manual_seed(1);
   auto m = small_vgg_like();
   m->train();
-  check_predictions(*m, {4, 3, 40, 44}, 2);
+  check_predictions(*m, {4, 3, 40, 44}, 2, true);
 }
 
 TEST_CASE("planner: measured peak of a training step is within 10% of the prediction (MLP)") {
   manual_seed(2);
   auto m = nn::make_mlp({48, 128, 128, 128, 128, 10});
-  check_predictions(*m, {512, 3, 4, 4}, 10);
+  check_predictions(*m, {512, 3, 4, 4}, 10, false);
 }
 
 TEST_CASE("planner: measure_chain leaves gradients and the generator as they were") {

@@ -48,6 +48,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     synchronize(dev);
   };
   ChainCost cost;
+  cost.rows = x_in.size(0);
   cost.num_layers = seq.size();
   cost.input_bytes = x_in.nbytes();
   cost.input_requires_grad = x_in.requires_grad();
@@ -141,7 +142,8 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
       u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
       u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
 
-      // The unit's nodes: what they keep, and their work.
+      // The unit's nodes: what they keep, their work, and whether they can run in tiles.
+      u.tiles = y.dim() >= 1 && y.size(0) == xin.size(0);
       if (y.grad_fn()) {
         std::vector<Node*> stack{y.grad_fn().get()};
         std::unordered_set<Node*> seen{stack.back()};
@@ -149,6 +151,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
           Node* n = stack.back();
           stack.pop_back();
           if (n->op) u.flops += n->op->flops(*n);
+          u.tiles &= n->op != nullptr && op_tiles(*n->op) && !n->out_shape.empty() && n->out_shape[0] == xin.size(0);
           for (const Tensor& t : n->saved) {
             u.saves_input |= t.shares_storage(xin);
             u.saves_output |= t.shares_storage(y);
@@ -186,7 +189,32 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   const size_t in_use_at_end = in_use(dev);
   if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;
   reset_peak_memory_stats(dev);
+
+  MeasureOptions tile_opts = opts;
+  tile_opts.tile_rows.clear();
+  for (int64_t r : opts.tile_rows) {
+    MG_CHECK(r >= 1, "measure_chain: tile rows must be >= 1, got " << r);
+    if (r >= cost.rows || cost.tile_cost(r)) continue;
+    Tensor xt = rows_view(x_in, 0, r).clone();
+    if (x_in.requires_grad()) xt.requires_grad_(true);
+    cost.tile_costs.push_back(measure_chain(seq, xt, tile_opts));
+  }
+  std::sort(cost.tile_costs.begin(), cost.tile_costs.end(),
+            [](const ChainCost& a, const ChainCost& b) { return a.rows < b.rows; });
   return cost;
+}
+
+std::vector<int64_t> tile_rows_below(int64_t rows) {
+  std::vector<int64_t> out;
+  for (int64_t r = 1; r < rows; r *= 2) out.push_back(r);
+  return out;
+}
+
+const ChainCost* ChainCost::tile_cost(int64_t tile_rows) const {
+  for (const ChainCost& t : tile_costs) {
+    if (t.rows == tile_rows) return &t;
+  }
+  return nullptr;
 }
 
 ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts) {

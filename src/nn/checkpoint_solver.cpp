@@ -98,9 +98,80 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   return pc;
 }
 
+// Units [s, e) checkpointed in tiles, with t the chain measured at the tile's rows (Note
+// [checkpoint cost model], Note [tiled segments]).
+PieceCost eval_tiled_piece(const ChainCost& c, const ChainCost& t, size_t s, size_t e) {
+  const size_t n = c.units.size();
+  auto A = [&](size_t k) { return c.activation_bytes(k); };  // the batch's
+  auto At = [&](size_t k) { return t.activation_bytes(k); };  // a tile's
+  const size_t F = c.fixed_bytes;
+  const bool wants_dx0 = s > 0 || c.input_requires_grad;
+  PieceCost pc;
+  {  // the first tile, recorded: the units as plain ones at the tile's rows, on a view of the input
+    size_t R = 0;
+    bool h = true;
+    for (size_t u = s; u < e; ++u) {
+      const UnitCost& U = t.units[u];
+      pc.note(F + A(s) + R + (u > s ? At(u) : 0) + U.fwd_peak, u, "forward (tiled segment, first tile)");
+      R += ((u > s && (h || U.saves_input)) ? At(u) : 0) + U.extra_bytes;
+      h = U.saves_output;
+    }
+  }
+  pc.note(F + A(s) + At(e) + A(e), e - 1, "forward (tiled segment, the first tile copied into the output)");
+  for (size_t u = s; u < e; ++u) {  // the other tiles, replayed without recording
+    pc.note(F + A(s) + A(e) + (u > s ? At(u) : 0) + t.units[u].fwd_peak, u, "forward (tiled segment, later tiles)");
+  }
+  pc.kept = A(s);
+  pc.holds_out = false;
+  // Backward, tile by tile: the boundary, the incoming gradient and the input gradient are whole.
+  const size_t base = F + A(s) + (e == n ? A(n) : 0) + A(e) + (wants_dx0 ? A(s) : 0);
+  std::vector<size_t> r_before(e - s);
+  std::vector<char> keep_in(e - s);
+  size_t R = 0;
+  bool h = true;
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = t.units[u];
+    pc.note(base + R + (u > s ? At(u) : 0) + U.fwd_peak, u, "replay of a tile (forward again during backward)");
+    r_before[u - s] = R;
+    keep_in[u - s] = u > s && (h || U.saves_input);
+    R += (keep_in[u - s] ? At(u) : 0) + U.extra_bytes;
+    h = U.saves_output;
+  }
+  for (size_t u = e; u-- > s;) {
+    const UnitCost& U = t.units[u];
+    const size_t in_flight = u + 1 == e ? 0 : At(u + 1);  // the last unit's is a view of the incoming one
+    pc.note(base + r_before[u - s] + (keep_in[u - s] ? At(u) : 0) + U.extra_bytes + (U.saves_output ? At(u + 1) : 0) +
+                in_flight + U.bwd_peak,
+            u, "backward of a tile");
+  }
+  if (wants_dx0) pc.note(base + 2 * At(s), s, "end of a tile (its input gradient copied into the boundary leaf)");
+  return pc;
+}
+
+// The chain at `tile_rows` rows for a tiled segment over units [s, e), checked.
+const ChainCost& tile_chain(const ChainCost& c, size_t s, size_t e, int64_t tile_rows) {
+  const ChainCost* t = c.tile_cost(tile_rows);
+  MG_CHECK(t != nullptr, "checkpoint plan: a segment runs in tiles of " << tile_rows << " rows, but the chain was not "
+                                                                           "measured at "
+                                                                        << tile_rows << " rows (MeasureOptions::tile_rows)");
+  MG_CHECK(t->units.size() == c.units.size(), "checkpoint plan: the chain measured at " << tile_rows
+                                                                                        << " rows has other units");
+  for (size_t u = s; u < e; ++u) {
+    MG_CHECK(c.units[u].tiles, "checkpoint plan: unit " << u << " (" << c.units[u].name
+                                                        << ") cannot run in tiles (Note [tiled segments])");
+  }
+  return *t;
+}
+
+PieceCost eval_any_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool holds, int64_t tile_rows) {
+  if (ckpt && tile_rows > 0 && tile_rows < c.rows) return eval_tiled_piece(c, tile_chain(c, s, e, tile_rows), s, e);
+  return eval_piece(c, s, e, ckpt, holds);
+}
+
 struct UnitPiece {
   size_t s, e;
   bool ckpt;
+  int64_t tile_rows = 0;
 };
 
 // Layer segments -> the unit pieces that cover the chain.
@@ -120,7 +191,7 @@ std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>&
   for (const Segment& g : segments) {
     const size_t s = unit_at(g.begin, false), e = unit_at(g.end, true);
     for (; pos < s; ++pos) pieces.push_back({pos, pos + 1, false});
-    pieces.push_back({s, e, true});
+    pieces.push_back({s, e, true, g.tile_rows});
     pos = e;
   }
   for (; pos < c.units.size(); ++pos) pieces.push_back({pos, pos + 1, false});
@@ -137,6 +208,13 @@ double piece_flops(const ChainCost& c, size_t s, size_t e) {
   return f;
 }
 
+// A checkpointed piece's forward work done again: its units', or for tiles the tile's units' for
+// as many tiles as the batch holds (the same FLOPs; with measured times, the tiles' own speed).
+double recompute_of(const ChainCost& c, size_t s, size_t e, const ChainCost* tile) {
+  if (!tile) return piece_flops(c, s, e);
+  return piece_flops(*tile, s, e) * static_cast<double>(c.rows) / static_cast<double>(tile->rows);
+}
+
 }  // namespace
 
 PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
@@ -145,7 +223,7 @@ PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& se
   size_t R = 0;
   bool holds = true;  // the caller holds the input
   for (const UnitPiece& p : to_pieces(cost, segments)) {
-    PieceCost pc = eval_piece(cost, p.s, p.e, p.ckpt, holds);
+    PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows);
     if (R + pc.peak > out.peak) {
       out.peak = R + pc.peak;
       out.unit = pc.where_unit;
@@ -175,7 +253,9 @@ size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments)
 double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments) {
   double f = 0;
   for (const UnitPiece& p : to_pieces(cost, segments)) {
-    if (p.ckpt) f += piece_flops(cost, p.s, p.e);
+    if (!p.ckpt) continue;
+    const bool tiled = p.tile_rows > 0 && p.tile_rows < cost.rows;
+    f += recompute_of(cost, p.s, p.e, tiled ? &tile_chain(cost, p.s, p.e, p.tile_rows) : nullptr);
   }
   return f;
 }
@@ -240,6 +320,8 @@ struct Label {
   int parent = -1;
   size_t from = 0;  // the piece that led here: units [from, here)
   bool ckpt = false;
+  int64_t tile_rows = 0;
+  int64_t tiles = 0;  // tiles run per step: of two plans with equal cost, fewer tiles run faster
 };
 
 // Dynamic programme over the chain (Note [checkpoint cost model]): exact for the cost model.
@@ -258,8 +340,22 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
   for (size_t s = 0; s < n; ++s) {
     for (size_t e = s + 1; e <= n; ++e) ck[s][e] = eval_piece(c, s, e, true, false);
   }
+  // Tiled segments: per tile size, the ranges whose units can all run in tiles.
+  std::vector<const ChainCost*> tiles;
+  for (const ChainCost& t : c.tile_costs) {
+    if (t.rows < c.rows && t.units.size() == n) tiles.push_back(&t);
+  }
+  std::vector<std::vector<std::vector<PieceCost>>> tk(tiles.size(), std::vector<std::vector<PieceCost>>(n));
+  for (size_t k = 0; k < tiles.size(); ++k) {
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t e = s + 1; e <= n && c.units[e - 1].tiles; ++e) tk[k][s].push_back(eval_tiled_piece(c, *tiles[k], s, e));
+    }
+  }
   auto key = [&](const Label& l) { return obj == Objective::least_recompute ? l.cost : static_cast<double>(l.peak); };
-  auto tie = [&](const Label& l) { return obj == Objective::least_recompute ? static_cast<double>(l.peak) : l.cost; };
+  // Ties: fewer tiles, then the other of (cost, peak).
+  auto tie = [&](const Label& l) {
+    return std::make_pair(l.tiles, obj == Objective::least_recompute ? static_cast<double>(l.peak) : l.cost);
+  };
 
   std::vector<Label> all;
   std::vector<std::vector<int>> at(n + 1);
@@ -291,15 +387,17 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
     if (s == n) break;
     for (int li : at[s]) {
       const Label l = all[li];
-      auto extend = [&](size_t e, bool ckpt, const PieceCost& pc) {
+      auto extend = [&](size_t e, bool ckpt, const PieceCost& pc, const ChainCost* tile = nullptr) {
         Label m;
         m.R = l.R + pc.kept;
         m.peak = std::max(l.peak, l.R + pc.peak);
-        m.cost = l.cost + (ckpt ? piece_flops(c, s, e) : 0.0);
+        m.cost = l.cost + (ckpt ? recompute_of(c, s, e, tile) : 0.0);
+        m.tiles = l.tiles + (tile ? (c.rows + tile->rows - 1) / tile->rows : 0);
         m.holds = pc.holds_out;
         m.parent = li;
         m.from = s;
         m.ckpt = ckpt;
+        m.tile_rows = tile ? tile->rows : 0;
         if (e == n) m.peak = std::max(m.peak, head_peak(c, m.R));
         if (m.peak > budget) return;
         all.push_back(m);
@@ -307,6 +405,9 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
       };
       extend(s + 1, false, plain[s][l.holds ? 1 : 0]);
       for (size_t e = s + 1; e <= n; ++e) extend(e, true, ck[s][e]);
+      for (size_t k = 0; k < tiles.size(); ++k) {
+        for (size_t i = 0; i < tk[k][s].size(); ++i) extend(s + 1 + i, true, tk[k][s][i], tiles[k]);
+      }
     }
   }
   int best = -1;
@@ -326,7 +427,7 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
   for (size_t k = 1; k < chain.size(); ++k) {
     const Label& l = all[chain[k]];
     const size_t here = k + 1 < chain.size() ? all[chain[k + 1]].from : n;
-    if (l.ckpt) segs.push_back({c.units[l.from].begin, c.units[here - 1].end});
+    if (l.ckpt) segs.push_back({c.units[l.from].begin, c.units[here - 1].end, l.tile_rows});
   }
   return segs;
 }

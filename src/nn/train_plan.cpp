@@ -16,6 +16,7 @@ namespace {
 ChainCost with_times_as_flops(const ChainCost& cost) {
   ChainCost t = cost;
   for (UnitCost& u : t.units) u.flops = u.forward_ms;
+  for (ChainCost& tile : t.tile_costs) tile = with_times_as_flops(tile);
   return t;
 }
 

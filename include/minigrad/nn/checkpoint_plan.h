@@ -30,6 +30,11 @@
 //             segment is replayed like plain units (with the incoming gradient waiting) and
 //             backpropagated unit by unit; the input gradient is copied once into the fresh
 //             boundary leaf at the end.
+// A tiled segment [s, e) in tiles of r rows (Note [tiled segments]; the chain measured at r rows
+// too, ChainCost::tile_costs, A'_k and the unit costs' from there): its boundary A_s, its output
+// A_e, and in backward the incoming gradient (A_e) and the input gradient (A_s) are live whole,
+// beside one tile's units as above at r rows (the tile's input and incoming gradient are views,
+// no bytes of their own); its input gradient's tile is copied once (2 A'_s).
 // The predicted peak is the largest of these. The budget planner is a dynamic programme over the
 // chain: the state after a prefix is (R, whether the last plain unit keeps its output), every
 // constraint of a piece depends only on that state and the piece, and labels are pruned by
@@ -87,6 +92,7 @@ struct UnitCost {
   double flops = 0;
   double forward_ms = 0;   // measured: the unit's forward, and its backward from its output's
   double backward_ms = 0;  // gradient (the joint planner's time model, minigrad/nn/train_plan.h)
+  bool tiles = false;      // every op of the unit can run in tiles (Note [tiled segments])
 };
 
 struct ChainCost {
@@ -96,7 +102,12 @@ struct ChainCost {
   bool input_requires_grad = false;
   size_t num_layers = 0;
   std::vector<UnitCost> units;
+  // The same chain measured at fewer rows (increasing): the tile sizes a plan may use for segments
+  // (Note [tiled segments]). Only their units are read.
+  std::vector<ChainCost> tile_costs;
+  int64_t rows = 0;  // the batch this chain was measured at
   size_t activation_bytes(size_t k) const { return k == 0 ? input_bytes : units.at(k - 1).out_bytes; }
+  const ChainCost* tile_cost(int64_t tile_rows) const;  // null when not measured at tile_rows
 };
 
 struct MeasureOptions {
@@ -105,7 +116,12 @@ struct MeasureOptions {
   bool fixed_from_allocator = true;
   size_t fixed_bytes = 0;  // used when fixed_from_allocator is false; added to it otherwise
   bool cross_entropy_head = true;
+  // Also measure the chain at these numbers of rows (those below the batch), for tiled segments.
+  std::vector<int64_t> tile_rows;
 };
+
+// 1, 2, 4, ... below `rows`: the tile sizes measure_chain is asked for by the apps.
+std::vector<int64_t> tile_rows_below(int64_t rows);
 
 // One measured pass through seq (in its current train/eval mode, on x's device): the cost of
 // every unit. Parameter gradients and the default generator are left as they were; the
