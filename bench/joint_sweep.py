@@ -173,7 +173,7 @@ def main():
                 "predicted step ms | measured step ms | measured / predicted | weights vs reference | "
                 f"batch fixed at {a.batch}: step ms |\n|" + "---|" * 10 + "\n")
         for r in rows:
-            segs = " ".join(f"[{s[0]},{s[1]})" for s in r["segments"]) or "-"
+            segs = " ".join(f"[{s[0]},{s[1]})" + (f"/{s[2]}" if len(s) > 2 else "") for s in r["segments"]) or "-"
             fixed = f"{r['fixed_median_ms']:.0f}" if r["fixed_median_ms"] else "does not fit"
             t.write(f"| {r['budget'] / 2**20:.2f} | {r['micro_batch']} x {r['accumulation']} | {segs} | "
                     f"{r['joint_predicted_peak'] / 2**20:.2f} | {r['joint_measured_peak'] / 2**20:.2f} | "

@@ -4,8 +4,9 @@
 //   build/bin/vgg_ckpt --checkpoint sqrt --width-div 8 --image-size 224 --batch-size 8 --steps 5 \
 //       --json sqrt.json
 //
-// --checkpoint none | sqrt | segments=K | budget=SIZE (e.g. budget=120MB). The plan comes from one
-// measured pass (minigrad/nn/checkpoint_plan.h); every step prints its time and peak memory in use, and
+// --checkpoint none | sqrt | segments=K | budget=SIZE (e.g. budget=120MB) | min. The plan comes from one
+// measured pass (minigrad/nn/checkpoint_plan.h), with --tiles on (the default) also at 1, 2, 4, ...
+// rows, so that min and budget= may run segments in tiles of the batch (Note [tiled segments]); every step prints its time and peak memory in use, and
 // --json writes the plan, its predicted peak and the measured one. SGD (lr 0.001, momentum 0.9),
 // cross-entropy. Data: synthetic by default (a deterministic pattern per class plus noise), or
 // --data DIR with one sub-folder of JPEG/PNG images per class (minigrad/data/image_folder.h); either way a
@@ -121,12 +122,16 @@ int main(int argc, char** argv) {
   app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (strict FP32) | conv (convolutions only, the default as in PyTorch)")
       ->check(CLI::IsMember({"on", "off", "conv"}))->capture_default_str();
   app.add_flag("--cudnn-benchmark", cudnn_benchmark, "CUDA: time cuDNN's algorithms once per shape (torch.backends.cudnn.benchmark)");
-  std::string memory_budget, memory_limit;
+  std::string memory_budget, memory_limit, tiles = "on";
   auto* budget_opt = app.add_option("--memory-budget", memory_budget,
                                     "plan micro-batch, accumulation and checkpointing for this many bytes (e.g. 200MB, or "
                                     "'free': what the device has); --batch-size is then the effective batch")
                          ->check(nonempty());
   app.get_option("--checkpoint")->excludes(budget_opt);
+  app.add_option("--tiles", tiles, "on: plans may run checkpointed segments in tiles of the batch (min, budget=, "
+                 "--memory-budget) | off: whole layers only")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--memory-limit", memory_limit, "cap the device's allocator at this many bytes (mg::set_memory_limit)")
       ->check(nonempty());
   CLI11_PARSE(app, argc, argv);
@@ -195,7 +200,9 @@ int main(int argc, char** argv) {
     mg::nn::Plan plan;
     if (!joint) {
       try {
-        cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size});
+        mg::nn::MeasureOptions measure;
+        if (tiles == "on") measure.tile_rows = mg::nn::tile_rows_below(batch_size);
+        cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size}, measure);
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
         const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
         LEAD_PRINTF("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
@@ -207,10 +214,11 @@ int main(int argc, char** argv) {
     auto plan_jointly = [&](size_t memory) {
       const mg::nn::ChainProfile profile = mg::nn::profile_chain(
           *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), memory);
-      tp = mg::nn::plan_training(profile, batch_size, memory);
+      tp = mg::nn::plan_training(profile, batch_size, memory, {.tiles = tiles == "on"});
       for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
-        if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
+        if (profile.micro_batches[i] == tp.micro_batch) cost = mg::nn::cost_with_tiles(profile, i);
       }
+      if (tiles != "on") cost.tile_costs.clear();
       plan = tp.checkpoint;
     };
     if (joint) {
@@ -225,6 +233,9 @@ int main(int argc, char** argv) {
     }
     int64_t micro_batch = joint ? tp.micro_batch : batch_size, accumulation = joint ? tp.accumulation : 1;
     const size_t floor = mg::nn::min_feasible_peak(cost);
+    mg::nn::ChainCost whole_layers = cost;  // the floor without tiles, for comparison
+    whole_layers.tile_costs.clear();
+    const size_t floor_whole = mg::nn::min_feasible_peak(whole_layers);
     LEAD_PRINTF("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
                 static_cast<long long>(width_div), static_cast<long long>(image_size),
                 static_cast<long long>(image_size), static_cast<long long>(batch_size),
@@ -240,9 +251,10 @@ int main(int argc, char** argv) {
                   mg::format_bytes(budget).c_str(), memory_budget == "free" ? " (what the device has)" : "",
                   tp.str().c_str(), tp.predicted_step_ms, tp.ms_per_sample());
     }
-    LEAD_PRINTF("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s; fixed %s\n",
+    LEAD_PRINTF("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s%s; fixed %s\n",
                 plan.kind.c_str(), plan.str().c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
                 plan.recompute_flops / 1e9, mg::format_bytes(floor).c_str(),
+                floor < floor_whole ? (" (" + mg::format_bytes(floor_whole) + " in whole layers)").c_str() : "",
                 mg::format_bytes(cost.fixed_bytes).c_str());
     if (limit != 0) LEAD_PRINTF("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
@@ -411,12 +423,18 @@ int main(int argc, char** argv) {
       if (limit != 0) j["memory_limit_bytes"] = limit;
       j["replans"] = replans;
       j["segments"] = nlohmann::json::array();
-      for (const auto& s : plan.segments) j["segments"].push_back({s.begin, s.end});
+      for (const auto& s : plan.segments) {
+        nlohmann::ordered_json seg = nlohmann::ordered_json::array({s.begin, s.end});
+        if (s.tile_rows) seg.push_back(s.tile_rows);  // run in tiles of that many samples
+        j["segments"].push_back(seg);
+      }
       j["num_layers"] = model->size();
       j["predicted_peak_bytes"] = plan.predicted_peak;
       j["measured_peak_in_use_bytes"] = peak_in_use;
       j["peak_reserved_bytes"] = peak_reserved;
       j["min_feasible_peak_bytes"] = floor;
+      j["min_feasible_peak_whole_layers_bytes"] = floor_whole;
+      j["tiles"] = tiles == "on";
       j["predicted_peak_at"] = at.where;
       j["min_feasible_plan"] = mg::nn::plan_min_peak(cost).str();
       j["fixed_bytes"] = cost.fixed_bytes;

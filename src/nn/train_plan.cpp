@@ -24,6 +24,20 @@ int64_t windows(int64_t effective_batch, int64_t micro_batch) { return (effectiv
 
 }  // namespace
 
+ChainCost cost_with_tiles(const ChainProfile& profile, size_t i) {
+  MG_CHECK(i < profile.costs.size(), "cost_with_tiles: no micro-batch " << i << " in a profile of " << profile.costs.size());
+  ChainCost c = profile.costs[i];
+  c.rows = profile.micro_batches[i];
+  c.tile_costs.clear();
+  for (size_t j = 0; j < i; ++j) {
+    ChainCost t = profile.costs[j];
+    t.rows = profile.micro_batches[j];
+    t.tile_costs.clear();
+    c.tile_costs.push_back(std::move(t));
+  }
+  return c;
+}
+
 std::string TrainPlan::str() const {
   std::ostringstream os;
   os << "micro-batch " << micro_batch << " x " << accumulation;
@@ -69,9 +83,11 @@ ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std
     }
     p.micro_batches.push_back(b);
     p.costs.push_back(std::move(cost));
-    if (budget != 0 && min_feasible_peak(p.costs.back()) > budget) {
+    // The least it needs, in tiles of the smaller micro-batches where that is less.
+    const size_t need = min_feasible_peak(cost_with_tiles(p, p.costs.size() - 1));
+    if (budget != 0 && need > budget) {
       if (b != micro_batches.back()) {
-        p.stopped = "micro-batch " + std::to_string(b) + " needs at least " + format_bytes(min_feasible_peak(p.costs.back())) +
+        p.stopped = "micro-batch " + std::to_string(b) + " needs at least " + format_bytes(need) +
                     ", over the budget; larger ones were not measured";
       }
       break;
@@ -84,9 +100,20 @@ double predict_step_ms(const ChainProfile& profile, size_t i, const std::vector<
                        int64_t effective_batch, double update_ms) {
   MG_CHECK(i < profile.costs.size(), "predict_step_ms: no micro-batch " << i << " in a profile of " << profile.costs.size());
   const int64_t b = profile.micro_batches[i];
-  const ChainCost& cost = profile.costs[i];
+  const ChainCost cost = cost_with_tiles(profile, i);
   double t = recompute_flops(with_times_as_flops(cost), segments);
   for (const UnitCost& u : cost.units) t += u.forward_ms + u.backward_ms;
+  for (const Segment& g : segments) {  // a tiled segment's forward and backward run at the tile's rows
+    if (g.tile_rows == 0 || g.tile_rows >= b) continue;
+    const ChainCost* tile = cost.tile_cost(g.tile_rows);
+    MG_CHECK(tile != nullptr, "predict_step_ms: a segment in tiles of " << g.tile_rows << " rows, but the profile has no micro-batch of " << g.tile_rows);
+    for (size_t u = 0; u < cost.units.size(); ++u) {
+      if (cost.units[u].begin < g.begin || cost.units[u].end > g.end) continue;
+      const UnitCost &whole = cost.units[u], &part = tile->units[u];
+      t += (part.forward_ms + part.backward_ms) * static_cast<double>(b) / static_cast<double>(g.tile_rows) -
+           (whole.forward_ms + whole.backward_ms);
+    }
+  }
   const int64_t n = windows(effective_batch, b);
   const int64_t last = effective_batch - (n - 1) * b;
   return static_cast<double>(n - 1) * t + t * static_cast<double>(last) / static_cast<double>(b) + update_ms;
@@ -109,7 +136,8 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
   for (size_t i = 0; i < profile.costs.size(); ++i) {
     const int64_t b = profile.micro_batches[i];
     if (b > effective_batch) break;
-    const ChainCost& cost = profile.costs[i];
+    ChainCost cost = cost_with_tiles(profile, i);
+    if (!opts.tiles) cost.tile_costs.clear();
     const size_t need = min_feasible_peak(cost);
     if (least_at == 0 || need < least_need) least_need = need, least_at = b;
     if (need > usable) continue;

@@ -21,7 +21,8 @@
 // N = ceil(B / b) micro-batches (the last one B - (N-1) b) is predicted to take
 //   (N - 1) T(b) + T(b) * last / b + update_ms,   T(b) = sum over units of forward + backward
 //                                                         + forward again in checkpointed units,
-// with the unit times measured at b; its peak is the checkpoint plan's predicted peak at b (the
+// with the unit times measured at b, or for a segment in tiles of r rows (Note [tiled segments];
+// r one of the smaller micro-batches measured) at r, times b / r; its peak is the checkpoint plan's predicted peak at b (the
 // last, smaller micro-batch peaks lower). Among the b whose plan fits (the budget less a small
 // headroom, TrainPlanOptions::headroom), the least time per sample wins. Measuring stops at the first b whose smallest feasible peak is over the budget (a larger
 // one needs more), or that runs out of memory while measured.
@@ -68,6 +69,8 @@ struct TrainPlanOptions {
   // measured peaks came out up to 0.03% above the prediction on CPU), and a caching allocator
   // rounds blocks up.
   double headroom = 1.0 / 64;
+  // Tiled segments (Note [tiled segments]), in tiles of the smaller micro-batches measured.
+  bool tiles = true;
   MeasureOptions measure;
 };
 
@@ -91,6 +94,10 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
 // Profiles and plans in one call. budget 0: what the device has (mg::memory_capacity).
 TrainPlan plan_training(Sequential& seq, const Shape& sample_shape, int64_t effective_batch, size_t budget,
                         const TrainPlanOptions& opts = {});
+
+// profile.costs[i] with the smaller micro-batches measured as its tile sizes (ChainCost::tile_costs):
+// what the plans at micro-batch profile.micro_batches[i] are made and explained from.
+ChainCost cost_with_tiles(const ChainProfile& profile, size_t i);
 
 // The predicted step time of micro-batch b (profile.micro_batches[i]) with checkpointed layer
 // ranges `segments`, for an effective batch B (Note [joint plan]).
