@@ -3,6 +3,7 @@
 // training steps against the prediction, and the errors (budgets, sizes, specs).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -314,4 +315,55 @@ TEST_CASE("planner: measure_chain leaves gradients and the generator as they wer
   CHECK(c.units[13].end == 15);
   // A plan boundary inside that unit is refused by the cost model, snapped by PyTorch-style plans.
   CHECK_THROWS_WITH_AS(nn::predict_peak(c, {{14, 16}}), doctest::Contains("inside a unit"), Error);
+}
+
+TEST_CASE("planner: below the whole-layer floor, a tiled plan fits a memory cap and changes no bit") {
+  // The same micro-batch, a budget under the least any whole-layer plan needs: the planner runs
+  // segments in tiles (Note [tiled segments]), a real step fits under a cap of the budget, and
+  // its gradients are those of the plain step, bit for bit.
+  manual_seed(4);
+  auto m = small_vgg_like();
+  m->train();
+  optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+  const Shape in{8, 3, 40, 44};
+  const nn::ChainCost tiled = nn::measure_chain(*m, in, {.tile_rows = nn::tile_rows_below(8)});
+  nn::ChainCost whole = tiled;
+  whole.tile_costs.clear();
+  const size_t floor_whole = nn::min_feasible_peak(whole), floor_tiled = nn::min_feasible_peak(tiled);
+  INFO("floor in whole layers " << floor_whole << " B, in tiles " << floor_tiled << " B");
+  REQUIRE(floor_tiled < floor_whole - floor_whole / 10);
+  const size_t budget = floor_tiled + (floor_whole - floor_tiled) / 4;
+  const nn::Plan plan = nn::plan_budget(tiled, budget);
+  CHECK_THROWS_AS(nn::plan_budget(whole, budget), Error);
+  bool any_tiled = false;
+  for (const nn::Segment& g : plan.segments) any_tiled |= g.tile_rows > 0;
+  CHECK(any_tiled);
+
+  auto grads_of = [&](const std::vector<nn::Segment>& segs, size_t cap) {
+    Tensor x = mg::test::rand_tensor(in, 31);
+    Tensor target = Tensor::from_vector(std::vector<int64_t>{0, 1, 1, 0, 1, 0, 0, 1}, {8});
+    opt.zero_grad();
+    manual_seed(9);
+    reset_peak_memory_stats(Device::cpu());
+    set_memory_limit(Device::cpu(), cap);
+    struct Uncap {
+      ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+    } uncap;
+    cross_entropy(nn::forward_with_plan(*m, segs, x), target).backward();
+    std::vector<std::vector<float>> g;  // in host vectors: nothing the allocator counts in the next step
+    for (const Tensor& p : m->parameters()) g.push_back(p.grad().to_vector<float>());
+    return std::make_pair(g, memory_stats(Device::cpu()).peak_in_use);
+  };
+  const auto [ref, ref_peak] = grads_of({}, 0);
+  const auto [got, peak] = grads_of(plan.segments, budget);
+  INFO("plan " << plan.str() << ": predicted " << plan.predicted_peak << " B, measured " << peak << " B (the plain step "
+               << ref_peak << " B)");
+  CHECK(peak <= budget);
+  CHECK(peak < plan.predicted_peak + plan.predicted_peak / 100);
+  REQUIRE(ref.size() == got.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    INFO("parameter " << i);
+    REQUIRE(ref[i].size() == got[i].size());
+    CHECK(std::memcmp(ref[i].data(), got[i].data(), ref[i].size() * sizeof(float)) == 0);
+  }
 }
