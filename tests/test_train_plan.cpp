@@ -359,3 +359,94 @@ TEST_CASE("joint planner: out of memory in a window, discard, re-plan for what i
   // Dropout was on: a step with other masks would differ by far more.
   CHECK(scale > 0);
 }
+
+namespace {
+// A Sequential run through a checkpoint plan that can change between micro-batches.
+class Planned : public nn::Module {
+ public:
+  explicit Planned(nn::Sequential& seq) : seq_(seq) {}
+  Tensor forward(const Tensor& x) override { return nn::forward_with_plan(seq_, segments, x); }
+  std::string name() const override { return "Planned"; }
+  std::vector<nn::Segment> segments;
+
+ private:
+  nn::Sequential& seq_;
+};
+}  // namespace
+
+TEST_CASE("train_epoch: out of memory mid-epoch, re-planned by on_out_of_memory, the window redone: the same epoch") {
+  // Note [recovering from out-of-memory]: 96 samples, windows of 32 (micro-batch 32, N = 1). After
+  // the first step the device is capped below the plain step at 32: the second window runs out of
+  // memory, train_epoch drops it, the callback plans jointly for what is there, and the epoch goes
+  // on in the new micro-batches from the second window's first sample. The weights end as those of
+  // the uncapped epoch, to float rounding (dropout on, by sample).
+  const Device cpu = Device::cpu();
+  const int64_t n = 96, B = 32;
+  std::vector<int64_t> ys(n);
+  for (int64_t i = 0; i < n; ++i) ys[static_cast<size_t>(i)] = (i * 7) % 10;
+  data::TensorDataset set(mg::test::rand_tensor({n, 64}, 13), Tensor::from_vector(ys, {n}));
+  struct Uncap {
+    ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+  } uncap;
+
+  auto train = [&](bool capped, std::vector<std::string>* replans) {
+    auto m = dropout_mlp();
+    Planned planned(*m);
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    optim::Accumulator acc(opt, {.steps = 1});
+    data::DataLoader loader(set, {.batch_size = B, .seed = 4});
+    optim::TrainCallbacks cb;
+    int64_t steps = 0;
+    cb.on_step = [&](const optim::StepInfo&) {
+      if (++steps != 1 || !capped) return;
+      const nn::ChainProfile p = nn::profile_chain(*m, {64}, nn::candidate_micro_batches(B));
+      const size_t floor = nn::min_feasible_peak(p.costs.front()), full = nn::plan_none(p.costs.back()).predicted_peak;
+      REQUIRE(floor < full);
+      set_memory_limit(cpu, (floor + full) / 2);
+    };
+    cb.on_out_of_memory = [&](const OutOfMemoryError&, int64_t b) {
+      const nn::TrainPlan tp = nn::plan_training(*m, {64}, B, memory_capacity(cpu), {.micro_batches = {1, 2, 4, 8, 16}});
+      planned.segments = tp.checkpoint.segments;
+      replans->push_back("from " + std::to_string(b) + " to " + tp.str());
+      return tp.micro_batch;
+    };
+    const optim::EpochStats st = optim::train_epoch(planned, loader, acc, 0, {}, cb);
+    set_memory_limit(cpu, 0);
+    CHECK(st.samples == n);
+    CHECK(st.optimizer_steps == 3);
+    CHECK(opt.step_count() == 3);
+    if (capped) {
+      CHECK(loader.options().batch_size < B);
+      CHECK(acc.steps() * loader.options().batch_size == B);
+    }
+    std::vector<std::vector<float>> w;
+    for (const Tensor& p : m->parameters()) w.push_back(p.to_vector<float>());
+    return w;
+  };
+  std::vector<std::string> replans;
+  const auto ref = train(false, &replans);
+  REQUIRE(replans.empty());
+  const auto got = train(true, &replans);
+  REQUIRE(replans.size() == 1);
+  INFO("re-planned " << replans[0]);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    for (size_t j = 0; j < ref[i].size(); ++j) {
+      worst = std::max(worst, std::abs(static_cast<double>(ref[i][j]) - got[i][j]));
+      scale = std::max(scale, std::abs(static_cast<double>(ref[i][j])));
+    }
+  }
+  CHECK(worst <= 1e-5 * scale);
+
+  // A size that does not divide the window is refused with a clear error.
+  auto m = dropout_mlp();
+  optim::SGD opt(m->parameters(), {.lr = 0.05f});
+  optim::Accumulator acc(opt, {.steps = 1});
+  data::DataLoader loader(set, {.batch_size = B, .seed = 4});
+  optim::TrainCallbacks cb;
+  // Room for the next batch (8 KiB of inputs), not for its forward.
+  cb.on_step = [&](const optim::StepInfo&) { set_memory_limit(cpu, memory_stats(cpu).in_use + 16 * 1024); };
+  cb.on_out_of_memory = [](const OutOfMemoryError&, int64_t) { return int64_t{5}; };
+  CHECK_THROWS_WITH_AS(optim::train_epoch(*m, loader, acc, 0, {}, cb),
+                       doctest::Contains("returned micro-batch 5, which does not divide the window of 32 samples"), Error);
+}

@@ -60,6 +60,16 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts) 
 
 DataLoader::~DataLoader() { stop_worker(); }
 
+void DataLoader::set_batch_size(int64_t batch_size) {
+  MG_CHECK(batch_size > 0, "DataLoader::set_batch_size: batch size must be > 0, got " << batch_size);
+  MG_CHECK(!opts_.drop_last || shard_size_ >= batch_size,
+           "DataLoader::set_batch_size: drop_last with batch size " << batch_size << " leaves no batch of a data set of "
+                                                                    << shard_size_);
+  stop_worker();
+  opts_.batch_size = batch_size;
+  epoch_ = -1;  // start_epoch again: the order is the same (Note [batch-size independent order])
+}
+
 int64_t DataLoader::num_batches() const {
   const int64_t n = shard_size_, b = opts_.batch_size;
   return opts_.drop_last ? n / b : n / b + (n % b != 0 ? 1 : 0);

@@ -328,11 +328,15 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
                  << ": each rank must read its own shard. ---> HINT: LoaderOptions{.shard = mg::dist::rank(), "
                     ".num_shards = mg::dist::world_size()}");
   }
+  MG_CHECK(!dp || !callbacks.on_out_of_memory,
+           "train_epoch: recovery from out-of-memory (TrainCallbacks::on_out_of_memory) is not supported under data "
+           "parallelism: every rank would have to re-plan together");
   model.train();
   loader.start_epoch(epoch);
   // Note [data parallel step]: every rank walks as many micro-batch slots as the largest shard
   // has batches, and steps at the same slots; a shard that ran out adds nothing to the last one.
-  const int64_t slots = dp ? dist::all_reduce_max(loader.num_batches()) : loader.num_batches();
+  int64_t slots = dp ? dist::all_reduce_max(loader.num_batches()) : loader.num_batches();
+  int64_t window_first = 0;  // the pending window's first sample in the epoch's order
   data::Batch b;
   auto after_step = [&](const StepInfo& info) {
     st.loss_sum += info.loss_sum;  // of every rank's samples, under data parallelism
@@ -343,16 +347,40 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   };
   for (int64_t slot = 0; slot < slots; ++slot) {
     if (loader.next(b)) {
-      Tensor loss;
-      {
-        const SampleWindowGuard window = acc.sample_window();  // Note [dropout by sample]
-        Tensor logits = model.forward(b.x);
-        loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+      try {
+        Tensor loss;
+        {
+          const SampleWindowGuard window = acc.sample_window();  // Note [dropout by sample]
+          Tensor logits = model.forward(b.x);
+          loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
+        }
+        acc.backward(loss, b.size());
+      } catch (const OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
+        if (!callbacks.on_out_of_memory) throw;
+        // The step's graph is gone with the try block; drop the window, re-plan, and redo it from
+        // its first sample in micro-batches of the new size.
+        const int64_t old_b = loader.options().batch_size, window = acc.steps() * old_b;
+        acc.discard();
+        const int64_t new_b = callbacks.on_out_of_memory(e, old_b);
+        if (new_b == old_b) throw;
+        MG_CHECK(new_b >= 1 && window % new_b == 0,
+                 "train_epoch: after running out of memory, on_out_of_memory returned micro-batch "
+                     << new_b << ", which does not divide the window of " << window << " samples (" << acc.steps()
+                     << " x " << old_b << ")");
+        b = data::Batch();
+        loader.set_batch_size(new_b);
+        loader.start_epoch(epoch, window_first / new_b);
+        acc.set_steps(window / new_b);
+        slots = loader.num_batches();
+        slot = window_first / new_b - 1;  // the loop's ++ makes it the window's first micro-batch
+        continue;
       }
-      acc.backward(loss, b.size());
       if (callbacks.on_micro_batch) callbacks.on_micro_batch(b);
     }
-    if ((slot + 1) % acc.steps() == 0) after_step(acc.step());
+    if ((slot + 1) % acc.steps() == 0) {
+      after_step(acc.step());
+      window_first = (slot + 1) * loader.options().batch_size;
+    }
   }
   StepInfo last;
   if (acc.flush(&last)) after_step(last);

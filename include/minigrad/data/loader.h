@@ -79,6 +79,11 @@ class DataLoader {
   void start_epoch(int64_t epoch, int64_t skip_batches = 0);
   // The next batch of the current epoch; false at its end.
   bool next(Batch& out);
+  // Batches of `batch_size` from the next start_epoch on (which must follow): the epoch's sample
+  // order does not depend on the batch size, so start_epoch(epoch, first_sample / batch_size)
+  // continues an epoch at first_sample (a multiple of it) with smaller batches
+  // (Note [recovering from out-of-memory] in minigrad/optim/accumulate.h).
+  void set_batch_size(int64_t batch_size);
 
   int64_t num_batches() const;  // per epoch (of this shard)
   int64_t num_samples() const;  // per epoch (of this shard; fewer with drop_last)

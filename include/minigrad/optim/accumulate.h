@@ -218,6 +218,15 @@ struct TrainCallbacks {
   std::function<void(const data::Batch&)> on_micro_batch;  // after its backward
   // After each optimizer step (an LR schedule, progress: StepInfo has the window's loss).
   std::function<void(const StepInfo&)> on_step;
+  // Recovery from out-of-memory (opt-in; Note [recovering from out-of-memory]): when a
+  // micro-batch's forward or backward throws mg::OutOfMemoryError, train_epoch drops the window
+  // and calls this with the error and the micro-batch size. It re-plans (the model's checkpoint
+  // plan, say) and returns the new micro-batch size, which must divide the window's samples;
+  // train_epoch then redoes the window from its first sample in micro-batches of that size, and
+  // keeps them for the rest of the epoch and after (the loader's batch size and the accumulator's
+  // N change). Returning the old size, or throwing, ends the epoch with the error. Not under data
+  // parallelism.
+  std::function<int64_t(const OutOfMemoryError&, int64_t micro_batch)> on_out_of_memory;
 };
 
 // One epoch: loader.start_epoch(epoch), a forward/backward per micro-batch, a step per window,
