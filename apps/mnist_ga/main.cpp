@@ -102,6 +102,19 @@ EvalResult evaluate(mg::nn::Module& model, const mg::data::Dataset& test, mg::De
   return {loss / test.size(), 100.0 * correct / test.size()};
 }
 
+// evaluate, in batches halved until they fit the device (under --memory-limit, say): evaluation
+// keeps no state, so a batch that ran out of memory is simply run again smaller.
+EvalResult evaluate_fitting(mg::nn::Module& model, const mg::data::Dataset& test, mg::Device dev, int64_t& batch) {
+  for (;;) {
+    try {
+      return evaluate(model, test, dev, batch);
+    } catch (const mg::OutOfMemoryError&) {
+      if (batch == 1) throw;
+      batch = (batch + 1) / 2;
+    }
+  }
+}
+
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const Config& c, const mg::nn::Module& m) {
   if (c.optimizer == "sgd") {
     return std::make_unique<mg::optim::SGD>(m.parameters(), mg::optim::SGDOptions{.lr = c.lr, .momentum = c.momentum});
@@ -141,11 +154,21 @@ class Planned : public mg::nn::Module {
     return mg::nn::forward_with_plan(seq_, plan_, x);
   }
   std::string name() const override { return seq_.name(); }
+  void set_plan(std::vector<mg::nn::Segment> plan) { plan_ = std::move(plan); }
 
  private:
   mg::nn::Sequential& seq_;
   std::vector<mg::nn::Segment> plan_;
 };
+
+// The schedule with every N multiplied by `factor` (micro-batches `factor` times smaller, the same
+// effective batches); epochs before the first key had N = 1.
+mg::optim::AccumulationSchedule scale_schedule(const mg::optim::AccumulationSchedule& s, int64_t factor) {
+  std::string spec;
+  if (s.table().empty() || s.table().begin()->first != 0) spec = "0:" + std::to_string(factor);
+  for (const auto& [epoch, n] : s.table()) spec += (spec.empty() ? "" : ",") + std::to_string(epoch) + ":" + std::to_string(n * factor);
+  return mg::optim::AccumulationSchedule::parse(spec);
+}
 
 int run(Config c, const char* argv0) {
   const int64_t world = mg::dist::world_size();
@@ -223,7 +246,7 @@ int run(Config c, const char* argv0) {
   }
   if (limit != 0) LEAD_PRINTF("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
   Planned planned(*model, tp.checkpoint.segments);
-  const int64_t eval_batch = c.memory_budget.empty() ? 1000 : tp.micro_batch;
+  int64_t eval_batch = c.memory_budget.empty() ? 1000 : tp.micro_batch;
   // --compare's file is checked against the model now, not after training.
   const mg::nn::SafetensorsFile compare_file =
       c.compare.empty() ? mg::nn::SafetensorsFile{} : for_flag("--compare", [&] { return load_compare(c.compare, *model); });
@@ -296,6 +319,7 @@ int run(Config c, const char* argv0) {
   // ---- train ----
   mg::reset_peak_memory_stats(dev);
   json epochs_json = json::array();
+  json replans = json::array();  // what out-of-memory recovery changed
   const bool tty = isatty(fileno(stdout)) && lead();
   EvalResult last{};
   for (int64_t e = start_epoch; e < c.epochs; ++e) {
@@ -312,9 +336,36 @@ int run(Config c, const char* argv0) {
         progress(seen, loader.num_batches() * world, loss_sum / seen_samples, e + 1);
       };
     }
+    // Out of memory inside a window (a full device, or --memory-limit): Note [recovering from
+    // out-of-memory]. Re-plan jointly for what the device has, in micro-batches that divide the
+    // current one (so that every epoch's effective batch stays), and redo the window.
+    if (world == 1) {
+      cb.on_out_of_memory = [&](const mg::OutOfMemoryError& err, int64_t b) {
+        std::vector<int64_t> smaller;
+        for (int64_t d = 1; d < b; ++d) {
+          if (b % d == 0) smaller.push_back(d);
+        }
+        if (smaller.empty()) return b;  // nothing smaller to try: the error stands
+        const size_t there = mg::memory_capacity(dev);
+        const int64_t window = b * acc.steps();
+        const mg::nn::TrainPlan next = mg::nn::plan_training(*model, train.sample_shape(), window, there, {.micro_batches = smaller});
+        planned.set_plan(next.checkpoint.segments);
+        sched = scale_schedule(sched, b / next.micro_batch);
+        c.batch_size = next.micro_batch;
+        eval_batch = std::min(eval_batch, next.micro_batch);
+        const std::string what = std::string(err.what()).substr(0, std::string(err.what()).find('\n'));
+        LEAD_PRINTF("%sout of memory at micro-batch %lld (%s)\n  re-planned for %s: %s; predicted peak %s; the window is "
+                    "redone from its first sample\n",
+                    tty ? "\r" : "", static_cast<long long>(b), what.c_str(), mg::format_bytes(there).c_str(), next.str().c_str(),
+                    mg::format_bytes(next.predicted_peak).c_str());
+        replans.push_back({{"epoch", e + 1}, {"step", opt->step_count()}, {"memory_bytes", there},
+                           {"from_micro_batch", b}, {"to", next.str()}, {"predicted_peak_bytes", next.predicted_peak}});
+        return next.micro_batch;
+      };
+    }
     mg::optim::EpochStats st = mg::optim::train_epoch(planned, loader, acc, e, {}, cb);
     if (tty) LEAD_PRINTF("\r%*s\r", 80, "");
-    if (lead()) last = evaluate(*model, test, dev, eval_batch);  // the weights are the same on every rank
+    if (lead()) last = evaluate_fitting(*model, test, dev, eval_batch);  // the weights are the same on every rank
     const double sps = st.samples / std::max(st.seconds, 1e-9);
     LEAD_PRINTF("Epoch %lld/%lld: train loss %.6f | test loss %.6f, accuracy %.2f%% | %.0f samples/s, %lld optimizer steps (N=%lld)%s\n",
                 static_cast<long long>(e + 1), static_cast<long long>(c.epochs), st.mean_loss(), last.loss,
@@ -384,6 +435,7 @@ int run(Config c, const char* argv0) {
       j["predicted_step_ms"] = tp.predicted_step_ms;
     }
     if (limit != 0) j["memory_limit_bytes"] = limit;
+    j["replans"] = replans;
     mg::nn::write_file_atomic(c.json_path, j.dump(2) + "\n");
   }
   return 0;
