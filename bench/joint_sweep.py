@@ -10,6 +10,7 @@ For each budget X it runs
          a plan that passed its budget would fail with out-of-memory, not just report it)
   fixed  build/bin/vgg_ckpt --checkpoint budget=X' ...  (micro-batch fixed at B, the same usable
          budget X' = X less the joint planner's headroom of 1/64), where some plan at B fits
+         (segments in tiles included: "[0,10)/1" runs layers 0-9 one sample at a time)
 and once the plain reference (--checkpoint none, batch B, no cap). Every run trains --steps
 steps from the same seed on the same samples; the joint run's final weights are compared with
 the reference's (max |w - w_ref| / max |w_ref|). Writes runs.jsonl, table.md and plot.svg
@@ -171,10 +172,12 @@ def main():
                 f"Smallest feasible peak (micro-batch 1, plan `min`): {floor / 2**20:.2f} MiB.\n\n")
         t.write("| budget MiB | joint plan: b x N | checkpointed ranges | predicted peak MiB | measured peak MiB | "
                 "predicted step ms | measured step ms | measured / predicted | weights vs reference | "
-                f"batch fixed at {a.batch}: step ms |\n|" + "---|" * 10 + "\n")
+                f"batch fixed at {a.batch}: ranges | step ms |\n|" + "---|" * 11 + "\n")
         for r in rows:
-            segs = " ".join(f"[{s[0]},{s[1]})" + (f"/{s[2]}" if len(s) > 2 else "") for s in r["segments"]) or "-"
-            fixed = f"{r['fixed_median_ms']:.0f}" if r["fixed_median_ms"] else "does not fit"
+            ranges = lambda segments: " ".join(f"[{s[0]},{s[1]})" + (f"/{s[2]}" if len(s) > 2 else "") for s in segments) or "-"
+            segs = ranges(r["segments"])
+            fixed = (f"{ranges(r['fixed_segments'])} | {r['fixed_median_ms']:.0f}" if r["fixed_median_ms"]
+                     else "does not fit | -")
             t.write(f"| {r['budget'] / 2**20:.2f} | {r['micro_batch']} x {r['accumulation']} | {segs} | "
                     f"{r['joint_predicted_peak'] / 2**20:.2f} | {r['joint_measured_peak'] / 2**20:.2f} | "
                     f"{r['joint_predicted_ms']:.0f} | {r['joint_median_ms']:.0f} | {r['joint_median_ms'] / r['joint_predicted_ms']:.2f} | "
