@@ -15,6 +15,7 @@
 #include <minigrad/core/threads.h>
 
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -78,6 +79,13 @@ constexpr uint64_t encode(uint64_t index, uint64_t pieces, uint64_t slots) {
 
 thread_local bool t_in_piece = false;
 
+// CPU time of the calling thread.
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 class Pool {
  public:
   // Runs a part; false when this thread cannot dispatch one now (another thread's part is
@@ -93,6 +101,7 @@ class Pool {
     fn_ = fn;
     ctx_ = ctx;
     error_ = nullptr;
+    longest_cpu_ns_.store(0, std::memory_order_relaxed);
     failed_.store(false, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     next_.store(encode(0, static_cast<uint64_t>(pieces), static_cast<uint64_t>(slots)), std::memory_order_release);
@@ -106,8 +115,12 @@ class Pool {
       for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != static_cast<uint32_t>(pieces);) done_.wait(d);
     }
     const clock::time_point end = clock::now();
+    // The stall (Note [backing off]): waiting beyond two of the caller's own pieces and beyond
+    // the longest worker piece's CPU time, so that a last piece that simply runs longer than the
+    // caller's (a part of two unequal pieces) is not one.
     const clock::duration own = mine > 0 ? (out - start) / mine : clock::duration{};
-    backoff_.record(slots, end - start, std::max<clock::duration>(end - out - 2 * own, {}), end);
+    const clock::duration longest = std::chrono::nanoseconds(longest_cpu_ns_.load(std::memory_order_acquire));
+    backoff_.record(slots, end - start, std::max<clock::duration>(end - out - std::max(2 * own, longest), {}), end);
     if (error_) std::rethrow_exception(error_);
     return true;
   }
@@ -126,12 +139,19 @@ class Pool {
       }
       if (!failed_.load(std::memory_order_relaxed)) {
         t_in_piece = true;
+        const int64_t c0 = slot != 0 ? thread_cpu_ns() : 0;  // a worker's piece: its CPU time
         try {
           fn_(ctx_, static_cast<int64_t>(index), slot);
         } catch (...) {
           std::lock_guard<std::mutex> g(error_mu_);
           if (!error_) error_ = std::current_exception();
           failed_.store(true, std::memory_order_relaxed);
+        }
+        if (slot != 0) {
+          const int64_t cpu = thread_cpu_ns() - c0;
+          int64_t seen = longest_cpu_ns_.load(std::memory_order_relaxed);
+          while (cpu > seen && !longest_cpu_ns_.compare_exchange_weak(seen, cpu, std::memory_order_relaxed)) {
+          }
         }
         t_in_piece = false;
       }
@@ -173,6 +193,7 @@ class Pool {
   std::atomic<uint64_t> next_{0};
   std::atomic<uint32_t> done_{0};
   std::atomic<bool> failed_{false};
+  std::atomic<int64_t> longest_cpu_ns_{0};  // this part's longest worker piece, in its thread's CPU time
   cpu::detail::PieceFn fn_ = nullptr;
   void* ctx_ = nullptr;
   std::mutex error_mu_;
