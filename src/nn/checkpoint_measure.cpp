@@ -10,6 +10,7 @@
 #include <minigrad/core/memory.h>
 #include <minigrad/core/rng.h>
 
+#include "core/parallel.h"
 #include "core/tape.h"
 #include "ops/op.h"
 
@@ -35,6 +36,15 @@ std::vector<std::pair<size_t, size_t>> form_units(Sequential& seq) {
 }
 
 size_t in_use(Device d) { return memory_stats(d).in_use; }
+
+// Note [awake workers]: in a step, one op's parallel part follows another's within microseconds,
+// while the pool's workers still spin; a unit measured on its own starts after the measuring's
+// bookkeeping, when they sleep, and its first part pays their wake-up. A part of empty pieces
+// just before the clock starts wakes them, as a step would find them. (Units of a tenth of a
+// millisecond were measured at up to 1.8x their time in a step without it.)
+void wake_workers(Device d) {
+  if (d.is_cpu()) cpu::parallel_pieces(cpu::parallel_slots(1 << 10), [](int64_t, int) {});
+}
 
 }  // namespace
 
@@ -133,6 +143,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
       const uint64_t first_seq = next_node_seq();
       const size_t base0 = in_use(dev);
       reset_peak_memory_stats(dev);
+      wake_workers(dev);
       const auto t0 = std::chrono::steady_clock::now();
       Tensor y = seq.forward_range(xin, begin, end);
       wait();
@@ -164,6 +175,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
         if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
         const size_t base1 = in_use(dev);
         reset_peak_memory_stats(dev);
+        wake_workers(dev);
         const auto t1 = std::chrono::steady_clock::now();
         y.backward(g);
         wait();
