@@ -128,6 +128,12 @@ TEST_CASE("joint planner: when nothing fits, the error names the least any plan 
   CHECK_THROWS_WITH_AS(nn::plan_training(p, 8, need, {.headroom = 1}), doctest::Contains("headroom must be in [0, 1)"), Error);
   CHECK_THROWS_WITH_AS(nn::plan_training(p, 0, need), doctest::Contains("effective batch must be >= 1"), Error);
   CHECK_THROWS_WITH_AS(nn::plan_training(nn::ChainProfile{}, 8, need), doctest::Contains("holds no measurement"), Error);
+  nn::ChainProfile large = p;  // only micro-batches 4 and 8 measured, for an effective batch of 2
+  large.micro_batches.erase(large.micro_batches.begin(), large.micro_batches.begin() + 2);
+  large.costs.erase(large.costs.begin(), large.costs.begin() + 2);
+  CHECK_THROWS_WITH_AS(nn::plan_training(large, 2, need * 100),
+                       doctest::Contains("every micro-batch measured (the smallest is 4) is larger than the effective batch of 2"),
+                       Error);
 }
 
 TEST_CASE("joint planner: a real step fits the budget under a memory cap, with the big batch's gradients") {

@@ -130,6 +130,10 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
   MG_CHECK(!profile.costs.empty(), "plan_training: " << (profile.stopped.empty() ? "the profile holds no measurement"
                                                                                   : "no plan fits a budget of " + format_bytes(budget) +
                                                                                         ": " + profile.stopped));
+  MG_CHECK(profile.micro_batches.front() <= effective_batch,
+           "plan_training: every micro-batch measured (the smallest is " << profile.micro_batches.front()
+               << ") is larger than the effective batch of " << effective_batch
+               << "; measure micro-batches of at most " << effective_batch);
   TrainPlan best;
   size_t least_need = 0;
   int64_t least_at = 0;
