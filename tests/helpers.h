@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -72,8 +73,11 @@ inline std::vector<std::vector<nn::Segment>> all_plans(size_t n) {
   return out;
 }
 
+// Same shape, dtype and bytes (so -0 differs from +0, and a NaN equals itself), any dtype.
 inline bool bit_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.to_vector<float>() == b.to_vector<float>();
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor ha = a.cpu(), hb = b.cpu();
+  return a.nbytes() == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), a.nbytes()) == 0;
 }
 
 // Compares the tape's gradient of sum(f(inputs) * probe) w.r.t. every input that requires grad

@@ -388,12 +388,12 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       if (!save_dir.empty() && b + 1 == batches_per_epoch && lead()) {
         mg::nn::save_safetensors(save_dir + "/epoch_" + std::to_string(epoch + 1) + ".safetensors",
-                                 model->named_parameters(),
+                                 model->state_dict(),
                                  {{"epoch", std::to_string(epoch + 1)}});
       }
     }
     if (!save_dir.empty() && lead()) {
-      mg::nn::save_safetensors(save_dir + "/final.safetensors", model->named_parameters(),
+      mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict(),
                                {{"steps", std::to_string(total_steps)}});
     }
     const double med = median(step_ms);

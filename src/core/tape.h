@@ -40,6 +40,7 @@ struct OpAttrs {
   uint64_t seed = 0, offset = 0;  // dropout's counter-based RNG position
   uint64_t sample_stride = 0;     // dropout: counters from one sample's first to the next's (0: contiguous)
   Reduction reduction = Reduction::mean;
+  bool batch_stats = false;     // batch_norm: the batch's statistics (training), or the given ones
   Shape shape;                  // reshape target
 };
 

@@ -3,12 +3,31 @@
 #include <cmath>
 #include <sstream>
 
+#include "kernels/batch_norm.h"
+
 namespace mg::nn {
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
   std::vector<std::pair<std::string, Tensor>> out = params_;
   for (const auto& [cname, child] : children_) {
     for (auto& [pname, p] : child->named_parameters()) out.emplace_back(cname + "." + pname, p);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
+  std::vector<std::pair<std::string, Tensor>> out = buffers_;
+  for (const auto& [cname, child] : children_) {
+    for (auto& [bname, b] : child->named_buffers()) out.emplace_back(cname + "." + bname, b);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::state_dict() const {
+  std::vector<std::pair<std::string, Tensor>> out = params_;
+  out.insert(out.end(), buffers_.begin(), buffers_.end());
+  for (const auto& [cname, child] : children_) {
+    for (auto& [name, t] : child->state_dict()) out.emplace_back(cname + "." + name, t);
   }
   return out;
 }
@@ -31,6 +50,7 @@ void Module::train(bool on) {
 }
 
 void Module::to(Device d) {
+  move_buffers(d);
   for (Tensor& p : parameters()) {
     if (p.device() == d) continue;
     p.impl().storage = p.to(d).impl().storage;
@@ -42,6 +62,15 @@ void Module::to(Device d) {
   }
 }
 
+void Module::move_buffers(Device d) {
+  for (auto& [name, b] : buffers_) {
+    if (b.device() == d || b.dtype() != DType::f32) continue;
+    b.impl().storage = b.to(d).impl().storage;
+    b.impl().offset = 0;
+  }
+  for (auto& [n, c] : children_) c->move_buffers(d);
+}
+
 void Module::zero_grad() {
   for (Tensor& p : parameters()) {
     if (Tensor g = p.grad(); g.defined()) g.zero_();
@@ -50,6 +79,11 @@ void Module::zero_grad() {
 
 void Module::release_grads() {
   for (Tensor& p : parameters()) p.set_grad(Tensor());
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+  buffers_.emplace_back(name, std::move(t));
+  return buffers_.back().second;
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t) {
@@ -144,6 +178,58 @@ std::string Sequential::name() const {
   std::string s = "Sequential(\n";
   for (const auto& [n, c] : children_) s += "  (" + n + "): " + c->name() + "\n";
   return s + ")";
+}
+
+
+// ---- BatchNorm ----------------------------------------------------------------------------------
+
+BatchNorm::BatchNorm(int64_t n, int64_t dims, float eps, float momentum, bool affine)
+    : num_features(n), eps(eps), momentum(momentum), dims_(dims), affine_(affine) {
+  MG_CHECK(n > 0, "BatchNorm: num_features must be > 0, got " << n);
+  MG_CHECK(eps >= 0.0f && std::isfinite(eps), "BatchNorm: eps must be >= 0, got " << eps);
+  MG_CHECK(momentum >= 0.0f && momentum <= 1.0f, "BatchNorm: momentum must be in [0, 1], got " << momentum);
+  if (affine) {
+    register_parameter("weight", Tensor::ones({n}));
+    register_parameter("bias", Tensor::zeros({n}));
+  }
+  register_buffer("running_mean", Tensor::zeros({n}));
+  register_buffer("running_var", Tensor::ones({n}));
+  register_buffer("num_batches_tracked", Tensor::from_vector(std::vector<int64_t>{0}, Shape{}));
+}
+
+int64_t BatchNorm::num_batches_tracked() const { return buffers_[2].second.data<int64_t>()[0]; }
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  MG_CHECK(dims_ == 4 ? x.dim() == 4 : (x.dim() == 2 || x.dim() == 3),
+           name() << ": expected input " << (dims_ == 4 ? "(N, C, H, W)" : "(N, C) or (N, C, L)") << ", got shape "
+                  << shape_str(x.shape()));
+  MG_CHECK(x.size(1) == num_features,
+           name() << ": input has " << x.size(1) << " channels (shape " << shape_str(x.shape()) << "), expected " << num_features);
+  const Tensor w = affine_ ? params_[0].second : Tensor(), b = affine_ ? params_[1].second : Tensor();
+  if (!is_training() || frozen_) return batch_norm(x, w, b, running_mean(), running_var(), false, eps);
+  {
+    // The running statistics, outside the tape (Note [batch norm and the step] in module.h):
+    // running = (1 - momentum) running + momentum batch, the variance unbiased, as PyTorch's.
+    NoGradGuard no_grad;
+    const int64_t c = num_features, m = x.numel() / std::max<int64_t>(c, 1);
+    MG_CHECK(m > 1, name() << ": training needs more than one value per channel, got input " << shape_str(x.shape()));
+    Tensor mean = Tensor::empty({c}, TensorOptions{DType::f32, x.device()});
+    Tensor var = Tensor::empty({c}, TensorOptions{DType::f32, x.device()});
+    MG_DISPATCH(x.device(), batch_norm_stats, mean, var, x);
+    const float keep = 1.0f - momentum;
+    running_mean().copy_(running_mean() * keep + mean * momentum);
+    running_var().copy_(running_var() * keep +
+                        var * static_cast<float>(momentum * static_cast<double>(m) / static_cast<double>(m - 1)));
+    buffers_[2].second.data<int64_t>()[0] += 1;
+  }
+  return batch_norm(x, w, b, Tensor(), Tensor(), true, eps);
+}
+
+std::string BatchNorm::name() const {
+  std::ostringstream os;
+  os << "BatchNorm" << (dims_ == 4 ? "2d(" : "1d(") << num_features << ", eps=" << eps << ", momentum=" << momentum
+     << ", affine=" << (affine_ ? "True" : "False") << ")";
+  return os.str();
 }
 
 }  // namespace mg::nn

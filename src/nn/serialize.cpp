@@ -402,7 +402,7 @@ void load_into(Module& module, const std::string& path) {
 
   std::vector<std::string> missing, mismatched, unexpected;
   std::set<std::string> wanted;
-  auto params = module.named_parameters();
+  auto params = module.state_dict();  // parameters and buffers
   for (const auto& [name, p] : params) {
     wanted.insert(name);
     auto it = by_name.find(name);

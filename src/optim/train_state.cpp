@@ -74,7 +74,7 @@ void check_values(const std::string& path, const std::string& key, const Tensor&
 void save_train_state(const std::string& path, const nn::Module& model, const Optimizer& opt,
                       TrainState state) {
   nn::NamedTensors tensors;
-  for (auto& [name, p] : model.named_parameters()) tensors.emplace_back("param." + name, p);
+  for (auto& [name, p] : model.state_dict()) tensors.emplace_back("param." + name, p);
   for (auto& [name, t] : opt.state_tensors()) tensors.emplace_back("optim." + name, t);
   nn::Metadata meta = state.extra;
   meta["minigrad.format"] = kFormat;
@@ -112,7 +112,7 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
     copies.emplace_back(dst, src);
     used.insert(key);
   };
-  for (auto& [name, p] : model.named_parameters()) take("param." + name, p);
+  for (auto& [name, p] : model.state_dict()) take("param." + name, p);
   for (auto& [name, t] : opt.state_tensors()) take("optim." + name, t);
   for (auto& [name, t] : f.tensors) {
     MG_CHECK(used.count(name), path << ": unexpected tensor \"" << name
@@ -139,7 +139,7 @@ void save_checkpoint(const std::string& base, const nn::Module& model, const Opt
                      TrainState state, const nn::Metadata& weights_metadata) {
   for (auto& [k, v] : weights_metadata) state.extra[kWeightsMeta + k] = v;
   save_train_state(base + kStateSuffix, model, opt, std::move(state));
-  nn::save_safetensors(base + kWeightsSuffix, model.named_parameters(), weights_metadata);
+  nn::save_safetensors(base + kWeightsSuffix, model.state_dict(), weights_metadata);
 }
 
 namespace {

@@ -37,11 +37,18 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;
+  // Buffers: state that is not trained but is saved and loaded (BatchNorm's running statistics),
+  // with dotted names as PyTorch's.
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  // Parameters and buffers as PyTorch's state_dict orders them (a module's parameters, its
+  // buffers, then its children's): what save_safetensors and load_into write and read.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
 
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
-  // Moves every parameter to `d` (parameters keep their identity: optimizers built before stay valid).
+  // Moves every parameter and float buffer to `d` (they keep their identity: optimizers built
+  // before stay valid). Integer buffers (num_batches_tracked) stay in host memory.
   void to(Device d);
   // Zeroes every parameter's gradient buffer in place, as Optimizer::zero_grad does (a gradient
   // that is undefined stays undefined). Nothing is freed, so the next backward adds into the
@@ -54,8 +61,11 @@ class Module {
 
  protected:
   Tensor& register_parameter(const std::string& name, Tensor t);
+  Tensor& register_buffer(const std::string& name, Tensor t);
+  void move_buffers(Device d);
   Module& register_module(const std::string& name, std::shared_ptr<Module> m);
   std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };
@@ -120,6 +130,45 @@ class Dropout : public Module {
 
  private:
   Generator* gen_;
+};
+
+// Batch normalisation over the channels of (N, C) (BatchNorm1d) or (N, C, H, W) (BatchNorm2d),
+// as PyTorch's: in training, each call normalises by its batch's statistics and updates
+// running_mean and running_var (unbiased) by `momentum`; in eval mode it uses them. Parameters
+// weight and bias (affine), buffers running_mean, running_var, num_batches_tracked.
+// Note [batch norm and the step]: under gradient accumulation each micro-batch normalises by its
+// own statistics (as in PyTorch), so N micro-batches are not the big batch's step; set_frozen(true)
+// normalises by the running statistics while training (weight and bias still learn), which makes
+// the step independent of the split. Under checkpointing the running statistics are updated once
+// per forward, not again in the replay (the update is not on the tape).
+class BatchNorm : public Module {
+ public:
+  BatchNorm(int64_t num_features, int64_t dims, float eps = 1e-5f, float momentum = 0.1f, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+  void set_frozen(bool frozen) { frozen_ = frozen; }
+  bool frozen() const { return frozen_; }
+  Tensor& running_mean() { return buffers_[0].second; }
+  Tensor& running_var() { return buffers_[1].second; }
+  int64_t num_batches_tracked() const;
+  int64_t num_features;
+  float eps, momentum;
+
+ private:
+  int64_t dims_;  // 2 for BatchNorm1d, 4 for BatchNorm2d
+  bool affine_, frozen_ = false;
+};
+
+class BatchNorm1d : public BatchNorm {
+ public:
+  explicit BatchNorm1d(int64_t n, float eps = 1e-5f, float momentum = 0.1f, bool affine = true)
+      : BatchNorm(n, 2, eps, momentum, affine) {}
+};
+
+class BatchNorm2d : public BatchNorm {
+ public:
+  explicit BatchNorm2d(int64_t n, float eps = 1e-5f, float momentum = 0.1f, bool affine = true)
+      : BatchNorm(n, 4, eps, momentum, affine) {}
 };
 
 class Sequential : public Module {

@@ -4,7 +4,7 @@
 // PyTorch's safetensors.torch.load_file reads what we write, and parameter names are PyTorch's
 // for the same nn.Sequential ("1.weight", ...).
 //
-//   mg::nn::save_safetensors("epoch_3.safetensors", model.named_parameters(), {{"epoch", "3"}});
+//   mg::nn::save_safetensors("epoch_3.safetensors", model.state_dict(), {{"epoch", "3"}});
 //   mg::nn::load_into(model, "epoch_3.safetensors");   // checks names, shapes, dtypes
 //
 // Every write goes to a temporary file in the same folder, is flushed to disk, and is renamed

@@ -1,0 +1,145 @@
+// Batch normalisation on CUDA (kernels/batch_norm.h). Statistics and the backward's sums: one
+// block per channel, each thread striding over the channel's M values in a fixed order and a
+// fixed tree across the block, in double: deterministic. Forward and dx: one thread per value.
+#include "kernels/batch_norm.h"
+#include "kernels/cuda/common.cuh"
+
+namespace mg {
+namespace {
+
+constexpr int kReduceThreads = 256;
+
+// The block's sum of v over its threads, a fixed tree; every thread gets it.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kReduceThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double s = shared[0];
+  __syncthreads();
+  return s;
+}
+
+// Value k of channel c: image k / s, position k % s.
+__device__ int64_t at(int64_t k, int64_t c, int64_t channels, int64_t s) { return (k / s * channels + c) * s + k % s; }
+
+__global__ void stats_kernel(float* mean, float* var, const float* x, int64_t n, int64_t channels, int64_t s) {
+  __shared__ double shared[kReduceThreads];
+  const int64_t c = blockIdx.x, m = n * s;
+  double sum = 0;
+  for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) sum += x[at(k, c, channels, s)];
+  const double mu = m > 0 ? block_sum(sum, shared) / m : 0.0;
+  double sq = 0;
+  for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) {
+    const double d = x[at(k, c, channels, s)] - mu;
+    sq += d * d;
+  }
+  const double v = block_sum(sq, shared);
+  if (threadIdx.x == 0) {
+    mean[c] = static_cast<float>(mu);
+    var[c] = m > 0 ? static_cast<float>(v / m) : 0.0f;
+  }
+}
+
+__global__ void forward_kernel(float* y, const float* x, const float* w, const float* b, const float* mean,
+                               const float* var, float eps, int64_t total, int64_t channels, int64_t s) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i / s % channels;
+    const float r = rsqrtf(var[c] + eps);
+    y[i] = (x[i] - mean[c]) * r * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+  }
+}
+
+// Per channel: sum dy and sum dy xhat, into dw / db (= or +=), and, for dx, into sums[2 c + 0/1].
+__global__ void backward_sums_kernel(float* dw, float* db, float* sums, const float* dy, const float* x,
+                                     const float* mean, const float* var, float eps, bool accumulate, int64_t n,
+                                     int64_t channels, int64_t s) {
+  __shared__ double shared[kReduceThreads];
+  const int64_t c = blockIdx.x, m = n * s;
+  const float mu = mean[c], r = rsqrtf(var[c] + eps);
+  double sb = 0, sw = 0;
+  for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) {
+    const int64_t i = at(k, c, channels, s);
+    sb += dy[i];
+    sw += static_cast<double>(dy[i]) * ((x[i] - mu) * r);
+  }
+  const double tb = block_sum(sb, shared), tw = block_sum(sw, shared);
+  if (threadIdx.x == 0) {
+    if (db) db[c] = static_cast<float>(accumulate ? db[c] + tb : tb);
+    if (dw) dw[c] = static_cast<float>(accumulate ? dw[c] + tw : tw);
+    sums[2 * c] = static_cast<float>(m > 0 ? tb / m : 0.0);
+    sums[2 * c + 1] = static_cast<float>(m > 0 ? tw / m : 0.0);
+  }
+}
+
+__global__ void backward_dx_kernel(float* dx, const float* dy, const float* x, const float* w, const float* mean,
+                                   const float* var, const float* sums, float eps, bool batch_stats, int64_t total,
+                                   int64_t channels, int64_t s) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i / s % channels;
+    const float r = rsqrtf(var[c] + eps), k = r * (w ? w[c] : 1.0f);
+    if (!batch_stats) {
+      dx[i] = k * dy[i];
+    } else {
+      const float xhat = (x[i] - mean[c]) * r;
+      dx[i] = k * (dy[i] - sums[2 * c] - xhat * sums[2 * c + 1]);
+    }
+  }
+}
+
+struct Shape3 {
+  int64_t n, c, s;
+};
+Shape3 shape3(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1);
+  return {n, c, n * c > 0 ? x.numel() / (n * c) : 0};
+}
+const float* ptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+float* mut(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+}  // namespace
+
+template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor& x) {
+  const Shape3 d = shape3(x);
+  if (d.c == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(x));
+  stats_kernel<<<static_cast<unsigned>(d.c), kReduceThreads>>>(mean.data<float>(), var.data<float>(), x.data<float>(),
+                                                                d.n, d.c, d.s);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <>
+void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+                              const Tensor& var, float eps) {
+  const Shape3 d = shape3(x);
+  const int64_t total = y.numel();
+  if (total == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(y));
+  forward_kernel<<<cuda::grid_for(total), cuda::kThreads>>>(y.data<float>(), x.data<float>(), ptr(w), ptr(b),
+                                                             mean.data<float>(), var.data<float>(), eps, total, d.c, d.s);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <>
+void batch_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate) {
+  const Shape3 d = shape3(x);
+  if (d.c == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(x));
+  Tensor sums = Tensor::empty({2 * d.c}, TensorOptions{DType::f32, x.device()});
+  backward_sums_kernel<<<static_cast<unsigned>(d.c), kReduceThreads>>>(mut(dw), mut(db), sums.data<float>(),
+                                                                        dy.data<float>(), x.data<float>(),
+                                                                        mean.data<float>(), var.data<float>(), eps,
+                                                                        accumulate, d.n, d.c, d.s);
+  MG_CUDA_CHECK_LAUNCH();
+  if (!dx.defined() || dx.numel() == 0) return;
+  backward_dx_kernel<<<cuda::grid_for(dx.numel()), cuda::kThreads>>>(dx.data<float>(), dy.data<float>(),
+                                                                      x.data<float>(), ptr(w), mean.data<float>(),
+                                                                      var.data<float>(), sums.data<float>(), eps,
+                                                                      batch_stats, dx.numel(), d.c, d.s);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mg

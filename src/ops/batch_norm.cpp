@@ -1,0 +1,88 @@
+// batch_norm: x (N, C, ...), weight and bias (C) or undefined, running_mean and running_var (C).
+// With batch statistics (training) it normalises by the mean and biased variance of x per channel,
+// computed here; otherwise by the given (running) ones, inputs 3 and 4, which get no gradient.
+//   y = (x - mean) / sqrt(var + eps) * weight + bias            (eps: attrs.scalar)
+// The running statistics' update is the module's (nn::BatchNorm2d), outside the tape, so a
+// checkpoint segment's replay, which re-runs this op, does not repeat it.
+#include "kernels/batch_norm.h"
+#include "ops/op.h"
+#include "ops/param_grads.h"
+
+namespace mg {
+
+namespace {
+
+Tensor batch_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  const Tensor &x = in[0], &w = in[1], &b = in[2];
+  check_float("batch_norm", "input", x);
+  MG_CHECK(x.dim() >= 2, "batch_norm: input must be (N, C, ...), got shape " << shape_str(x.shape()));
+  const int64_t c = x.size(1);
+  MG_CHECK(a.scalar >= 0.0f, "batch_norm: eps must be >= 0, got " << a.scalar);
+  auto check_channels = [&](const char* what, const Tensor& t) {
+    if (!t.defined()) return;
+    check_float("batch_norm", what, t);
+    MG_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: " << what << " has shape " << shape_str(t.shape())
+                                                             << ", expected [" << c << "] for input "
+                                                             << shape_str(x.shape()));
+  };
+  check_channels("weight", w);
+  check_channels("bias", b);
+  Tensor mean, var;
+  if (a.batch_stats) {
+    MG_CHECK(x.size(0) * (x.numel() / std::max<int64_t>(x.size(0) * c, 1)) > 1 || x.numel() == 0,
+             "batch_norm: batch statistics need more than one value per channel, got input " << shape_str(x.shape()));
+    mean = Tensor::empty({c}, like(x));
+    var = Tensor::empty({c}, like(x));
+    MG_DISPATCH(x.device(), batch_norm_stats, mean, var, x);
+  } else {
+    MG_CHECK(in[3].defined() && in[4].defined(), "batch_norm: without batch statistics it needs running_mean and running_var");
+    check_channels("running_mean", in[3]);
+    check_channels("running_var", in[4]);
+    MG_CHECK(!in[3].requires_grad() && !in[4].requires_grad(), "batch_norm: the running statistics get no gradient; detach them");
+    mean = in[3].clone();  // the values of this forward, whatever the module does to its buffers later
+    var = in[4].clone();
+  }
+  Tensor y = Tensor::empty(x.shape(), like(x));
+  MG_DISPATCH(x.device(), batch_norm_forward, y, x, w, b, mean, var, a.scalar);
+  save(saved, {x, w, mean, var});
+  return y;
+}
+
+void batch_norm_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
+  const Device d = gy.device();
+  const Tensor &x = n.saved[0], &w = n.saved[1], &mean = n.saved[2], &var = n.saved[3];
+  Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
+  ParamGrads p = param_grads(n, grads, accum, d);
+  MG_DISPATCH(d, batch_norm_backward, dx, p.dw, p.db, gy, x, w, mean, var, n.attrs.scalar, n.attrs.batch_stats,
+              p.accumulate);
+}
+
+double batch_norm_flops(const Node& n) { return 8.0 * out_numel(n); }
+
+std::vector<OpCase> batch_norm_cases() {
+  OpAttrs train;
+  train.batch_stats = true;
+  train.scalar = 1e-5f;
+  const TestInput none{.kind = TestInput::none, .shape = {}};
+  return {
+      {{{.shape = {3, 4, 5, 2}}, {.shape = {4}}, {.shape = {4}}, none, none}, train},
+      {{{.shape = {6, 3}}, {.shape = {3}}, none, none, none}, train},
+  };
+}
+
+// No tiles: with batch statistics every sample's output depends on the whole batch.
+const OpDef kBatchNorm{"batch_norm", OpKind::contraction, batch_norm_fwd, batch_norm_bwd, batch_norm_flops,
+                       batch_norm_cases, /*tile*/ nullptr};
+MG_REGISTER_OP(kBatchNorm);
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool batch_stats, float eps) {
+  OpAttrs a;
+  a.batch_stats = batch_stats;
+  a.scalar = eps;
+  return apply(kBatchNorm, a, {x, weight, bias, running_mean, running_var});
+}
+
+}  // namespace mg
