@@ -456,3 +456,34 @@ TEST_CASE("train_epoch: out of memory mid-epoch, re-planned by on_out_of_memory,
   CHECK_THROWS_WITH_AS(optim::train_epoch(*m, loader, acc, 0, {}, cb),
                        doctest::Contains("returned micro-batch 5, which does not divide the window of 32 samples"), Error);
 }
+
+TEST_CASE("joint planner: at a budget of exactly the least it names, measuring and the step fit under a cap") {
+  // Measuring holds no more than the step it measures (the unit's output waits in host memory
+  // during its backward, an input nothing keeps is dropped, the input gradient is not copied), so
+  // the least need the planner names is a budget it can plan under a cap of that budget. (Before,
+  // measuring micro-batch 1 ran out of memory here, one activation over.)
+  const Device cpu = Device::cpu();
+  struct Uncap {
+    ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+  } uncap;
+  auto m = dropout_mlp();
+  optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+  const nn::ChainProfile p = nn::profile_chain(*m, {64}, {1});
+  const size_t need = nn::min_feasible_peak(p.costs.front());
+  const size_t budget = need;  // no headroom: the cap is the least need, to the byte
+  set_memory_limit(cpu, budget);
+  const nn::TrainPlan tp = nn::plan_training(*m, {64}, 32, budget, {.headroom = 0});
+  CHECK(tp.micro_batch == 1);
+  CHECK(tp.predicted_peak <= budget);
+  optim::Accumulator acc(opt, {.steps = tp.accumulation});
+  const Tensor x = mg::test::rand_tensor({32, 64}, 12);
+  std::vector<int64_t> ys(32);
+  for (int64_t i = 0; i < 32; ++i) ys[static_cast<size_t>(i)] = (i * 7) % 10;
+  // The step itself gets the default headroom: the cost model leaves out allocations of bytes to
+  // kilobytes (the micro-batch's inputs, the loss), which is what the headroom is for.
+  set_memory_limit(cpu, budget + budget / 64);
+  reset_peak_memory_stats(cpu);
+  run_window(*m, acc, x, ys, tp.micro_batch, tp.checkpoint.segments);
+  acc.step();
+  CHECK(memory_stats(cpu).peak_in_use <= budget + budget / 64);
+}

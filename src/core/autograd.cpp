@@ -25,8 +25,11 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
   Tensor cur = leaf.grad();
   if (!cur.defined()) {
     // The incoming gradient may alias another (add's backward hands the same tensor to both
-    // inputs), so the leaf gets its own copy, which later accumulation may modify in place.
-    leaf.set_grad(g.clone());
+    // inputs; a view's backward hands on its incoming gradient's storage), so the leaf gets its
+    // own copy, which later accumulation may modify in place. A gradient nothing else refers to
+    // (one handle, its storage not shared) is taken as it is: no second tensor of its size.
+    const bool sole = g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1 && !g.impl().grad_fn;
+    leaf.set_grad(sole ? g.detach() : g.clone());
     return;
   }
   add_into_kernel(cur, g);

@@ -73,7 +73,8 @@ uint64_t next_node_seq();
 // by value and, like every gradient in flight, dropped as soon as its node's rule has run.
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph);
 
-// Adds `g` into the leaf's gradient: `grad += g`, or a copy of `g` when the leaf has none yet.
+// Adds `g` into the leaf's gradient: `grad += g`; when the leaf has none yet, `g` itself if
+// nothing else refers to it (one handle, its storage not shared), else a copy of it.
 void accumulate_grad(const Tensor& leaf, const Tensor& g);
 
 // ---- checkpoint segments (src/core/checkpoint.cpp) -----------------------------------------------

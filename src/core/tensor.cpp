@@ -68,7 +68,7 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
   MG_CHECK(opts.dtype == DType::f32, "from_vector: float values need dtype float32");
   Tensor host = empty(shape, opts.with_device(Device::cpu()).with_requires_grad(false));
   if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(float));
-  Tensor t = host.to(opts.device);
+  Tensor t = opts.device.is_cpu() ? host : host.to(opts.device);  // no second copy on the CPU
   t.requires_grad_(opts.requires_grad);
   return t;
 }
@@ -80,7 +80,7 @@ Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shap
   MG_CHECK(opts.dtype == DType::i64, "from_vector: int64 values need dtype int64");
   Tensor host = empty(shape, opts.with_device(Device::cpu()).with_requires_grad(false));
   if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(int64_t));
-  return host.to(opts.device);
+  return opts.device.is_cpu() ? host : host.to(opts.device);
 }
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, const TensorOptions& opts) {

@@ -111,6 +111,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   Generator probe_gen(0x5eed);
   Tensor h = x_in.detach();
   bool needs_grad = x_in.requires_grad();
+  bool input_held = true;  // a step holds this unit's input during its backward (the caller's batch, or a saved output)
   try {
     for (size_t i = 0; i < params.size(); ++i) {
       if (had_grad[i]) {
@@ -171,21 +172,40 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
             if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
           }
         }
-        Tensor g = Tensor::uniform(y.shape(), -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
-        if (xin.requires_grad()) xin.set_grad(Tensor::zeros(xin.shape(), TensorOptions{DType::f32, dev}));
+        // The input's gradient lands in xin without a copy (accumulate_grad takes a gradient nothing
+        // else holds), as a step passes it on: the unit's backward holds what it holds in a step.
+        if (xin.requires_grad()) xin.set_grad(Tensor());
+        // The output is the next unit's input, but a step does not hold it during this unit's
+        // backward (unless the unit saved it): it waits in host memory, so that measuring holds
+        // no more than the step does (under a memory cap at the floor, measuring must fit too).
+        const Shape y_shape = y.shape();
+        const std::vector<float> y_host = y.to_vector<float>();
+        Tensor root(std::make_shared<TensorImpl>());
+        root.impl().shape = y_shape;
+        root.impl().requires_grad = true;
+        root.impl().grad_fn = y.grad_fn();
+        y = Tensor();
+        // Likewise the input, when neither this unit nor the one before keeps it: its values are
+        // not read by the backward, so its storage is swapped for an empty one (the leaf stays,
+        // to take the input gradient).
+        if (!input_held && !u.saves_input && xin.requires_grad()) xin.impl().storage = std::make_shared<StorageImpl>(0, dev);
+        Tensor g = Tensor::uniform(y_shape, -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
         const size_t base1 = in_use(dev);
         reset_peak_memory_stats(dev);
         wake_workers(dev);
         const auto t1 = std::chrono::steady_clock::now();
-        y.backward(g);
+        run_backward(root, std::move(g), /*retain_graph=*/false);
         wait();
         u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
         u.bwd_peak = memory_stats(dev).peak_in_use - base1;
+        root = Tensor();
+        y = Tensor::from_vector(y_host, y_shape, TensorOptions{DType::f32, dev});
         needs_grad = true;
       } else {
         u.flops = static_cast<double>(y.numel());
       }
       h = y.detach();
+      input_held = u.saves_output;
       cost.units.push_back(std::move(u));
     }
   } catch (...) {

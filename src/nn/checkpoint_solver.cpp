@@ -94,7 +94,7 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
                        U.bwd_peak;
     pc.note(bwd, u, "backward of a replayed segment");
   }
-  if (wants_dx0) pc.note(base + 2 * A(s), s, "end of a replayed segment (gradient copied into the boundary leaf)");
+  if (wants_dx0) pc.note(base + A(s), s, "end of a replayed segment (the input gradient, taken by the boundary leaf)");
   return pc;
 }
 
@@ -144,7 +144,7 @@ PieceCost eval_tiled_piece(const ChainCost& c, const ChainCost& t, size_t s, siz
                 in_flight + U.bwd_peak,
             u, "backward of a tile");
   }
-  if (wants_dx0) pc.note(base + 2 * At(s), s, "end of a tile (its input gradient copied into the boundary leaf)");
+  if (wants_dx0) pc.note(base + At(s), s, "end of a tile (its input gradient, copied into its rows of the whole)");
   return pc;
 }
 

@@ -28,13 +28,13 @@
 //   backward  in reverse; earlier units still hold R. A plain unit: F + R + kept A_u, extra_u,
 //             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input stays live while the
 //             segment is replayed like plain units (with the incoming gradient waiting) and
-//             backpropagated unit by unit; the input gradient is copied once into the fresh
-//             boundary leaf at the end.
+//             backpropagated unit by unit; the fresh boundary leaf takes the input gradient
+//             at the end (without a copy: accumulate_grad takes a gradient nothing else holds).
 // A tiled segment [s, e) in tiles of r rows (Note [tiled segments]; the chain measured at r rows
 // too, ChainCost::tile_costs, A'_k and the unit costs' from there): its boundary A_s, its output
 // A_e, and in backward the incoming gradient (A_e) and the input gradient (A_s) are live whole,
 // beside one tile's units as above at r rows (the tile's input and incoming gradient are views,
-// no bytes of their own); its input gradient's tile is copied once (2 A'_s).
+// no bytes of their own); each tile's input gradient is copied into its rows of the whole.
 // The predicted peak is the largest of these. The budget planner is a dynamic programme over the
 // chain: the state after a prefix is (R, whether the last plain unit keeps its output), every
 // constraint of a piece depends only on that state and the piece, and labels are pruned by
