@@ -33,6 +33,35 @@ struct PieceCost {
   }
 };
 
+// The backward of a checkpointed segment [s, e), whole or one tile: the units replayed on top of
+// `base` (with `incoming` bytes of incoming gradient waiting besides it), then backpropagated in
+// reverse, and the input gradient handed to the boundary leaf. `t` is the chain at the rows
+// replayed (the batch's, or a tile's).
+void note_replay_backward(PieceCost& pc, const ChainCost& t, size_t s, size_t e, size_t base, size_t incoming,
+                          bool wants_dx0, const char* replay, const char* backward, const char* end) {
+  auto A = [&](size_t k) { return t.activation_bytes(k); };
+  std::vector<size_t> r_before(e - s);
+  std::vector<char> keep_in(e - s);
+  size_t R = 0;
+  bool h = true;
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = t.units[u];
+    pc.note(base + incoming + R + (u > s ? A(u) : 0) + U.fwd_peak, u, replay);
+    r_before[u - s] = R;
+    keep_in[u - s] = u > s && (h || U.saves_input);
+    R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
+    h = U.saves_output;
+  }
+  for (size_t u = e; u-- > s;) {
+    const UnitCost& U = t.units[u];
+    const size_t in_flight = u + 1 == e ? incoming : A(u + 1);  // the gradient in flight
+    pc.note(base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes + (U.saves_output ? A(u + 1) : 0) +
+                in_flight + U.bwd_peak,
+            u, backward);
+  }
+  if (wants_dx0) pc.note(base + A(s), s, end);
+}
+
 // Units [s, e), checkpointed or plain, entered with `holds` = the previous unit keeps A_s.
 PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool holds) {
   const size_t n = c.units.size();
@@ -74,27 +103,9 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   // Backward: the boundary and (for the last piece) the caller's logits stay live throughout;
   // the incoming gradient through the replay, until the segment's last unit has used it.
   const size_t base = F + A(s) + (e == n ? A(n) : 0);
-  std::vector<size_t> r_before(e - s);
-  std::vector<char> keep_in(e - s);
-  size_t R = 0;
-  bool h = true;
-  for (size_t u = s; u < e; ++u) {
-    const UnitCost& U = c.units[u];
-    pc.note(base + A(e) /* incoming gradient */ + R + (u > s ? A(u) : 0) + U.fwd_peak, u,
-            "replay (forward again during backward)");
-    r_before[u - s] = R;
-    keep_in[u - s] = u > s && (h || U.saves_input);
-    R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
-    h = U.saves_output;
-  }
-  for (size_t u = e; u-- > s;) {
-    const UnitCost& U = c.units[u];
-    const size_t bwd = base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes +
-                       (U.saves_output ? A(u + 1) : 0) + A(u + 1) /* gradient in flight */ +
-                       U.bwd_peak;
-    pc.note(bwd, u, "backward of a replayed segment");
-  }
-  if (wants_dx0) pc.note(base + A(s), s, "end of a replayed segment (the input gradient, taken by the boundary leaf)");
+  note_replay_backward(pc, c, s, e, base, A(e), wants_dx0, "replay (forward again during backward)",
+                       "backward of a replayed segment",
+                       "end of a replayed segment (the input gradient, taken by the boundary leaf)");
   return pc;
 }
 
@@ -125,26 +136,9 @@ PieceCost eval_tiled_piece(const ChainCost& c, const ChainCost& t, size_t s, siz
   pc.holds_out = false;
   // Backward, tile by tile: the boundary, the incoming gradient and the input gradient are whole.
   const size_t base = F + A(s) + (e == n ? A(n) : 0) + A(e) + (wants_dx0 ? A(s) : 0);
-  std::vector<size_t> r_before(e - s);
-  std::vector<char> keep_in(e - s);
-  size_t R = 0;
-  bool h = true;
-  for (size_t u = s; u < e; ++u) {
-    const UnitCost& U = t.units[u];
-    pc.note(base + R + (u > s ? At(u) : 0) + U.fwd_peak, u, "replay of a tile (forward again during backward)");
-    r_before[u - s] = R;
-    keep_in[u - s] = u > s && (h || U.saves_input);
-    R += (keep_in[u - s] ? At(u) : 0) + U.extra_bytes;
-    h = U.saves_output;
-  }
-  for (size_t u = e; u-- > s;) {
-    const UnitCost& U = t.units[u];
-    const size_t in_flight = u + 1 == e ? 0 : At(u + 1);  // the last unit's is a view of the incoming one
-    pc.note(base + r_before[u - s] + (keep_in[u - s] ? At(u) : 0) + U.extra_bytes + (U.saves_output ? At(u + 1) : 0) +
-                in_flight + U.bwd_peak,
-            u, "backward of a tile");
-  }
-  if (wants_dx0) pc.note(base + At(s), s, "end of a tile (its input gradient, copied into its rows of the whole)");
+  // The tile's input and incoming gradient are views of the whole ones in base: no bytes of their own.
+  note_replay_backward(pc, t, s, e, base, 0, wants_dx0, "replay of a tile (forward again during backward)",
+                       "backward of a tile", "end of a tile (its input gradient, copied into its rows of the whole)");
   return pc;
 }
 
