@@ -295,6 +295,13 @@ TEST_CASE("planner: measured peak of a training step is within 10% of the predic
   check_predictions(*m, {512, 3, 4, 4}, 10, false);
 }
 
+TEST_CASE("planner: measured peak within 10% of the prediction (scaled ResNet-50, blocks as units)") {
+  manual_seed(4);
+  auto m = nn::make_resnet50(3, 16, 0.5f);
+  m->train();
+  check_predictions(*m, {8, 3, 64, 64}, 3, false);
+}
+
 TEST_CASE("planner: measure_chain leaves gradients and the generator as they were") {
   manual_seed(3);
   auto m = small_vgg_like();

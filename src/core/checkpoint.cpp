@@ -106,8 +106,10 @@ bool checkpoint_recording() { return t_recording_depth > 0; }
 const TileRecording* tile_recording() { return t_tile; }
 
 Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& opts) {
-  if (!GradMode::enabled()) return fn(inputs);
   MG_CHECK(opts.tile_rows >= 0, "checkpoint: tile_rows must be >= 0, got " << opts.tile_rows);
+  // Without grad mode there is nothing to drop; inside another segment, this one is part of it
+  // (Note [nested segments]).
+  if (!GradMode::enabled() || checkpoint_recording()) return fn(inputs);
   auto seg = std::make_shared<CheckpointSegment>();
   for (const Tensor& t : inputs) {
     MG_CHECK(t.defined(), "checkpoint: an input is undefined");
@@ -154,7 +156,7 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
   while (!stack.empty()) {
     std::shared_ptr<Node> n = stack.back();
     stack.pop_back();
-    MG_CHECK(!n->segment, "checkpoint: nested checkpoint segments are not supported");
+    MG_CHECK(!n->segment, "checkpoint: a segment node inside a segment (Note [nested segments])");
     seg->nodes.push_back(n);
     for (const NodeInput& in : n->inputs) {
       if (!in.fn || !seen.insert(in.fn.get()).second) continue;

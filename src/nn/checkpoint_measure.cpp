@@ -90,6 +90,15 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     had_grad[i] = params[i].grad().defined();
     if (had_grad[i]) saved_grads[i] = params[i].grad().to_vector<float>();
   }
+  // Buffers too: a BatchNorm's forward in training updates its running statistics.
+  const std::vector<std::pair<std::string, Tensor>> buffers = seq.named_buffers();
+  std::vector<std::vector<float>> saved_f32(buffers.size());
+  std::vector<std::vector<int64_t>> saved_i64(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Tensor& b = buffers[i].second;
+    if (b.dtype() == DType::f32) saved_f32[i] = b.to_vector<float>();
+    if (b.dtype() == DType::i64) saved_i64[i] = b.to_vector<int64_t>();
+  }
   Generator& gen = default_generator();
   const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
   // Writes the kept gradients back without allocating where the device is the CPU (under a cap an
@@ -103,6 +112,16 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
         std::copy(saved_grads[i].begin(), saved_grads[i].end(), g.data<float>());
       } else {
         g.copy_(Tensor::from_vector(saved_grads[i], g.shape()));
+      }
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      Tensor b = buffers[i].second;
+      if (b.dtype() == DType::f32 && b.device().is_cpu()) {
+        std::copy(saved_f32[i].begin(), saved_f32[i].end(), b.data<float>());
+      } else if (b.dtype() == DType::f32) {
+        b.copy_(Tensor::from_vector(saved_f32[i], b.shape()));
+      } else if (b.dtype() == DType::i64) {
+        std::copy(saved_i64[i].begin(), saved_i64[i].end(), b.data<int64_t>());
       }
     }
     gen.manual_seed(gen_seed);
@@ -163,6 +182,10 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
           Node* n = stack.back();
           stack.pop_back();
           if (n->op) u.flops += n->op->flops(*n);
+          if (n->segment) {  // the unit checkpoints a part of itself: that part's work is in the segment
+            u.checkpoints_inside = true;
+            for (const auto& sn : n->segment->nodes) u.flops += sn->op ? sn->op->flops(*sn) : 0.0;
+          }
           u.tiles &= n->op != nullptr && op_tiles(*n->op) && !n->out_shape.empty() && n->out_shape[0] == xin.size(0);
           for (const Tensor& t : n->saved) {
             u.saves_input |= t.shares_storage(xin);
@@ -229,7 +252,14 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     if (r >= cost.rows || cost.tile_cost(r)) continue;
     Tensor xt = rows_view(x_in, 0, r).clone();
     if (x_in.requires_grad()) xt.requires_grad_(true);
-    cost.tile_costs.push_back(measure_chain(seq, xt, tile_opts));
+    try {
+      cost.tile_costs.push_back(measure_chain(seq, xt, tile_opts));
+    } catch (const OutOfMemoryError&) {
+      throw;
+    } catch (const Error&) {
+      // The chain does not run at r rows (a BatchNorm left with one value per channel): no tiles
+      // of r rows, which is all the measurement was for.
+    }
   }
   std::sort(cost.tile_costs.begin(), cost.tile_costs.end(),
             [](const ChainCost& a, const ChainCost& b) { return a.rows < b.rows; });

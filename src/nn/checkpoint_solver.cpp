@@ -398,7 +398,7 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
         at[e].push_back(static_cast<int>(all.size() - 1));
       };
       extend(s + 1, false, plain[s][l.holds ? 1 : 0]);
-      for (size_t e = s + 1; e <= n; ++e) extend(e, true, ck[s][e]);
+      for (size_t e = s + 1; e <= n && !c.units[e - 1].checkpoints_inside; ++e) extend(e, true, ck[s][e]);
       for (size_t k = 0; k < tiles.size(); ++k) {
         for (size_t i = 0; i < tk[k][s].size(); ++i) extend(s + 1 + i, true, tk[k][s][i], tiles[k]);
       }

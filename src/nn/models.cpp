@@ -1,5 +1,8 @@
 #include <minigrad/nn/models.h>
 
+#include <algorithm>
+#include <sstream>
+
 namespace mg::nn {
 
 std::shared_ptr<Sequential> make_mlp(const std::vector<int64_t>& sizes) {
@@ -42,6 +45,133 @@ std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div, f
   m->add<Dropout>(dropout_p);
   m->add<Linear>(hidden, num_classes);
   return m;
+}
+
+// ---- ResNet ---------------------------------------------------------------------------------------
+
+namespace {
+
+std::shared_ptr<Module> conv(int64_t in, int64_t out, int k, int stride, int pad) {
+  return std::make_shared<Conv2d>(in, out, k, stride, pad, /*bias=*/false);
+}
+
+std::shared_ptr<Module> bn(int64_t c) { return std::make_shared<BatchNorm2d>(c); }
+
+// torchvision: a strided 1x1 conv and a BatchNorm when the block changes the shape, else none.
+std::shared_ptr<Module> make_downsample(int64_t in, int64_t out, int stride) {
+  if (stride == 1 && in == out) return nullptr;
+  auto d = std::make_shared<Sequential>();
+  d->push_back(conv(in, out, 1, stride, 0));
+  d->push_back(bn(out));
+  return d;
+}
+
+std::string block_name(const char* kind, int64_t inplanes, int64_t planes, int stride, bool downsample) {
+  std::ostringstream os;
+  os << kind << "(" << inplanes << ", " << planes << ", stride=" << stride << (downsample ? ", downsample" : "") << ")";
+  return os.str();
+}
+
+}  // namespace
+
+BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int stride)
+    : inplanes_(inplanes), planes_(planes), stride_(stride) {
+  MG_CHECK(inplanes > 0 && planes > 0 && stride > 0,
+           "BasicBlock: bad arguments (inplanes " << inplanes << ", planes " << planes << ", stride " << stride << ")");
+  // Registration order is torchvision's, so state_dict() lists tensors in its order.
+  register_module("conv1", conv1_ = conv(inplanes, planes, 3, stride, 1));
+  register_module("bn1", bn1_ = bn(planes));
+  register_module("relu", std::make_shared<ReLU>());
+  register_module("conv2", conv2_ = conv(planes, planes, 3, 1, 1));
+  register_module("bn2", bn2_ = bn(planes));
+  if ((downsample_ = make_downsample(inplanes, planes * expansion, stride))) register_module("downsample", downsample_);
+}
+
+Tensor BasicBlock::forward(const Tensor& x) {
+  Tensor out = relu(bn1_->forward(conv1_->forward(x)));
+  out = bn2_->forward(conv2_->forward(out));
+  return relu(add(out, downsample_ ? downsample_->forward(x) : x));
+}
+
+std::string BasicBlock::name() const {
+  return block_name("BasicBlock", inplanes_, planes_, stride_, downsample_ != nullptr);
+}
+
+Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int stride)
+    : inplanes_(inplanes), planes_(planes), stride_(stride) {
+  MG_CHECK(inplanes > 0 && planes > 0 && stride > 0,
+           "Bottleneck: bad arguments (inplanes " << inplanes << ", planes " << planes << ", stride " << stride << ")");
+  register_module("conv1", conv1_ = conv(inplanes, planes, 1, 1, 0));
+  register_module("bn1", bn1_ = bn(planes));
+  register_module("conv2", conv2_ = conv(planes, planes, 3, stride, 1));
+  register_module("bn2", bn2_ = bn(planes));
+  register_module("conv3", conv3_ = conv(planes, planes * expansion, 1, 1, 0));
+  register_module("bn3", bn3_ = bn(planes * expansion));
+  register_module("relu", std::make_shared<ReLU>());
+  if ((downsample_ = make_downsample(inplanes, planes * expansion, stride))) register_module("downsample", downsample_);
+}
+
+Tensor Bottleneck::forward(const Tensor& x) {
+  Tensor out = relu(bn1_->forward(conv1_->forward(x)));
+  out = relu(bn2_->forward(conv2_->forward(out)));
+  out = bn3_->forward(conv3_->forward(out));
+  return relu(add(out, downsample_ ? downsample_->forward(x) : x));
+}
+
+std::string Bottleneck::name() const {
+  return block_name("Bottleneck", inplanes_, planes_, stride_, downsample_ != nullptr);
+}
+
+namespace {
+
+template <typename Block>
+std::shared_ptr<Sequential> make_resnet(const char* what, const std::vector<int>& layers, int64_t num_classes,
+                                        int64_t width_div, float dropout_p) {
+  MG_CHECK(width_div >= 1, what << ": width_div must be >= 1, got " << width_div);
+  MG_CHECK(num_classes >= 1, what << ": num_classes must be >= 1, got " << num_classes);
+  MG_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, what << ": dropout_p must be in [0, 1), got " << dropout_p);
+  auto width = [&](int64_t c) { return std::max<int64_t>(1, c / width_div); };
+  auto m = std::make_shared<Sequential>();
+  int64_t inplanes = width(64);
+  m->add_named<Conv2d>("conv1", 3, inplanes, 7, 2, 3, /*bias=*/false);
+  m->add_named<BatchNorm2d>("bn1", inplanes);
+  m->add_named<ReLU>("relu");
+  m->add_named<MaxPool2d>("maxpool", 3, 2, 1);
+  for (size_t stage = 0; stage < layers.size(); ++stage) {
+    const int64_t planes = width(int64_t{64} << stage);
+    for (int b = 0; b < layers[stage]; ++b) {
+      const int stride = (stage > 0 && b == 0) ? 2 : 1;
+      m->add_named<Block>("layer" + std::to_string(stage + 1) + "." + std::to_string(b), inplanes, planes, stride);
+      inplanes = planes * Block::expansion;
+    }
+  }
+  m->add_named<AdaptiveAvgPool2d>("avgpool", 1, 1);
+  m->add_named<Flatten>("flatten");
+  if (dropout_p > 0.0f) m->add_named<Dropout>("dropout", dropout_p);
+  m->add_named<Linear>("fc", inplanes, num_classes);
+  return m;
+}
+
+}  // namespace
+
+std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div, float dropout_p) {
+  return make_resnet<BasicBlock>("make_resnet18", {2, 2, 2, 2}, num_classes, width_div, dropout_p);
+}
+
+std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div, float dropout_p) {
+  return make_resnet<BasicBlock>("make_resnet34", {3, 4, 6, 3}, num_classes, width_div, dropout_p);
+}
+
+std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div, float dropout_p) {
+  return make_resnet<Bottleneck>("make_resnet50", {3, 4, 6, 3}, num_classes, width_div, dropout_p);
+}
+
+std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div) {
+  if (name == "vgg16") return make_vgg16(num_classes, width_div);
+  if (name == "resnet18") return make_resnet18(num_classes, width_div);
+  if (name == "resnet34") return make_resnet34(num_classes, width_div);
+  if (name == "resnet50") return make_resnet50(num_classes, width_div);
+  MG_FAIL("make_model: unknown model '" << name << "'; expected vgg16, resnet18, resnet34 or resnet50");
 }
 
 }  // namespace mg::nn

@@ -159,9 +159,16 @@ std::string Dropout::name() const {
   return os.str();
 }
 
-void Sequential::push_back(std::shared_ptr<Module> m) {
+void Sequential::push_back(std::shared_ptr<Module> m) { push_back(std::to_string(children_.size()), std::move(m)); }
+
+void Sequential::push_back(const std::string& name, std::shared_ptr<Module> m) {
+  MG_CHECK(m, "Sequential: layer '" << name << "' is null");
+  MG_CHECK(!name.empty(), "Sequential: a layer needs a name, got an empty one");
+  for (const auto& [n, c] : children_) {
+    MG_CHECK(n != name, "Sequential: a layer named '" << name << "' is already there");
+  }
   m->train(is_training());
-  register_module(std::to_string(children_.size()), std::move(m));
+  register_module(name, std::move(m));
 }
 
 Tensor Sequential::forward(const Tensor& x) { return forward_range(x, 0, children_.size()); }

@@ -38,6 +38,17 @@
 //     order (Note [sums in sample order], Note [weight gradients in sample order]), so on the CPU
 //     the parameters' gradients have the same bits for any tile size (tests/test_checkpoint.cpp);
 //   - tiles run in row order; each tile's input gradient is copied into its rows of the whole.
+//
+// Note [nested segments]
+// ----------------------
+// A segment that calls mg::checkpoint inside (a block that checkpoints itself, within a range a
+// plan checkpoints) runs the inner call as part of the outer segment: its ops are recorded on the
+// outer sub-tape like any others, dropped with them after the forward, and replayed with them in
+// the outer segment's backward. The result is the same bits as without either checkpoint; the
+// memory is the outer segment's (the inner one's savings do not apply while the outer one is
+// replayed, and its tile_rows is not used). The checkpoint planner keeps a unit that checkpoints
+// itself out of its segments (UnitCost::checkpoints_inside in minigrad/nn/checkpoint_plan.h), so
+// the plans it makes are predicted right.
 #pragma once
 
 #include <functional>

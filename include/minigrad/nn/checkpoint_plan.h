@@ -93,6 +93,9 @@ struct UnitCost {
   double forward_ms = 0;   // measured: the unit's forward, and its backward from its output's
   double backward_ms = 0;  // gradient (the joint planner's time model, minigrad/nn/train_plan.h)
   bool tiles = false;      // every op of the unit can run in tiles (Note [tiled segments])
+  // The unit calls mg::checkpoint itself: the budget planner puts it in no segment of its own
+  // (Note [nested segments] in minigrad/core/checkpoint.h).
+  bool checkpoints_inside = false;
 };
 
 struct ChainCost {

@@ -3,9 +3,11 @@
 //
 //   auto mlp = mg::nn::make_mlp({784, 512, 512, 10});      // Flatten, Linear, ReLU, ... Linear
 //   auto vgg = mg::nn::make_vgg16(2, 8);                    // torchvision layout, widths / 8
+//   auto resnet = mg::nn::make_resnet50(1000);               // torchvision's names: loads its weights
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <minigrad/nn/module.h>
@@ -22,5 +24,59 @@ std::shared_ptr<Sequential> make_mlp(const std::vector<int64_t>& sizes);
 // (a chain, which the checkpoint planner needs). Channel and hidden sizes are divided by
 // width_div (>= 1) to fit a CPU.
 std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.5f);
+
+// ---- ResNet (He et al. 2016), as torchvision builds it (v1.5: the stride in the 3x3 conv) ----------
+//
+// Note [residual blocks as units]
+// -------------------------------
+// A ResNet is a chain of blocks, and each block is a small graph: the residual branch and the
+// identity (or a strided 1x1 conv + BatchNorm, "downsample") meet in an add. make_resnet* return
+// ONE flat Sequential whose layers are the stem (conv1, bn1, relu, maxpool), the blocks, and the
+// head (avgpool, flatten, fc), each named as torchvision's attribute path ("layer2.0"), so that
+// parameter and buffer names are torchvision's ("layer2.0.downsample.1.running_mean") while the
+// checkpoint planner (minigrad/nn/checkpoint_plan.h) sees blocks as units: a segment starts and
+// ends between blocks, never inside one, and a block's inner tensors are its own business.
+
+// conv3x3(stride) - bn - relu - conv3x3 - bn, + identity or downsample(x), relu.
+class BasicBlock : public Module {
+ public:
+  static constexpr int64_t expansion = 1;
+  BasicBlock(int64_t inplanes, int64_t planes, int stride = 1);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  std::shared_ptr<Module> conv1_, bn1_, conv2_, bn2_, downsample_;
+  int64_t inplanes_, planes_;
+  int stride_;
+};
+
+// conv1x1 - bn - relu - conv3x3(stride) - bn - relu - conv1x1 (4 x planes) - bn, + identity or
+// downsample(x), relu.
+class Bottleneck : public Module {
+ public:
+  static constexpr int64_t expansion = 4;
+  Bottleneck(int64_t inplanes, int64_t planes, int stride = 1);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  std::shared_ptr<Module> conv1_, bn1_, conv2_, bn2_, conv3_, bn3_, downsample_;
+  int64_t inplanes_, planes_;
+  int stride_;
+};
+
+// torchvision's resnet18/34/50 (Note [residual blocks as units]): conv1 7x7/2 (no bias), bn1, relu,
+// maxpool 3x3/2, layer1..layer4 of BasicBlock (18: 2,2,2,2; 34: 3,4,6,3) or Bottleneck (50: 3,4,6,3)
+// with 64, 128, 256, 512 planes (divided by width_div, at least 1), avgpool to 1x1, flatten, and a
+// Dropout(dropout_p) before fc when dropout_p > 0 (torchvision has none; it has no parameters, so
+// names do not change). Weights start as our Conv2d/Linear defaults (PyTorch's layer defaults), BN
+// at weight 1, bias 0; load torchvision's initialisation or trained weights with load_into.
+std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
+std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
+std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
+
+// "vgg16", "resnet18", "resnet34", "resnet50": the apps' --model.
+std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div = 1);
 
 }  // namespace mg::nn

@@ -180,7 +180,18 @@ class Sequential : public Module {
     push_back(std::move(m));
     return ref;
   }
-  void push_back(std::shared_ptr<Module> m);
+  // A layer named as PyTorch would name the attribute holding it ("conv1", "layer1.0"), so that
+  // a flat chain of blocks carries the parameter names of a nested torchvision model
+  // ("layer1.0.conv1.weight"). Names must be unique and not empty.
+  template <typename M, typename... Args> M& add_named(const std::string& name, Args&&... args) {
+    auto m = std::make_shared<M>(std::forward<Args>(args)...);
+    M& ref = *m;
+    push_back(name, std::move(m));
+    return ref;
+  }
+  void push_back(std::shared_ptr<Module> m);  // named by its position, "0", "1", ...
+  void push_back(const std::string& name, std::shared_ptr<Module> m);
+  const std::string& child_name(size_t i) const { return children_.at(i).first; }
   Tensor forward(const Tensor& x) override;
   // Runs layers [begin, end) only.
   Tensor forward_range(const Tensor& x, size_t begin, size_t end);
