@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
-      nlohmann-json3-dev zlib1g-dev libstb-dev libjpeg-dev libopenblas-dev libopenmpi-dev openmpi-bin ${MG_EXTRA_PACKAGES:-})
+      nlohmann-json3-dev zlib1g-dev libstb-dev libjpeg-dev libopenblas-dev libopenmpi-dev openmpi-bin
+      python3-torch python3-torchvision python3-numpy python3-pip ${MG_EXTRA_PACKAGES:-})
 if [ "${MG_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -14,6 +15,13 @@ if [ "${MG_SKIP_APT:-0}" != 1 ]; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+  fi
+  # The reference scripts' safetensors writer (tests/reference/resnet18_torchvision.py) is on PyPI
+  # only. Without it that test is skipped, with a message.
+  if ! /usr/bin/python3 -c "import safetensors.torch" >/dev/null 2>&1; then
+    echo "setup: installing the safetensors Python package (pip)"
+    /usr/bin/python3 -m pip install -q --break-system-packages safetensors ||
+      echo "setup: pip could not install safetensors; test_resnet_torchvision will be skipped"
   fi
 fi
 build=${BUILD_DIR:-build}
