@@ -163,6 +163,7 @@ mnist_ga | --memory-budget | no plan fits a budget of                  | $M --me
 mnist_ga | --memory-budget | --accum excludes --memory-budget          | $M --memory-budget 1GB --accum 2
 mnist_ga | --memory-budget | unknown unit 'apples'                     | $M --memory-budget 12apples
 mnist_ga | --memory-limit | cpu out of memory                          | $M --memory-limit 100kB
+vgg_ckpt | --model        | not in {vgg16, resnet18, resnet34, resnet50} | $V --model resnet101
 vgg_ckpt | --checkpoint   | expected none, sqrt, min, segments=K or budget=SIZE | $V --checkpoint bogus
 vgg_ckpt | --checkpoint   | segments must be >= 1, got 0               | $V --checkpoint segments=0
 vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --checkpoint segments=x

@@ -1,5 +1,5 @@
-// vgg_ckpt: train VGG16 (torchvision layout, 2 classes) with a gradient-checkpointing plan and
-// report what it costs and saves.
+// vgg_ckpt: train VGG16, or with --model ResNet-18/34/50 (torchvision layouts, 2 classes), with a
+// gradient-checkpointing plan and report what it costs and saves.
 //
 //   build/bin/vgg_ckpt --checkpoint sqrt --width-div 8 --image-size 224 --batch-size 8 --steps 5 \
 //       --json sqrt.json
@@ -21,6 +21,12 @@
 // caps the device's allocator (mg::set_memory_limit) to emulate a smaller device.
 //
 //   build/bin/vgg_ckpt --memory-budget 200MB --width-div 8 --batch-size 32 --steps 3
+//
+// --model vgg16 (the default) | resnet18 | resnet34 | resnet50 (minigrad/nn/models.h): a ResNet is
+// planned with its residual blocks as units (Note [residual blocks as units]); its BatchNorm
+// running statistics are saved with the weights, under torchvision's names.
+//
+//   build/bin/vgg_ckpt --model resnet50 --width-div 4 --image-size 128 --batch-size 16 --checkpoint min
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -101,10 +107,13 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   // Under mpirun every rank runs this; mg::dist reduces each step's gradients over them.
   mg::dist::Session session(&argc, &argv);
-  CLI::App app{"Train VGG16 with a gradient-checkpointing plan; report memory and time."};
-  std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, data_dir;
+  CLI::App app{"Train VGG16 or a ResNet with a gradient-checkpointing plan; report memory and time."};
+  std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, data_dir, model_name = "vgg16";
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
   uint64_t seed = 0;
+  app.add_option("--model", model_name, "vgg16 | resnet18 | resnet34 | resnet50 (torchvision layouts)")
+      ->check(CLI::IsMember({"vgg16", "resnet18", "resnet34", "resnet50"}))
+      ->capture_default_str();
   app.add_option("--checkpoint", checkpoint, "none | sqrt | segments=K | budget=SIZE")->check(nonempty())->capture_default_str();
   app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* steps_opt = app.add_option("--steps", steps, "number of steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -185,7 +194,7 @@ int main(int argc, char** argv) {
     const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
 
     mg::manual_seed(seed);
-    auto model = mg::nn::make_vgg16(kNumClasses, width_div);
+    auto model = mg::nn::make_model(model_name, kNumClasses, width_div);
     model->to(dev);
     mg::dist::check_same_parameters(model->named_parameters());
     mg::dist::broadcast(model->parameters());  // every rank starts from rank 0's weights
@@ -236,8 +245,8 @@ int main(int argc, char** argv) {
     mg::nn::ChainCost whole_layers = cost;  // the floor without tiles, for comparison
     whole_layers.tile_costs.clear();
     const size_t floor_whole = mg::nn::min_feasible_peak(whole_layers);
-    LEAD_PRINTF("vgg16 width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
-                static_cast<long long>(width_div), static_cast<long long>(image_size),
+    LEAD_PRINTF("%s width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n",
+                model_name.c_str(), static_cast<long long>(width_div), static_cast<long long>(image_size),
                 static_cast<long long>(image_size), static_cast<long long>(batch_size),
                 static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data_str.c_str());
@@ -447,6 +456,7 @@ int main(int argc, char** argv) {
       j["final_loss"] = last_loss;
       j["steps"] = total_steps;
       j["batch_size"] = batch_size;
+      j["model"] = model_name;
       j["width_div"] = width_div;
       j["image_size"] = image_size;
       j["device"] = dev.str();
