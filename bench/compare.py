@@ -27,6 +27,9 @@ import suite  # noqa: E402
 MIB = float(1 << 20)
 
 
+# The apps/vgg_ckpt workloads (--model): chains whose checkpoint plans are compared.
+CHAIN_WORKLOADS = ("vgg", "resnet")
+
 def mib(v):
     return "—" if v is None else f"{v / MIB:.1f}"
 
@@ -152,7 +155,7 @@ def target_checks(records, device):
             ok = o["peak_in_use_bytes"] <= b
             out.append(f"- {w} {plan_label(p, rep, 1)}: measured peak in use {mib(o['peak_in_use_bytes'])} MiB "
                        f"{'within' if ok else 'OVER'} the budget {mib(b)} MiB")
-    vgg = [(k, v) for k, v in pairs.items() if k[0] and k[0].startswith("vgg")]
+    vgg = [(k, v) for k, v in pairs.items() if k[0] and k[0].startswith(CHAIN_WORKLOADS)]
     mem = "peak_in_use_bytes" if device == "cuda" else "peak_rss_bytes"
     for (w, p, rep), fw in vgg:
         if p == "none" and fw.get("libminigrad", {}).get(mem) and fw.get("pytorch", {}).get(mem):
@@ -227,10 +230,10 @@ def plot(records, device, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    vgg = [r for r in records if (r.get("workload") or "").startswith("vgg") and not r.get("error")
+    vgg = [r for r in records if (r.get("workload") or "").startswith(CHAIN_WORKLOADS) and not r.get("error")
            and r.get("median_step_s")]
     if not vgg:
-        print(f"(no VGG records: {path} not drawn)", file=sys.stderr)
+        print(f"(no VGG16/ResNet records: {path} not drawn)", file=sys.stderr)
         return False
     latest = OrderedDict()
     for r in vgg:
@@ -283,7 +286,7 @@ def plot(records, device, path):
         ax.legend(fontsize=8)
     w = vgg[0]["workload"]
     when = vgg[-1].get("suite_time_utc", "")
-    fig.suptitle(f"VGG16 checkpoint plans, {w} on {device} — memory vs time ({when})", fontsize=11)
+    fig.suptitle(f"Checkpoint plans, {w} on {device} — memory vs time ({when})", fontsize=11)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=90)

@@ -16,6 +16,8 @@ Workloads
         fractions of the none run's measured peak in use; --budgets 90MiB,...: as given. PyTorch runs none,
         checkpoint_sequential(..., 2), checkpoint_sequential(..., round(sqrt(n))), and for each
         budget plan the same segments as ours (its `bounds=` mode): same plan, PyTorch's executor.
+        --model resnet18|resnet34|resnet50 runs the same plans on a ResNet instead (blocks as
+        units; PyTorch: torchvision's blocks in the same flat chain).
 
 Every record has the common schema: framework, workload, device, batch, accum, steps, plan,
 median_step_s, samples_per_s, peak_in_use_bytes, peak_reserved_bytes (allocator; PyTorch on CPU
@@ -201,7 +203,7 @@ class Suite:
             return self.emit(dict(base, error=f"{exe} not found (apps/vgg_ckpt not built)"))
         fd, json_path = tempfile.mkstemp(suffix=".json", prefix="vgg_ckpt_")
         os.close(fd)
-        cmd = [exe, "--device", a.device, "--width-div", str(wd), "--image-size", str(size),
+        cmd = [exe, "--device", a.device, "--model", a.model, "--width-div", str(wd), "--image-size", str(size),
                "--batch-size", str(batch), "--checkpoint", plan, "--seed", str(a.seed), "--json", json_path]
         math_flags, math_mode = self.vgg_math_args()
         cmd += math_flags
@@ -296,6 +298,7 @@ class Suite:
         if mirrors:
             base["mirrors"] = mirrors  # runs our `mirrors` plan's segments
         cmd = [a.torch_python, os.path.join(REPO, "bench/reference/vgg_bench_torch.py"), "--device", a.device,
+               "--model", a.model,
                "--width-div", str(wd), "--image-size", str(size), "--batch-size", str(batch),
                "--checkpoint", plan, "--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup),
                "--seed", str(a.seed), "--tf32", a.tf32, "--cudnn-benchmark", a.cudnn_benchmark]
@@ -332,7 +335,7 @@ class Suite:
 
     def vgg(self):
         shape = self.vgg_shape()
-        workload = f"vgg16_w{shape[0]}_s{shape[1]}_b{shape[2]}"
+        workload = f"{self.args.model}_w{shape[0]}_s{shape[1]}_b{shape[2]}"
         none = self.vgg_ours("none", workload, shape)
         self.vgg_torch("none", workload, shape)
         self.vgg_ours("segments=2", workload, shape)
@@ -400,6 +403,8 @@ def parse_args(argv=None):
     ap.add_argument("--mlp-repeats", type=int, default=1, help="run each MLP pair this many times (spread)")
     ap.add_argument("--vgg-steps", type=int, default=20, help="timed steps (issue 6: at least 20)")
     ap.add_argument("--vgg-warmup", type=int, default=2)
+    ap.add_argument("--model", choices=["vgg16", "resnet18", "resnet34", "resnet50"], default="vgg16",
+                    help="the vgg part's network (vgg_ckpt --model)")
     ap.add_argument("--width-div", type=int, default=0, help="0: 8 on cpu, 1 on cuda")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=0, help="0: 8 on cpu, 64 on cuda")

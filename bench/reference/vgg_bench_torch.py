@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch reference for apps/vgg_ckpt: VGG16 (torchvision layout, as ONE flat nn.Sequential, as
-mg::nn::make_vgg16 builds it) trained with SGD(lr 0.001, momentum 0.9) and mean cross-entropy on
+mg::nn::make_vgg16 builds it), or with --model resnet18|resnet34|resnet50 a ResNet as ONE flat
+nn.Sequential of torchvision's own blocks (stem, BasicBlock/Bottleneck, head: the chain
+mg::nn::make_resnet* builds, widths divided by --width-div), trained with SGD(lr 0.001, momentum 0.9) and mean cross-entropy on
 synthetic data, with or without gradient checkpointing. One JSON line on stdout, the schema of
 bench/suite.py (framework, workload, device, batch, accum, steps, median_step_s, samples_per_s,
 peak_in_use_bytes, peak_reserved_bytes, peak_rss_bytes, plan, segments, ...).
@@ -49,6 +51,33 @@ def make_vgg16(num_classes, width_div, dropout_p=0.5):
                torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Dropout(dropout_p),
                torch.nn.Linear(hidden, num_classes)]
     return torch.nn.Sequential(*layers)
+
+
+def make_resnet(name, num_classes, width_div, dropout_p=0.0):
+    """torchvision's ResNet as a flat chain: conv1, bn1, relu, maxpool, the blocks, avgpool, flatten,
+    (dropout,) fc. torchvision's blocks take any inplanes/planes; only the widths are divided."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+    block, layers = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet34": (BasicBlock, [3, 4, 6, 3]),
+                     "resnet50": (Bottleneck, [3, 4, 6, 3])}[name]
+    width = lambda c: max(1, c // width_div)
+    inplanes = width(64)
+    chain = [torch.nn.Conv2d(3, inplanes, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(inplanes),
+             torch.nn.ReLU(inplace=True), torch.nn.MaxPool2d(3, 2, 1)]
+    for stage, n in enumerate(layers):
+        planes = width(64 << stage)
+        for b in range(n):
+            stride = 2 if stage > 0 and b == 0 else 1
+            down = None
+            if stride != 1 or inplanes != planes * block.expansion:
+                down = torch.nn.Sequential(torch.nn.Conv2d(inplanes, planes * block.expansion, 1, stride, bias=False),
+                                           torch.nn.BatchNorm2d(planes * block.expansion))
+            chain.append(block(inplanes, planes, stride, down))
+            inplanes = planes * block.expansion
+    chain += [torch.nn.AdaptiveAvgPool2d((1, 1)), torch.nn.Flatten()]
+    if dropout_p > 0:
+        chain.append(torch.nn.Dropout(dropout_p))
+    chain.append(torch.nn.Linear(inplanes, num_classes))
+    return torch.nn.Sequential(*chain)
 
 
 def sequential_ranges(n_layers, segments):
@@ -109,6 +138,7 @@ def current_rss_bytes():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", choices=["vgg16", "resnet18", "resnet34", "resnet50"], default="vgg16")
     ap.add_argument("--width-div", type=int, default=1)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -135,7 +165,10 @@ def main():
     torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     torch.manual_seed(args.seed)
 
-    model = make_vgg16(args.num_classes, args.width_div).to(dev)
+    if args.model == "vgg16":
+        model = make_vgg16(args.num_classes, args.width_div).to(dev)
+    else:
+        model = make_resnet(args.model, args.num_classes, args.width_div).to(dev)
     model.train()
     ranges, k_seq = parse_plan(args.checkpoint, len(model))
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
@@ -192,7 +225,7 @@ def main():
     times.sort()
     med = times[len(times) // 2]
     out = {"framework": "pytorch", "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-           "workload": f"vgg16_w{args.width_div}_s{args.image_size}_b{args.batch_size}",
+           "workload": f"{args.model}_w{args.width_div}_s{args.image_size}_b{args.batch_size}",
            "device": str(dev), "batch": args.batch_size, "accum": 1, "steps": args.steps,
            "warmup": args.warmup, "plan": args.checkpoint,
            "segments": [list(r) for r in ranges], "n_layers": len(model),
