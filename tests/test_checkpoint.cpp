@@ -426,3 +426,49 @@ TEST_CASE("tiled segments: clear errors for what cannot run in tiles") {
   CHECK(message([&](const std::vector<Tensor>& in) { return relu(in[0]); }, {rand_tensor({}, 3).requires_grad_()})
             .find("every input needs the batch") != std::string::npos);
 }
+
+TEST_CASE("checkpoint_multi: a segment with two outputs (a block and its skip) gives the same gradients bit for bit") {
+  auto run = [](bool ckpt) {
+    manual_seed(11);
+    nn::Conv2d down(3, 6, 3, 2, 1), up(6, 6, 3, 1, 1);
+    nn::Linear fc1(150, 2), fc2(150, 2);
+    nn::Dropout drop(0.25f);
+    Tensor x = mg::test::rand_tensor({3, 3, 10, 10}, 12, true);
+    auto block = [&](const std::vector<Tensor>& in) {
+      Tensor skip = relu(down.forward(in[0]));
+      return std::vector<Tensor>{drop.forward(relu(up.forward(skip))), skip};
+    };
+    std::vector<Tensor> out = ckpt ? checkpoint_multi(block, {x}) : block({x});
+    REQUIRE(out.size() == 2);
+    CHECK(out[0].shape() == Shape{3, 6, 5, 5});
+    CHECK(out[1].shape() == Shape{3, 6, 5, 5});
+    // The skip is read twice: gradients from three places meet in the segment.
+    Tensor logits = add(fc1.forward(add(out[0], out[1]).flatten(1)), fc2.forward(out[1].flatten(1)));
+    Tensor target = Tensor::from_vector(std::vector<int64_t>{0, 1, 0}, {3});
+    cross_entropy(logits, target).backward();
+    std::vector<Tensor> grads = {x.grad()};
+    for (nn::Module* m : std::initializer_list<nn::Module*>{&down, &up, &fc1, &fc2}) {
+      for (const Tensor& p : m->parameters()) grads.push_back(p.grad());
+    }
+    return grads;
+  };
+  const std::vector<Tensor> plain = run(false), ckpt = run(true);
+  REQUIRE(plain.size() == ckpt.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    INFO("gradient " << i);
+    REQUIRE(ckpt[i].defined());
+    CHECK(mg::test::bit_equal(plain[i], ckpt[i]));
+  }
+}
+
+TEST_CASE("checkpoint_multi: errors and the no-grad path") {
+  Tensor x = mg::test::rand_tensor({2, 3}, 13, true);
+  auto none = [](const std::vector<Tensor>&) { return std::vector<Tensor>{}; };
+  CHECK_THROWS_WITH_AS(checkpoint_multi(none, {x}), doctest::Contains("returned no tensors"), Error);
+  auto two = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{relu(in[0]), scale(in[0], 2.0f)}; };
+  CHECK_THROWS_WITH_AS(checkpoint_multi(two, {x}, {.tile_rows = 1}), doctest::Contains("does not run in tiles"), Error);
+  NoGradGuard no_grad;
+  std::vector<Tensor> out = checkpoint_multi(two, {x});
+  REQUIRE(out.size() == 2);
+  CHECK(!out[0].requires_grad());
+}

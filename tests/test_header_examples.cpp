@@ -165,6 +165,17 @@ TEST_CASE("minigrad.h") {
 TEST_CASE("nn/models.h") {
   auto mlp = mg::nn::make_mlp({784, 512, 512, 10});      // Flatten, Linear, ReLU, ... Linear
   auto vgg = mg::nn::make_vgg16(2, 8);                    // torchvision layout, widths / 8
+  auto resnet = mg::nn::make_resnet50(1000);               // torchvision's names: loads its weights
+}
+
+TEST_CASE("ops/ops.h: checkpoint_multi") {
+  mg::nn::Conv2d down(3, 4, 3, 2, 1), up(4, 4, 3, 1, 1);
+  Tensor x = mg::test::rand_tensor({2, 3, 8, 8}, 9, true);
+  std::vector<Tensor> out = mg::checkpoint_multi([&](const std::vector<Tensor>& in) {
+    Tensor skip = down.forward(in[0]);
+    return std::vector<Tensor>{up.forward(skip), skip};
+  }, {x});                                  // out[0]: the block's output, out[1]: the skip
+  CHECK(out.size() == 2);
 }
 
 TEST_CASE("nn/module.h") {

@@ -67,6 +67,7 @@ struct CheckpointOptions {
 };
 
 // Runs fn(inputs) as a checkpoint segment (see the Notes). With grad mode off, it is just fn.
+// Several outputs: mg::checkpoint_multi (minigrad/ops/ops.h).
 Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& opts = {});
 
 }  // namespace mg

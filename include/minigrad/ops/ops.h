@@ -7,7 +7,11 @@
 //   loss.backward();
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include <minigrad/core/autograd.h>
+#include <minigrad/core/checkpoint.h>
 #include <minigrad/core/tensor.h>
 
 namespace mg {
@@ -37,5 +41,18 @@ Tensor add(const Tensor& a, const Tensor& b);
 // a, b: equal shapes  ->  a * b element by element
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, float s);
+
+// mg::checkpoint (minigrad/core/checkpoint.h) for a function with several outputs, e.g. a block's
+// feature map and its skip connection (Note [segments with several outputs] in src/ops/pack.cpp):
+//
+//   std::vector<Tensor> out = mg::checkpoint_multi([&](const std::vector<Tensor>& in) {
+//     Tensor skip = down.forward(in[0]);
+//     return std::vector<Tensor>{up.forward(skip), skip};
+//   }, {x});                                  // out[0]: the block's output, out[1]: the skip
+//
+// The outputs are views of one packed tensor; whole segments only (tile_rows must be 0).
+using MultiSegmentFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+std::vector<Tensor> checkpoint_multi(const MultiSegmentFn& fn, const std::vector<Tensor>& inputs,
+                                     const CheckpointOptions& opts = {});
 
 }  // namespace mg
