@@ -3,7 +3,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "kernels/batch_norm.h"
 
 namespace mg::nn {
 
@@ -214,22 +213,22 @@ Tensor BatchNorm::forward(const Tensor& x) {
            name() << ": input has " << x.size(1) << " channels (shape " << shape_str(x.shape()) << "), expected " << num_features);
   const Tensor w = affine_ ? params_[0].second : Tensor(), b = affine_ ? params_[1].second : Tensor();
   if (!is_training() || frozen_) return batch_norm(x, w, b, running_mean(), running_var(), false, eps);
+  const int64_t c = num_features, m = x.numel() / std::max<int64_t>(c, 1);
+  MG_CHECK(m > 1, name() << ": training needs more than one value per channel, got input " << shape_str(x.shape()));
+  BatchStats batch;
+  Tensor y = batch_norm(x, w, b, Tensor(), Tensor(), true, eps, &batch);
   {
-    // The running statistics, outside the tape (Note [batch norm and the step] in module.h):
-    // running = (1 - momentum) running + momentum batch, the variance unbiased, as PyTorch's.
+    // The running statistics, outside the tape (Note [batch norm and the step] in module.h), from
+    // the batch statistics the op used: running = (1 - momentum) running + momentum batch, the
+    // variance unbiased, as PyTorch's.
     NoGradGuard no_grad;
-    const int64_t c = num_features, m = x.numel() / std::max<int64_t>(c, 1);
-    MG_CHECK(m > 1, name() << ": training needs more than one value per channel, got input " << shape_str(x.shape()));
-    Tensor mean = Tensor::empty({c}, TensorOptions{DType::f32, x.device()});
-    Tensor var = Tensor::empty({c}, TensorOptions{DType::f32, x.device()});
-    MG_DISPATCH(x.device(), batch_norm_stats, mean, var, x);
     const float keep = 1.0f - momentum;
-    running_mean().copy_(running_mean() * keep + mean * momentum);
+    running_mean().copy_(running_mean() * keep + batch.mean * momentum);
     running_var().copy_(running_var() * keep +
-                        var * static_cast<float>(momentum * static_cast<double>(m) / static_cast<double>(m - 1)));
+                        batch.var * static_cast<float>(momentum * static_cast<double>(m) / static_cast<double>(m - 1)));
     buffers_[2].second.data<int64_t>()[0] += 1;
   }
-  return batch_norm(x, w, b, Tensor(), Tensor(), true, eps);
+  return y;
 }
 
 std::string BatchNorm::name() const {

@@ -78,11 +78,24 @@ MG_REGISTER_OP(kBatchNorm);
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool batch_stats, float eps) {
+                  const Tensor& running_var, bool batch_stats, float eps, BatchStats* stats) {
   OpAttrs a;
   a.batch_stats = batch_stats;
   a.scalar = eps;
-  return apply(kBatchNorm, a, {x, weight, bias, running_mean, running_var});
+  Tensor y = apply(kBatchNorm, a, {x, weight, bias, running_mean, running_var});
+  if (stats && batch_stats) {
+    // The statistics the op used: its node keeps them for backward. Without a node (nothing
+    // recorded) they are computed once more.
+    if (y.grad_fn() && y.grad_fn()->op == &kBatchNorm && y.grad_fn()->saved.size() == 4) {
+      stats->mean = y.grad_fn()->saved[2];
+      stats->var = y.grad_fn()->saved[3];
+    } else {
+      stats->mean = Tensor::empty({x.size(1)}, like(x));
+      stats->var = Tensor::empty({x.size(1)}, like(x));
+      MG_DISPATCH(x.device(), batch_norm_stats, stats->mean, stats->var, x);
+    }
+  }
+  return y;
 }
 
 }  // namespace mg

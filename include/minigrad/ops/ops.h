@@ -29,8 +29,13 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w);
 // bias: (C) or undefined). batch_stats: mean and biased variance of x (training); otherwise
 // running_mean and running_var (C), which get no gradient. Updating running statistics is the
 // caller's (nn::BatchNorm2d does it).
+// With batch_stats and `stats`, the mean and biased variance it normalised by are returned there
+// (for the running update, without another pass over x).
+struct BatchStats {
+  Tensor mean, var;
+};
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool batch_stats, float eps = 1e-5f);
+                  const Tensor& running_var, bool batch_stats, float eps = 1e-5f, BatchStats* stats = nullptr);
 // Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is drawn from
 // `gen` (the default generator when null) and is a pure function of (seed, offset).
 Tensor dropout(const Tensor& x, float p, Generator* gen = nullptr);
