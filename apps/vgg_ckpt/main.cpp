@@ -198,6 +198,17 @@ int main(int argc, char** argv) {
     model->to(dev);
     mg::dist::check_same_parameters(model->named_parameters());
     mg::dist::broadcast(model->parameters());  // every rank starts from rank 0's weights
+    // BatchNorm's running statistics: each rank updates them from its own samples; after every
+    // step all take rank 0's, as PyTorch's DDP does (broadcast_buffers), so that the ranks
+    // evaluate alike and what rank 0 saves is what every rank has.
+    std::vector<Tensor> float_buffers;
+    for (auto& [name, t] : model->named_buffers()) {
+      if (t.dtype() == mg::DType::f32) float_buffers.push_back(t);
+    }
+    auto share_buffers = [&] {
+      if (world > 1 && !float_buffers.empty()) mg::dist::broadcast(float_buffers);
+    };
+    share_buffers();
     model->train();
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
 
@@ -381,6 +392,7 @@ int main(int argc, char** argv) {
         const mg::optim::StepInfo info = acc.step();
         last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
       }
+      share_buffers();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - data_ms;
       // Process CPU time (all threads): the work done, less sensitive than wall time to other
       // processes sharing the cores.
