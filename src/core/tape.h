@@ -41,7 +41,8 @@ struct OpAttrs {
   uint64_t sample_stride = 0;     // dropout: counters from one sample's first to the next's (0: contiguous)
   Reduction reduction = Reduction::mean;
   bool batch_stats = false;     // batch_norm: the batch's statistics (training), or the given ones
-  Shape shape;                  // reshape target
+  Shape shape;                  // reshape target; unpack's piece
+  int heads = 0;                // causal_self_attention
 };
 
 struct NodeInput {

@@ -33,6 +33,9 @@ enum class OpKind : uint8_t {
   elementwise,  // y[i] depends on x[i] only
   contraction,  // linear, conv2d: weights, GEMM-shaped
   pool,         // windows over H and W
+  normalization,  // batch_norm, layer_norm: statistics over a dimension, a scale and a shift
+  lookup,       // embedding: rows of a table by index
+  attention,    // causal self-attention: products over the positions of a sequence
   view,         // no kernel, shares storage
   loss,         // a scalar from (prediction, target), with a Reduction
 };

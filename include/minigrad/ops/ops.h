@@ -36,6 +36,20 @@ struct BatchStats {
 };
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool batch_stats, float eps = 1e-5f, BatchStats* stats = nullptr);
+// x: (..., C) normalised over the last dimension (biased variance), then * weight + bias (C, or
+// undefined): torch.nn.functional.layer_norm(x, (C,), weight, bias, eps).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// idx: any shape, int64 in [0, V); weight: (V, C)  ->  (idx's shape..., C): weight's rows by index
+// (torch.nn.functional.embedding). Token and position embeddings; the weight's gradient is summed
+// per row in position order (deterministic).
+Tensor embedding(const Tensor& idx, const Tensor& weight);
+// qkv: (B, T, 3C), the concatenation [q | k | v] of GPT-2's c_attn  ->  (B, T, C): per head of
+// C/heads, softmax(q k^T / sqrt(C/heads)) with each position seeing itself and those before it,
+// times v (torch's scaled_dot_product_attention(q, k, v, is_causal=True) with heads split and
+// merged). The T x T attention matrix is not kept for backward; it is recomputed.
+Tensor causal_self_attention(const Tensor& qkv, int heads);
+// GELU in its tanh form (GPT-2's; PyTorch's gelu(x, approximate="tanh")).
+Tensor gelu(const Tensor& x);
 // Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is drawn from
 // `gen` (the default generator when null) and is a pure function of (seed, offset).
 Tensor dropout(const Tensor& x, float p, Generator* gen = nullptr);

@@ -57,7 +57,7 @@ struct Context {
 Context& context(int device_index);
 
 // The error codes kernels raise through Context::error_flag.
-enum : long long { kFlagNone = 0, kFlagBadTarget = 1 };
+enum : long long { kFlagNone = 0, kFlagBadTarget = 1, kFlagBadIndex = 2 };
 // Throws mg::Error if a kernel raised the flag since the last check (and clears it). Reads 24
 // bytes from the device, so call it only where the host waits anyway.
 void check_error_flag(int device_index);

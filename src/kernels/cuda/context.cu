@@ -91,6 +91,10 @@ void check_error_flag(int device_index) {
                                      << " is not a class index in [0, C) (found on cuda:" << device_index
                                      << " at the next synchronisation after the forward)");
   }
+  if (flag[0] == kFlagBadIndex) {
+    MG_FAIL("embedding: index[" << flag[1] << "] = " << flag[2] << " is not a row of the table (found on cuda:"
+                                << device_index << " at the next synchronisation after the forward)");
+  }
   MG_FAIL("a CUDA kernel on cuda:" << device_index << " raised error code " << flag[0]);
 }
 

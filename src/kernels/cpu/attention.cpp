@@ -1,0 +1,103 @@
+// Causal self-attention on the CPU (kernels/attention.h): one piece per (sample, head); within it
+// Eigen products on the strided q, k, v views and T x T scores in a workspace from the allocator
+// (counted in the memory statistics; freed with the piece).
+#include "kernels/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/parallel.h"
+#include "kernels/cpu/eigen.h"
+
+namespace mg {
+
+namespace {
+
+using Stride = Eigen::OuterStride<>;
+using StridedMap = Eigen::Map<cpu::MatrixRM, 0, Stride>;
+using ConstStridedMap = Eigen::Map<const cpu::MatrixRM, 0, Stride>;
+
+struct Shape3 {
+  int64_t b, t, c, d;
+  int heads;
+};
+
+Shape3 dims(const Tensor& qkv, int heads) {
+  return {qkv.size(0), qkv.size(1), qkv.size(2) / 3, qkv.size(2) / 3 / heads, heads};
+}
+
+}  // namespace
+
+template <> void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads) {
+  const Shape3 s = dims(qkv, heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  const float* px = qkv.data<float>();
+  float *py = y.data<float>(), *pl = lse.data<float>();
+  cpu::parallel_for(s.b * heads, 1, [&](int64_t p0, int64_t p1) {
+    Tensor ws = Tensor::empty({s.t, s.t});
+    cpu::MatMap sc(ws.data<float>(), s.t, s.t);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = p / heads, h = p % heads;
+      const float* base = px + b * s.t * 3 * s.c + h * s.d;
+      ConstStridedMap q(base, s.t, s.d, Stride(3 * s.c)), k(base + s.c, s.t, s.d, Stride(3 * s.c)),
+          v(base + 2 * s.c, s.t, s.d, Stride(3 * s.c));
+      sc.noalias() = (q * k.transpose()) * scale;
+      float* lrow = pl + p * s.t;
+      for (int64_t t = 0; t < s.t; ++t) {
+        float* row = sc.data() + t * s.t;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j <= t; ++j) m = std::max(m, row[j]);
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(static_cast<double>(row[j] - m));
+        const float l = m + static_cast<float>(std::log(sum));
+        lrow[t] = l;
+        for (int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
+        for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
+      }
+      StridedMap out(py + b * s.t * s.c + h * s.d, s.t, s.d, Stride(s.c));
+      out.noalias() = sc * v;
+    }
+  });
+}
+
+template <>
+void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads) {
+  const Shape3 s = dims(qkv, heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  const float *px = qkv.data<float>(), *pdy = dy.data<float>(), *pl = lse.data<float>();
+  float* pdx = dqkv.data<float>();
+  cpu::parallel_for(s.b * heads, 1, [&](int64_t p0, int64_t p1) {
+    Tensor ws = Tensor::empty({2, s.t, s.t});
+    cpu::MatMap pm(ws.data<float>(), s.t, s.t), dp(ws.data<float>() + s.t * s.t, s.t, s.t);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = p / heads, h = p % heads;
+      const int64_t off = b * s.t * 3 * s.c + h * s.d, yoff = b * s.t * s.c + h * s.d;
+      ConstStridedMap q(px + off, s.t, s.d, Stride(3 * s.c)), k(px + off + s.c, s.t, s.d, Stride(3 * s.c)),
+          v(px + off + 2 * s.c, s.t, s.d, Stride(3 * s.c));
+      ConstStridedMap g(pdy + yoff, s.t, s.d, Stride(s.c));
+      StridedMap dq(pdx + off, s.t, s.d, Stride(3 * s.c)), dk(pdx + off + s.c, s.t, s.d, Stride(3 * s.c)),
+          dv(pdx + off + 2 * s.c, s.t, s.d, Stride(3 * s.c));
+      // p from the scores and the saved log-sum-exp.
+      pm.noalias() = (q * k.transpose()) * scale;
+      const float* lrow = pl + p * s.t;
+      for (int64_t t = 0; t < s.t; ++t) {
+        float* row = pm.data() + t * s.t;
+        for (int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - lrow[t]);
+        for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
+      }
+      dv.noalias() = pm.transpose() * g;
+      dp.noalias() = g * v.transpose();
+      for (int64_t t = 0; t < s.t; ++t) {
+        float *prow = pm.data() + t * s.t, *drow = dp.data() + t * s.t;
+        double e = 0;  // E_t = sum_j p_tj dp_tj (= dy_t . y_t; this way a row of one term gets ds = 0 exactly)
+        for (int64_t j = 0; j <= t; ++j) e += static_cast<double>(prow[j]) * drow[j];
+        const float ef = static_cast<float>(e);
+        for (int64_t j = 0; j < s.t; ++j) drow[j] = prow[j] * (drow[j] - ef) * scale;  // ds / sqrt(D)
+      }
+      dq.noalias() = dp * k;
+      dk.noalias() = dp.transpose() * q;
+    }
+  });
+}
+
+}  // namespace mg

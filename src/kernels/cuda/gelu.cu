@@ -1,0 +1,45 @@
+// GELU, tanh form (kernels/gelu.h): one thread per element, the same formulas as the CPU kernel.
+#include "kernels/cuda/common.cuh"
+#include "kernels/gelu.h"
+
+namespace mg {
+namespace {
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+__global__ void gelu_forward_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+    const float dt = (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+  }
+}
+
+}  // namespace
+
+template <> void gelu_forward<Cuda>(Tensor& y, const Tensor& x) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(y));
+  gelu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(y.data<float>(), x.data<float>(), n);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <> void gelu_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& x) {
+  const int64_t n = dx.numel();
+  if (n == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(dx));
+  gelu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(dx.data<float>(), dy.data<float>(), x.data<float>(), n);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mg

@@ -1,0 +1,107 @@
+// Layer normalisation on CUDA (kernels/layer_norm.h): one warp per row for y and dx (row sums in
+// float per lane, then a shuffle tree: the same order on every run, not the CPU's), one thread per
+// column for dw and db (the rows in order, onto the buffer when accumulating).
+#include "kernels/cuda/common.cuh"
+#include "kernels/layer_norm.h"
+
+namespace mg {
+namespace {
+
+constexpr int kWarp = 32;
+
+__device__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__global__ void layer_norm_forward_kernel(float* y, float* mean, float* rstd, const float* x, const float* w,
+                                          const float* b, int64_t m, int64_t c, float eps) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= m) return;
+  const float* xr = x + r * c;
+  float s = 0;
+  for (int64_t j = lane; j < c; j += kWarp) s += xr[j];
+  const float mu = warp_sum(s) / static_cast<float>(c);
+  float sq = 0;
+  for (int64_t j = lane; j < c; j += kWarp) sq += (xr[j] - mu) * (xr[j] - mu);
+  const float rs = rsqrtf(warp_sum(sq) / static_cast<float>(c) + eps);
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  float* yr = y + r * c;
+  for (int64_t j = lane; j < c; j += kWarp) yr[j] = (xr[j] - mu) * rs * (w ? w[j] : 1.0f) + (b ? b[j] : 0.0f);
+}
+
+__global__ void layer_norm_dx_kernel(float* dx, const float* dy, const float* x, const float* w, const float* mean,
+                                     const float* rstd, int64_t m, int64_t c) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= m) return;
+  const float *xr = x + r * c, *gr = dy + r * c;
+  const float mu = mean[r], rs = rstd[r];
+  float sg = 0, sgx = 0;
+  for (int64_t j = lane; j < c; j += kWarp) {
+    const float g = gr[j] * (w ? w[j] : 1.0f);
+    sg += g;
+    sgx += g * (xr[j] - mu) * rs;
+  }
+  const float mg = warp_sum(sg) / static_cast<float>(c), mgx = warp_sum(sgx) / static_cast<float>(c);
+  float* dr = dx + r * c;
+  for (int64_t j = lane; j < c; j += kWarp) {
+    const float g = gr[j] * (w ? w[j] : 1.0f);
+    dr[j] = rs * (g - mg - (xr[j] - mu) * rs * mgx);
+  }
+}
+
+__global__ void layer_norm_dwdb_kernel(float* dw, float* db, const float* dy, const float* x, const float* mean,
+                                       const float* rstd, int64_t m, int64_t c, bool accumulate) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= c) return;
+  float aw = dw && accumulate ? dw[j] : 0.0f, ab = db && accumulate ? db[j] : 0.0f;
+  for (int64_t r = 0; r < m; ++r) {
+    const float g = dy[r * c + j];
+    aw += g * ((x[r * c + j] - mean[r]) * rstd[r]);
+    ab += g;
+  }
+  if (dw) dw[j] = aw;
+  if (db) db[j] = ab;
+}
+
+const float* maybe(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+float* maybe_mut(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+}  // namespace
+
+template <>
+void layer_norm_forward<Cuda>(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                              float eps) {
+  const int64_t c = x.size(x.dim() - 1), m = c > 0 ? x.numel() / c : 0;
+  if (m == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(y));
+  layer_norm_forward_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads>>>(
+      y.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(), maybe(w), maybe(b), m, c, eps);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <>
+void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               const Tensor& mean, const Tensor& rstd, bool accumulate) {
+  const int64_t c = x.size(x.dim() - 1), m = c > 0 ? x.numel() / c : 0;
+  if (m == 0) return;
+  cuda::DeviceGuard guard(cuda::device_of(dy));
+  if (dx.defined()) {
+    layer_norm_dx_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads>>>(
+        dx.data<float>(), dy.data<float>(), x.data<float>(), maybe(w), mean.data<float>(), rstd.data<float>(), m, c);
+    MG_CUDA_CHECK_LAUNCH();
+  }
+  if (dw.defined() || db.defined()) {
+    layer_norm_dwdb_kernel<<<cuda::grid_for(c), cuda::kThreads>>>(maybe_mut(dw), maybe_mut(db), dy.data<float>(),
+                                                                   x.data<float>(), mean.data<float>(),
+                                                                   rstd.data<float>(), m, c, accumulate);
+    MG_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace mg

@@ -1,0 +1,59 @@
+// causal_self_attention: qkv (B, T, 3C) packed as [q | k | v] (GPT-2's c_attn output), H heads
+// (attrs.heads, C divisible by H)  ->  (B, T, C), each head's softmax(q k^T / sqrt(C/H)) with
+// position t seeing positions <= t, times v (kernels/attention.h). Keeps qkv and one log-sum-exp
+// per row, not the T x T attention matrix: backward recomputes it.
+#include "kernels/attention.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor attention_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  const Tensor& qkv = in[0];
+  check_float("causal_self_attention", "qkv", qkv);
+  MG_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
+           "causal_self_attention: qkv must be (B, T, 3C), got shape " << shape_str(qkv.shape()));
+  const int64_t c = qkv.size(2) / 3;
+  MG_CHECK(a.heads >= 1 && c % a.heads == 0,
+           "causal_self_attention: " << a.heads << " heads do not divide the width C = " << c << " (qkv "
+                                     << shape_str(qkv.shape()) << ")");
+  Tensor y = Tensor::empty({qkv.size(0), qkv.size(1), c}, like(qkv));
+  Tensor lse = Tensor::empty({qkv.size(0), a.heads, qkv.size(1)}, like(qkv));
+  MG_DISPATCH(qkv.device(), attention_forward, y, lse, qkv, a.heads);
+  save(saved, {qkv, lse});
+  return y;
+}
+
+void attention_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), attention_backward, grads[0], gy, n.saved[0], n.saved[1], n.attrs.heads);
+}
+
+// q k^T and p v, causal: about half of 2 B H T^2 D each.
+double attention_flops(const Node& n) {
+  const Shape& s = n.inputs[0].shape;
+  return 2.0 * static_cast<double>(s[0]) * static_cast<double>(s[1]) * static_cast<double>(s[1]) *
+         static_cast<double>(s[2] / 3);
+}
+
+std::vector<OpCase> attention_cases() {
+  OpAttrs two, one;
+  two.heads = 2;
+  one.heads = 1;
+  return {{{{.shape = {2, 5, 12}}}, two}, {{{.shape = {1, 3, 6}}}, one}};
+}
+
+const OpDef kAttention{"causal_self_attention", OpKind::attention, attention_fwd, attention_bwd, attention_flops,
+                       attention_cases, rows_apart};
+MG_REGISTER_OP(kAttention);
+
+}  // namespace
+
+Tensor causal_self_attention(const Tensor& qkv, int heads) {
+  OpAttrs a;
+  a.heads = heads;
+  return apply(kAttention, a, {qkv});
+}
+
+}  // namespace mg

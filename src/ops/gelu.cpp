@@ -1,0 +1,33 @@
+// gelu (tanh form, as GPT-2): y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).   x, y: any shape
+#include "kernels/gelu.h"
+#include "ops/op.h"
+
+namespace mg {
+
+namespace {
+
+Tensor gelu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  check_float("gelu", "input", in[0]);
+  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  MG_DISPATCH(y.device(), gelu_forward, y, in[0]);
+  save(saved, {in[0]});
+  return y;
+}
+
+void gelu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  grads[0] = empty_like_input(n, 0, gy.device());
+  MG_DISPATCH(gy.device(), gelu_backward, grads[0], gy, n.saved[0]);
+}
+
+double gelu_flops(const Node& n) { return 10.0 * out_numel(n); }
+
+std::vector<OpCase> gelu_cases() { return {{{{.shape = {3, 5, 7}}}, {}}}; }
+
+const OpDef kGelu{"gelu", OpKind::elementwise, gelu_fwd, gelu_bwd, gelu_flops, gelu_cases, rows_apart};
+MG_REGISTER_OP(kGelu);
+
+}  // namespace
+
+Tensor gelu(const Tensor& x) { return apply(kGelu, {}, {x}); }
+
+}  // namespace mg

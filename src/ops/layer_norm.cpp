@@ -1,0 +1,63 @@
+// layer_norm: x (..., C) normalised over its last dimension, weight and bias (C) or undefined:
+//   y = (x - mean) / sqrt(var + eps) * weight + bias      (biased variance; eps: attrs.scalar)
+// as torch.nn.functional.layer_norm(x, (C,), weight, bias, eps). Rows are samples' positions,
+// so it runs in tiles.
+#include "kernels/layer_norm.h"
+#include "ops/op.h"
+#include "ops/param_grads.h"
+
+namespace mg {
+
+namespace {
+
+Tensor layer_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
+  const Tensor &x = in[0], &w = in[1], &b = in[2];
+  check_float("layer_norm", "input", x);
+  MG_CHECK(x.dim() >= 1 && x.size(x.dim() - 1) > 0, "layer_norm: input must have a last dimension > 0, got shape "
+                                                         << shape_str(x.shape()));
+  const int64_t c = x.size(x.dim() - 1);
+  MG_CHECK(a.scalar >= 0.0f, "layer_norm: eps must be >= 0, got " << a.scalar);
+  for (auto [what, t] : {std::pair{"weight", &w}, std::pair{"bias", &b}}) {
+    if (!t->defined()) continue;
+    check_float("layer_norm", what, *t);
+    MG_CHECK(t->dim() == 1 && t->size(0) == c, "layer_norm: " << what << " has shape " << shape_str(t->shape())
+                                                              << ", expected [" << c << "] for input "
+                                                              << shape_str(x.shape()));
+  }
+  Tensor y = Tensor::empty(x.shape(), like(x));
+  Tensor mean = Tensor::empty({x.numel() / c}, like(x)), rstd = Tensor::empty({x.numel() / c}, like(x));
+  MG_DISPATCH(x.device(), layer_norm_forward, y, mean, rstd, x, w, b, a.scalar);
+  save(saved, {x, w, mean, rstd});
+  return y;
+}
+
+void layer_norm_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
+  const Device d = gy.device();
+  Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
+  ParamGrads p = param_grads(n, grads, accum, d);
+  MG_DISPATCH(d, layer_norm_backward, dx, p.dw, p.db, gy, n.saved[0], n.saved[1], n.saved[2], n.saved[3],
+              p.accumulate);
+}
+
+double layer_norm_flops(const Node& n) { return 8.0 * out_numel(n); }
+
+std::vector<OpCase> layer_norm_cases() {
+  OpAttrs a;
+  a.scalar = 1e-5f;
+  const TestInput none{.kind = TestInput::none, .shape = {}};
+  return {{{{.shape = {2, 3, 8}}, {.shape = {8}}, {.shape = {8}}}, a}, {{{.shape = {5, 70}}, none, none}, a}};
+}
+
+const OpDef kLayerNorm{"layer_norm", OpKind::normalization, layer_norm_fwd, layer_norm_bwd, layer_norm_flops,
+                       layer_norm_cases, rows_apart};
+MG_REGISTER_OP(kLayerNorm);
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  OpAttrs a;
+  a.scalar = eps;
+  return apply(kLayerNorm, a, {x, weight, bias});
+}
+
+}  // namespace mg
