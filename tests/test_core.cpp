@@ -164,8 +164,9 @@ TEST_CASE("backward frees the saved activations; retain_graph keeps them") {
   {
     Tensor loss = cross_entropy(linear(relu(linear(x, w1)), w2), t);
     // Saved: relu's output (128x256, shared with the second linear's input) and the softmax
-    // probabilities (128x10), plus the scalar loss. The first linear's output is already gone.
-    const size_t act = (128 * 256 + 128 * 10 + 1) * sizeof(float);
+    // probabilities (128x10) and the number of rows counted (ignore_index), plus the scalar loss.
+    // The first linear's output is already gone.
+    const size_t act = (128 * 256 + 128 * 10 + 1 + 1) * sizeof(float);
     CHECK(memory_stats(cpu).in_use - base == act);
     loss.backward({}, /*retain_graph=*/true);
     CHECK(memory_stats(cpu).in_use - base == act);

@@ -40,6 +40,7 @@ struct OpAttrs {
   uint64_t seed = 0, offset = 0;  // dropout's counter-based RNG position
   uint64_t sample_stride = 0;     // dropout: counters from one sample's first to the next's (0: contiguous)
   Reduction reduction = Reduction::mean;
+  int64_t ignore_index = -100;  // cross_entropy: rows with this target count for nothing
   bool batch_stats = false;     // batch_norm: the batch's statistics (training), or the given ones
   Shape shape;                  // reshape target; unpack's piece
   int heads = 0;                // causal_self_attention

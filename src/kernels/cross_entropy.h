@@ -1,9 +1,12 @@
 // Cross-entropy, fused log-softmax + negative log-likelihood.
-//   logits: (N, C)   target: (N) int64 in [0, C)   loss: () scalar   probs: (N, C)
+//   logits: (N, C)   target: (N) int64 in [0, C) or ignore_index   loss: () scalar   probs: (N, C)
+//   count: (1) the rows whose target is not ignore_index (as float)
 //   forward:  probs = softmax(logits) per row (saved for backward)
-//             loss  = sum_n -log_softmax(logits)[n, target[n]]  (/ N for mean)         (=)
-//   backward: dlogits = dloss * (probs - onehot(target))  (/ N for mean)                (=)
-// A target outside [0, C) throws mg::Error naming the row and value.
+//             loss  = sum over counted rows of -log_softmax(logits)[n, target[n]]
+//                     (/ count for mean: NaN when every row is ignored, as PyTorch)          (=)
+//   backward: dlogits = dloss * (probs - onehot(target)) (/ count for mean); 0 on ignored rows (=)
+// The rows' losses are added in row order (deterministic). A target outside [0, C) that is not
+// ignore_index throws mg::Error naming the row and value.
 #pragma once
 
 #include <minigrad/core/autograd.h>
@@ -12,9 +15,9 @@
 
 namespace mg {
 template <class D>
-void cross_entropy_forward(Tensor& loss, Tensor& probs, const Tensor& logits, const Tensor& target,
-                           Reduction reduction);
+void cross_entropy_forward(Tensor& loss, Tensor& probs, Tensor& count, const Tensor& logits, const Tensor& target,
+                           Reduction reduction, int64_t ignore_index);
 template <class D>
-void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& probs,
-                            const Tensor& target, Reduction reduction);
+void cross_entropy_backward(Tensor& dlogits, const Tensor& dloss, const Tensor& probs, const Tensor& count,
+                            const Tensor& target, Reduction reduction, int64_t ignore_index);
 }  // namespace mg

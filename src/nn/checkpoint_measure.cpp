@@ -236,7 +236,8 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     throw;
   }
   const size_t out_bytes = h.nbytes();
-  cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 2 * sizeof(float) : 0;
+  // probabilities and the logits' gradient; the loss, its gradient and the count of rows (ignore_index)
+  cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 3 * sizeof(float) : 0;
 
   h = Tensor();
   restore();  // before in_use_at_end is read

@@ -1,6 +1,7 @@
-// cross_entropy: loss = reduce_n (logsumexp(logits[n]) - logits[n, target[n]]), reduce = mean or
-// sum over N;  dlogits = dloss * (softmax - onehot(target)) (/ N for mean); no gradient for target.
-//   logits: (N, C) float32, target: (N) int64 in [0, C)  ->  loss: scalar
+// cross_entropy: loss = reduce_n (logsumexp(logits[n]) - logits[n, target[n]]) over the rows whose
+// target is not attrs.ignore_index, reduce = mean (over those rows) or sum;
+// dlogits = dloss * (softmax - onehot(target)) (/ count for mean, 0 on ignored rows); no gradient
+// for target.   logits: (N, C) float32, target: (N) int64 in [0, C) or ignore_index  ->  scalar
 #include "kernels/cross_entropy.h"
 #include "ops/op.h"
 
@@ -23,14 +24,16 @@ Tensor cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::v
   MG_CHECK(logits.size(0) > 0, "cross_entropy: empty batch");
   Tensor loss = Tensor::empty({}, like(logits));
   Tensor probs = Tensor::empty(logits.shape(), like(logits));
-  MG_DISPATCH(logits.device(), cross_entropy_forward, loss, probs, logits, target, a.reduction);
-  save(saved, {probs, target});
+  Tensor count = Tensor::empty({1}, like(logits));
+  MG_DISPATCH(logits.device(), cross_entropy_forward, loss, probs, count, logits, target, a.reduction, a.ignore_index);
+  save(saved, {probs, target, count});
   return loss;
 }
 
 void cross_entropy_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
   grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), cross_entropy_backward, grads[0], gy, n.saved[0], n.saved[1], n.attrs.reduction);
+  MG_DISPATCH(gy.device(), cross_entropy_backward, grads[0], gy, n.saved[0], n.saved[2], n.saved[1], n.attrs.reduction,
+              n.attrs.ignore_index);
 }
 
 double cross_entropy_flops(const Node& n) { return static_cast<double>(shape_numel(n.inputs[0].shape)); }
@@ -50,9 +53,10 @@ MG_REGISTER_OP(kCrossEntropy);
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction, int64_t ignore_index) {
   OpAttrs a;
   a.reduction = reduction;
+  a.ignore_index = ignore_index;
   return apply(kCrossEntropy, a, {logits, target});
 }
 

@@ -53,9 +53,12 @@ Tensor gelu(const Tensor& x);
 // Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is drawn from
 // `gen` (the default generator when null) and is a pure function of (seed, offset).
 Tensor dropout(const Tensor& x, float p, Generator* gen = nullptr);
-// logits: (N, C), target: (N) int64 class indices  ->  scalar (mean or sum over N)
-Tensor cross_entropy(const Tensor& logits, const Tensor& target,
-                     Reduction reduction = Reduction::mean);
+// logits: (N, C), target: (N) int64 class indices  ->  scalar (mean or sum over N). Rows whose
+// target is ignore_index (PyTorch's default, -100: padding, positions without a next token) count
+// for nothing: no loss, no gradient, and mean divides by the other rows (NaN if there are none,
+// as in PyTorch).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::mean,
+                     int64_t ignore_index = -100);
 Tensor add(const Tensor& a, const Tensor& b);
 // a, b: equal shapes  ->  a * b element by element
 Tensor mul(const Tensor& a, const Tensor& b);

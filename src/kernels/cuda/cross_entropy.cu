@@ -1,9 +1,9 @@
 // Cross-entropy, fused log-softmax + negative log-likelihood.
-//   logits: (N, C)   target: (N) int64 in [0, C)   loss: () scalar   probs: (N, C)
+//   logits: (N, C)   target: (N) int64 in [0, C) or ignore_index   loss: () scalar   probs: (N, C)
 //   forward:  probs = softmax(logits) per row (saved for backward)                    (=)
-//             row_loss[n] = log(sum_j exp(l[n,j] - max_n)) + max_n - l[n, target[n]]
-//             loss = sum_n row_loss[n]  (/ N for mean), summed in double in row order    (=)
-//   backward: dlogits = dloss * (probs - onehot(target))  (/ N for mean)                (=)
+//             row_loss[n] = log(sum_j exp(l[n,j] - max_n)) + max_n - l[n, target[n]]  (0 if ignored)
+//             loss = sum_n row_loss[n]  (/ count for mean), summed in double in row order  (=)
+//   backward: dlogits = dloss * (probs - onehot(target))  (/ count for mean; 0 if ignored) (=)
 // One block per row (max, then sum of exponentials, block-wide). A target outside [0, C)
 // cannot throw from a kernel: the kernel records the first bad (row, value) in the device's
 // error flag and the next host synchronisation (a copy to the host, mg::synchronize)
@@ -38,7 +38,8 @@ struct SumOp {
 };
 
 __global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, const float* logits,
-                                             const int64_t* target, int64_t c, long long* error_flag) {
+                                             const int64_t* target, int64_t c, int64_t ignore_index,
+                                             long long* error_flag) {
   __shared__ float sh[cuda::kThreads];
   const int64_t row = blockIdx.x;
   const float* l = logits + row * c;
@@ -57,7 +58,9 @@ __global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, cons
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) p[j] *= inv;
   if (threadIdx.x == 0) {
     const int64_t t = target[row];
-    if (t < 0 || t >= c) {
+    if (t == ignore_index) {
+      row_loss[row] = 0.0f;
+    } else if (t < 0 || t >= c) {
       if (atomicCAS(reinterpret_cast<unsigned long long*>(error_flag), 0ull,
                     static_cast<unsigned long long>(cuda::kFlagBadTarget)) == 0ull) {
         error_flag[1] = row;
@@ -70,37 +73,50 @@ __global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, cons
   }
 }
 
-__global__ void sum_rows_kernel(float* loss, const float* row_loss, int64_t n, bool mean) {
+__global__ void sum_rows_kernel(float* loss, float* count, const float* row_loss, const int64_t* target, int64_t n,
+                                bool mean, int64_t ignore_index) {
   // Each thread sums a contiguous stretch of rows; the stretches are then added in order.
   __shared__ double sh[cuda::kThreads];
+  __shared__ long long shc[cuda::kThreads];
   const int64_t per = (n + blockDim.x - 1) / blockDim.x;
   double s = 0.0;
-  for (int64_t i = threadIdx.x * per; i < n && i < (threadIdx.x + 1) * per; ++i) s += row_loss[i];
+  long long k = 0;
+  for (int64_t i = threadIdx.x * per; i < n && i < (threadIdx.x + 1) * per; ++i) {
+    s += row_loss[i];
+    k += target[i] != ignore_index;
+  }
   sh[threadIdx.x] = s;
+  shc[threadIdx.x] = k;
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int k = 0; k < blockDim.x; ++k) total += sh[k];
-    if (mean) total /= static_cast<double>(n);
+    long long counted = 0;
+    for (int j = 0; j < blockDim.x; ++j) {
+      total += sh[j];
+      counted += shc[j];
+    }
+    if (mean) total /= static_cast<double>(counted);
     *loss = static_cast<float>(total);
+    *count = static_cast<float>(counted);
   }
 }
 
-__global__ void cross_entropy_backward_kernel(float* dlogits, const float* dloss, const float* probs,
-                                              const int64_t* target, int64_t n, int64_t c, bool mean) {
-  const float g = mean ? *dloss / static_cast<float>(n) : *dloss;
+__global__ void cross_entropy_backward_kernel(float* dlogits, const float* dloss, const float* probs, const float* count,
+                                              const int64_t* target, int64_t n, int64_t c, bool mean,
+                                              int64_t ignore_index) {
+  const float g = mean ? *dloss / *count : *dloss;
   const int64_t total = n * c;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / c, j = i - row * c;
-    dlogits[i] = g * (probs[i] - (j == target[row] ? 1.0f : 0.0f));
+    dlogits[i] = target[row] == ignore_index ? 0.0f : g * (probs[i] - (j == target[row] ? 1.0f : 0.0f));
   }
 }
 
 }  // namespace
 
 template <>
-void cross_entropy_forward<Cuda>(Tensor& loss, Tensor& probs, const Tensor& logits, const Tensor& target,
-                                 Reduction reduction) {
+void cross_entropy_forward<Cuda>(Tensor& loss, Tensor& probs, Tensor& count, const Tensor& logits,
+                                 const Tensor& target, Reduction reduction, int64_t ignore_index) {
   const int64_t n = logits.size(0), c = logits.size(1);
   MG_CHECK(target.device() == logits.device(), "cross_entropy: target on " << target.device().str()
                                                    << ", logits on " << logits.device().str());
@@ -112,16 +128,17 @@ void cross_entropy_forward<Cuda>(Tensor& loss, Tensor& probs, const Tensor& logi
   cuda::Workspace row_loss(dev, static_cast<size_t>(n) * sizeof(float));
   cross_entropy_forward_kernel<<<static_cast<unsigned>(n), cuda::kThreads, 0, ctx.stream>>>(
       static_cast<float*>(row_loss.get()), probs.data<float>(), logits.data<float>(), target.data<int64_t>(),
-      c, ctx.error_flag);
+      c, ignore_index, ctx.error_flag);
   MG_CUDA_CHECK_LAUNCH();
-  sum_rows_kernel<<<1, cuda::kThreads, 0, ctx.stream>>>(loss.data<float>(), static_cast<float*>(row_loss.get()),
-                                                       n, reduction == Reduction::mean);
+  sum_rows_kernel<<<1, cuda::kThreads, 0, ctx.stream>>>(loss.data<float>(), count.data<float>(),
+                                                       static_cast<float*>(row_loss.get()), target.data<int64_t>(),
+                                                       n, reduction == Reduction::mean, ignore_index);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <>
-void cross_entropy_backward<Cuda>(Tensor& dlogits, const Tensor& dloss, const Tensor& probs,
-                                  const Tensor& target, Reduction reduction) {
+void cross_entropy_backward<Cuda>(Tensor& dlogits, const Tensor& dloss, const Tensor& probs, const Tensor& count,
+                                  const Tensor& target, Reduction reduction, int64_t ignore_index) {
   const int64_t n = probs.size(0), c = probs.size(1);
   MG_CHECK(dloss.device() == probs.device(), "cross_entropy backward: dloss on " << dloss.device().str()
                                                  << ", probs on " << probs.device().str());
@@ -130,8 +147,8 @@ void cross_entropy_backward<Cuda>(Tensor& dlogits, const Tensor& dloss, const Te
   cuda::DeviceGuard guard(dev);
   cuda::Context& ctx = cuda::context(dev);
   cross_entropy_backward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, ctx.stream>>>(
-      dlogits.data<float>(), dloss.data<float>(), probs.data<float>(), target.data<int64_t>(), n, c,
-      reduction == Reduction::mean);
+      dlogits.data<float>(), dloss.data<float>(), probs.data<float>(), count.data<float>(), target.data<int64_t>(), n,
+      c, reduction == Reduction::mean, ignore_index);
   MG_CUDA_CHECK_LAUNCH();
 }
 
