@@ -187,6 +187,26 @@ std::string Sequential::name() const {
 }
 
 
+Embedding::Embedding(int64_t num, int64_t dim) : num(num), dim(dim) {
+  MG_CHECK(num > 0 && dim > 0, "Embedding: sizes must be positive, got (" << num << ", " << dim << ")");
+  register_parameter("weight", Tensor::randn({num, dim}, default_generator()));
+}
+
+std::string Embedding::name() const { return "Embedding(" + std::to_string(num) + ", " + std::to_string(dim) + ")"; }
+
+LayerNorm::LayerNorm(int64_t dim, float eps) : dim(dim), eps(eps) {
+  MG_CHECK(dim > 0, "LayerNorm: dim must be positive, got " << dim);
+  MG_CHECK(eps >= 0.0f && std::isfinite(eps), "LayerNorm: eps must be >= 0, got " << eps);
+  register_parameter("weight", Tensor::ones({dim}));
+  register_parameter("bias", Tensor::zeros({dim}));
+}
+
+std::string LayerNorm::name() const {
+  std::ostringstream os;
+  os << "LayerNorm((" << dim << ",), eps=" << eps << ")";
+  return os.str();
+}
+
 // ---- BatchNorm ----------------------------------------------------------------------------------
 
 BatchNorm::BatchNorm(int64_t n, int64_t dims, float eps, float momentum, bool affine)

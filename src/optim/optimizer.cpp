@@ -151,7 +151,24 @@ void Adam::update(float grad_scale) {
   h.step = step_count_;
   h.grad_scale = grad_scale;
   std::vector<Tensor> g = grads();
-  MG_DISPATCH(params_[0].device(), adam_update, params_, g, exp_avg_, exp_avg_sq_, h);
+  if (!opts_.decay_matrices_only || opts_.weight_decay == 0.0f) {
+    MG_DISPATCH(params_[0].device(), adam_update, params_, g, exp_avg_, exp_avg_sq_, h);
+    return;
+  }
+  // Two groups, one update each: matrices with weight decay, the rest without.
+  for (bool matrices : {true, false}) {
+    std::vector<Tensor> p, pg, m, v;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if ((params_[i].dim() >= 2) != matrices) continue;
+      p.push_back(params_[i]);
+      pg.push_back(g[i]);
+      m.push_back(exp_avg_[i]);
+      v.push_back(exp_avg_sq_[i]);
+    }
+    if (p.empty()) continue;
+    h.weight_decay = matrices ? opts_.weight_decay : 0.0f;
+    MG_DISPATCH(p[0].device(), adam_update, p, pg, m, v, h);
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const {

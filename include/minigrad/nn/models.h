@@ -76,6 +76,71 @@ std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div
 std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
 std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
 
+// ---- GPT-2 (Radford et al. 2019), laid out as Hugging Face's GPT2LMHeadModel and nanoGPT ---------
+//
+// Note [GPT-2 as a chain]
+// -----------------------
+// make_gpt2 returns ONE flat Sequential: "transformer" (token + position embeddings, wte and wpe),
+// the blocks "transformer.h.0" ... (x + attn(ln_1(x)), then x + mlp(ln_2(x))), "transformer.ln_f"
+// and "lm_head". Parameter names are Hugging Face's ("transformer.h.0.attn.c_attn.weight"); the
+// linear weights are (out, in) as torch.nn.Linear (nanoGPT's layout; Hugging Face's Conv1D stores
+// the transpose, which load_gpt2_hf handles). lm_head is tied to wte: it uses wte's tensor and has
+// no parameter of its own, so wte's gradient sums both uses. The planner's units are the blocks.
+// The input is int64 tokens (B, T) with T <= block_size; the output the logits (B, T, vocab_size):
+//
+//   auto gpt = mg::nn::make_gpt2({.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64});
+//   Tensor logits = gpt->forward(tokens);                                  // (B, T, 512)
+//   Tensor loss = mg::cross_entropy(logits.reshape({-1, 512}), targets.reshape({-1}));
+struct GPTConfig {
+  int64_t vocab_size = 50257, block_size = 1024, n_layer = 12, n_head = 12, n_embd = 768;
+};
+
+class GPTEmbeddings : public Module {  // wte(tokens) + wpe(positions)
+ public:
+  GPTEmbeddings(int64_t vocab_size, int64_t block_size, int64_t n_embd);
+  Tensor forward(const Tensor& tokens) override;
+  std::string name() const override;
+  Tensor& wte() { return wte_->weight(); }
+
+ private:
+  std::shared_ptr<Embedding> wte_, wpe_;
+};
+
+class CausalSelfAttention : public Module {  // c_attn (C -> 3C), causal_self_attention, c_proj
+ public:
+  CausalSelfAttention(int64_t n_embd, int64_t n_head);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  std::shared_ptr<Linear> c_attn_, c_proj_;
+  int64_t n_embd_, n_head_;
+};
+
+class GPTBlock : public Module {  // ln_1, attn, ln_2, mlp (c_fc, GELU, c_proj), two residual adds
+ public:
+  GPTBlock(int64_t n_embd, int64_t n_head);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  std::shared_ptr<Module> ln_1_, attn_, ln_2_, mlp_;
+};
+
+class GPTHead : public Module {  // logits = x wte^T, tied: no parameter of its own
+ public:
+  explicit GPTHead(Tensor wte) : wte_(std::move(wte)) {}
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "GPTHead(tied to wte)"; }
+
+ private:
+  Tensor wte_;
+};
+
+// GPT-2 initialised as nanoGPT and llm.c do: weights N(0, 0.02), the residual projections
+// (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0, from the default generator.
+std::shared_ptr<Sequential> make_gpt2(const GPTConfig& config);
+
 // "vgg16", "resnet18", "resnet34", "resnet50": the apps' --model.
 std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div = 1);
 

@@ -132,6 +132,35 @@ class Dropout : public Module {
   Generator* gen_;
 };
 
+// Rows of a (num, dim) table by int64 index: (idx's shape..., dim), as torch.nn.Embedding. The
+// weight starts N(0, 1) as PyTorch's (GPT-2 re-initialises it: make_gpt2).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim);
+  Tensor forward(const Tensor& idx) override { return embedding(idx, params_[0].second); }
+  std::string name() const override;
+  Tensor& weight() { return params_[0].second; }
+  int64_t num, dim;
+};
+
+// Normalises over the last dimension (size dim), weight 1 and bias 0 to start, as
+// torch.nn.LayerNorm(dim, eps).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) override { return layer_norm(x, params_[0].second, params_[1].second, eps); }
+  std::string name() const override;
+  int64_t dim;
+  float eps;
+};
+
+// GELU, tanh form (torch.nn.GELU(approximate="tanh")).
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return gelu(x); }
+  std::string name() const override { return "GELU(approximate='tanh')"; }
+};
+
 // Batch normalisation over the channels of (N, C) (BatchNorm1d) or (N, C, H, W) (BatchNorm2d),
 // as PyTorch's: in training, each call normalises by its batch's statistics and updates
 // running_mean and running_var (unbiased) by `momentum`; in eval mode it uses them. Parameters

@@ -79,6 +79,9 @@ struct AdamOptions {
   float beta1 = 0.9f, beta2 = 0.999f; // [0, 1)
   float eps = 1e-8f;                  // finite, > 0
   float weight_decay = 0.0f;          // finite, >= 0
+  // Weight decay only on parameters of 2 or more dimensions (weights and embeddings; not biases
+  // or norm scales), as nanoGPT and llm.c train GPT-2 (PyTorch: two parameter groups).
+  bool decay_matrices_only = false;
 };
 
 class Adam : public Optimizer {
