@@ -19,6 +19,7 @@
 #include <stb/stb_image_write.h>
 
 #include <minigrad/data/idx.h>
+#include <minigrad/data/tokens.h>
 #include <minigrad/nn/models.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/ops/ops.h>
@@ -199,6 +200,13 @@ void text_seeds() {
   }
 }
 
+// llm.c token files: a few tokens, none, the largest token value; and a header only.
+void token_seeds() {
+  mg::data::save_token_file(file("tokens", "small.bin"), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  mg::data::save_token_file(file("tokens", "empty.bin"), {});
+  mg::data::save_token_file(file("tokens", "max.bin"), {65535, 0, 50256, 50256, 7, 7, 7, 1});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,6 +221,7 @@ int main(int argc, char** argv) {
     idx_seeds();
     image_seeds();
     text_seeds();
+    token_seeds();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_make_corpus: %s\n", e.what());
     return 1;

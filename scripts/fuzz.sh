@@ -7,7 +7,7 @@
 # Environment:
 #   FUZZ_SECONDS   seconds per target (default 60)
 #   FUZZ_JOBS      targets run at a time (default 2)
-#   FUZZ_TARGETS   which targets (default: all seven, see `targets` below)
+#   FUZZ_TARGETS   which targets (default: all eight, see `targets` below)
 #   FUZZ_TIMEOUT   seconds one input may take before it counts as a hang (default 10)
 #   FUZZ_BUILD_DIR the fuzz build (default build-fuzz; not BUILD_DIR, which names the normal one)
 #   FUZZ_OUT       where a run keeps seeds/, corpus/, logs/, artifacts/ and summary.txt
@@ -23,7 +23,7 @@ MG_EXTRA_PACKAGES="clang libclang-rt-14-dev libomp-dev" BUILD_DIR=$build CMAKE_A
 secs=${FUZZ_SECONDS:-60}
 jobs_max=${FUZZ_JOBS:-2}
 timeout_s=${FUZZ_TIMEOUT:-10}
-targets=(${FUZZ_TARGETS:-safetensors train_state idx idx_gz image checkpoint_plan parse_bytes})
+targets=(${FUZZ_TARGETS:-safetensors train_state idx idx_gz image checkpoint_plan parse_bytes tokens})
 out=${FUZZ_OUT:-$build/fuzz-run}
 bin=$(cd "$build/bin" && pwd)
 [ "${FUZZ_KEEP_CORPUS:-0}" = 1 ] || rm -rf "$out"
@@ -36,7 +36,7 @@ out=$(cd "$out" && pwd)
 # read one short text. Memory: 2 GiB for every target (fuzz_image bounds what an image may
 # declare: docs/fuzzing.md).
 declare -A max_len=([safetensors]=8192 [train_state]=8192 [idx]=8192 [idx_gz]=8192 [image]=16384
-                    [checkpoint_plan]=512 [parse_bytes]=512)
+                    [checkpoint_plan]=512 [parse_bytes]=512 [tokens]=4096)
 run_one() {
   local t=$1 dict=fuzz/dicts/$1.dict rc=0
   local extra=()

@@ -5,11 +5,12 @@
 #   - exits by itself (not killed by a signal, not timed out) with a non-zero status, and
 #   - prints the row's fragment and the flag's name.
 # ctest runs it when the apps are built (tests/CMakeLists.txt):
-#   tests/hostile_flags.sh build/bin/mnist_ga build/bin/vgg_ckpt
+#   tests/hostile_flags.sh build/bin/mnist_ga build/bin/vgg_ckpt build/bin/gpt_train
 # Every run is small (generated data, a 64th-width VGG on 32x32 images): the table takes seconds.
 set -u
 MNIST_GA=${1:?usage: hostile_flags.sh MNIST_GA VGG_CKPT}
-VGG_CKPT=${2:?usage: hostile_flags.sh MNIST_GA VGG_CKPT}
+VGG_CKPT=${2:?usage: hostile_flags.sh MNIST_GA VGG_CKPT GPT_TRAIN}
+GPT_TRAIN=${3:?usage: hostile_flags.sh MNIST_GA VGG_CKPT GPT_TRAIN}
 T=$(mktemp -d "${TMPDIR:-/tmp}/mg_hostile_flags.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export OMP_NUM_THREADS=2
@@ -18,6 +19,7 @@ export OMP_NUM_THREADS=2
 M="--synthetic --limit-train 64 --limit-test 32 --epochs 1 --batch-size 32"  # mnist_ga, generated data
 MD="--limit-train 8 --limit-test 8 --epochs 1 --batch-size 8"                 # mnist_ga with --data
 V="--width-div 64 --image-size 32 --batch-size 2 --steps 1"                   # vgg_ckpt
+G="--steps 1 --batch-size 2 --seq-len 8"                                       # gpt_train, tiny
 
 die() { echo "hostile_flags: setup: $*" >&2; exit 1; }
 
@@ -64,6 +66,22 @@ printf '\x00\x00\x08\x03\x00\x3d\x09\x00\x00\x00\x00\x1c\x00\x00\x00\x1c' | gzip
 mnist_dir "$T/mnist_fifo"; rm "$T/mnist_fifo/train-images-idx3-ubyte.gz"; mkfifo "$T/mnist_fifo/train-images-idx3-ubyte.gz"
 mnist_dir "$T/mnist_no_t10k"; rm "$T/mnist_no_t10k"/t10k-*
 mnist_dir "$T/mnist_magic"; idx_labels | gzip -c > "$T/mnist_magic/t10k-images-idx3-ubyte.gz"
+
+# llm.c token files: a header of 256 little-endian int32 (magic 20240520, version 1, count), then
+# uint16 tokens. Valid (10 tokens), a wrong magic, a count the file does not hold, a token past the
+# tiny vocabulary of 512.
+le32() { local v=$1 i; for i in 0 1 2 3; do printf "\\x$(printf %02x $(( (v >> (8 * i)) & 255 )))"; done; }
+tokfile() {  # MAGIC VERSION COUNT TOKEN...
+  local magic=$1 version=$2 count=$3; shift 3
+  { le32 "$magic"; le32 "$version"; le32 "$count"; head -c 1012 /dev/zero
+    for t in "$@"; do printf "\\x$(printf %02x $((t & 255)))\\x$(printf %02x $((t >> 8)))"; done; }
+}
+tokfile 20240520 1 40 $(seq 1 40) > "$T/tokens.bin"
+"$GPT_TRAIN" $G --data "$T/tokens.bin" >/dev/null || die "gpt_train on $T/tokens.bin failed"
+tokfile 12345 1 40 $(seq 1 40) > "$T/tokens_magic.bin"
+tokfile 20240520 1 41 $(seq 1 40) > "$T/tokens_count.bin"
+tokfile 20240520 1 40 $(seq 1 39) 600 > "$T/tokens_vocab.bin"
+tokfile 20240520 1 10 $(seq 1 10) > "$T/tokens_few.bin"
 
 # Image folders for vgg_ckpt: three classes; two classes of one image; two classes of garbage.
 mkdir -p "$T/img3/a" "$T/img3/b" "$T/img3/c" "$T/img1/a" "$T/img1/b" "$T/imgbad/a" "$T/imgbad/b"
@@ -163,7 +181,7 @@ mnist_ga | --memory-budget | no plan fits a budget of                  | $M --me
 mnist_ga | --memory-budget | --accum excludes --memory-budget          | $M --memory-budget 1GB --accum 2
 mnist_ga | --memory-budget | unknown unit 'apples'                     | $M --memory-budget 12apples
 mnist_ga | --memory-limit | cpu out of memory                          | $M --memory-limit 100kB
-vgg_ckpt | --model        | not in {vgg16, resnet18, resnet34, resnet50} | $V --model resnet101
+vgg_ckpt | --model        | not in {vgg16,resnet18,resnet34,resnet50}   | $V --model resnet101
 vgg_ckpt | --checkpoint   | expected none, sqrt, min, segments=K or budget=SIZE | $V --checkpoint bogus
 vgg_ckpt | --checkpoint   | segments must be >= 1, got 0               | $V --checkpoint segments=0
 vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --checkpoint segments=x
@@ -203,6 +221,22 @@ vgg_ckpt | --json         | the folder /nonexistent does not exist     | $V --js
 vgg_ckpt | --json         | is a folder, expected a file name          | $V --json "$T/empty"
 vgg_ckpt | --save-dir     | filesystem error                           | $V --save-dir "$T/file/sub"
 vgg_ckpt | --save-dir     | an empty value names nothing               | $V --save-dir ''
+gpt_train | --config      | bogus not in {tiny,small,gpt2}             | $G --config bogus
+gpt_train | --seq-len     | is longer than the context of 64           | --steps 1 --seq-len 65
+gpt_train | --n-head      | must divide                                | $G --n-head 5
+gpt_train | --lr          | is not a finite number                     | $G --lr nan
+gpt_train | --checkpoint  | expected none, sqrt, min, segments=K or budget=SIZE | $G --checkpoint bogus
+gpt_train | --checkpoint  | is below the smallest feasible peak        | $G --checkpoint budget=1B
+gpt_train | --memory-budget | no plan fits a budget of                 | $G --memory-budget 1kB
+gpt_train | --memory-budget | --accum excludes --memory-budget         | $G --memory-budget 1GB --accum 2
+gpt_train | --data        | cannot open                                | $G --data "$T/missing.bin"
+gpt_train | --data        | not a regular file                         | $G --data "$T/empty"
+gpt_train | --data        | magic 12345, expected 20240520             | $G --data "$T/tokens_magic.bin"
+gpt_train | --data        | the header says 41 tokens                  | $G --data "$T/tokens_count.bin"
+gpt_train | --data        | token 600 is outside the vocabulary of 512 | $G --data "$T/tokens_vocab.bin"
+gpt_train | --data        | fewer than one step                        | $G --data "$T/tokens_few.bin"
+gpt_train | --json        | the folder /nonexistent does not exist     | $G --json /nonexistent/x.json
+gpt_train | --device      | unknown device 'bogus'                     | $G --device bogus
 TABLE
 )
 
@@ -217,6 +251,7 @@ while IFS='|' read -r app flag fragment args; do
   case $app in
     mnist_ga) bin=$MNIST_GA ;;
     vgg_ckpt) bin=$VGG_CKPT ;;
+    gpt_train) bin=$GPT_TRAIN ;;
     *) echo "hostile_flags: row $n: unknown app '$app'" >&2; failed=$((failed + 1)); continue ;;
   esac
   out=$(timeout -k 5 60 "$bin" "$@" 2>&1 </dev/null)

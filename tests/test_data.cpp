@@ -3,7 +3,9 @@
 // and the real MNIST split when ../shared/data/mnist is present.
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,7 @@
 
 #include <minigrad/data/idx.h>
 #include <minigrad/data/loader.h>
+#include <minigrad/data/tokens.h>
 #include "helpers.h"
 
 using namespace mg;
@@ -523,4 +526,68 @@ TEST_CASE("real MNIST (../shared/data/mnist): the 8,000 / 2,000 split") {
   for (uint8_t p : s.train.pixels()) mean += p / 255.0;
   mean /= static_cast<double>(s.train.pixels().size());
   CHECK(mean == doctest::Approx(0.1301).epsilon(0.01));  // measured with numpy: 0.13009
+}
+
+TEST_CASE("token files (llm.c's .bin): round trip, and every malformed header is a clear error") {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::temp_directory_path() / ("mg_tokens_" + std::to_string(::getpid()))).string();
+  fs::create_directories(dir);
+  std::vector<uint16_t> tokens(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 65536);
+  const std::string path = dir + "/t.bin";
+  data::save_token_file(path, tokens);
+  CHECK(fs::file_size(path) == 1024 + 2 * tokens.size());
+  const data::TokenFile f = data::load_token_file(path);
+  CHECK(f.tokens == tokens);
+  CHECK(f.max_token() == *std::max_element(tokens.begin(), tokens.end()));
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::string& name, const std::string& b) {
+    std::ofstream(dir + "/" + name, std::ios::binary | std::ios::trunc) << b;
+    return dir + "/" + name;
+  };
+  std::string bad_magic = bytes;
+  bad_magic[0] = 1;
+  CHECK_THROWS_WITH_AS(data::load_token_file(write("magic.bin", bad_magic)), doctest::Contains("expected 20240520"), Error);
+  std::string bad_version = bytes;
+  bad_version[4] = 2;
+  CHECK_THROWS_WITH_AS(data::load_token_file(write("version.bin", bad_version)), doctest::Contains("version 2, expected 1"), Error);
+  CHECK_THROWS_WITH_AS(data::load_token_file(write("short.bin", bytes.substr(0, bytes.size() - 1))),
+                       doctest::Contains("the header says 300 tokens"), Error);
+  CHECK_THROWS_WITH_AS(data::load_token_file(write("long.bin", bytes + "xy")), doctest::Contains("the file has 1626 bytes"), Error);
+  CHECK_THROWS_WITH_AS(data::load_token_file(write("header.bin", bytes.substr(0, 100))), doctest::Contains("shorter than the 1024-byte header"), Error);
+  std::string negative = bytes;
+  negative[11] = static_cast<char>(0x80);
+  CHECK_THROWS_WITH_AS(data::load_token_file(write("negative.bin", negative)), doctest::Contains("tokens"), Error);
+  CHECK_THROWS_WITH_AS(data::load_token_file(dir + "/missing.bin"), doctest::Contains("cannot open"), Error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("TokenBatches: llm.c's windows, next-token targets, shards, epochs, vocabulary") {
+  std::vector<uint16_t> tokens(50);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
+  data::TokenBatches b(tokens, 2, 4);
+  const data::TokenBatch w0 = b.next(), w1 = b.next();
+  CHECK(w0.x.shape() == Shape{2, 4});
+  CHECK(w0.x.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(w0.y.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(w1.x.to_vector<int64_t>()[0] == 8);
+  // Two shards read disjoint windows: rank 0 windows 0, 2, ...; rank 1 windows 1, 3, ...
+  data::TokenBatches r0(tokens, 2, 4, 0, 2), r1(tokens, 2, 4, 1, 2);
+  CHECK(r0.next().x.to_vector<int64_t>()[0] == 0);
+  CHECK(r1.next().x.to_vector<int64_t>()[0] == 8);
+  CHECK(r0.next().x.to_vector<int64_t>()[0] == 16);
+  CHECK(r1.next().x.to_vector<int64_t>()[0] == 24);
+  // 50 tokens hold 6 windows of 8 (+1); the 7th starts the next epoch at the beginning.
+  for (int k = 0; k < 4; ++k) b.next();
+  CHECK(b.epoch() == 0);
+  CHECK(b.next().x.to_vector<int64_t>()[0] == 0);
+  CHECK(b.epoch() == 1);
+  CHECK_THROWS_WITH_AS(data::TokenBatches(tokens, 7, 8), doctest::Contains("fewer than one step"), Error);
+  data::TokenBatches small_vocab(tokens, 2, 4, 0, 1, 5);
+  CHECK_THROWS_WITH_AS(small_vocab.next(), doctest::Contains("outside the vocabulary of 5"), Error);
 }

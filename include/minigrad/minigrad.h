@@ -27,6 +27,7 @@
 #include <minigrad/data/idx.h>
 #include <minigrad/data/image_folder.h>
 #include <minigrad/data/loader.h>
+#include <minigrad/data/tokens.h>
 #include <minigrad/dist/dist.h>
 #include <minigrad/nn/checkpoint_plan.h>
 #include <minigrad/nn/models.h>

@@ -236,8 +236,11 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     throw;
   }
   const size_t out_bytes = h.nbytes();
-  // probabilities and the logits' gradient; the loss, its gradient and the count of rows (ignore_index)
-  cost.head_bytes = opts.cross_entropy_head ? 2 * out_bytes + 3 * sizeof(float) : 0;
+  // The probabilities, beside the logits in the loss's forward; in its backward the logits' gradient
+  // takes the logits' place (the caller keeps no logits past the loss: a step writes
+  // cross_entropy(forward(x), y), and a GPT's logits are its largest tensor). Plus the loss, its
+  // gradient and the count of rows (ignore_index).
+  cost.head_bytes = opts.cross_entropy_head ? out_bytes + 3 * sizeof(float) : 0;
 
   h = Tensor();
   restore();  // before in_use_at_end is read

@@ -59,23 +59,34 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch) {
 
 ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
                            size_t budget, const MeasureOptions& opts) {
+  Device dev = Device::cpu();
+  if (const std::vector<Tensor> params = seq.parameters(); !params.empty()) dev = params[0].device();
+  // measure_chain(seq, shape)'s input: uniform values from a fixed generator.
+  return profile_chain(
+      seq,
+      [&](int64_t b) {
+        Shape s{b};
+        s.insert(s.end(), sample_shape.begin(), sample_shape.end());
+        Generator g(0x1234);
+        return Tensor::uniform(s, -1.0f, 1.0f, g, TensorOptions{DType::f32, dev});
+      },
+      micro_batches, budget, opts);
+}
+
+ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const std::vector<int64_t>& micro_batches,
+                           size_t budget, const MeasureOptions& opts) {
   MG_CHECK(!micro_batches.empty(), "profile_chain: no micro-batch sizes to measure");
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     MG_CHECK(micro_batches[i] >= 1 && (i == 0 || micro_batches[i] > micro_batches[i - 1]),
              "profile_chain: micro-batch sizes must be >= 1 and increasing; got " << micro_batches[i] << " at position " << i);
   }
-  auto shape_at = [&](int64_t b) {
-    Shape s{b};
-    s.insert(s.end(), sample_shape.begin(), sample_shape.end());
-    return s;
-  };
   ChainProfile p;
   for (int64_t b : micro_batches) {
     ChainCost cost;
     try {
       // A first pass is slower (threads start, pages are touched for the first time): unmeasured.
-      if (b == micro_batches[0]) measure_chain(seq, shape_at(b), opts);
-      cost = measure_chain(seq, shape_at(b), opts);
+      if (b == micro_batches[0]) measure_chain(seq, make_input(b), opts);
+      cost = measure_chain(seq, make_input(b), opts);
     } catch (const OutOfMemoryError& e) {
       p.stopped = "micro-batch " + std::to_string(b) + " ran out of memory while measured (" +
                   std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")";

@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,11 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch);
 // fit `budget` (0: measure all). Parameter gradients and the default generator are left as they
 // were.
 ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
+                           size_t budget = 0, const MeasureOptions& opts = {});
+// The same for a chain whose input is not a float tensor of one sample shape (a GPT's int64
+// tokens): make_input(b) returns the input of b samples, on the parameters' device.
+using InputMaker = std::function<Tensor(int64_t rows)>;
+ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const std::vector<int64_t>& micro_batches,
                            size_t budget = 0, const MeasureOptions& opts = {});
 
 // The plan of least predicted time per sample among those whose predicted peak fits the budget

@@ -1,0 +1,298 @@
+// gpt_train: train a GPT-2 (minigrad/nn/models.h) on a token stream, under a checkpoint plan or a
+// memory budget, and report loss, tokens/s and memory.
+//
+//   build/bin/gpt_train --config tiny --steps 50                        # synthetic tokens
+//   build/bin/gpt_train --config gpt2 --data train.bin --batch-size 4 --seq-len 1024 --accum 8 \
+//       --checkpoint sqrt --json run.json --save-dir ckpt
+//   build/bin/gpt_train --config small --batch-size 32 --memory-budget 200MB --steps 20
+//
+// Data: --data FILE in llm.c's .bin format (minigrad/data/tokens.h: header checked, tokens checked
+// against the vocabulary), or by default a synthetic stream: a fixed random successor for every
+// token, taken with probability 0.9 (else a random token), so the loss has somewhere to go.
+// Windows of B x T + 1 tokens as llm.c reads them.
+// Training: AdamW (betas 0.9, 0.95, eps 1e-8, weight decay --weight-decay on 2-D parameters only),
+// learning rate warmed up linearly for --warmup-steps then cosine down to --min-lr-frac of --lr at
+// the last step, the gradient clipped to a global norm of --clip once per step, and accumulation
+// counting tokens (minigrad/optim/accumulate.h). --batch-size B sequences of --seq-len T per
+// micro-batch, --accum N micro-batches per step; with --memory-budget, --batch-size is the
+// sequences per step and the joint planner (minigrad/nn/train_plan.h) picks the micro-batch, N and
+// the checkpoint plan, with the transformer blocks as units. Under mpirun every rank reads its own
+// windows and the Accumulator reduces the step's gradient once.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numbers>
+
+#include <minigrad/cuda.h>
+#include <minigrad/data/tokens.h>
+#include <minigrad/minigrad.h>
+#include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/nn/train_plan.h>
+#include <minigrad/optim/accumulate.h>
+#include <minigrad/util/bytes.h>
+
+#include "common/flags.h"
+#include "common/ranks.h"
+
+namespace {
+
+using mg::Tensor;
+
+// The synthetic stream: token i+1 is succ[token i] with probability 0.9, else uniform; succ is a
+// fixed random map. A model that learns succ gets the loss down to about 0.9 * 0 + the noise's
+// share, far below ln(vocab).
+std::vector<uint16_t> synthetic_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  auto draw = [vocab](float u) { return static_cast<uint16_t>(std::min<int64_t>(vocab - 1, static_cast<int64_t>(u * static_cast<float>(vocab)))); };
+  std::vector<uint16_t> succ(static_cast<size_t>(vocab)), out(static_cast<size_t>(n));
+  for (int64_t v = 0; v < vocab; ++v) succ[static_cast<size_t>(v)] = draw(mg::philox_uniform(seed, static_cast<uint64_t>(v)));
+  uint16_t t = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[static_cast<size_t>(i)] = t;
+    const uint64_t k = 2 * static_cast<uint64_t>(i);
+    t = mg::philox_uniform(seed ^ 0x5EEDull, k) < 0.9f ? succ[t] : draw(mg::philox_uniform(seed ^ 0x5EEDull, k + 1));
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+mg::nn::GPTConfig preset(const std::string& name) {
+  if (name == "gpt2") return {};  // 124M
+  if (name == "small") return {.vocab_size = 8192, .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 128};
+  return {.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};  // tiny
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mg::dist::Session session(&argc, &argv);
+  CLI::App app{"Train a GPT-2 on a token stream with a checkpoint plan or a memory budget; report loss, tokens/s "
+               "and memory."};
+  std::string config = "tiny", data_path, checkpoint = "none", device_str = "cpu", json_path, save_dir, memory_budget,
+              memory_limit;
+  int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0,
+          vocab = 0;
+  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0;
+  uint64_t seed = 0;
+  app.add_option("--config", config, "tiny (2 layers, 4 heads, 64 wide, vocab 512, context 64) | small (4, 4, 128, "
+                                     "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024)")
+      ->check(CLI::IsMember({"tiny", "small", "gpt2"}))
+      ->capture_default_str();
+  app.add_option("--n-layer", n_layer, "override the preset's layers")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--n-head", n_head, "override the preset's heads")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--n-embd", n_embd, "override the preset's width")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--vocab-size", vocab, "override the preset's vocabulary")->check(CLI::Range(int64_t{2}, int64_t{65536}));
+  app.add_option("--data", data_path, "token file in llm.c's .bin format (default: synthetic tokens)")->check(nonempty());
+  app.add_option("--batch-size", batch_size, "sequences per micro-batch (with --memory-budget: per step)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--seq-len", seq_len, "tokens per sequence (default: the context)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  auto* accum_opt = app.add_option("--accum", accum, "micro-batches per optimizer step")
+                        ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--lr", lr, "peak learning rate")->capture_default_str()->check(finite_in(0, 10, "[0, 10]"));
+  app.add_option("--warmup-steps", warmup, "linear warm-up steps")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--min-lr-frac", min_lr_frac, "the cosine ends at this fraction of --lr")->capture_default_str()->check(finite_in(0, 1, "[0, 1]"));
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay on 2-D parameters")->capture_default_str()->check(finite_in(0, 10, "[0, 10]"));
+  app.add_option("--clip", clip, "max global gradient norm (0: no clipping)")->capture_default_str()->check(finite_in(0, 1e30, "[0, 1e30]"));
+  app.add_option("--checkpoint", checkpoint, "none | sqrt | min | segments=K | budget=SIZE")->check(nonempty())->capture_default_str();
+  auto* budget_opt = app.add_option("--memory-budget", memory_budget,
+                                    "plan micro-batch, accumulation and checkpointing for this many bytes (or 'free'); "
+                                    "--batch-size is then the sequences per step")
+                         ->check(nonempty());
+  app.get_option("--checkpoint")->excludes(budget_opt);
+  accum_opt->excludes(budget_opt);
+  app.add_option("--memory-limit", memory_limit, "cap the device's allocator (mg::set_memory_limit)")->check(nonempty());
+  app.add_option("--device", device_str, "cpu or cuda[:i]")->check(nonempty())->capture_default_str();
+  app.add_option("--seed", seed, "seed of weights and synthetic data")->check(unsigned64())->capture_default_str();
+  app.add_option("--json", json_path, "write a JSON summary here")->check(nonempty());
+  app.add_option("--save-dir", save_dir, "write final.safetensors here (rank 0)")->check(nonempty());
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const mg::Device dev = mg::dist::device_for_rank(for_flag("--device", [&] { return mg::Device::parse(device_str); }),
+                                                     device_str.find(':') != std::string::npos);
+    const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
+    mg::nn::GPTConfig cfg = preset(config);
+    if (n_layer) cfg.n_layer = n_layer;
+    if (n_head) cfg.n_head = n_head;
+    if (n_embd) cfg.n_embd = n_embd;
+    if (vocab) cfg.vocab_size = vocab;
+    MG_CHECK(cfg.n_embd % cfg.n_head == 0, "--n-head " << cfg.n_head << " must divide the width " << cfg.n_embd
+                                                          << " (--n-embd or the preset's)");
+    if (seq_len == 0) seq_len = cfg.block_size;
+    MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
+    size_t limit = 0, budget = 0;
+    if (!memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(memory_limit); });
+    if (!memory_budget.empty() && memory_budget != "free") {
+      budget = for_flag("--memory-budget", [&] { return mg::parse_bytes(memory_budget); });
+    }
+    if (limit != 0) mg::set_memory_limit(dev, limit);
+    if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
+    if (!save_dir.empty()) {
+      for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
+      mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
+    }
+
+    // The token stream.
+    std::vector<uint16_t> tokens;
+    std::string data_str;
+    if (!data_path.empty()) {
+      mg::data::TokenFile f = for_flag("--data", [&] { return mg::data::load_token_file(data_path); });
+      MG_CHECK(f.max_token() < cfg.vocab_size, "--data: token " << f.max_token() << " is outside the vocabulary of "
+                                                                  << cfg.vocab_size << " (--config/--vocab-size)");
+      tokens = std::move(f.tokens);
+      data_str = data_path + " (" + std::to_string(tokens.size()) + " tokens)";
+    } else {
+      const int64_t n = std::max<int64_t>(1 << 16, 4 * world * batch_size * seq_len * accum + 1);
+      tokens = synthetic_tokens(n, cfg.vocab_size, seed);
+      data_str = "synthetic (" + std::to_string(n) + " tokens, successor rule with p 0.9)";
+    }
+
+    mg::manual_seed(seed);
+    auto model = mg::nn::make_gpt2(cfg);
+    model->to(dev);
+    mg::dist::check_same_parameters(model->named_parameters());
+    mg::dist::broadcast(model->parameters());
+    model->train();
+
+    // The optimizer first: its state is part of what the plan must fit.
+    mg::optim::AdamW opt(model->parameters(), {.lr = static_cast<float>(lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                               .weight_decay = static_cast<float>(weight_decay),
+                                               .decay_matrices_only = true});
+
+    // The plan: checkpointing at the micro-batch, or jointly for the budget.
+    int64_t micro = batch_size, n_micro = accum;
+    mg::nn::Plan plan;
+    mg::nn::ChainCost cost;
+    mg::nn::TrainPlan tp;
+    auto tokens_of = [&](int64_t b) {
+      std::vector<int64_t> v(static_cast<size_t>(b * seq_len));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = tokens[i % tokens.size()];
+      return Tensor::from_vector(v, {b, seq_len}).to(dev);
+    };
+    const bool joint = !memory_budget.empty();
+    if (joint) {
+      if (budget == 0) budget = mg::memory_capacity(dev);
+      MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the sequences per step "
+                                                        "over all " << world << " ranks: it must be a multiple of " << world);
+      const int64_t per_rank = batch_size / world;
+      for_flag("--memory-budget", [&] {
+        const mg::nn::ChainProfile profile =
+            mg::nn::profile_chain(*model, tokens_of, mg::nn::candidate_micro_batches(per_rank), budget);
+        tp = mg::nn::plan_training(profile, per_rank, budget, {.tiles = false});
+        for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
+          if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
+        }
+      });
+      plan = tp.checkpoint;
+      micro = tp.micro_batch;
+      n_micro = tp.accumulation;
+      MG_CHECK(tp.last_micro_batch == micro, "--memory-budget: the plan's micro-batch " << micro << " does not divide "
+                                             << per_rank << " sequences per rank; choose a --batch-size it divides");
+    } else {
+      cost = mg::nn::measure_chain(*model, tokens_of(micro));
+      plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
+    }
+
+    mg::optim::Accumulator acc(opt, {.steps = static_cast<int>(n_micro), .clip_norm = static_cast<float>(clip)});
+    mg::data::TokenBatches batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
+      return mg::data::TokenBatches(tokens, micro, seq_len, rank, world, cfg.vocab_size);
+    });
+    const int64_t tokens_per_step = world * n_micro * micro * seq_len;
+    LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
+                config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
+                static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),
+                static_cast<long long>(cfg.block_size), static_cast<long long>(model->parameter_count()),
+                dev.str().c_str());
+    LEAD_PRINTF("data: %s\n", data_str.c_str());
+    LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences x %lld tokens = %lld tokens\n",
+                static_cast<long long>(world), static_cast<long long>(n_micro), static_cast<long long>(micro),
+                static_cast<long long>(seq_len), static_cast<long long>(tokens_per_step));
+    if (joint) LEAD_PRINTF("memory budget %s: %s\n", mg::format_bytes(budget).c_str(), tp.str().c_str());
+    LEAD_PRINTF("plan %s: %s; predicted peak %s; smallest feasible %s\n", plan.kind.c_str(), plan.str().c_str(),
+                mg::format_bytes(plan.predicted_peak).c_str(), mg::format_bytes(mg::nn::min_feasible_peak(cost)).c_str());
+
+    auto lr_at = [&](int64_t step) {  // warm-up, then cosine to min_lr_frac * lr at the last step
+      if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+      const double span = std::max<double>(1.0, static_cast<double>(steps - warmup - 1));
+      const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
+      return lr * (min_lr_frac + (1.0 - min_lr_frac) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+    };
+    std::vector<double> step_ms, losses, lrs, norms;
+    size_t peak_in_use = 0;
+    for (int64_t step = 0; step < steps; ++step) {
+      opt.set_lr(static_cast<float>(lr_at(step)));
+      mg::reset_peak_memory_stats(dev);
+      mg::synchronize(dev);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t k = 0; k < n_micro; ++k) {
+        const mg::data::TokenBatch b = batches.next(dev);
+        // The logits are not held past the loss (the loss keeps what backward needs).
+        Tensor loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, b.x).reshape({-1, cfg.vocab_size}),
+                                        b.y.reshape({-1}), mg::Reduction::sum);
+        acc.backward(loss, micro * seq_len);
+      }
+      const mg::optim::StepInfo info = acc.step();
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const size_t peak = mg::memory_stats(dev).peak_in_use;
+      peak_in_use = std::max(peak_in_use, peak);
+      const double loss = info.loss_sum / static_cast<double>(info.samples);
+      step_ms.push_back(ms);
+      losses.push_back(loss);
+      lrs.push_back(lr_at(step));
+      norms.push_back(info.grad_norm);
+      LEAD_PRINTF("step %lld/%lld  loss %.5f  lr %.3g  norm %.3f  time %.1f ms  %.0f tokens/s  peak in use %s\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(steps), loss, lr_at(step), info.grad_norm, ms,
+                  static_cast<double>(tokens_per_step) / (ms / 1000.0), mg::format_bytes(peak).c_str());
+      std::fflush(stdout);
+    }
+    // Steady state: the first step warms up threads and caches.
+    std::vector<double> timed(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
+    const double med = median(timed);
+    LEAD_PRINTF("median step %.1f ms, %.0f tokens/s; peak in use %s (predicted %s)\n", med,
+                static_cast<double>(tokens_per_step) / (med / 1000.0), mg::format_bytes(peak_in_use).c_str(),
+                mg::format_bytes(plan.predicted_peak).c_str());
+    if (!save_dir.empty() && lead()) mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict());
+    if (!json_path.empty() && lead()) {
+      nlohmann::ordered_json j;
+      j["config"] = {{"name", config}, {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size},
+                     {"n_layer", cfg.n_layer}, {"n_head", cfg.n_head}, {"n_embd", cfg.n_embd}};
+      j["params"] = model->parameter_count();
+      j["data"] = data_str;
+      j["device"] = dev.str();
+      j["ranks"] = world;
+      j["micro_batch"] = micro;
+      j["accumulation"] = n_micro;
+      j["seq_len"] = seq_len;
+      j["tokens_per_step"] = tokens_per_step;
+      j["plan"] = plan.kind;
+      j["segments"] = nlohmann::json::array();
+      for (const auto& g : plan.segments) j["segments"].push_back({g.begin, g.end});
+      j["predicted_peak_bytes"] = plan.predicted_peak;
+      j["peak_in_use_bytes"] = peak_in_use;
+      if (joint) j["memory_budget_bytes"] = budget;
+      j["step_ms"] = step_ms;
+      j["median_step_ms"] = med;
+      j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);
+      j["losses"] = losses;
+      j["lr"] = lrs;
+      j["grad_norm"] = norms;
+      j["threads"] = mg::num_threads();
+      mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
+    }
+    return 0;
+  } catch (const mg::Error& e) {
+    std::fprintf(stderr, "gpt_train: %s%s\n", rank_prefix().c_str(), e.what());
+    return 1;
+  }
+}

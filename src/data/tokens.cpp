@@ -1,0 +1,100 @@
+#include <minigrad/data/tokens.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <minigrad/nn/serialize.h>
+
+#include "util/file.h"
+
+namespace mg::data {
+
+namespace {
+
+int32_t le_int32(const unsigned char* p) {
+  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                              static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24);
+}
+
+}  // namespace
+
+uint16_t TokenFile::max_token() const {
+  return tokens.empty() ? uint16_t{0} : *std::max_element(tokens.begin(), tokens.end());
+}
+
+TokenFile load_token_file(const std::string& path) {
+  const std::string what = "token file '" + path + "'";
+  ReadOnlyFile f = open_regular_file(path, what);
+  constexpr size_t kHeader = 256 * sizeof(int32_t);
+  MG_CHECK(f.size >= kHeader, what << ": " << f.size << " bytes, shorter than the 1024-byte header of llm.c's format");
+  unsigned char header[kHeader];
+  MG_CHECK(read_up_to(f, header, kHeader, what) == kHeader, what << ": the header ends early");
+  const int32_t magic = le_int32(header), version = le_int32(header + 4), n = le_int32(header + 8);
+  MG_CHECK(magic == kTokenFileMagic, what << ": magic " << magic << ", expected " << kTokenFileMagic
+                                          << " (llm.c's .bin token format)");
+  MG_CHECK(version == kTokenFileVersion, what << ": version " << version << ", expected " << kTokenFileVersion
+                                              << " (uint16 tokens)");
+  MG_CHECK(n >= 0, what << ": the header says " << n << " tokens");
+  const uint64_t expected = kHeader + 2 * static_cast<uint64_t>(n);
+  MG_CHECK(f.size == expected, what << ": the header says " << n << " tokens (" << expected << " bytes in all), the file has "
+                                    << f.size << " bytes");
+  TokenFile out;
+  out.tokens.resize(static_cast<size_t>(n));
+  std::vector<unsigned char> raw(2 * static_cast<size_t>(n));
+  MG_CHECK(read_up_to(f, raw.data(), raw.size(), what) == raw.size(), what << ": the tokens end early");
+  for (size_t i = 0; i < out.tokens.size(); ++i) {
+    out.tokens[i] = static_cast<uint16_t>(raw[2 * i] | raw[2 * i + 1] << 8);
+  }
+  return out;
+}
+
+void save_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
+  MG_CHECK(tokens.size() <= 0x7fffffffu, "save_token_file: " << tokens.size() << " tokens do not fit the int32 count");
+  std::string bytes(1024 + 2 * tokens.size(), '\0');
+  auto put32 = [&](size_t at, int32_t v) {
+    for (int k = 0; k < 4; ++k) bytes[at + static_cast<size_t>(k)] = static_cast<char>((static_cast<uint32_t>(v) >> (8 * k)) & 0xff);
+  };
+  put32(0, kTokenFileMagic);
+  put32(4, kTokenFileVersion);
+  put32(8, static_cast<int32_t>(tokens.size()));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    bytes[1024 + 2 * i] = static_cast<char>(tokens[i] & 0xff);
+    bytes[1024 + 2 * i + 1] = static_cast<char>(tokens[i] >> 8);
+  }
+  nn::write_file_atomic(path, bytes);
+}
+
+TokenBatches::TokenBatches(const std::vector<uint16_t>& tokens, int64_t batch, int64_t seq_len, int64_t shard,
+                           int64_t shards, int64_t vocab_size)
+    : tokens_(tokens), b_(batch), t_(seq_len), shard_(shard), shards_(shards), vocab_(vocab_size) {
+  MG_CHECK(batch >= 1 && seq_len >= 1, "TokenBatches: batch and sequence length must be >= 1, got " << batch << " and "
+                                                                                                   << seq_len);
+  MG_CHECK(shards >= 1 && shard >= 0 && shard < shards, "TokenBatches: shard " << shard << " of " << shards);
+  const int64_t need = shards * batch * seq_len + 1;
+  MG_CHECK(static_cast<int64_t>(tokens.size()) >= need,
+           "TokenBatches: " << tokens.size() << " tokens, fewer than one step's " << need << " (" << shards << " x "
+                            << batch << " x " << seq_len << " + 1); use a smaller batch or sequence length");
+}
+
+TokenBatch TokenBatches::next(Device device) {
+  const int64_t n = static_cast<int64_t>(tokens_.size()), span = b_ * t_;
+  int64_t start = (window_ * shards_ + shard_) * span;
+  if ((window_ * shards_ + shards_) * span + 1 > n) {  // this step's windows would run past the end
+    window_ = 0;
+    ++epoch_;
+    start = shard_ * span;
+  }
+  ++window_;
+  std::vector<int64_t> x(static_cast<size_t>(span)), y(static_cast<size_t>(span));
+  for (int64_t i = 0; i < span; ++i) {
+    const int64_t a = tokens_[static_cast<size_t>(start + i)], b = tokens_[static_cast<size_t>(start + i + 1)];
+    MG_CHECK(vocab_ <= 0 || (a < vocab_ && b < vocab_),
+             "TokenBatches: token " << std::max(a, b) << " at position " << (a >= vocab_ ? start + i : start + i + 1)
+                                    << " is outside the vocabulary of " << vocab_);
+    x[static_cast<size_t>(i)] = a;
+    y[static_cast<size_t>(i)] = b;
+  }
+  return {Tensor::from_vector(x, {b_, t_}).to(device), Tensor::from_vector(y, {b_, t_}).to(device)};
+}
+
+}  // namespace mg::data
