@@ -16,13 +16,11 @@ Writes into OUT_DIR (with the safetensors package):
 
 Exit status 77 (ctest's skip) when torch or safetensors cannot be imported.
 """
-import math
 import os
 import sys
 
 try:
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
     from safetensors.torch import save_file
 except ImportError as e:
@@ -33,66 +31,9 @@ except ImportError as e:
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH = 512, 64, 2, 4, 64
 BATCH, T = 4, 32
 
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(WIDTH, 3 * WIDTH)
-        self.c_proj = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // HEADS)
-        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(WIDTH, 4 * WIDTH)
-        self.c_proj = nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(WIDTH), Attention(), nn.LayerNorm(WIDTH), MLP()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(VOCAB, WIDTH), wpe=nn.Embedding(CONTEXT, WIDTH),
-                                              h=nn.ModuleList([Block() for _ in range(LAYERS)]),
-                                              ln_f=nn.LayerNorm(WIDTH)))
-        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied
-        for name, p in self.named_parameters():  # nanoGPT's initialisation
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * LAYERS))
-            elif p.dim() == 2:
-                nn.init.normal_(p, 0.0, 0.02)
-            elif ".ln_" not in name:
-                nn.init.zeros_(p)
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
+# The model is the benchmark's (bench/reference/gpt_torch.py): one definition for both.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "reference"))
+from gpt_torch import GPT, adamw  # noqa: E402
 
 
 def state(model):
@@ -107,7 +48,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = GPT()
+    model = GPT(VOCAB, CONTEXT, LAYERS, HEADS, WIDTH)
     save_file(state(model), os.path.join(out, "init.safetensors"))
 
     g = torch.Generator().manual_seed(1)
@@ -115,10 +56,7 @@ def main():
     targets = torch.randint(0, VOCAB, (BATCH, T), generator=g)
     targets[0, -5:] = -100  # padding at the end of a sequence
     targets[2, 7] = -100
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
+    opt = adamw(model, 3e-3, 0.1)
     logits0 = loss0 = None
     losses = []
     for step in range(3):
