@@ -152,4 +152,29 @@ inline std::shared_ptr<nn::Sequential> small_cnn() {
   return m;
 }
 
+// The tensor `name` of a safetensors file a reference script wrote (fails the test if absent).
+inline const Tensor& tensor_in(const nn::SafetensorsFile& f, const std::string& name) {
+  const Tensor* t = f.find(name);
+  REQUIRE_MESSAGE(t != nullptr, "the reference has no tensor " << name);
+  return *t;
+}
+
+// Relative L2 difference of two GPT parameters, with the key part of an attention's c_attn bias
+// (elements [c, 2c)) held to Adam's bound instead: its true gradient is 0 (softmax ignores a shift
+// shared by every key of a query), so any two summation orders give it rounding noise of either
+// sign, which Adam scales up to steps of lr (docs/gpt.md). max_step: steps x lr.
+inline double gpt_param_diff(const std::string& name, const Tensor& a, const Tensor& b, int64_t c, float max_step) {
+  if (name.find("attn.c_attn.bias") == std::string::npos) return rel_err(a, b);
+  const std::vector<float> va = a.to_vector<float>(), vb = b.to_vector<float>();
+  REQUIRE(va.size() == static_cast<size_t>(3 * c));
+  for (int64_t j = c; j < 2 * c; ++j) {
+    CHECK_MESSAGE(std::abs(va[static_cast<size_t>(j)] - vb[static_cast<size_t>(j)]) <= 2 * max_step * 1.001f,
+                  name << " key bias element " << j - c);
+  }
+  std::vector<float> qa(va.begin(), va.begin() + c), qb(vb.begin(), vb.begin() + c);
+  qa.insert(qa.end(), va.begin() + 2 * c, va.end());
+  qb.insert(qb.end(), vb.begin() + 2 * c, vb.end());
+  return rel_err(Tensor::from_vector(qa, {2 * c}), Tensor::from_vector(qb, {2 * c}));
+}
+
 }  // namespace mg::test

@@ -19,12 +19,6 @@ std::string reference_dir() {
   return dir ? dir : "";
 }
 
-const Tensor& get(const nn::SafetensorsFile& f, const std::string& name) {
-  const Tensor* t = f.find(name);
-  REQUIRE_MESSAGE(t != nullptr, "the reference has no tensor " << name);
-  return *t;
-}
-
 }  // namespace
 
 TEST_CASE("torchvision ResNet-18: state_dict loads; logits, one SGD step and running statistics match PyTorch") {
@@ -41,12 +35,12 @@ TEST_CASE("torchvision ResNet-18: state_dict loads; logits, one SGD step and run
   model->train();
   optim::SGD opt(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
   opt.zero_grad();
-  Tensor logits = model->forward(get(batch, "x"));
-  const double logits_err = test::rel_err(logits, get(batch, "logits"));
+  Tensor logits = model->forward(test::tensor_in(batch, "x"));
+  const double logits_err = test::rel_err(logits, test::tensor_in(batch, "logits"));
   MESSAGE("training-mode logits: relative error " << logits_err);
   CHECK(logits_err < 1e-4);
-  Tensor loss = cross_entropy(logits, get(batch, "target"));
-  const double ref_loss = get(batch, "loss").to_vector<float>()[0];
+  Tensor loss = cross_entropy(logits, test::tensor_in(batch, "target"));
+  const double ref_loss = test::tensor_in(batch, "loss").to_vector<float>()[0];
   CHECK(std::abs(loss.item() - ref_loss) <= 1e-4 * std::abs(ref_loss));
   loss.backward();
   opt.step();
@@ -57,7 +51,7 @@ TEST_CASE("torchvision ResNet-18: state_dict loads; logits, one SGD step and run
   CHECK(state.size() == step.tensors.size());
   for (const auto& [name, t] : state) {
     INFO(name);
-    const Tensor& ref = get(step, name);
+    const Tensor& ref = test::tensor_in(step, name);
     if (t.dtype() == DType::i64) {
       CHECK(t.to_vector<int64_t>() == ref.to_vector<int64_t>());  // num_batches_tracked: 1
       continue;
@@ -71,7 +65,7 @@ TEST_CASE("torchvision ResNet-18: state_dict loads; logits, one SGD step and run
 
   model->eval();
   NoGradGuard no_grad;
-  const double eval_err = test::rel_err(model->forward(get(batch, "x")), get(batch, "eval_logits"));
+  const double eval_err = test::rel_err(model->forward(test::tensor_in(batch, "x")), test::tensor_in(batch, "eval_logits"));
   MESSAGE("eval-mode logits after the step: relative error " << eval_err);
   CHECK(eval_err < 1e-4);
 }

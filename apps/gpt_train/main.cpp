@@ -38,6 +38,7 @@
 
 #include "common/flags.h"
 #include "common/ranks.h"
+#include "common/stats.h"
 
 namespace {
 
@@ -57,13 +58,6 @@ std::vector<uint16_t> synthetic_tokens(int64_t n, int64_t vocab, uint64_t seed) 
     t = mg::philox_uniform(seed ^ 0x5EEDull, k) < 0.9f ? succ[t] : draw(mg::philox_uniform(seed ^ 0x5EEDull, k + 1));
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 mg::nn::GPTConfig preset(const std::string& name) {

@@ -50,6 +50,7 @@
 
 #include "common/flags.h"
 #include "common/ranks.h"
+#include "common/stats.h"
 
 namespace {
 
@@ -94,13 +95,6 @@ class SyntheticImages : public mg::data::Dataset {
   int64_t n_, s_;
   uint64_t seed_;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
 
 }  // namespace
 
