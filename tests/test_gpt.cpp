@@ -152,6 +152,12 @@ TEST_CASE("GPT: clear errors") {
   CHECK_THROWS_WITH_AS(m->forward(test::rand_tensor({1, 2}, 1)), doctest::Contains("expected int64 tokens"), Error);
   CHECK_THROWS_WITH_AS(nn::make_gpt2({.n_head = 5, .n_embd = 64}), doctest::Contains("must divide"), Error);
   CHECK_THROWS_WITH_AS(causal_self_attention(test::rand_tensor({1, 3, 10}, 2), 1), doctest::Contains("(B, T, 3C)"), Error);
+  CHECK_THROWS_WITH_AS(causal_self_attention(test::rand_tensor({1, 3, 12}, 2), 3), doctest::Contains("3 heads do not divide"), Error);
+  CHECK_THROWS_WITH_AS(layer_norm(test::rand_tensor({2, 8}, 3), test::rand_tensor({7}, 4), Tensor()),
+                       doctest::Contains("weight has shape [7], expected [8]"), Error);
+  CHECK_THROWS_WITH_AS(embedding(test::rand_tensor({2}, 5), test::rand_tensor({4, 3}, 6)), doctest::Contains("indices must be int64"), Error);
+  CHECK_THROWS_WITH_AS(embedding(Tensor::from_vector(std::vector<int64_t>{0}, {1}), test::rand_tensor({4}, 7)),
+                       doctest::Contains("weight must be (V, C)"), Error);
   const Tensor logits = test::rand_tensor({3, 5}, 3);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, Tensor::from_vector(std::vector<int64_t>{0, -1, 2}, {3})),
                        doctest::Contains("target[1] = -1"), Error);

@@ -12,6 +12,7 @@
 
 #include "core/parallel.h"
 #include "core/tape.h"
+#include "nn/checkpoint_segments.h"
 #include "ops/op.h"
 
 namespace mg::nn {
@@ -284,12 +285,7 @@ const ChainCost* ChainCost::tile_cost(int64_t tile_rows) const {
 }
 
 ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts) {
-  Generator g(0x1234);
-  Device dev = Device::cpu();
-  std::vector<Tensor> params = seq.parameters();
-  if (!params.empty()) dev = params[0].device();
-  Tensor x = Tensor::uniform(input_shape, -1.0f, 1.0f, g, TensorOptions{DType::f32, dev});
-  return measure_chain(seq, x, opts);
+  return measure_chain(seq, probe_input(seq, input_shape), opts);
 }
 
 }  // namespace mg::nn

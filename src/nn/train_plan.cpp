@@ -7,6 +7,8 @@
 #include <minigrad/core/error.h>
 #include <minigrad/core/memory.h>
 
+#include "nn/checkpoint_segments.h"
+
 namespace mg::nn {
 
 namespace {
@@ -59,16 +61,12 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch) {
 
 ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
                            size_t budget, const MeasureOptions& opts) {
-  Device dev = Device::cpu();
-  if (const std::vector<Tensor> params = seq.parameters(); !params.empty()) dev = params[0].device();
-  // measure_chain(seq, shape)'s input: uniform values from a fixed generator.
   return profile_chain(
       seq,
       [&](int64_t b) {
         Shape s{b};
         s.insert(s.end(), sample_shape.begin(), sample_shape.end());
-        Generator g(0x1234);
-        return Tensor::uniform(s, -1.0f, 1.0f, g, TensorOptions{DType::f32, dev});
+        return probe_input(seq, s);
       },
       micro_batches, budget, opts);
 }
