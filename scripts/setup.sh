@@ -16,12 +16,18 @@ if [ "${MG_SKIP_APT:-0}" != 1 ]; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
   fi
-  # The reference scripts' safetensors writer (tests/reference/resnet18_torchvision.py) is on PyPI
-  # only. Without it that test is skipped, with a message.
+  # The reference scripts' safetensors writer (tests/reference/*.py) and Hugging Face's transformers
+  # (tests/reference/gpt2_hf.py; 4.30.2 is the last release that runs on Debian's torch 1.13) are
+  # on PyPI only. Without them those tests are skipped, with a message.
   if ! /usr/bin/python3 -c "import safetensors.torch" >/dev/null 2>&1; then
     echo "setup: installing the safetensors Python package (pip)"
     /usr/bin/python3 -m pip install -q --break-system-packages safetensors ||
-      echo "setup: pip could not install safetensors; test_resnet_torchvision will be skipped"
+      echo "setup: pip could not install safetensors; the PyTorch reference tests will be skipped"
+  fi
+  if ! /usr/bin/python3 -c "import transformers" >/dev/null 2>&1; then
+    echo "setup: installing the transformers Python package 4.30.2 (pip)"
+    /usr/bin/python3 -m pip install -q --break-system-packages "transformers==4.30.2" ||
+      echo "setup: pip could not install transformers; test_gpt_hf will be skipped"
   fi
 fi
 build=${BUILD_DIR:-build}

@@ -4,8 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <minigrad/minigrad.h>
@@ -176,5 +180,20 @@ inline double gpt_param_diff(const std::string& name, const Tensor& a, const Ten
   qb.insert(qb.end(), vb.begin() + 2 * c, vb.end());
   return rel_err(Tensor::from_vector(qa, {2 * c}), Tensor::from_vector(qb, {2 * c}));
 }
+
+// A fresh folder under the system's temporary folder ("mg_test_<name>_<pid>"), removed at scope exit.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& name) {
+    namespace fs = std::filesystem;
+    path = (fs::temp_directory_path() / ("mg_test_" + name + "_" + std::to_string(::getpid()))).string();
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& f) const { return path + "/" + f; }
+};
 
 }  // namespace mg::test

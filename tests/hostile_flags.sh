@@ -83,6 +83,12 @@ tokfile 20240520 1 41 $(seq 1 40) > "$T/tokens_count.bin"
 tokfile 20240520 1 40 $(seq 1 39) 600 > "$T/tokens_vocab.bin"
 tokfile 20240520 1 10 $(seq 1 10) > "$T/tokens_few.bin"
 
+# Hugging Face GPT-2 folders for gpt_train --init-from: a config of another activation; a config
+# without weights beside it.
+mkdir -p "$T/hf_relu" "$T/hf_noweights"
+echo '{"vocab_size": 512, "n_positions": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "activation_function": "relu"}' > "$T/hf_relu/config.json"
+echo '{"vocab_size": 512, "n_positions": 64, "n_layer": 2, "n_head": 4, "n_embd": 64}' > "$T/hf_noweights/config.json"
+
 # Image folders for vgg_ckpt: three classes; two classes of one image; two classes of garbage.
 mkdir -p "$T/img3/a" "$T/img3/b" "$T/img3/c" "$T/img1/a" "$T/img1/b" "$T/imgbad/a" "$T/imgbad/b"
 for d in img3/a img3/b img3/c img1/a imgbad/a imgbad/b; do echo "not an image" > "$T/$d/x.jpg"; done
@@ -237,6 +243,11 @@ gpt_train | --data        | token 600 is outside the vocabulary of 512 | $G --da
 gpt_train | --data        | fewer than one step                        | $G --data "$T/tokens_few.bin"
 gpt_train | --json        | the folder /nonexistent does not exist     | $G --json /nonexistent/x.json
 gpt_train | --device      | unknown device 'bogus'                     | $G --device bogus
+gpt_train | --init-from   | cannot open                                | $G --init-from "$T/missing_hf"
+gpt_train | --init-from   | activation_function                        | $G --init-from "$T/hf_relu"
+gpt_train | --init-from   | model.safetensors                          | $G --init-from "$T/hf_noweights"
+gpt_train | --init-from   | --config excludes --init-from              | $G --config small --init-from "$T/hf_relu"
+gpt_train | --init-from   | excludes --init-from                       | $G --n-layer 3 --init-from "$T/hf_relu"
 TABLE
 )
 

@@ -24,16 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& name) {
-    path = (fs::temp_directory_path() / ("mg_test_data_" + name)).string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return path + "/" + f; }
-};
+using test::TempDir;
 
 void be32(std::string& s, uint32_t v) {
   for (int sh = 24; sh >= 0; sh -= 8) s.push_back(static_cast<char>((v >> sh) & 0xFF));
@@ -59,7 +50,7 @@ void write_pair(const TempDir& dir, const std::string& prefix, uint32_t n, bool 
 }  // namespace
 
 TEST_CASE("IDX: gzip and raw files read the same, and write_idx round-trips") {
-  TempDir dir("idx");
+  TempDir dir("data_idx");
   for (bool gz : {true, false}) {
     write_pair(dir, gz ? "gz" : "raw", 37, gz);
   }
@@ -79,7 +70,7 @@ TEST_CASE("IDX: gzip and raw files read the same, and write_idx round-trips") {
 }
 
 TEST_CASE("IDX: each malformed file raises mg::Error naming the file and the problem") {
-  TempDir dir("bad");
+  TempDir dir("data_bad");
   write_pair(dir, "good", 20, true);
   const std::string good_img = dir / "good-images-idx3-ubyte.gz", good_lab = dir / "good-labels-idx1-ubyte.gz";
   struct Case {
@@ -147,13 +138,13 @@ TEST_CASE("IDX: each malformed file raises mg::Error naming the file and the pro
 }
 
 TEST_CASE("MNIST folders: the four standard names, and the split of a test set alone") {
-  TempDir dir("mnist");
+  TempDir dir("data_mnist");
   write_pair(dir, "train", 50, true);
   write_pair(dir, "t10k", 30, false);
   auto s = data::load_mnist(dir.path);
   CHECK(s.train.size() == 50);
   CHECK(s.test.size() == 30);
-  TempDir only_test("only_test");
+  TempDir only_test("data_only_test");
   write_pair(only_test, "t10k", 30, true);
   auto sp = data::load_mnist_test_split(only_test.path, 24);
   CHECK(sp.train.size() == 24);
@@ -590,4 +581,29 @@ TEST_CASE("TokenBatches: llm.c's windows, next-token targets, shards, epochs, vo
   CHECK_THROWS_WITH_AS(data::TokenBatches(tokens, 7, 8), doctest::Contains("fewer than one step"), Error);
   data::TokenBatches small_vocab(tokens, 2, 4, 0, 1, 5);
   CHECK_THROWS_WITH_AS(small_vocab.next(), doctest::Contains("outside the vocabulary of 5"), Error);
+}
+
+TEST_CASE("TokenBatches::next_split: a window cut into micro-batches, the last the remainder, same tokens") {
+  std::vector<uint16_t> tokens(100);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 100);
+  data::TokenBatches whole(tokens, 8, 3, 1, 2), split(tokens, 8, 3, 1, 2);
+  for (int w = 0; w < 3; ++w) {  // 100 tokens hold 4 windows of 24 (+1), 2 per shard: the third read starts epoch 1
+    const data::TokenBatch all = whole.next();
+    const std::vector<data::TokenBatch> parts = split.next_split(3);
+    REQUIRE(parts.size() == 3);
+    CHECK(parts[0].x.shape() == Shape{3, 3});
+    CHECK(parts[2].x.shape() == Shape{2, 3});
+    std::vector<int64_t> x, y;
+    for (const auto& p : parts) {
+      for (int64_t v : p.x.to_vector<int64_t>()) x.push_back(v);
+      for (int64_t v : p.y.to_vector<int64_t>()) y.push_back(v);
+    }
+    CHECK(x == all.x.to_vector<int64_t>());
+    CHECK(y == all.y.to_vector<int64_t>());
+    CHECK(split.epoch() == whole.epoch());
+  }
+  CHECK(split.epoch() == 1);
+  CHECK(split.next_split(8).size() == 1);
+  CHECK(split.next_split(20).size() == 1);
+  CHECK_THROWS_WITH_AS(split.next_split(0), doctest::Contains("must be >= 1 sequence, got 0"), Error);
 }

@@ -180,3 +180,130 @@ TEST_CASE("cross_entropy with ignored rows equals the mean over the others") {
   for (size_t j = 18; j < 24; ++j) CHECK(g[j] == 0.0f);
   CHECK(std::isnan(cross_entropy(logits.detach(), Tensor::from_vector(std::vector<int64_t>{-100, -100, -100, -100}, {4})).item()));
 }
+
+namespace {
+
+// A model's weights in Hugging Face's GPT-2 layout (Note [loading Hugging Face's GPT-2]): names
+// without "transformer.", Conv1D weights transposed to (in, out), the mask buffers of older files,
+// and lm_head.weight equal to wte.
+nn::NamedTensors hf_tensors(nn::Sequential& m, int64_t block_size) {
+  nn::NamedTensors out;
+  for (const auto& [name, p] : m.state_dict()) {
+    const std::string key = name.substr(std::string("transformer.").size());
+    const bool conv1d = key.find("c_attn.weight") != std::string::npos || key.find("c_proj.weight") != std::string::npos ||
+                        key.find("c_fc.weight") != std::string::npos;
+    if (!conv1d) {
+      out.emplace_back(key, p.clone());
+      continue;
+    }
+    const int64_t rows = p.size(0), cols = p.size(1);
+    const std::vector<float> v = p.to_vector<float>();
+    std::vector<float> t(v.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = v[static_cast<size_t>(r * cols + c)];
+    }
+    out.emplace_back(key, Tensor::from_vector(t, {cols, rows}));
+  }
+  for (const auto& [name, p] : m.state_dict()) {
+    if (name.find(".ln_1.weight") == std::string::npos) continue;  // one mask per block
+    const std::string block = name.substr(std::string("transformer.").size(), name.find(".ln_1") - 12);
+    out.emplace_back(block + ".attn.bias", Tensor::ones({1, 1, block_size, block_size}));
+  }
+  out.emplace_back("lm_head.weight", m.state_dict()[0].second.clone());  // wte
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text) { nn::write_file_atomic(path, text); }
+
+const char* kTinyHFConfig = R"({"model_type": "gpt2", "vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 2,
+  "n_embd": 16, "n_inner": null, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
+  "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false, "attn_pdrop": 0.1})";
+
+}  // namespace
+
+TEST_CASE("load_gpt2_hf: Hugging Face's layout (Conv1D transposed, no prefix, mask buffers, tied head) loads exactly") {
+  test::TempDir dir("gpt_hf");
+  manual_seed(5);
+  auto src = nn::make_gpt2(kTiny);
+  REQUIRE(src->state_dict()[0].first == "transformer.wte.weight");
+  nn::save_safetensors(dir / "model.safetensors", hf_tensors(*src, kTiny.block_size));
+  write_text(dir / "config.json", kTinyHFConfig);
+
+  const nn::GPTConfig c = nn::read_gpt2_hf_config(dir / "config.json");
+  CHECK(c.vocab_size == 96);
+  CHECK(c.block_size == 24);
+  CHECK(c.n_layer == 3);
+  CHECK(c.n_head == 2);
+  CHECK(c.n_embd == 16);
+  manual_seed(6);  // other initial weights: the load must replace every one
+  auto loaded = nn::load_gpt2_hf(dir.path);
+  const Tensor tokens = random_tokens(2, 20, 4, kTiny.vocab_size);
+  CHECK(test::bit_equal(loaded->forward(tokens), src->forward(tokens)));
+
+  // With the "transformer." prefix (GPT2LMHeadModel's save_pretrained) and without lm_head.
+  nn::NamedTensors prefixed;
+  for (auto& [k, t] : hf_tensors(*src, kTiny.block_size)) {
+    if (k != "lm_head.weight") prefixed.emplace_back("transformer." + k, t);
+  }
+  nn::save_safetensors(dir / "prefixed.safetensors", prefixed);
+  manual_seed(7);
+  auto again = nn::make_gpt2(kTiny);
+  nn::load_gpt2_hf_weights(*again, dir / "prefixed.safetensors");
+  CHECK(test::bit_equal(again->forward(tokens), src->forward(tokens)));
+}
+
+TEST_CASE("load_gpt2_hf: clear errors, and a refused file leaves the model as it was") {
+  test::TempDir dir("gpt_hf_bad");
+  manual_seed(5);
+  auto src = nn::make_gpt2(kTiny);
+  const nn::NamedTensors good = hf_tensors(*src, kTiny.block_size);
+  auto model = nn::make_gpt2(kTiny);
+  const std::vector<float> before = model->state_dict()[3].second.to_vector<float>();
+
+  auto refused = [&](nn::NamedTensors t, const std::string& what) {
+    nn::save_safetensors(dir / "bad.safetensors", t);
+    CHECK_THROWS_WITH_AS(nn::load_gpt2_hf_weights(*model, dir / "bad.safetensors"), doctest::Contains(what.c_str()), Error);
+    CHECK(model->state_dict()[3].second.to_vector<float>() == before);
+  };
+  nn::NamedTensors t = good;
+  t.erase(t.begin() + 5);
+  refused(t, "missing from the file (1)");
+  t = good;
+  t.emplace_back("h.0.attn.extra", Tensor::ones({2}));
+  refused(t, "unexpected in the file (1):\n    h.0.attn.extra [2]");
+  t = good;
+  for (auto& [k, v] : t) {
+    if (k == "h.1.attn.c_attn.weight") v = Tensor::zeros({48, 16});  // nn.Linear's layout, not Conv1D's
+  }
+  refused(t, "h.1.attn.c_attn.weight: expected [16, 48] (Conv1D: in, out), file has [48, 16]");
+  t = good;
+  t.back().second = Tensor::zeros(t.back().second.shape());
+  refused(t, "lm_head.weight differs from wte.weight");
+  refused({{"weight", Tensor::ones({2})}}, "is not a GPT-2 checkpoint");
+  t = good;
+  for (auto& [k, v] : t) {
+    if (k == "wpe.weight") v = Tensor::from_vector(std::vector<int64_t>(24 * 16, 1), {24, 16});
+  }
+  refused(t, "tensor 'wpe.weight' is int64; expected floating point");
+
+  auto config_refused = [&](const std::string& json, const std::string& what) {
+    write_text(dir / "config.json", json);
+    CHECK_THROWS_WITH_AS(nn::read_gpt2_hf_config(dir / "config.json"), doctest::Contains(what.c_str()), Error);
+  };
+  config_refused("{\"vocab_size\": 96", "is not valid JSON");
+  config_refused("[1, 2]", "expected a JSON object, got array");
+  config_refused(R"({"vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_embd": 16})", "has no \"n_head\"");
+  config_refused(R"({"vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 2, "n_embd": 16.5})",
+                 "\"n_embd\" must be a positive integer, got 16.5");
+  config_refused(R"({"vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 3, "n_embd": 16})",
+                 "n_head 3 does not divide n_embd 16");
+  config_refused(R"({"vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 2, "n_embd": 16, "activation_function": "relu"})",
+                 "\"activation_function\" is \"relu\"; this model supports \"gelu_new\"");
+  config_refused(R"({"vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 2, "n_embd": 16, "layer_norm_epsilon": 1e-6})",
+                 "this model's LayerNorm uses 1e-05");
+  config_refused(R"({"vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 2, "n_embd": 16, "n_inner": 32})",
+                 "\"n_inner\" is 32; this model supports 64");
+  CHECK_THROWS_WITH_AS(nn::read_gpt2_hf_config(dir / "none.json"), doctest::Contains("cannot open"), Error);
+  CHECK_THROWS_WITH_AS(nn::load_gpt2_hf(dir / "none"), doctest::Contains("is not a folder"), Error);
+  CHECK_THROWS_WITH_AS(nn::load_gpt2_hf(dir.path), doctest::Contains("has no model.safetensors"), Error);
+}

@@ -5,6 +5,7 @@
 //   build/bin/gpt_train --config gpt2 --data train.bin --batch-size 4 --seq-len 1024 --accum 8 \
 //       --checkpoint sqrt --json run.json --save-dir ckpt
 //   build/bin/gpt_train --config small --batch-size 32 --memory-budget 200MB --steps 20
+//   build/bin/gpt_train --init-from models/gpt2 --data train.bin --seq-len 256   # Hugging Face's weights
 //
 // Data: --data FILE in llm.c's .bin format (minigrad/data/tokens.h: header checked, tokens checked
 // against the vocabulary), or by default a synthetic stream: a fixed random successor for every
@@ -16,7 +17,8 @@
 // counting tokens (minigrad/optim/accumulate.h). --batch-size B sequences of --seq-len T per
 // micro-batch, --accum N micro-batches per step; with --memory-budget, --batch-size is the
 // sequences per step and the joint planner (minigrad/nn/train_plan.h) picks the micro-batch, N and
-// the checkpoint plan, with the transformer blocks as units. Under mpirun every rank reads its own
+// the checkpoint plan, with the transformer blocks as units (a micro-batch that does not divide
+// the sequences per step leaves a shorter last one). Under mpirun every rank reads its own
 // windows and the Accumulator reduces the step's gradient once.
 #include <CLI/CLI.hpp>
 
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
   mg::dist::Session session(&argc, &argv);
   CLI::App app{"Train a GPT-2 on a token stream with a checkpoint plan or a memory budget; report loss, tokens/s "
                "and memory."};
-  std::string config = "tiny", data_path, checkpoint = "none", device_str = "cpu", json_path, save_dir, memory_budget,
+  std::string config = "tiny", init_from, data_path, checkpoint = "none", device_str = "cpu", json_path, save_dir, memory_budget,
               memory_limit;
   int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0,
           vocab = 0;
@@ -82,10 +84,17 @@ int main(int argc, char** argv) {
                                      "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024)")
       ->check(CLI::IsMember({"tiny", "small", "gpt2"}))
       ->capture_default_str();
-  app.add_option("--n-layer", n_layer, "override the preset's layers")->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  app.add_option("--n-head", n_head, "override the preset's heads")->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  app.add_option("--n-embd", n_embd, "override the preset's width")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--vocab-size", vocab, "override the preset's vocabulary")->check(CLI::Range(int64_t{2}, int64_t{65536}));
+  auto* sizes = app.add_option_group("sizes");
+  sizes->add_option("--n-layer", n_layer, "override the preset's layers")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  sizes->add_option("--n-head", n_head, "override the preset's heads")->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  sizes->add_option("--n-embd", n_embd, "override the preset's width")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  sizes->add_option("--vocab-size", vocab, "override the preset's vocabulary")->check(CLI::Range(int64_t{2}, int64_t{65536}));
+  auto* init_opt = app.add_option("--init-from", init_from,
+                                  "start from Hugging Face GPT-2 weights: a folder with config.json and model.safetensors "
+                                  "(the hub's gpt2, or save_pretrained's); its sizes replace --config's")
+                       ->check(nonempty());
+  init_opt->excludes(app.get_option("--config"));
+  sizes->excludes(init_opt);
   app.add_option("--data", data_path, "token file in llm.c's .bin format (default: synthetic tokens)")->check(nonempty());
   app.add_option("--batch-size", batch_size, "sequences per micro-batch (with --memory-budget: per step)")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -116,7 +125,10 @@ int main(int argc, char** argv) {
     const mg::Device dev = mg::dist::device_for_rank(for_flag("--device", [&] { return mg::Device::parse(device_str); }),
                                                      device_str.find(':') != std::string::npos);
     const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
-    mg::nn::GPTConfig cfg = preset(config);
+    mg::nn::GPTConfig cfg = init_from.empty() ? preset(config)
+                                              : for_flag("--init-from", [&] {
+                                                  return mg::nn::read_gpt2_hf_config(init_from + "/config.json");
+                                                });
     if (n_layer) cfg.n_layer = n_layer;
     if (n_head) cfg.n_head = n_head;
     if (n_embd) cfg.n_embd = n_embd;
@@ -154,6 +166,10 @@ int main(int argc, char** argv) {
 
     mg::manual_seed(seed);
     auto model = mg::nn::make_gpt2(cfg);
+    if (!init_from.empty()) {
+      for_flag("--init-from", [&] { mg::nn::load_gpt2_hf_weights(*model, init_from + "/model.safetensors"); });
+      config = "from " + init_from;
+    }
     model->to(dev);
     mg::dist::check_same_parameters(model->named_parameters());
     mg::dist::broadcast(model->parameters());
@@ -191,27 +207,30 @@ int main(int argc, char** argv) {
       plan = tp.checkpoint;
       micro = tp.micro_batch;
       n_micro = tp.accumulation;
-      MG_CHECK(tp.last_micro_batch == micro, "--memory-budget: the plan's micro-batch " << micro << " does not divide "
-                                             << per_rank << " sequences per rank; choose a --batch-size it divides");
     } else {
       cost = mg::nn::measure_chain(*model, tokens_of(micro));
       plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
     }
 
+    // Each step reads one window of the rank's sequences and runs it as micro-batches of `micro`,
+    // the last one the remainder when the planner's micro-batch does not divide them.
+    const int64_t per_step = joint ? tp.effective_batch : micro * n_micro;
+    const int64_t last_micro = per_step - (n_micro - 1) * micro;
     mg::optim::Accumulator acc(opt, {.steps = static_cast<int>(n_micro), .clip_norm = static_cast<float>(clip)});
     mg::data::TokenBatches batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
-      return mg::data::TokenBatches(tokens, micro, seq_len, rank, world, cfg.vocab_size);
+      return mg::data::TokenBatches(tokens, per_step, seq_len, rank, world, cfg.vocab_size);
     });
-    const int64_t tokens_per_step = world * n_micro * micro * seq_len;
+    const int64_t tokens_per_step = world * per_step * seq_len;
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
                 config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
                 static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),
                 static_cast<long long>(cfg.block_size), static_cast<long long>(model->parameter_count()),
                 dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data_str.c_str());
-    LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences x %lld tokens = %lld tokens\n",
+    const std::string last_str = last_micro == micro ? "" : " (the last " + std::to_string(last_micro) + ")";
+    LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences%s x %lld tokens = %lld tokens\n",
                 static_cast<long long>(world), static_cast<long long>(n_micro), static_cast<long long>(micro),
-                static_cast<long long>(seq_len), static_cast<long long>(tokens_per_step));
+                last_str.c_str(), static_cast<long long>(seq_len), static_cast<long long>(tokens_per_step));
     if (joint) LEAD_PRINTF("memory budget %s: %s\n", mg::format_bytes(budget).c_str(), tp.str().c_str());
     LEAD_PRINTF("plan %s: %s; predicted peak %s; smallest feasible %s\n", plan.kind.c_str(), plan.str().c_str(),
                 mg::format_bytes(plan.predicted_peak).c_str(), mg::format_bytes(mg::nn::min_feasible_peak(cost)).c_str());
@@ -229,12 +248,13 @@ int main(int argc, char** argv) {
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t k = 0; k < n_micro; ++k) {
-        const mg::data::TokenBatch b = batches.next(dev);
+      // On the host; each micro-batch goes to the device when it runs.
+      for (const mg::data::TokenBatch& host : batches.next_split(micro)) {
+        const Tensor x = host.x.to(dev), y = host.y.to(dev);
         // The logits are not held past the loss (the loss keeps what backward needs).
-        Tensor loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, b.x).reshape({-1, cfg.vocab_size}),
-                                        b.y.reshape({-1}), mg::Reduction::sum);
-        acc.backward(loss, micro * seq_len);
+        Tensor loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x).reshape({-1, cfg.vocab_size}),
+                                        y.reshape({-1}), mg::Reduction::sum);
+        acc.backward(loss, x.numel());
       }
       const mg::optim::StepInfo info = acc.step();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -266,6 +286,7 @@ int main(int argc, char** argv) {
       j["device"] = dev.str();
       j["ranks"] = world;
       j["micro_batch"] = micro;
+      j["last_micro_batch"] = last_micro;
       j["accumulation"] = n_micro;
       j["seq_len"] = seq_len;
       j["tokens_per_step"] = tokens_per_step;

@@ -76,7 +76,8 @@ TokenBatches::TokenBatches(const std::vector<uint16_t>& tokens, int64_t batch, i
                             << batch << " x " << seq_len << " + 1); use a smaller batch or sequence length");
 }
 
-TokenBatch TokenBatches::next(Device device) {
+// Where the next window starts in the stream; a window that would run past the end starts a new epoch.
+int64_t TokenBatches::next_start() {
   const int64_t n = static_cast<int64_t>(tokens_.size()), span = b_ * t_;
   int64_t start = (window_ * shards_ + shard_) * span;
   if ((window_ * shards_ + shards_) * span + 1 > n) {  // this step's windows would run past the end
@@ -85,6 +86,22 @@ TokenBatch TokenBatches::next(Device device) {
     start = shard_ * span;
   }
   ++window_;
+  return start;
+}
+
+TokenBatch TokenBatches::next(Device device) { return rows(next_start(), b_, device); }
+
+std::vector<TokenBatch> TokenBatches::next_split(int64_t micro, Device device) {
+  MG_CHECK(micro >= 1, "TokenBatches::next_split: the micro-batch must be >= 1 sequence, got " << micro);
+  const int64_t start = next_start();
+  std::vector<TokenBatch> out;
+  for (int64_t r = 0; r < b_; r += micro) out.push_back(rows(start + r * t_, std::min(micro, b_ - r), device));
+  return out;
+}
+
+// `count` sequences of t_ tokens from stream position `start`, and the tokens after each.
+TokenBatch TokenBatches::rows(int64_t start, int64_t count, Device device) const {
+  const int64_t span = count * t_;
   std::vector<int64_t> x(static_cast<size_t>(span)), y(static_cast<size_t>(span));
   for (int64_t i = 0; i < span; ++i) {
     const int64_t a = tokens_[static_cast<size_t>(start + i)], b = tokens_[static_cast<size_t>(start + i + 1)];
@@ -94,7 +111,7 @@ TokenBatch TokenBatches::next(Device device) {
     x[static_cast<size_t>(i)] = a;
     y[static_cast<size_t>(i)] = b;
   }
-  return {Tensor::from_vector(x, {b_, t_}).to(device), Tensor::from_vector(y, {b_, t_}).to(device)};
+  return {Tensor::from_vector(x, {count, t_}).to(device), Tensor::from_vector(y, {count, t_}).to(device)};
 }
 
 }  // namespace mg::data

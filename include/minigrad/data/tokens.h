@@ -44,11 +44,17 @@ class TokenBatches {
   TokenBatches(const std::vector<uint16_t>& tokens, int64_t batch, int64_t seq_len, int64_t shard = 0,
                int64_t shards = 1, int64_t vocab_size = 0);
   TokenBatch next(Device device = Device::cpu());
+  // The next window cut into micro-batches of `micro` sequences in order, the last one the
+  // remainder (B = 8, micro 3: 3, 3, 2): an optimizer step's micro-batches when the micro-batch
+  // does not divide the sequences per step. The same tokens as next().
+  std::vector<TokenBatch> next_split(int64_t micro, Device device = Device::cpu());
   int64_t epoch() const { return epoch_; }
   int64_t batch() const { return b_; }
   int64_t seq_len() const { return t_; }
 
  private:
+  int64_t next_start();
+  TokenBatch rows(int64_t start, int64_t count, Device device) const;
   const std::vector<uint16_t>& tokens_;
   int64_t b_, t_, shard_, shards_, vocab_;
   int64_t window_ = 0, epoch_ = 0;

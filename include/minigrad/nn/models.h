@@ -141,6 +141,31 @@ class GPTHead : public Module {  // logits = x wte^T, tied: no parameter of its 
 // (c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0, from the default generator.
 std::shared_ptr<Sequential> make_gpt2(const GPTConfig& config);
 
+// ---- Hugging Face's GPT-2 checkpoints (gpt2, gpt2-medium, ..., or a save_pretrained folder) ------
+//
+// Note [loading Hugging Face's GPT-2]
+// -----------------------------------
+// A folder as the hub holds it or save_pretrained writes it: config.json and model.safetensors.
+// The file's names are ours with or without the "transformer." prefix (GPT2LMHeadModel writes it,
+// GPT2Model and the hub's gpt2 file do not). Its four Conv1D weights per block (attn.c_attn,
+// attn.c_proj, mlp.c_fc, mlp.c_proj) are stored (in, out) and are transposed into our (out, in).
+// The causal-mask buffers older files carry ("h.N.attn.bias", "h.N.attn.masked_bias") are
+// skipped: our attention masks by construction. "lm_head.weight", when present, must equal
+// wte (GPT-2 ties them; an untied head is refused). F32, BF16 and F64 tensors load as f32. Nothing
+// is written before everything was checked: a refused file leaves the model as it was.
+//
+//   auto gpt = mg::nn::load_gpt2_hf("models/gpt2");     // config.json + model.safetensors: GPT-2 124M
+//
+// The config must describe this model: activation "gelu_new" (tanh GELU), layer_norm_epsilon
+// 1e-5, n_inner 4 n_embd (or null), scaled attention not scaled by layer index, tied embeddings.
+// Dropout rates in it are not used (the model has none).
+GPTConfig read_gpt2_hf_config(const std::string& config_json);
+// Copies a GPT-2 safetensors file (as above) into a make_gpt2 model of the same sizes; the error
+// lists every tensor missing, unexpected or of the wrong shape.
+void load_gpt2_hf_weights(Sequential& gpt, const std::string& safetensors_path);
+// make_gpt2(read_gpt2_hf_config(folder/config.json)) with folder/model.safetensors loaded.
+std::shared_ptr<Sequential> load_gpt2_hf(const std::string& folder);
+
 // "vgg16", "resnet18", "resnet34", "resnet50": the apps' --model.
 std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div = 1);
 
