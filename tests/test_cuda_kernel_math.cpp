@@ -298,3 +298,26 @@ TEST_CASE("kernel math: the column-major GEMMs of linear compute x w^T, dy w and
     CHECK(rel_err(dw, dw_ref.to_vector<float>()) < 1e-6);
   }
 }
+
+TEST_CASE("kernel math: the column-major GEMMs of matmul compute a b, dy b^T and a^T dy") {
+  struct Dims { int64_t m, k, n; };
+  for (Dims dims : {Dims{7, 13, 5}, Dims{1, 9, 4}, Dims{6, 1, 3}, Dims{5, 8, 1}, Dims{3, 17, 11}}) {
+    const int64_t m = dims.m, k = dims.k, n = dims.n;
+    CAPTURE(m); CAPTURE(k); CAPTURE(n);
+    Tensor a = test::rand_tensor({m, k}, 31, true), b = test::rand_tensor({k, n}, 32, true), dy = test::rand_tensor({m, n}, 33);
+    auto operand = [&](km::GemmOperand o) {
+      return o == km::GemmOperand::x ? a.data<float>() : o == km::GemmOperand::w ? b.data<float>() : dy.data<float>();
+    };
+    Tensor y_ref = matmul(a, b);
+    std::vector<float> y(m * n, 0.0f), da(m * k, 0.0f), db(k * n, 0.0f);
+    const km::GemmCall f = km::matmul_forward_gemm(m, k, n), ga = km::matmul_da_gemm(m, k, n),
+                       gb = km::matmul_db_gemm(m, k, n);
+    ref_gemm(f, operand(f.a), operand(f.b), 0.0f, y.data());
+    CHECK(rel_err(y, y_ref.to_vector<float>()) < 1e-6);
+    y_ref.backward(dy);
+    ref_gemm(ga, operand(ga.a), operand(ga.b), 0.0f, da.data());
+    ref_gemm(gb, operand(gb.a), operand(gb.b), 0.0f, db.data());
+    CHECK(rel_err(da, a.grad().to_vector<float>()) < 1e-6);
+    CHECK(rel_err(db, b.grad().to_vector<float>()) < 1e-6);
+  }
+}

@@ -307,3 +307,78 @@ TEST_CASE("load_gpt2_hf: clear errors, and a refused file leaves the model as it
   CHECK_THROWS_WITH_AS(nn::load_gpt2_hf(dir / "none"), doctest::Contains("is not a folder"), Error);
   CHECK_THROWS_WITH_AS(nn::load_gpt2_hf(dir.path), doctest::Contains("has no model.safetensors"), Error);
 }
+
+TEST_CASE("attention written with matmul, a -inf mask and softmax equals the fused causal_self_attention") {
+  const int64_t b = 2, t = 5, heads = 2, d = 3, c = heads * d;
+  const Tensor qkv = test::rand_tensor({b, t, 3 * c}, 41, true);
+  const Tensor g = test::rand_tensor({b, t, c}, 42);
+  const Tensor y = causal_self_attention(qkv, static_cast<int>(heads));
+  y.backward(g);
+  const std::vector<float> x = qkv.to_vector<float>(), gv = g.to_vector<float>();
+  // (B*H, T, D) q and v, (B*H, D, T) k^T, and the upstream gradient per head, on the host.
+  auto at = [&](int64_t i, int64_t s, int64_t h, int64_t part, int64_t e) {
+    return static_cast<size_t>((i * t + s) * 3 * c + part * c + h * d + e);
+  };
+  std::vector<float> q(b * heads * t * d), kt(q.size()), v(q.size()), gh(q.size()), mask(b * heads * t * t);
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t p = i * heads + h;
+      for (int64_t s = 0; s < t; ++s) {
+        for (int64_t e = 0; e < d; ++e) {
+          q[static_cast<size_t>((p * t + s) * d + e)] = x[at(i, s, h, 0, e)];
+          kt[static_cast<size_t>((p * d + e) * t + s)] = x[at(i, s, h, 1, e)];
+          v[static_cast<size_t>((p * t + s) * d + e)] = x[at(i, s, h, 2, e)];
+          gh[static_cast<size_t>((p * t + s) * d + e)] = gv[static_cast<size_t>((i * t + s) * c + h * d + e)];
+        }
+        for (int64_t j = 0; j < t; ++j) {
+          mask[static_cast<size_t>((p * t + s) * t + j)] = j <= s ? 0.0f : -std::numeric_limits<float>::infinity();
+        }
+      }
+    }
+  }
+  const Tensor tq = Tensor::from_vector(q, {b * heads, t, d}).requires_grad_(),
+               tk = Tensor::from_vector(kt, {b * heads, d, t}).requires_grad_(),
+               tv = Tensor::from_vector(v, {b * heads, t, d}).requires_grad_();
+  const Tensor scores = add(scale(matmul(tq, tk), 1.0f / std::sqrt(static_cast<float>(d))),
+                            Tensor::from_vector(mask, {b * heads, t, t}));
+  const Tensor yh = matmul(softmax(scores), tv);
+  yh.backward(Tensor::from_vector(gh, {b * heads, t, d}));
+  // Compare per element: outputs, then dq, dk, dv against the fused op's dqkv.
+  const std::vector<float> y_fused = y.to_vector<float>(), y_comp = yh.to_vector<float>(),
+                           dx = qkv.grad().to_vector<float>(), dq = tq.grad().to_vector<float>(),
+                           dk = tk.grad().to_vector<float>(), dv = tv.grad().to_vector<float>();
+  double worst_y = 0, worst_g = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t p = i * heads + h;
+      for (int64_t s = 0; s < t; ++s) {
+        for (int64_t e = 0; e < d; ++e) {
+          const size_t r = static_cast<size_t>((p * t + s) * d + e);
+          worst_y = std::max<double>(worst_y, std::abs(y_comp[r] - y_fused[static_cast<size_t>((i * t + s) * c + h * d + e)]));
+          worst_g = std::max<double>(worst_g, std::abs(dq[r] - dx[at(i, s, h, 0, e)]));
+          worst_g = std::max<double>(worst_g, std::abs(dk[static_cast<size_t>((p * d + e) * t + s)] - dx[at(i, s, h, 1, e)]));
+          worst_g = std::max<double>(worst_g, std::abs(dv[r] - dx[at(i, s, h, 2, e)]));
+        }
+      }
+    }
+  }
+  MESSAGE("composite against fused attention: outputs " << worst_y << ", gradients " << worst_g << " (largest difference)");
+  CHECK(worst_y < 1e-6);
+  CHECK(worst_g < 1e-6);
+}
+
+TEST_CASE("matmul and softmax: shapes, errors, and a masked row") {
+  CHECK(matmul(test::rand_tensor({2, 3, 4}, 1), test::rand_tensor({2, 4, 5}, 2)).shape() == Shape{2, 3, 5});
+  CHECK_THROWS_WITH_AS(matmul(test::rand_tensor({2, 3, 4}, 1), test::rand_tensor({3, 4, 5}, 2)),
+                       doctest::Contains("same leading dimensions, got a [2, 3, 4] and b [3, 4, 5]"), Error);
+  CHECK_THROWS_WITH_AS(matmul(test::rand_tensor({3, 4}, 1), test::rand_tensor({3, 5}, 2)),
+                       doctest::Contains("expected a (..., M, K) and b (..., K, N)"), Error);
+  CHECK_THROWS_WITH_AS(matmul(test::rand_tensor({4}, 1), test::rand_tensor({4}, 2)), doctest::Contains("matmul"), Error);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> p = softmax(Tensor::from_vector(std::vector<float>{0.0f, -inf, std::log(3.0f), -inf}, {1, 4})).to_vector<float>();
+  CHECK(p[0] == doctest::Approx(0.25f));
+  CHECK(p[1] == 0.0f);
+  CHECK(p[2] == doctest::Approx(0.75f));
+  CHECK(p[3] == 0.0f);
+  CHECK(std::isnan(softmax(Tensor::from_vector(std::vector<float>{-inf, -inf}, {2})).to_vector<float>()[0]));
+}

@@ -288,7 +288,8 @@ void check_close(const Tensor& got, const Tensor& want, const std::string& what)
 
 TEST_CASE("ops: the registry holds the library's ops, each with cases that check something") {
   for (const char* name : {"linear", "conv2d", "relu", "max_pool2d", "adaptive_avg_pool2d", "dropout",
-                           "cross_entropy", "add", "scale", "reshape"}) {
+                           "cross_entropy", "add", "scale", "reshape", "batch_norm", "layer_norm", "gelu", "embedding",
+                           "causal_self_attention", "matmul", "softmax"}) {
     CHECK_MESSAGE(find_op(name) != nullptr, "op '" << name << "' is not registered");
   }
   for (const OpDef* op : all_ops()) {

@@ -48,6 +48,13 @@ Tensor embedding(const Tensor& idx, const Tensor& weight);
 // times v (torch's scaled_dot_product_attention(q, k, v, is_causal=True) with heads split and
 // merged). The T x T attention matrix is not kept for backward; it is recomputed.
 Tensor causal_self_attention(const Tensor& qkv, int heads);
+// a: (..., M, K), b: (..., K, N) with the same leading dimensions (or none)  ->  (..., M, N): one
+// product per leading index (torch.matmul without broadcasting). Deterministic: the same bits at
+// any thread count.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// Softmax over the last dimension (torch.softmax(x, -1)). Mask by adding -inf (a row of only
+// -inf gives NaN, as in PyTorch).
+Tensor softmax(const Tensor& x);
 // GELU in its tanh form (GPT-2's; PyTorch's gelu(x, approximate="tanh")).
 Tensor gelu(const Tensor& x);
 // Zeroes each element with probability p and scales the rest by 1/(1-p). The mask is drawn from

@@ -117,6 +117,21 @@ inline GemmCall linear_dw_gemm(int64_t n, int64_t k, int64_t m) {
   return {false, true, k, m, n, GemmOperand::x, k, GemmOperand::dy, m, k};
 }
 
+// ---- matmul (kernels/matmul.h), one product of a batch: a (M, K) = x, b (K, N) = w -------------
+
+// y^T (N, M) = b^T a^T:  A = b as (N, K), B = a as (K, M).
+inline GemmCall matmul_forward_gemm(int64_t m, int64_t k, int64_t n) {
+  return {false, false, n, m, k, GemmOperand::w, n, GemmOperand::x, k, n};
+}
+// da^T (K, M) = b dy^T:  A = b as (N, K) transposed, B = dy as (N, M).
+inline GemmCall matmul_da_gemm(int64_t m, int64_t k, int64_t n) {
+  return {true, false, k, m, n, GemmOperand::w, n, GemmOperand::dy, n, k};
+}
+// db^T (N, K) = dy^T a:  A = dy as (N, M), B = a as (K, M) transposed.
+inline GemmCall matmul_db_gemm(int64_t m, int64_t k, int64_t n) {
+  return {false, true, n, k, m, GemmOperand::dy, n, GemmOperand::x, k, n};
+}
+
 // ---- dropout ----------------------------------------------------------------------------------
 
 // Elements first .. first+3 (those below n): one Philox block serves all four when the offset
