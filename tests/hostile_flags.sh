@@ -243,6 +243,8 @@ gpt_train | --data        | token 600 is outside the vocabulary of 512 | $G --da
 gpt_train | --data        | fewer than one step                        | $G --data "$T/tokens_few.bin"
 gpt_train | --json        | the folder /nonexistent does not exist     | $G --json /nonexistent/x.json
 gpt_train | --device      | unknown device 'bogus'                     | $G --device bogus
+gpt_train | --dropout     | is not a finite number in [0, 0.99]        | $G --dropout 1
+gpt_train | --dropout     | is not a finite number                     | $G --dropout nan
 gpt_train | --init-from   | cannot open                                | $G --init-from "$T/missing_hf"
 gpt_train | --init-from   | activation_function                        | $G --init-from "$T/hf_relu"
 gpt_train | --init-from   | model.safetensors                          | $G --init-from "$T/hf_noweights"

@@ -38,10 +38,14 @@ int64_t counted(const Tensor& targets) {
 }
 
 // `steps` AdamW steps on fixed batches; each step's batch of `batch` sequences is run as
-// `batch / micro` micro-batches under the plan.
-std::shared_ptr<nn::Sequential> train(const std::vector<nn::Segment>& plan, int64_t batch, int64_t micro, int steps) {
+// `batch / micro` micro-batches under the plan. With dropout, each micro-batch's forward runs in
+// the step's sample window (Note [dropout by sample]), so a sample's masks do not depend on the split.
+std::shared_ptr<nn::Sequential> train(const std::vector<nn::Segment>& plan, int64_t batch, int64_t micro, int steps,
+                                      float dropout = 0.0f) {
   manual_seed(3);
-  auto m = nn::make_gpt2(kTiny);
+  nn::GPTConfig config = kTiny;
+  config.dropout = dropout;
+  auto m = nn::make_gpt2(config);
   optim::AdamW opt(m->parameters(), {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f,
                                      .decay_matrices_only = true});
   optim::Accumulator acc(opt, {.steps = static_cast<int>(batch / micro), .clip_norm = 1.0f});
@@ -52,8 +56,12 @@ std::shared_ptr<nn::Sequential> train(const std::vector<nn::Segment>& plan, int6
       const std::vector<int64_t> part(all.begin() + k * micro * 20, all.begin() + (k + 1) * micro * 20);
       const Tensor x = Tensor::from_vector(part, {micro, 20});
       const Tensor y = next_tokens(x);
-      const Tensor logits = nn::forward_with_plan(*m, plan, x);
-      acc.backward(cross_entropy(logits.reshape({-1, kTiny.vocab_size}), y, Reduction::sum), counted(y));
+      Tensor loss;
+      {
+        const SampleWindowGuard window = acc.sample_window(k * micro);  // rows, not the tokens acc counts
+        loss = cross_entropy(nn::forward_with_plan(*m, plan, x).reshape({-1, kTiny.vocab_size}), y, Reduction::sum);
+      }
+      acc.backward(loss, counted(y));
     }
     REQUIRE(acc.ready());
     acc.step();
@@ -92,8 +100,10 @@ TEST_CASE("make_gpt2: Hugging Face's names, tied head, shapes, nanoGPT's initial
   CHECK(12 * (12 * 768 * 768 + 13 * 768) + (50257 + 1024) * 768 + 2 * 768 == 124439808);
 }
 
-TEST_CASE("GPT: checkpointed training (blocks as units) gives the same bits for every plan") {
-  const auto ref = train({}, 4, 4, 2);
+TEST_CASE("GPT: checkpointed training (blocks as units) gives the same bits for every plan, dropout or not") {
+  for (const float dropout : {0.0f, 0.1f}) {
+  CAPTURE(dropout);
+  const auto ref = train({}, 4, 4, 2, dropout);
   manual_seed(3);
   auto probe = nn::make_gpt2(kTiny);
   const nn::ChainCost cost = nn::measure_chain(*probe, random_tokens(4, 20, 99, kTiny.vocab_size));
@@ -103,17 +113,23 @@ TEST_CASE("GPT: checkpointed training (blocks as units) gives the same bits for 
                                                  {{1, 4}}, {{0, probe->size()}}};
   if (lo < hi) plans.push_back(nn::plan_budget(cost, lo + (hi - lo) / 2).segments);
   for (const auto& plan : plans) {
-    const auto m = train(plan, 4, 4, 2);
+    const auto m = train(plan, 4, 4, 2, dropout);
     const auto a = m->state_dict(), b = ref->state_dict();
     for (size_t i = 0; i < a.size(); ++i) {
       INFO(a[i].first);
       CHECK(test::bit_equal(a[i].second, b[i].second));
     }
   }
+  if (dropout > 0) {  // the masks were drawn: other weights than without dropout
+    CHECK_FALSE(test::bit_equal(ref->state_dict()[2].second, train({}, 4, 4, 2)->state_dict()[2].second));
+  }
+  }
 }
 
-TEST_CASE("GPT: 4 micro-batches of 8 sequences equal one batch of 32, counting tokens") {
-  const auto big = train({}, 32, 32, 3), small = train({}, 32, 8, 3);
+TEST_CASE("GPT: 4 micro-batches of 8 sequences equal one batch of 32, counting tokens, dropout or not") {
+  for (const float dropout : {0.0f, 0.1f}) {
+  CAPTURE(dropout);
+  const auto big = train({}, 32, 32, 3, dropout), small = train({}, 32, 8, 3, dropout);
   const auto a = small->state_dict(), b = big->state_dict();
   double worst = 0;
   std::string worst_name;
@@ -121,16 +137,18 @@ TEST_CASE("GPT: 4 micro-batches of 8 sequences equal one batch of 32, counting t
     const double e = test::gpt_param_diff(a[i].first, a[i].second, b[i].second, kTiny.n_embd, 3 * 1e-2f);
     if (e > worst) worst = e, worst_name = a[i].first;
   }
-  MESSAGE("4 x 8 against 32, three AdamW steps: worst relative difference " << worst << " (" << worst_name << ")");
+  MESSAGE("4 x 8 against 32, three AdamW steps, dropout " << dropout << ": worst relative difference " << worst << " ("
+                                                           << worst_name << ")");
   CHECK(worst < 1e-5);
+  }
 }
 
-TEST_CASE("GPT: the same bits at 1, 2 and 3 threads") {
+TEST_CASE("GPT: the same bits at 1, 2 and 3 threads (dropout 0.1)") {
   const int before = num_threads();
   std::vector<std::shared_ptr<nn::Sequential>> runs;
   for (int t : {1, 2, 3}) {
     set_num_threads(t);
-    runs.push_back(train({}, 4, 2, 2));
+    runs.push_back(train({}, 4, 2, 2, 0.1f));
   }
   set_num_threads(before);
   for (size_t r = 1; r < runs.size(); ++r) {
@@ -308,11 +326,16 @@ TEST_CASE("load_gpt2_hf: clear errors, and a refused file leaves the model as it
   CHECK_THROWS_WITH_AS(nn::load_gpt2_hf(dir.path), doctest::Contains("has no model.safetensors"), Error);
 }
 
-TEST_CASE("attention written with matmul, a -inf mask and softmax equals the fused causal_self_attention") {
+// Dropout on the probabilities: dropout() of the (B*H, T, T) probabilities numbers its elements as
+// the fused op numbers its mask (kernels/attention.h), so the same generator gives the same mask.
+TEST_CASE("attention written with matmul, a -inf mask, softmax (and dropout) equals the fused causal_self_attention") {
+  for (const float drop : {0.0f, 0.3f}) {
+  CAPTURE(drop);
   const int64_t b = 2, t = 5, heads = 2, d = 3, c = heads * d;
   const Tensor qkv = test::rand_tensor({b, t, 3 * c}, 41, true);
   const Tensor g = test::rand_tensor({b, t, c}, 42);
-  const Tensor y = causal_self_attention(qkv, static_cast<int>(heads));
+  Generator fused_gen(77), composite_gen(77);
+  const Tensor y = causal_self_attention(qkv, static_cast<int>(heads), drop, &fused_gen);
   y.backward(g);
   const std::vector<float> x = qkv.to_vector<float>(), gv = g.to_vector<float>();
   // (B*H, T, D) q and v, (B*H, D, T) k^T, and the upstream gradient per head, on the host.
@@ -341,7 +364,7 @@ TEST_CASE("attention written with matmul, a -inf mask and softmax equals the fus
                tv = Tensor::from_vector(v, {b * heads, t, d}).requires_grad_();
   const Tensor scores = add(scale(matmul(tq, tk), 1.0f / std::sqrt(static_cast<float>(d))),
                             Tensor::from_vector(mask, {b * heads, t, t}));
-  const Tensor yh = matmul(softmax(scores), tv);
+  const Tensor yh = matmul(dropout(softmax(scores), drop, &composite_gen), tv);
   yh.backward(Tensor::from_vector(gh, {b * heads, t, d}));
   // Compare per element: outputs, then dq, dk, dv against the fused op's dqkv.
   const std::vector<float> y_fused = y.to_vector<float>(), y_comp = yh.to_vector<float>(),
@@ -362,9 +385,12 @@ TEST_CASE("attention written with matmul, a -inf mask and softmax equals the fus
       }
     }
   }
-  MESSAGE("composite against fused attention: outputs " << worst_y << ", gradients " << worst_g << " (largest difference)");
+  MESSAGE("composite against fused attention, dropout " << drop << ": outputs " << worst_y << ", gradients " << worst_g
+                                                          << " (largest difference)");
   CHECK(worst_y < 1e-6);
   CHECK(worst_g < 1e-6);
+  if (drop > 0) CHECK(fused_gen.offset() == composite_gen.offset());
+  }
 }
 
 TEST_CASE("matmul and softmax: shapes, errors, and a masked row") {

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
               memory_limit;
   int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0,
           vocab = 0;
-  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0;
+  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0, dropout = 0.0;
   uint64_t seed = 0;
   app.add_option("--config", config, "tiny (2 layers, 4 heads, 64 wide, vocab 512, context 64) | small (4, 4, 128, "
                                      "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024)")
@@ -106,6 +106,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-steps", warmup, "linear warm-up steps")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--min-lr-frac", min_lr_frac, "the cosine ends at this fraction of --lr")->capture_default_str()->check(finite_in(0, 1, "[0, 1]"));
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay on 2-D parameters")->capture_default_str()->check(finite_in(0, 10, "[0, 10]"));
+  app.add_option("--dropout", dropout, "dropout after the embeddings, on the attention probabilities and after each "
+                                       "c_proj (nanoGPT's one rate)")
+      ->capture_default_str()->check(finite_in(0, 0.99, "[0, 0.99]"));
   app.add_option("--clip", clip, "max global gradient norm (0: no clipping)")->capture_default_str()->check(finite_in(0, 1e30, "[0, 1e30]"));
   app.add_option("--checkpoint", checkpoint, "none | sqrt | min | segments=K | budget=SIZE")->check(nonempty())->capture_default_str();
   auto* budget_opt = app.add_option("--memory-budget", memory_budget,
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
     if (vocab) cfg.vocab_size = vocab;
     MG_CHECK(cfg.n_embd % cfg.n_head == 0, "--n-head " << cfg.n_head << " must divide the width " << cfg.n_embd
                                                           << " (--n-embd or the preset's)");
+    cfg.dropout = static_cast<float>(dropout);
     if (seq_len == 0) seq_len = cfg.block_size;
     MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
     size_t limit = 0, budget = 0;
@@ -249,12 +253,18 @@ int main(int argc, char** argv) {
       mg::synchronize(dev);
       const auto t0 = std::chrono::steady_clock::now();
       // On the host; each micro-batch goes to the device when it runs.
+      int64_t rows = 0;
       for (const mg::data::TokenBatch& host : batches.next_split(micro)) {
         const Tensor x = host.x.to(dev), y = host.y.to(dev);
-        // The logits are not held past the loss (the loss keeps what backward needs).
-        Tensor loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x).reshape({-1, cfg.vocab_size}),
-                                        y.reshape({-1}), mg::Reduction::sum);
+        Tensor loss;
+        {  // dropout masks by sequence, whatever the split (Note [dropout by sample])
+          const mg::SampleWindowGuard window = acc.sample_window(rows);
+          // The logits are not held past the loss (the loss keeps what backward needs).
+          loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x).reshape({-1, cfg.vocab_size}),
+                                   y.reshape({-1}), mg::Reduction::sum);
+        }
         acc.backward(loss, x.numel());
+        rows += x.size(0);
       }
       const mg::optim::StepInfo info = acc.step();
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -285,6 +295,7 @@ int main(int argc, char** argv) {
       j["data"] = data_str;
       j["device"] = dev.str();
       j["ranks"] = world;
+      j["dropout"] = dropout;
       j["micro_batch"] = micro;
       j["last_micro_batch"] = last_micro;
       j["accumulation"] = n_micro;

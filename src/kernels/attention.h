@@ -7,13 +7,37 @@
 //   dq_t = sum_j ds_tj k_j / sqrt(D),  dk_j = sum_t ds_tj q_t / sqrt(D),  dv_j = sum_t p_tj dy_t   (=)
 // Every (sample, head) is computed on its own in a fixed order: deterministic, and a sample's
 // rows do not depend on the rest of the batch.
+//
+// Dropout on the probabilities (attention dropout, `p` > 0): p'_tj = p_tj M_tj with M_tj = 0 with
+// probability p, else 1 / (1 - p), and y_t = sum_j p'_tj v_j. The mask is a pure function of the
+// Philox counter offset + b * per_sample + (h T + t) T + j (per_sample = sample_stride, or H T T
+// when 0; Note [dropout by sample]), so backward redraws it and keeps nothing more:
+//   dp_tj = M_tj dy_t . v_j,  E_t = sum_j p_tj dp_tj,  ds_tj = p_tj (dp_tj - E_t),  dv_j = sum_t p'_tj dy_t
+// With p = 0 no mask is drawn: the same bits as without dropout.
 #pragma once
 
+#include <minigrad/core/rng.h>
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"
 
 namespace mg {
-template <class D> void attention_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int heads);
+
+struct AttentionDropout {
+  float p = 0.0f;
+  uint64_t seed = 0, offset = 0, sample_stride = 0;
+};
+
+// M_tj of sample b, head h (of `heads`), query t, key j, in a sequence of T.
+MG_HOST_DEVICE float attention_keep(const AttentionDropout& d, int64_t b, int64_t h, int64_t t, int64_t j,
+                                    int64_t heads, int64_t T) {
+  const uint64_t per_sample = d.sample_stride != 0 ? d.sample_stride : static_cast<uint64_t>(heads * T * T);
+  const uint64_t i = d.offset + static_cast<uint64_t>(b) * per_sample + static_cast<uint64_t>((h * T + t) * T + j);
+  return philox_uniform(d.seed, i) >= d.p ? 1.0f / (1.0f - d.p) : 0.0f;
+}
+
 template <class D>
-void attention_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads);
+void attention_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop);
+template <class D>
+void attention_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
+                        const AttentionDropout& drop);
 }  // namespace mg

@@ -6,7 +6,8 @@
 
 namespace mg::nn {
 
-GPTEmbeddings::GPTEmbeddings(int64_t vocab_size, int64_t block_size, int64_t n_embd) {
+GPTEmbeddings::GPTEmbeddings(int64_t vocab_size, int64_t block_size, int64_t n_embd, float dropout)
+    : dropout_(dropout) {
   register_module("wte", wte_ = std::make_shared<Embedding>(vocab_size, n_embd));
   register_module("wpe", wpe_ = std::make_shared<Embedding>(block_size, n_embd));
 }
@@ -20,14 +21,16 @@ Tensor GPTEmbeddings::forward(const Tensor& tokens) {
   std::vector<int64_t> pos(static_cast<size_t>(b * t));
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i) % t;
   const Tensor positions = Tensor::from_vector(pos, {b, t}).to(tokens.device());
-  return add(wte_->forward(tokens), wpe_->forward(positions));
+  const Tensor x = add(wte_->forward(tokens), wpe_->forward(positions));
+  return is_training() ? dropout(x, dropout_) : x;
 }
 
 std::string GPTEmbeddings::name() const {
   return "GPTEmbeddings(wte=" + wte_->name() + ", wpe=" + wpe_->name() + ")";
 }
 
-CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head) : n_embd_(n_embd), n_head_(n_head) {
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, float dropout)
+    : n_embd_(n_embd), n_head_(n_head), dropout_(dropout) {
   MG_CHECK(n_embd > 0 && n_head > 0 && n_embd % n_head == 0,
            "CausalSelfAttention: " << n_head << " heads must divide the width " << n_embd);
   register_module("c_attn", c_attn_ = std::make_shared<Linear>(n_embd, 3 * n_embd));
@@ -39,8 +42,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
            "CausalSelfAttention: expected (B, T, " << n_embd_ << "), got " << shape_str(x.shape()));
   const int64_t b = x.size(0), t = x.size(1);
   const Tensor qkv = c_attn_->forward(x.reshape({b * t, n_embd_})).reshape({b, t, 3 * n_embd_});
-  const Tensor y = causal_self_attention(qkv, static_cast<int>(n_head_));
-  return c_proj_->forward(y.reshape({b * t, n_embd_})).reshape({b, t, n_embd_});
+  const float p = is_training() ? dropout_ : 0.0f;
+  const Tensor y = causal_self_attention(qkv, static_cast<int>(n_head_), p);
+  return dropout(c_proj_->forward(y.reshape({b * t, n_embd_})).reshape({b, t, n_embd_}), p);
 }
 
 std::string CausalSelfAttention::name() const {
@@ -52,28 +56,30 @@ namespace {
 // c_fc (C -> 4C), GELU, c_proj (4C -> C) on (B, T, C).
 class GPTMLP : public Module {
  public:
-  explicit GPTMLP(int64_t n_embd) : n_embd_(n_embd) {
+  GPTMLP(int64_t n_embd, float dropout) : n_embd_(n_embd), dropout_(dropout) {
     register_module("c_fc", c_fc_ = std::make_shared<Linear>(n_embd, 4 * n_embd));
     register_module("c_proj", c_proj_ = std::make_shared<Linear>(4 * n_embd, n_embd));
   }
   Tensor forward(const Tensor& x) override {
     const int64_t b = x.size(0), t = x.size(1);
-    return c_proj_->forward(gelu(c_fc_->forward(x.reshape({b * t, n_embd_})))).reshape({b, t, n_embd_});
+    const Tensor y = c_proj_->forward(gelu(c_fc_->forward(x.reshape({b * t, n_embd_})))).reshape({b, t, n_embd_});
+    return is_training() ? dropout(y, dropout_) : y;
   }
   std::string name() const override { return "GPTMLP(" + std::to_string(n_embd_) + ")"; }
 
  private:
   std::shared_ptr<Linear> c_fc_, c_proj_;
   int64_t n_embd_;
+  float dropout_;
 };
 
 }  // namespace
 
-GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head) {
+GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, float dropout) {
   register_module("ln_1", ln_1_ = std::make_shared<LayerNorm>(n_embd));
-  register_module("attn", attn_ = std::make_shared<CausalSelfAttention>(n_embd, n_head));
+  register_module("attn", attn_ = std::make_shared<CausalSelfAttention>(n_embd, n_head, dropout));
   register_module("ln_2", ln_2_ = std::make_shared<LayerNorm>(n_embd));
-  register_module("mlp", mlp_ = std::make_shared<GPTMLP>(n_embd));
+  register_module("mlp", mlp_ = std::make_shared<GPTMLP>(n_embd, dropout));
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
@@ -96,9 +102,12 @@ std::shared_ptr<Sequential> make_gpt2(const GPTConfig& c) {
                                                                  << ", n_layer " << c.n_layer << ", n_head " << c.n_head
                                                                  << ", n_embd " << c.n_embd << ")");
   MG_CHECK(c.n_embd % c.n_head == 0, "make_gpt2: n_head " << c.n_head << " must divide n_embd " << c.n_embd);
+  MG_CHECK(c.dropout >= 0.0f && c.dropout < 1.0f, "make_gpt2: dropout must be in [0, 1), got " << c.dropout);
   auto m = std::make_shared<Sequential>();
-  auto& emb = m->add_named<GPTEmbeddings>("transformer", c.vocab_size, c.block_size, c.n_embd);
-  for (int64_t i = 0; i < c.n_layer; ++i) m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head);
+  auto& emb = m->add_named<GPTEmbeddings>("transformer", c.vocab_size, c.block_size, c.n_embd, c.dropout);
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head, c.dropout);
+  }
   m->add_named<LayerNorm>("transformer.ln_f", c.n_embd);
   m->add_named<GPTHead>("lm_head", emb.wte());
   // nanoGPT's and llm.c's initialisation.

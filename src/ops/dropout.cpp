@@ -53,26 +53,30 @@ MG_REGISTER_OP(kDropout);
 
 }  // namespace
 
-Tensor dropout(const Tensor& x, float p, Generator* gen) {
-  if (p == 0.0f) return x;
+void draw_dropout_counters(OpAttrs& a, const char* op, const Tensor& x, uint64_t per_sample_draws, Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
-  OpAttrs a;
-  a.scalar = p;
   if (SampleWindow* w = current_sample_window()) {  // Note [dropout by sample]
-    MG_CHECK(x.dim() >= 1, "dropout: inside a sample window the input needs a batch dimension, got shape "
-                               << shape_str(x.shape()));
-    const uint64_t f = static_cast<uint64_t>(per_sample(x));
+    MG_CHECK(x.dim() >= 1, op << ": inside a sample window the input needs a batch dimension, got shape "
+                              << shape_str(x.shape()));
+    const uint64_t f = per_sample_draws;
     a.seed = sample_window_seed(g.seed(), w->key, w->calls++);
     a.offset = static_cast<uint64_t>(w->first_sample * w->sample_stride + w->sample_lane) * f;
     if (w->sample_stride > 1) a.sample_stride = static_cast<uint64_t>(w->sample_stride) * f;
   } else {
     a.seed = g.seed();
-    uint64_t count = static_cast<uint64_t>(x.numel());
+    uint64_t count = x.dim() >= 1 ? static_cast<uint64_t>(x.size(0)) * per_sample_draws : per_sample_draws;
     if (const TileRecording* t = tile_recording()) {  // the whole batch's counters (Note [tiled segments])
       count = count / static_cast<uint64_t>(t->rows) * static_cast<uint64_t>(t->batch_rows);
     }
     a.offset = g.advance(count);
   }
+}
+
+Tensor dropout(const Tensor& x, float p, Generator* gen) {
+  if (p == 0.0f) return x;
+  OpAttrs a;
+  a.scalar = p;
+  draw_dropout_counters(a, "dropout", x, x.dim() >= 1 ? static_cast<uint64_t>(per_sample(x)) : static_cast<uint64_t>(x.numel()), gen);
   return apply(kDropout, a, {x});
 }
 

@@ -106,6 +106,12 @@ inline int64_t window_count(int64_t in, int k, int s, int p) {
 inline double out_numel(const Node& n) { return static_cast<double>(shape_numel(n.out_shape)); }
 inline double flops_per_output(const Node& n) { return out_numel(n); }
 inline double no_flops(const Node&) { return 0.0; }
+// Sets a.seed, a.offset and a.sample_stride of a dropout mask of `per_sample_draws` draws per row
+// of x's first dimension, from `gen` (the default generator when null), or from the current sample
+// window (Note [dropout by sample]); `op` names the op in errors. dropout and the attention's
+// dropout on its probabilities draw this way.
+void draw_dropout_counters(OpAttrs& a, const char* op, const Tensor& x, uint64_t per_sample_draws, Generator* gen);
+
 // OpDef::tile of an op whose attributes do not depend on the rows it runs on.
 inline OpAttrs rows_apart(const Node& n, int64_t, int64_t, int64_t) { return n.attrs; }
 

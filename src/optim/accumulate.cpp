@@ -130,10 +130,13 @@ void Accumulator::drop_window() {
 
 bool Accumulator::data_parallel() const { return opts_.data_parallel && dist::launched(); }
 
-SampleWindowGuard Accumulator::sample_window() const {
+SampleWindowGuard Accumulator::sample_window() const { return sample_window(pending_samples_); }
+
+SampleWindowGuard Accumulator::sample_window(int64_t first_row) const {
+  MG_CHECK(first_row >= 0, "Accumulator::sample_window: first_row must be >= 0, got " << first_row);
   const uint64_t key = static_cast<uint64_t>(opt_.step_count());
-  if (!data_parallel()) return SampleWindowGuard(key, pending_samples_);
-  return SampleWindowGuard(key, pending_samples_, dist::world_size(), dist::rank());  // Note [data parallel step]
+  if (!data_parallel()) return SampleWindowGuard(key, first_row);
+  return SampleWindowGuard(key, first_row, dist::world_size(), dist::rank());  // Note [data parallel step]
 }
 
 StepInfo Accumulator::step() { return step_window(false); }

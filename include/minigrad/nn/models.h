@@ -93,33 +93,39 @@ std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div
 //   Tensor loss = mg::cross_entropy(logits.reshape({-1, 512}), targets.reshape({-1}));
 struct GPTConfig {
   int64_t vocab_size = 50257, block_size = 1024, n_layer = 12, n_head = 12, n_embd = 768;
+  // nanoGPT's one rate, in training mode only: after the embeddings, on the attention
+  // probabilities (inside causal_self_attention), and after each block's two c_proj. GPT-2 124M
+  // was pretrained with 0.1; llm.c and nanoGPT pretrain with 0.
+  float dropout = 0.0f;
 };
 
 class GPTEmbeddings : public Module {  // wte(tokens) + wpe(positions)
  public:
-  GPTEmbeddings(int64_t vocab_size, int64_t block_size, int64_t n_embd);
+  GPTEmbeddings(int64_t vocab_size, int64_t block_size, int64_t n_embd, float dropout = 0.0f);
   Tensor forward(const Tensor& tokens) override;
   std::string name() const override;
   Tensor& wte() { return wte_->weight(); }
 
  private:
   std::shared_ptr<Embedding> wte_, wpe_;
+  float dropout_;
 };
 
 class CausalSelfAttention : public Module {  // c_attn (C -> 3C), causal_self_attention, c_proj
  public:
-  CausalSelfAttention(int64_t n_embd, int64_t n_head);
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, float dropout = 0.0f);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
 
  private:
   std::shared_ptr<Linear> c_attn_, c_proj_;
   int64_t n_embd_, n_head_;
+  float dropout_;
 };
 
 class GPTBlock : public Module {  // ln_1, attn, ln_2, mlp (c_fc, GELU, c_proj), two residual adds
  public:
-  GPTBlock(int64_t n_embd, int64_t n_head);
+  GPTBlock(int64_t n_embd, int64_t n_head, float dropout = 0.0f);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
 
@@ -158,7 +164,7 @@ std::shared_ptr<Sequential> make_gpt2(const GPTConfig& config);
 //
 // The config must describe this model: activation "gelu_new" (tanh GELU), layer_norm_epsilon
 // 1e-5, n_inner 4 n_embd (or null), scaled attention not scaled by layer index, tied embeddings.
-// Dropout rates in it are not used (the model has none).
+// Its dropout rates are not used: GPTConfig::dropout is 0 unless set (gpt_train --dropout).
 GPTConfig read_gpt2_hf_config(const std::string& config_json);
 // Copies a GPT-2 safetensors file (as above) into a make_gpt2 model of the same sizes; the error
 // lists every tensor missing, unexpected or of the wrong shape.

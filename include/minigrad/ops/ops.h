@@ -46,8 +46,10 @@ Tensor embedding(const Tensor& idx, const Tensor& weight);
 // qkv: (B, T, 3C), the concatenation [q | k | v] of GPT-2's c_attn  ->  (B, T, C): per head of
 // C/heads, softmax(q k^T / sqrt(C/heads)) with each position seeing itself and those before it,
 // times v (torch's scaled_dot_product_attention(q, k, v, is_causal=True) with heads split and
-// merged). The T x T attention matrix is not kept for backward; it is recomputed.
-Tensor causal_self_attention(const Tensor& qkv, int heads);
+// merged). The T x T attention matrix is not kept for backward; it is recomputed. dropout_p > 0
+// drops attention probabilities as torch's dropout_p does (kept ones scaled by 1/(1-p)), the mask
+// drawn from `gen` as dropout() draws (Note [dropout by sample] included) and redrawn in backward.
+Tensor causal_self_attention(const Tensor& qkv, int heads, float dropout_p = 0.0f, Generator* gen = nullptr);
 // a: (..., M, K), b: (..., K, N) with the same leading dimensions (or none)  ->  (..., M, N): one
 // product per leading index (torch.matmul without broadcasting). Deterministic: the same bits at
 // any thread count.

@@ -126,6 +126,9 @@ class Accumulator {
   //   acc.backward(loss, x.size(0));
   // Under data parallelism the samples are numbered as in the single process's window.
   SampleWindowGuard sample_window() const;
+  // The same for callers whose backward() counts something else than the batch's rows (a GPT's
+  // tokens): first_row is the micro-batch's first row within this rank's window.
+  SampleWindowGuard sample_window(int64_t first_row) const;
 
   // True when the window holds `steps` micro-batches (or more, after set_steps lowered N).
   bool ready() const { return pending_micro_batches_ > 0 && pending_micro_batches_ >= opts_.steps; }

@@ -28,7 +28,8 @@ Shape3 dims(const Tensor& qkv, int heads) {
 
 }  // namespace
 
-template <> void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads) {
+template <>
+void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   const float* px = qkv.data<float>();
@@ -52,6 +53,9 @@ template <> void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qk
         const float l = m + static_cast<float>(std::log(sum));
         lrow[t] = l;
         for (int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
+        if (drop.p > 0.0f) {
+          for (int64_t j = 0; j <= t; ++j) row[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
+        }
         for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
       }
       StridedMap out(py + b * s.t * s.c + h * s.d, s.t, s.d, Stride(s.c));
@@ -61,7 +65,8 @@ template <> void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qk
 }
 
 template <>
-void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads) {
+void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
+                             const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   const float *px = qkv.data<float>(), *pdy = dy.data<float>(), *pl = lse.data<float>();
@@ -85,15 +90,22 @@ void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, 
         for (int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - lrow[t]);
         for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
       }
-      dv.noalias() = pm.transpose() * g;
       dp.noalias() = g * v.transpose();
+      if (drop.p == 0.0f) dv.noalias() = pm.transpose() * g;
       for (int64_t t = 0; t < s.t; ++t) {
         float *prow = pm.data() + t * s.t, *drow = dp.data() + t * s.t;
+        if (drop.p > 0.0f) {  // dp = M dp'; p stays for ds, p' = p M replaces it below for dv
+          for (int64_t j = 0; j <= t; ++j) drow[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
+        }
         double e = 0;  // E_t = sum_j p_tj dp_tj (= dy_t . y_t; this way a row of one term gets ds = 0 exactly)
         for (int64_t j = 0; j <= t; ++j) e += static_cast<double>(prow[j]) * drow[j];
         const float ef = static_cast<float>(e);
         for (int64_t j = 0; j < s.t; ++j) drow[j] = prow[j] * (drow[j] - ef) * scale;  // ds / sqrt(D)
+        if (drop.p > 0.0f) {
+          for (int64_t j = 0; j <= t; ++j) prow[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
+        }
       }
+      if (drop.p > 0.0f) dv.noalias() = pm.transpose() * g;
       dq.noalias() = dp * k;
       dk.noalias() = dp.transpose() * q;
     }

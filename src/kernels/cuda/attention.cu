@@ -13,7 +13,13 @@ struct Dims {
   int64_t b, t, c, d;
   int heads;
   float scale;
+  AttentionDropout drop;
 };
+
+// M_tj (kernels/attention.h): 1 without dropout.
+__device__ inline float keep(const Dims& s, int64_t b, int64_t h, int64_t t, int64_t j) {
+  return s.drop.p > 0.0f ? attention_keep(s.drop, b, h, t, j, s.heads, s.t) : 1.0f;
+}
 
 // Row r of (b, h) -> the offsets of its q, k, v in qkv and of its output row in y.
 __device__ inline int64_t qkv_row(const Dims& s, int64_t b, int64_t h, int64_t t) { return (b * s.t + t) * 3 * s.c + h * s.d; }
@@ -40,7 +46,7 @@ __global__ void attention_forward_kernel(float* y, float* lse, const float* x, D
   for (int64_t i = 0; i < s.d; ++i) out[i] = 0.0f;
   for (int64_t j = 0; j <= t; ++j) {
     const float* kv = x + qkv_row(s, b, h, j);
-    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - l);
+    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - l) * keep(s, b, h, t, j);
     for (int64_t i = 0; i < s.d; ++i) out[i] += p * kv[2 * s.c + i];
   }
 }
@@ -54,7 +60,7 @@ __global__ void attention_e_kernel(float* e, const float* dy, const float* x, co
   float acc = 0;
   for (int64_t j = 0; j <= t; ++j) {
     const float* kv = x + qkv_row(s, b, h, j);
-    acc += expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]) * dot(g, kv + 2 * s.c, s.d);
+    acc += expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]) * keep(s, b, h, t, j) * dot(g, kv + 2 * s.c, s.d);
   }
   e[r] = acc;
 }
@@ -69,7 +75,7 @@ __global__ void attention_dq_kernel(float* dx, const float* dy, const float* x, 
   for (int64_t j = 0; j <= t; ++j) {
     const float* kv = x + qkv_row(s, b, h, j);
     const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]);
-    const float ds = p * (dot(g, kv + 2 * s.c, s.d) - e[r]) * s.scale;
+    const float ds = p * (keep(s, b, h, t, j) * dot(g, kv + 2 * s.c, s.d) - e[r]) * s.scale;
     for (int64_t i = 0; i < s.d; ++i) dq[i] += ds * kv[s.c + i];
   }
 }
@@ -84,24 +90,25 @@ __global__ void attention_dkv_kernel(float* dx, const float* dy, const float* x,
   for (int64_t t = j; t < s.t; ++t) {
     const int64_t rt = r - j + t;  // (b, h, t)
     const float *q = x + qkv_row(s, b, h, t), *g = dy + y_row(s, b, h, t);
-    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[rt]);
-    const float ds = p * (dot(g, kv + 2 * s.c, s.d) - e[rt]) * s.scale;
+    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[rt]), m = keep(s, b, h, t, j);
+    const float ds = p * (m * dot(g, kv + 2 * s.c, s.d) - e[rt]) * s.scale;
     for (int64_t i = 0; i < s.d; ++i) {
       dkv[s.c + i] += ds * q[i];
-      dkv[2 * s.c + i] += p * g[i];
+      dkv[2 * s.c + i] += p * m * g[i];
     }
   }
 }
 
-Dims dims(const Tensor& qkv, int heads) {
+Dims dims(const Tensor& qkv, int heads, const AttentionDropout& drop) {
   const int64_t c = qkv.size(2) / 3;
-  return {qkv.size(0), qkv.size(1), c, c / heads, heads, 1.0f / sqrtf(static_cast<float>(c / heads))};
+  return {qkv.size(0), qkv.size(1), c, c / heads, heads, 1.0f / sqrtf(static_cast<float>(c / heads)), drop};
 }
 
 }  // namespace
 
-template <> void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads) {
-  const Dims s = dims(qkv, heads);
+template <>
+void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
+  const Dims s = dims(qkv, heads, drop);
   const int64_t rows = s.b * heads * s.t;
   if (rows == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(y));
@@ -111,8 +118,9 @@ template <> void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& q
 }
 
 template <>
-void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads) {
-  const Dims s = dims(qkv, heads);
+void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
+                              const AttentionDropout& drop) {
+  const Dims s = dims(qkv, heads, drop);
   const int64_t rows = s.b * heads * s.t;
   if (rows == 0) return;
   const int dev = cuda::device_of(dqkv);
