@@ -472,3 +472,54 @@ TEST_CASE("checkpoint_multi: errors and the no-grad path") {
   REQUIRE(out.size() == 2);
   CHECK(!out[0].requires_grad());
 }
+
+// Note [gradient-ready hooks]: every parameter reached is reported once, after its last
+// contribution (its gradient then is the final one, bit for bit), the last layer's first; a
+// parameter inside a segment (tiled or not) after the segment's backward.
+TEST_CASE("gradient-ready hooks: once per parameter, when its gradient is final, under any plan") {
+  auto cnn = std::make_shared<nn::Sequential>();
+  cnn->add<nn::Conv2d>(3, 4, 3, 1, 1);
+  cnn->add<nn::ReLU>();
+  cnn->add<nn::Conv2d>(4, 6, 3, 2, 1);
+  cnn->add<nn::ReLU>();
+  cnn->add<nn::MaxPool2d>(2);
+  cnn->add<nn::Flatten>();
+  cnn->add<nn::Linear>(54, 7);
+  cnn->add<nn::ReLU>();
+  cnn->add<nn::Linear>(7, 3);
+  manual_seed(5);
+  const Tensor x = rand_tensor({5, 3, 11, 13}, 12);
+  const Tensor t = targets({2, 0, 1, 1, 2});
+  const std::vector<Tensor> params = cnn->parameters();
+  using S = std::vector<nn::Segment>;
+  for (const S& plan : {S{}, S{{0, 3}}, S{{0, 4, 2}}, S{{2, 9}}, S{{0, 2}, {4, 9}}}) {
+    nn::Plan p;
+    p.segments = plan;
+    INFO("plan " << p.str());
+    for (const Tensor& q : params) q.set_grad(Tensor());
+    std::vector<std::pair<Tensor, Tensor>> reported;  // (parameter, its gradient when reported)
+    {
+      GradReadyHook hook([&](const Tensor& leaf) { reported.emplace_back(leaf, leaf.grad().clone()); });
+      cross_entropy(nn::forward_with_plan(*cnn, p.segments, x), t).backward();
+    }
+    REQUIRE(reported.size() == params.size());
+    for (const auto& [param, grad_then] : reported) CHECK(test::bit_equal(grad_then, param.grad()));
+    // The last layer's weight and bias come before every earlier layer's.
+    auto where = [&](const Tensor& q) {
+      for (size_t i = 0; i < reported.size(); ++i) if (reported[i].first.same(q)) return i;
+      return reported.size();
+    };
+    for (size_t k = 0; k + 2 < params.size(); k += 2) CHECK(where(params[k + 2]) < where(params[k]));
+  }
+  // Only the outermost backward reports, and only while the hook lives.
+  for (const Tensor& q : params) q.set_grad(Tensor());
+  cross_entropy(cnn->forward(x), t).backward();
+  int calls = 0;
+  {
+    GradReadyHook outer([&](const Tensor&) { ++calls; });
+    GradReadyHook inner([&](const Tensor&) { calls += 100; });  // the innermost hook is the one called
+    cross_entropy(nn::forward_with_plan(*cnn, S{{0, 9}}, x), t).backward();
+  }
+  CHECK(calls == 100 * static_cast<int>(params.size()));
+  CHECK(GradReadyHook::current() == nullptr);
+}

@@ -408,3 +408,24 @@ TEST_CASE("matmul and softmax: shapes, errors, and a masked row") {
   CHECK(p[3] == 0.0f);
   CHECK(std::isnan(softmax(Tensor::from_vector(std::vector<float>{-inf, -inf}, {2})).to_vector<float>()[0]));
 }
+
+TEST_CASE("gradient-ready hooks on GPT: the tied wte once, after its last use (the embedding), with a plan or not") {
+  manual_seed(2);
+  auto m = nn::make_gpt2(kTiny);
+  const Tensor x = random_tokens(2, 12, 5, kTiny.vocab_size), y = next_tokens(x);
+  const std::vector<Tensor> params = m->parameters();
+  for (const std::vector<nn::Segment>& plan : {std::vector<nn::Segment>{}, {{1, 3}}, {{0, 2}, {3, 6}}}) {
+    for (const Tensor& q : params) q.set_grad(Tensor());
+    std::vector<std::pair<Tensor, Tensor>> reported;
+    {
+      GradReadyHook hook([&](const Tensor& leaf) { reported.emplace_back(leaf, leaf.grad().clone()); });
+      cross_entropy(nn::forward_with_plan(*m, plan, x).reshape({-1, kTiny.vocab_size}), y).backward();
+    }
+    REQUIRE(reported.size() == params.size());
+    for (const auto& [param, grad_then] : reported) CHECK(test::bit_equal(grad_then, param.grad()));
+    const Tensor& wte = params[0];  // transformer.wte.weight: the head uses it first in backward
+    size_t at = reported.size();
+    for (size_t i = 0; i < reported.size(); ++i) if (reported[i].first.same(wte)) at = i;
+    CHECK(at >= reported.size() - 2);  // with wpe, the last two reported
+  }
+}

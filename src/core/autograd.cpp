@@ -11,7 +11,55 @@ namespace mg {
 namespace {
 thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_next_seq{1};
+thread_local const GradReadyHook::Fn* t_ready_hook = nullptr;
+thread_local int t_backward_depth = 0;  // > 1: a checkpoint segment's backward inside another
+
+struct DepthScope {
+  DepthScope() { ++t_backward_depth; }
+  ~DepthScope() { --t_backward_depth; }
+};
+
+// Note [gradient-ready hooks]: for each position in `order`, the leaves whose last gradient
+// contribution it adds (a segment node adds to every leaf its sub-tape uses). Within one
+// position, leaves come in the order the node lists them (a sub-tape's nodes last first): the
+// report depends on the graph only.
+std::vector<std::vector<Tensor>> leaves_finished(const std::vector<Node*>& order) {
+  struct Use {
+    Tensor leaf;
+    size_t pos = 0, rank = 0;  // rank: the order of the leaf's last listing
+  };
+  std::unordered_map<const TensorImpl*, Use> last;
+  size_t listed = 0;
+  auto note = [&](const NodeInput& in, size_t pos) {
+    if (in.fn || !in.requires_grad || !in.leaf.defined()) return;
+    Use& u = last[in.leaf.impl_ptr().get()];
+    u.leaf = in.leaf;
+    u.pos = pos;  // `order` runs backward: a later position is a later use in backward
+    u.rank = listed++;
+  };
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    for (const NodeInput& in : order[pos]->inputs) note(in, pos);
+    if (order[pos]->segment) {  // its sub-tape in backward's order too (nodes are in forward order)
+      const auto& nodes = order[pos]->segment->nodes;
+      for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        for (const NodeInput& in : (*it)->inputs) note(in, pos);
+      }
+    }
+  }
+  std::vector<std::vector<Use>> by_pos(order.size());
+  for (auto& [key, u] : last) by_pos[u.pos].push_back(std::move(u));
+  std::vector<std::vector<Tensor>> out(order.size());
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    std::sort(by_pos[pos].begin(), by_pos[pos].end(), [](const Use& a, const Use& b) { return a.rank < b.rank; });
+    for (Use& u : by_pos[pos]) out[pos].push_back(std::move(u.leaf));
+  }
+  return out;
+}
 }  // namespace
+
+GradReadyHook::GradReadyHook(Fn fn) : fn_(std::move(fn)), previous_(t_ready_hook) { t_ready_hook = &fn_; }
+GradReadyHook::~GradReadyHook() { t_ready_hook = previous_; }
+const GradReadyHook::Fn* GradReadyHook::current() { return t_ready_hook; }
 
 bool GradMode::enabled() { return t_grad_enabled; }
 void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
@@ -36,8 +84,11 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
 }
 
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
+  const DepthScope depth;
+  const GradReadyHook::Fn* hook = t_backward_depth == 1 ? t_ready_hook : nullptr;
   if (root.is_leaf()) {
     accumulate_grad(root, grad);
+    if (hook && root.requires_grad()) (*hook)(root);
     return;
   }
   // Every node reachable through inputs that require grad, in decreasing sequence order: a
@@ -56,12 +107,23 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq > b->seq; });
 
+  // Note [gradient-ready hooks]: the leaves each position finishes.
+  const std::vector<std::vector<Tensor>> finishes = hook ? leaves_finished(order) : std::vector<std::vector<Tensor>>{};
+  auto finish = [&](size_t pos) {
+    if (!hook) return;
+    for (const Tensor& leaf : finishes[pos]) (*hook)(leaf);
+  };
+
   std::unordered_map<Node*, Tensor> pending;  // gradient w.r.t. each node's output
   pending[root.grad_fn().get()] = std::move(grad);
   std::vector<Tensor> grads, accum;
-  for (Node* n : order) {
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    Node* n = order[pos];
     auto it = pending.find(n);
-    if (it == pending.end()) continue;
+    if (it == pending.end()) {
+      finish(pos);
+      continue;
+    }
     Tensor g = std::move(it->second);
     pending.erase(it);
     MG_CHECK(!n->released,
@@ -98,6 +160,7 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
       }
       grads[i] = Tensor();
     }
+    finish(pos);
   }
 }
 
