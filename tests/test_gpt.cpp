@@ -4,6 +4,7 @@
 #include <minigrad/minigrad.h>
 
 #include "helpers.h"
+#include "optim/grad_buckets.h"
 
 using namespace mg;
 
@@ -427,5 +428,59 @@ TEST_CASE("gradient-ready hooks on GPT: the tied wte once, after its last use (t
     size_t at = reported.size();
     for (size_t i = 0; i < reported.size(); ++i) if (reported[i].first.same(wte)) at = i;
     CHECK(at >= reported.size() - 2);  // with wpe, the last two reported
+  }
+}
+
+// Note [overlapped reduction]: the buckets the data-parallel Accumulator reduces during the last
+// micro-batch's backward (on NCCL). Here on the CPU with a recording launch: each bucket once, in
+// order, only when every gradient in it is final, most of them while backward still runs.
+TEST_CASE("gradient buckets: launched in order, once, when their gradients are final, during backward") {
+  manual_seed(2);
+  auto m = nn::make_gpt2(kTiny);
+  const Tensor x = random_tokens(2, 12, 5, kTiny.vocab_size), y = next_tokens(x);
+  const std::vector<Tensor> params = m->parameters();
+  size_t total = 0;
+  for (const Tensor& p : params) total += p.nbytes();
+  optim::GradBuckets buckets(params, total / 6);  // about 6 buckets
+  REQUIRE(buckets.size() >= 5);
+  std::vector<size_t> seen;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    for (size_t k : buckets.bucket(i)) seen.push_back(k);
+    for (size_t j = 1; j < buckets.bucket(i).size(); ++j) CHECK(buckets.bucket(i)[j] == buckets.bucket(i)[j - 1] - 1);
+  }
+  CHECK(seen.size() == params.size());  // every parameter once, last first
+  CHECK(seen.front() == params.size() - 1);
+  for (const std::vector<nn::Segment>& plan : {std::vector<nn::Segment>{}, {{1, 4}}}) {
+    for (const Tensor& q : params) q.set_grad(Tensor());
+    buckets.reset();
+    std::vector<size_t> order;
+    std::vector<std::vector<Tensor>> at_launch;
+    bool in_backward = true;
+    size_t during = 0;
+    const optim::GradBuckets::Launch launch = [&](size_t i) {
+      order.push_back(i);
+      during += in_backward;
+      std::vector<Tensor> g;
+      for (size_t k : buckets.bucket(i)) g.push_back(params[k].grad().clone());
+      at_launch.push_back(g);
+    };
+    {
+      GradReadyHook hook([&](const Tensor& p) { buckets.ready(p, launch); });
+      cross_entropy(nn::forward_with_plan(*m, plan, x).reshape({-1, kTiny.vocab_size}), y).backward();
+    }
+    in_backward = false;
+    buckets.launch_rest(launch);
+    REQUIRE(order.size() == buckets.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      CHECK(order[i] == i);
+      for (size_t j = 0; j < buckets.bucket(i).size(); ++j) {
+        CHECK(test::bit_equal(at_launch[i][j], params[buckets.bucket(i)[j]].grad()));
+      }
+    }
+    // wte (parameter 0, in the last bucket) is final only after the embedding, the last node of
+    // backward: still inside it, so every bucket goes during backward.
+    MESSAGE("plan " << plan.size() << " segment(s): " << during << " of " << buckets.size() << " buckets launched during backward");
+    CHECK(during == buckets.size());
+    CHECK(buckets.launched() == buckets.size());
   }
 }

@@ -300,6 +300,26 @@ void all_reduce(const std::vector<Tensor>& tensors) {
 #endif
 }
 
+void all_reduce_start(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return;
+  check_tensors(tensors, "all_reduce_start");
+  if (!g_world.launched) return;
+#ifdef MINIGRAD_WITH_MPI
+  if (!tensors[0].is_cuda()) return all_reduce(tensors);
+  int64_t bytes = 0;
+  for (const Tensor& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
+  detail::nccl_all_reduce_start(tensors, g_world.rank, g_world.size);
+  g_world.bytes += bytes;
+#endif
+}
+
+void all_reduce_wait() {
+  if (!g_world.launched) return;
+#ifdef MINIGRAD_WITH_MPI
+  detail::nccl_all_reduce_wait(g_world.timeout_s);
+#endif
+}
+
 std::vector<double> all_reduce(std::vector<double> values) {
   if (!g_world.launched || values.empty()) return values;
 #ifdef MINIGRAD_WITH_MPI

@@ -39,6 +39,7 @@ struct Comm {
   int device = -1;
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr, done = nullptr;
+  int started = 0;  // reductions enqueued by nccl_all_reduce_start and not waited for
 };
 Comm g_comm;
 
@@ -70,16 +71,20 @@ ncclDataType_t nccl_type(DType t) {
   }
 }
 
-// Orders `issue` (NCCL calls on c.stream) after the compute stream, and the compute stream after
-// it, then waits for the end against the deadline.
+// Orders `issue` (NCCL calls on c.stream) after the work queued so far on the compute stream, and
+// records c.done after it (c.stream runs in order: c.done then follows everything enqueued).
 template <class Issue>
-void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& issue) {
+void enqueue_ordered(Comm& c, Issue&& issue) {
   MG_CUDA_RT_CHECK(cudaEventRecord(c.ready, nullptr));  // the legacy default stream (Note [cuda stream])
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(c.stream, c.ready, 0));
   MG_NCCL_CHECK(ncclGroupStart());
   issue();
   MG_NCCL_CHECK(ncclGroupEnd());
   MG_CUDA_RT_CHECK(cudaEventRecord(c.done, c.stream));
+}
+
+// Orders the compute stream after c.done and waits for it against the deadline.
+void wait_done(Comm& c, const std::string& what, double timeout_s) {
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, c.done, 0));
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
@@ -100,6 +105,19 @@ void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& iss
   }
 }
 
+template <class Issue>
+void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& issue) {
+  enqueue_ordered(c, issue);
+  wait_done(c, what, timeout_s);
+}
+
+void issue_all_reduce(Comm& c, const std::vector<Tensor>& tensors) {
+  for (const Tensor& t : tensors) {
+    MG_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                                ncclSum, c.comm, c.stream));
+  }
+}
+
 }  // namespace
 
 bool nccl_built() { return true; }
@@ -108,12 +126,22 @@ void nccl_all_reduce(const std::vector<Tensor>& tensors, int rank, int size, dou
   Comm& c = comm_for(tensors[0], rank, size);
   // ncclGroupStart/End makes one launch of the whole list: NCCL fuses small tensors itself, so
   // they need no packing into buckets (Note [gradient buckets] in src/dist/dist.cpp).
-  run_ordered(c, "all_reduce of " + std::to_string(tensors.size()) + " CUDA tensors", timeout_s, [&] {
-    for (const Tensor& t : tensors) {
-      MG_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
-                                  ncclSum, c.comm, c.stream));
-    }
-  });
+  run_ordered(c, "all_reduce of " + std::to_string(tensors.size()) + " CUDA tensors", timeout_s,
+              [&] { issue_all_reduce(c, tensors); });
+  c.started = 0;  // c.done came after those too
+}
+
+void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size) {
+  Comm& c = comm_for(tensors[0], rank, size);
+  enqueue_ordered(c, [&] { issue_all_reduce(c, tensors); });
+  ++c.started;
+}
+
+void nccl_all_reduce_wait(double timeout_s) {
+  if (!g_comm.comm || g_comm.started == 0) return;
+  const int n = g_comm.started;
+  g_comm.started = 0;
+  wait_done(g_comm, std::to_string(n) + " gradient bucket reduction(s) started during backward", timeout_s);
 }
 
 void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int size, double timeout_s) {
@@ -123,6 +151,7 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int 
       MG_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, c.comm, c.stream));
     }
   });
+  c.started = 0;  // c.done came after those too
 }
 
 void nccl_shutdown(bool failing) {

@@ -13,6 +13,12 @@ void nccl_all_reduce(const std::vector<Tensor>& tensors, int, int size, double) 
              "(MINIGRAD_NCCL=ON), or train data-parallel on the CPU");
 }
 
+void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size) {
+  nccl_all_reduce(tensors, rank, size, 0);
+}
+
+void nccl_all_reduce_wait(double) {}
+
 void nccl_broadcast(const std::vector<Tensor>& tensors, int, int, int size, double) {
   MG_FAIL("mg::dist::broadcast: " << tensors.size() << " CUDA tensors over " << size
           << " ranks, but this build has no NCCL (MINIGRAD_NCCL=ON)");

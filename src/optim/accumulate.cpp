@@ -12,6 +12,7 @@
 #include "core/tape.h"
 #include "kernels/elementwise.h"
 #include "ops/op.h"
+#include "optim/grad_buckets.h"
 
 namespace mg::optim {
 
@@ -107,19 +108,62 @@ void Accumulator::spill_losses() {
 }
 
 void Accumulator::backward(const Tensor& loss, int64_t samples) {
+  MG_CHECK(!started_in_backward_, "Accumulator::backward: a micro-batch after the window's last ("
+                                      << opts_.steps << "), whose gradients are already being reduced over the ranks "
+                                         "(Note [overlapped reduction]); call step() first");
   record_loss(loss, samples);
-  loss.backward();
+  if (bucketed() && pending_micro_batches_ + 1 == opts_.steps) {  // Note [overlapped reduction]
+    const std::vector<Tensor> grads = opt_.grads();  // the buffers backward adds into
+    GradBuckets& b = buckets();
+    b.reset();
+    const auto launch = [&](size_t i) {
+      std::vector<Tensor> bucket;
+      for (size_t k : b.bucket(i)) bucket.push_back(grads[k]);
+      dist::all_reduce_start(bucket);
+    };
+    {
+      const GradReadyHook hook([&](const Tensor& p) { b.ready(p, launch); });
+      loss.backward();
+    }
+    b.launch_rest(launch);  // parameters this backward did not reach
+    started_in_backward_ = true;
+  } else {
+    loss.backward();
+  }
   pending_samples_ += samples;
   ++pending_micro_batches_;
 }
 
+bool Accumulator::bucketed() const {
+  return opts_.overlap && data_parallel() && !opt_.params().empty() && opt_.params()[0].is_cuda();
+}
+
+GradBuckets& Accumulator::buckets() {
+  constexpr size_t kBucketBytes = size_t{4} << 20;
+  if (!buckets_) buckets_ = std::make_shared<GradBuckets>(opt_.params(), kBucketBytes);
+  return *buckets_;
+}
+
+void Accumulator::start_buckets(const std::vector<Tensor>& grads, bool rest_only) {
+  GradBuckets& b = buckets();
+  if (!rest_only) b.reset();
+  b.launch_rest([&](size_t i) {
+    std::vector<Tensor> bucket;
+    for (size_t k : b.bucket(i)) bucket.push_back(grads[k]);
+    dist::all_reduce_start(bucket);
+  });
+}
+
 void Accumulator::add_micro_batch(int64_t samples, const Tensor& loss) {
+  MG_CHECK(!started_in_backward_, "Accumulator::add_micro_batch: a micro-batch after the window's last ("
+                                      << opts_.steps << "), whose gradients are already being reduced; call step() first");
   record_loss(loss, samples);
   pending_samples_ += samples;
   ++pending_micro_batches_;
 }
 
 void Accumulator::drop_window() {
+  started_in_backward_ = false;
   opt_.zero_grad();
   pending_samples_ = 0;
   pending_micro_batches_ = 0;
@@ -180,8 +224,13 @@ StepInfo Accumulator::step_window(bool flushing) {
     }
     MG_CHECK(info.samples > 0, "Accumulator::step: no micro-batch since the last step on any of the "
                                    << dist::world_size() << " ranks");
-    std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
-    dist::all_reduce(last_layer_first);
+    if (bucketed()) {  // Note [overlapped reduction]
+      start_buckets(grads, /*rest_only=*/started_in_backward_);
+      dist::all_reduce_wait();
+    } else {
+      std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
+      dist::all_reduce(last_layer_first);
+    }
     if (want_norm) norm_sq = sum_squares(grads);
   }
   // Note [accumulation normalises by samples] (minigrad/optim/accumulate.h).

@@ -77,6 +77,16 @@ std::string backend_name(Device d);  // "mpi", "nccl" or "none"
 // on one device, float32 or float64, contiguous. Without a launcher it does nothing; under
 // `mpirun -np 1` it goes through MPI or NCCL all the same (a one-rank run tests the machinery).
 void all_reduce(const std::vector<Tensor>& tensors);
+// all_reduce in two halves, for reductions that run while the caller goes on (Note [overlapped
+// reduction], minigrad/optim/accumulate.h). all_reduce_start(tensors) starts the sum and returns;
+// all_reduce_wait() returns when every reduction started so far has ended (against the deadline,
+// Note [collectives never hang]), with the compute stream ordered after them. CUDA tensors: NCCL
+// on its own stream, ordered after the work queued so far (the backward that produced them), so
+// it runs beside the kernels queued after it. CPU tensors: reduced at once (all_reduce), because
+// MPI progresses only inside its calls. The tensors must not be changed in between. Every rank
+// starts the same reductions in the same order.
+void all_reduce_start(const std::vector<Tensor>& tensors);
+void all_reduce_wait();
 // Sums host values over all ranks.
 std::vector<double> all_reduce(std::vector<double> values);
 int64_t all_reduce_max(int64_t value);

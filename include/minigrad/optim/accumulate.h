@@ -54,6 +54,19 @@
 // train_epoch counts the windows from the largest shard. Dropout by sample numbers the samples
 // across ranks (sample_window()), so masks too are those of the single process.
 //
+// Note [overlapped reduction]: on CUDA tensors (NCCL) the reduction need not wait for step(). In
+// the window's last micro-batch (the N-th), backward() cuts the gradients into buckets of about
+// 4 MiB, last layer first (src/optim/grad_buckets.h), and starts each bucket's all-reduce on
+// NCCL's stream as soon as backward has finished every gradient in it and every bucket before it
+// was started (Note [gradient-ready hooks], minigrad/core/autograd.h). Those reductions then run
+// while backward computes the earlier layers. step() reduces the header first, then starts the
+// buckets not started yet (all of them on a rank whose window ended early or in flush()), and
+// waits. Every rank starts the same buckets in the same order: NCCL pairs them. The sums are those
+// of the step-time reduction: the buffers are summed over micro-batches first. CPU (MPI) windows
+// reduce at step() (Note [arrive, then reduce]): MPI progresses only inside its calls, so nothing
+// would run beside backward. AccumulateOptions::overlap = false reduces CUDA gradients at step()
+// too, in one grouped call.
+//
 // Optimizer state (Adam's t, momentum initialisation, LR schedules) advances once per real step
 // because the wrapped optimizer's step() is called once per window.
 #pragma once
@@ -61,6 +74,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -71,6 +85,8 @@
 #include <minigrad/optim/optimizer.h>
 
 namespace mg::optim {
+
+class GradBuckets;  // src/optim/grad_buckets.h
 
 // How a window's summed gradient is turned into the step's gradient.
 enum class Normalize : uint8_t {
@@ -94,6 +110,9 @@ struct AccumulateOptions {
   // Under an MPI launcher (mg::dist), sum each window over the ranks (Note [data parallel step]);
   // false: every process steps on its own gradients.
   bool data_parallel = true;
+  // Data parallel on CUDA: start the buckets' reductions during the last micro-batch's backward
+  // (Note [overlapped reduction]). The same on every rank.
+  bool overlap = true;
 };
 
 struct StepInfo {
@@ -168,6 +187,9 @@ class Accumulator {
   void record_loss(const Tensor& loss, int64_t samples);
   void spill_losses();
   void drop_window();
+  bool bucketed() const;  // Note [overlapped reduction]: CUDA data parallelism through buckets
+  GradBuckets& buckets();
+  void start_buckets(const std::vector<Tensor>& grads, bool rest_only);
   Optimizer& opt_;
   AccumulateOptions opts_;
   int64_t pending_samples_ = 0, pending_micro_batches_ = 0;
@@ -179,6 +201,8 @@ class Accumulator {
   std::vector<int64_t> window_samples_;  // samples of each micro-batch of the window
   int64_t steps_taken_ = 0, skipped_steps_ = 0;
   StepInfo last_;
+  std::shared_ptr<GradBuckets> buckets_;  // made at the first bucketed window
+  bool started_in_backward_ = false;      // this window's buckets were started by backward()
 };
 
 // sqrt(sum of squares) over all of `grads`, in double, times `scale` (one device read).
