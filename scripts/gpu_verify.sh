@@ -8,7 +8,9 @@
 #   bash scripts/gpu_verify.sh test         # ctest, the GPU tests included (none may skip)
 #   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer memcheck, racecheck, synccheck, initcheck
 #   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch
-#   bash scripts/gpu_verify.sh all          # the four in order
+#   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch
+#   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
+#   bash scripts/gpu_verify.sh all          # build, test, sanitize, bench in order (gpt: its own call)
 #
 # Logs and results go to $OUT (the device tool's folder) or, without it, to gpu-results/.
 # Environment: CUDA_ARCH (default 90), BUILD_DIR (default build-gpu), PYTHON (default python3:
@@ -94,13 +96,40 @@ stage_bench() {
   return $rc
 }
 
+# GPT-2 124M at context 1024 (issue 17): ours against PyTorch eager with its fused attention, plain
+# and under our sqrt plan (stage gpt), then the largest batch that fits (stage gpt_batch,
+# bench/gpt_max_batch.py). llm.c's published figures go beside these in docs/gpt.md; llm.c itself
+# is not run here.
+stage_gpt() {
+  local rc=0 r
+  for plan in none sqrt; do
+    timeout 280 "$py" bench/gpt_bench.py --device cuda --build-dir "$build" --config gpt2 --batch-size 4 \
+      --seq-len 1024 --steps 10 --repeats 1 --checkpoint "$plan" --torch-python "$py" --sdpa \
+      --out "$out/gpt2_bench.jsonl" >"$out/gpt2_bench_$plan.md" 2>"$out/gpt2_bench_$plan.log"
+    r=$?
+    note "gpt2 B=4 T=1024 plan $plan: exit $r; $(tail -1 "$out/gpt2_bench_$plan.md")"
+    [ $r -ne 0 ] && rc=1
+  done
+  return $rc
+}
+
+stage_gpt_batch() {
+  local r
+  timeout 540 "$py" bench/gpt_max_batch.py --device cuda --build-dir "$build" --config gpt2 --seq-len 1024 \
+    --start 8 --max 256 --budget-batch 512 --timeout 120 --torch-python "$py" --sdpa \
+    --out "$out/gpt2_max_batch.jsonl" >"$out/gpt2_max_batch.md" 2>"$out/gpt2_max_batch.log"
+  r=$?
+  note "gpt2 largest batch: exit $r (table: $out/gpt2_max_batch.md)"
+  return $r
+}
+
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)
 [ "${stages[0]}" = all ] && stages=(build test sanitize bench)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | sanitize | bench) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench or all)" >&2; exit 2 ;;
+    build | test | sanitize | bench | gpt | gpt_batch) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch or all)" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -25,6 +25,8 @@ PRESETS = {"tiny": dict(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_em
 
 
 class Attention(nn.Module):
+    use_sdpa = False  # --sdpa: torch's fused scaled_dot_product_attention (PyTorch >= 2.0)
+
     def __init__(self, c, heads):
         super().__init__()
         self.heads = heads
@@ -35,6 +37,9 @@ class Attention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        if Attention.use_sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
         mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
@@ -104,7 +109,12 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sdpa", action="store_true", help="torch's fused attention (PyTorch >= 2.0)")
     args = ap.parse_args()
+    if args.sdpa:
+        if not hasattr(F, "scaled_dot_product_attention"):
+            raise SystemExit(f"--sdpa needs PyTorch >= 2.0 (this is {torch.__version__})")
+        Attention.use_sdpa = True
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = PRESETS[args.config]
@@ -137,6 +147,9 @@ def main():
 
     for _ in range(args.warmup):
         step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -150,7 +163,8 @@ def main():
     print(json.dumps({"framework": "pytorch", "torch_version": torch.__version__, "threads": torch.get_num_threads(),
                       "workload": f"gpt_{args.config}_b{args.batch_size}_t{t}_a{args.accum}", "device": str(dev),
                       "median_step_s": med, "tokens_per_s": tokens / med, "final_loss": loss,
-                      "params": sum(p.numel() for p in model.parameters()),
+                      "params": sum(p.numel() for p in model.parameters()), "sdpa": args.sdpa,
+                      "peak_cuda_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
 
 
