@@ -1,7 +1,8 @@
 // GPT-2 checkpoints written by Hugging Face's transformers itself (tests/reference/gpt2_hf.py: a
 // tiny random GPT2LMHeadModel saved with save_pretrained, in the three layouts users meet) load
 // through nn::load_gpt2_hf, and our logits equal transformers' within 1e-4 relative. Run by ctest
-// through tests/with_reference.sh (MG_GPT_HF_REFERENCE); skipped (77) without it.
+// through tests/with_reference.sh (MG_GPT_HF_REFERENCE); skipped (77) without it. With MG_GPT2_DIR
+// set to a GPT-2 folder of the user's (the hub's gpt2), that one too.
 #include <cstdlib>
 #include <filesystem>
 
@@ -33,4 +34,21 @@ TEST_CASE("GPT-2 saved by transformers (GPT2LMHeadModel, GPT2Model, the hub's ol
     MESSAGE(layout << ": logits relative error " << e);
     CHECK(e < 1e-4);
   }
+}
+
+TEST_CASE("a GPT-2 folder of the user's (MG_GPT2_DIR) gives transformers' logits") {
+  const char* env = std::getenv("MG_GPT_HF_REFERENCE");
+  const char* dir = std::getenv("MG_GPT2_DIR");
+  const std::string ref = std::string(env ? env : "") + "/pretrained.safetensors", folder = dir ? dir : "";
+  if (folder.empty() || !env || !std::filesystem::exists(ref)) {
+    MESSAGE("MG_GPT2_DIR is not set (a folder with the hub's gpt2): not compared");
+    return;
+  }
+  const nn::SafetensorsFile r = nn::load_safetensors(ref);
+  auto gpt = nn::load_gpt2_hf(folder);
+  gpt->eval();
+  MESSAGE(folder << ": " << gpt->parameter_count() << " parameters");
+  const double e = test::rel_err(gpt->forward(test::tensor_in(r, "tokens")), test::tensor_in(r, "logits"));
+  MESSAGE(folder << ": logits relative error " << e);
+  CHECK(e < 1e-4);
 }

@@ -9,9 +9,10 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
+
+#include "nn/load_report.h"
 
 namespace mg::nn {
 
@@ -162,19 +163,8 @@ void load_gpt2_hf_weights(Sequential& gpt, const std::string& path) {
     }
     unexpected.push_back(name + " " + shape_str(t.shape()));
   }
-  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
-    std::ostringstream os;
-    os << "load_gpt2_hf_weights: '" << path << "' does not match the model (Note [loading Hugging Face's GPT-2])";
-    auto list = [&](const char* title, const std::vector<std::string>& v) {
-      if (v.empty()) return;
-      os << "\n  " << title << " (" << v.size() << "):";
-      for (const auto& s : v) os << "\n    " << s;
-    };
-    list("missing from the file", missing);
-    list("unexpected in the file", unexpected);
-    list("wrong shape", mismatched);
-    MG_FAIL(os.str());
-  }
+  throw_if_mismatched("load_gpt2_hf_weights: '" + path + "' does not match the model (Note [loading Hugging Face's GPT-2])",
+                      missing, unexpected, "wrong shape", mismatched);
   NoGradGuard no_grad;
   for (auto& [p, v] : writes) {
     Tensor dst = p;  // shares storage: the parameter keeps its identity and device

@@ -33,6 +33,7 @@
 
 #include <minigrad/core/autograd.h>
 
+#include "nn/load_report.h"
 #include "util/file.h"
 
 namespace mg::nn {
@@ -395,6 +396,23 @@ SafetensorsFile load_safetensors(const std::string& path) { return read_safetens
 
 Metadata read_safetensors_metadata(const std::string& path) { return read_safetensors(path, false).metadata; }
 
+void throw_if_mismatched(const std::string& what, const std::vector<std::string>& missing,
+                         const std::vector<std::string>& unexpected, const char* mismatched_title,
+                         const std::vector<std::string>& mismatched) {
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  std::ostringstream os;
+  os << what;
+  auto list = [&](const char* title, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    os << "\n  " << title << " (" << v.size() << "):";
+    for (const auto& s : v) os << "\n    " << s;
+  };
+  list("missing from the file", missing);
+  list("unexpected in the file", unexpected);
+  list(mismatched_title, mismatched);
+  MG_FAIL(os.str());
+}
+
 void load_into(Module& module, const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   std::map<std::string, const Tensor*> by_name;
@@ -419,19 +437,8 @@ void load_into(Module& module, const std::string& path) {
   for (const auto& [name, t] : file.tensors) {
     if (!wanted.count(name)) unexpected.push_back(name + " " + shape_str(t.shape()) + " " + dtype_name(t.dtype()));
   }
-  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
-    std::ostringstream os;
-    os << "load_into: safetensors file '" << path << "' does not match the model";
-    auto list = [&](const char* title, const std::vector<std::string>& v) {
-      if (v.empty()) return;
-      os << "\n  " << title << " (" << v.size() << "):";
-      for (const auto& s : v) os << "\n    " << s;
-    };
-    list("missing from the file", missing);
-    list("unexpected in the file", unexpected);
-    list("shape/dtype mismatch", mismatched);
-    MG_FAIL(os.str());
-  }
+  throw_if_mismatched("load_into: safetensors file '" + path + "' does not match the model", missing, unexpected,
+                      "shape/dtype mismatch", mismatched);
   // Everything checked before anything is written: a failed load leaves the model untouched.
   NoGradGuard no_grad;
   for (auto& [name, p] : params) {

@@ -13,7 +13,12 @@ user meets:
 
 Config: vocab 512, context 64, 2 layers, 4 heads, width 64 (gelu_new, layer_norm_epsilon 1e-5).
 
+With MG_GPT2_DIR set to a folder of a GPT-2 the user has (the hub's gpt2: config.json and
+model.safetensors; nothing is downloaded), also
+  pretrained.safetensors  tokens (2, 64) and transformers' logits for them from that folder
+
     /usr/bin/python3 tests/reference/gpt2_hf.py OUT_DIR
+    MG_GPT2_DIR=models/gpt2 ctest -R test_gpt_hf      # the test compares ours on that folder too
 
 Exit status 77 (ctest's skip) when torch, safetensors or transformers cannot be imported.
 """
@@ -63,6 +68,16 @@ def main():
         logits = model(tokens).logits
     save_file({"tokens": tokens, "logits": logits.contiguous()}, os.path.join(out, "ref.safetensors"))
     print(f"gpt2_hf.py: wrote {out}/lm, base, hub and ref.safetensors")
+
+    folder = os.environ.get("MG_GPT2_DIR")
+    if folder:
+        big = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True).eval()
+        g = torch.Generator().manual_seed(2)
+        tokens = torch.randint(0, big.config.vocab_size, (2, 64), generator=g)
+        with torch.no_grad():
+            logits = big(tokens).logits
+        save_file({"tokens": tokens, "logits": logits.contiguous()}, os.path.join(out, "pretrained.safetensors"))
+        print(f"gpt2_hf.py: wrote {out}/pretrained.safetensors from {folder}")
 
 
 if __name__ == "__main__":
