@@ -25,6 +25,28 @@ namespace {
 int64_t window_start(int64_t i, int64_t out, int64_t in) { return (i * in) / out; }
 int64_t window_end(int64_t i, int64_t out, int64_t in) { return ((i + 1) * in + out - 1) / out; }
 
+// One plane of the 2x2, stride 2, unpadded max-pool (VGG's): the generic loop's comparisons in its
+// order, (r, s), (r, s+1), (r+1, s), (r+1, s+1), so the same values, indices and NaN rule, without
+// its per-window bounds.
+void max_pool_2x2(const float* in, float* out, int64_t* arg, int64_t w, int64_t oh, int64_t ow) {
+  for (int64_t i = 0; i < oh; ++i) {
+    const float* r0 = in + 2 * i * w;
+    const float* r1 = r0 + w;
+    for (int64_t j = 0; j < ow; ++j) {
+      const int64_t c = 2 * j;
+      float best = r0[c];  // > -inf or NaN: the generic loop takes it too
+      int64_t at = 2 * i * w + c;
+      const float v[3] = {r0[c + 1], r1[c], r1[c + 1]};
+      const int64_t where[3] = {at + 1, at + w, at + w + 1};
+      for (int k = 0; k < 3; ++k) {
+        if (v[k] > best || std::isnan(v[k])) best = v[k], at = where[k];
+      }
+      out[i * ow + j] = best;
+      arg[i * ow + j] = at;
+    }
+  }
+}
+
 }  // namespace
 
 template <>
@@ -39,6 +61,10 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
       const float* in = xp + pl * h * w;
       float* out = yp + pl * oh * ow;
       int64_t* arg = ip + pl * oh * ow;
+      if (kernel == 2 && stride == 2 && pad == 0) {
+        max_pool_2x2(in, out, arg, w, oh, ow);
+        continue;
+      }
       for (int64_t i = 0; i < oh; ++i) {
         const int64_t h0 = std::max<int64_t>(i * stride - pad, 0);
         const int64_t h1 = std::min<int64_t>(i * stride - pad + kernel, h);
