@@ -67,6 +67,10 @@ const char* node_name(const Node& n) { return n.segment ? "checkpoint" : op_name
 
 uint64_t next_node_seq() { return g_next_seq.fetch_add(1, std::memory_order_relaxed); }
 
+bool sole_owner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl().storage.use_count() == 1 && !t.impl().grad_fn;
+}
+
 void accumulate_grad(const Tensor& leaf, const Tensor& g) {
   MG_CHECK(g.shape() == leaf.shape(), "gradient of shape " << shape_str(g.shape())
                                           << " for a leaf of shape " << shape_str(leaf.shape()));
@@ -76,8 +80,7 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
     // inputs; a view's backward hands on its incoming gradient's storage), so the leaf gets its
     // own copy, which later accumulation may modify in place. A gradient nothing else refers to
     // (one handle, its storage not shared) is taken as it is: no second tensor of its size.
-    const bool sole = g.impl_ptr().use_count() == 1 && g.impl().storage.use_count() == 1 && !g.impl().grad_fn;
-    leaf.set_grad(sole ? g.detach() : g.clone());
+    leaf.set_grad(sole_owner(g) ? g.detach() : g.clone());
     return;
   }
   add_into_kernel(cur, g);

@@ -122,6 +122,9 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs);
 // defined (the leaf's existing gradient buffer), a rule may add its result straight into it and
 // leave grads[i] undefined, saving a temporary and a pass over memory. grad_out is owned by the
 // rule, so that one may release it early.
+// True when nothing else refers to t or its storage (one handle, the storage not shared, no
+// history): a gradient its receiver may overwrite in place (accumulate_grad, relu's backward).
+bool sole_owner(const Tensor& t);
 void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);
 // Tiles (Note [tiled segments]): whether an op can run on rows of its batch, and the attributes
