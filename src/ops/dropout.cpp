@@ -22,9 +22,10 @@ Tensor dropout_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<
 }
 
 void dropout_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
-  grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), dropout_backward, grads[0], gy, n.attrs.scalar, n.attrs.seed, n.attrs.offset, per_sample(gy),
+  Tensor dx = elementwise_grad(n, 0, gy);  // gy itself when nothing else holds it
+  MG_DISPATCH(gy.device(), dropout_backward, dx, gy, n.attrs.scalar, n.attrs.seed, n.attrs.offset, per_sample(gy),
               n.attrs.sample_stride);
+  grads[0] = std::move(dx);
 }
 
 std::vector<OpCase> dropout_cases() {

@@ -69,8 +69,9 @@ Tensor scale_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Te
 }
 
 void scale_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
-  grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), scale_forward, grads[0], gy, n.attrs.scalar);
+  Tensor dx = elementwise_grad(n, 0, gy);  // gy itself when nothing else holds it
+  MG_DISPATCH(gy.device(), scale_forward, dx, gy, n.attrs.scalar);
+  grads[0] = std::move(dx);
 }
 
 std::vector<OpCase> scale_cases() {

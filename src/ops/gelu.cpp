@@ -15,8 +15,9 @@ Tensor gelu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tenso
 }
 
 void gelu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
-  grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), gelu_backward, grads[0], gy, n.saved[0]);
+  Tensor dx = elementwise_grad(n, 0, gy);  // gy itself when nothing else holds it
+  MG_DISPATCH(gy.device(), gelu_backward, dx, gy, n.saved[0]);
+  grads[0] = std::move(dx);
 }
 
 double gelu_flops(const Node& n) { return 10.0 * out_numel(n); }

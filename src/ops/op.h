@@ -96,6 +96,15 @@ inline Tensor empty_like_input(const Node& n, size_t i, Device d) {
   return Tensor::empty(n.inputs[i].shape, TensorOptions{DType::f32, d});
 }
 
+// The gradient of input i of an element-wise op whose backward kernel reads and writes each
+// element at the same index: the incoming gradient itself when nothing else holds it (one buffer
+// and one pass over memory fewer), else a new tensor. The planner measures what this saves
+// (Note [checkpoint cost model]).
+inline Tensor elementwise_grad(const Node& n, size_t i, const Tensor& gy) {
+  const bool reuse = sole_owner(gy) && gy.impl().offset == 0 && gy.dtype() == DType::f32 && gy.shape() == n.inputs[i].shape;
+  return reuse ? gy : empty_like_input(n, i, gy.device());
+}
+
 // Windows along one dimension of size `in` (conv2d, pools). 0 when the kernel does not fit: C++
 // division truncates toward zero, so (in + 2p - k) / s + 1 alone would say 1 for a kernel up to
 // s - 1 elements too large.

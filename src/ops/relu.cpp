@@ -16,11 +16,8 @@ Tensor relu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tenso
   return y;
 }
 
-// An incoming gradient nothing else holds becomes the input gradient in place: one buffer and one
-// pass over memory fewer (the kernel reads and writes each element at the same index).
 void relu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
-  const bool in_place = sole_owner(gy) && gy.impl().offset == 0 && gy.shape() == n.inputs[0].shape;
-  Tensor dx = in_place ? gy : empty_like_input(n, 0, gy.device());
+  Tensor dx = elementwise_grad(n, 0, gy);  // gy itself when nothing else holds it
   MG_DISPATCH(gy.device(), relu_backward, dx, gy, n.saved[0]);
   grads[0] = std::move(dx);
 }
