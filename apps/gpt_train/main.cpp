@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
       // On the host; each micro-batch goes to the device when it runs.
       int64_t rows = 0;
       for (const mg::data::TokenBatch& host : batches.next_split(micro)) {
-        const Tensor x = host.x.to(dev), y = host.y.to(dev);
+        const Tensor x = dev.is_cuda() ? host.x.to(dev) : host.x, y = dev.is_cuda() ? host.y.to(dev) : host.y;
         Tensor loss;
         {  // dropout masks by sequence, whatever the split (Note [dropout by sample])
           const mg::SampleWindowGuard window = acc.sample_window(rows);

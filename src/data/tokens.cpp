@@ -111,7 +111,9 @@ TokenBatch TokenBatches::rows(int64_t start, int64_t count, Device device) const
     x[static_cast<size_t>(i)] = a;
     y[static_cast<size_t>(i)] = b;
   }
-  return {Tensor::from_vector(x, {count, t_}).to(device), Tensor::from_vector(y, {count, t_}).to(device)};
+  Tensor tx = Tensor::from_vector(x, {count, t_}), ty = Tensor::from_vector(y, {count, t_});
+  if (device.is_cuda()) tx = tx.to(device), ty = ty.to(device);  // to() always copies: not for the host
+  return {tx, ty};
 }
 
 }  // namespace mg::data

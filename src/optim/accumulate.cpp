@@ -116,11 +116,7 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     const std::vector<Tensor> grads = opt_.grads();  // the buffers backward adds into
     GradBuckets& b = buckets();
     b.reset();
-    const auto launch = [&](size_t i) {
-      std::vector<Tensor> bucket;
-      for (size_t k : b.bucket(i)) bucket.push_back(grads[k]);
-      dist::all_reduce_start(bucket);
-    };
+    const auto launch = [&](size_t i) { start_bucket(grads, i); };
     {
       const GradReadyHook hook([&](const Tensor& p) { b.ready(p, launch); });
       loss.backward();
@@ -144,14 +140,10 @@ GradBuckets& Accumulator::buckets() {
   return *buckets_;
 }
 
-void Accumulator::start_buckets(const std::vector<Tensor>& grads, bool rest_only) {
-  GradBuckets& b = buckets();
-  if (!rest_only) b.reset();
-  b.launch_rest([&](size_t i) {
-    std::vector<Tensor> bucket;
-    for (size_t k : b.bucket(i)) bucket.push_back(grads[k]);
-    dist::all_reduce_start(bucket);
-  });
+void Accumulator::start_bucket(const std::vector<Tensor>& grads, size_t i) {
+  std::vector<Tensor> bucket;
+  for (size_t k : buckets().bucket(i)) bucket.push_back(grads[k]);
+  dist::all_reduce_start(bucket);
 }
 
 void Accumulator::add_micro_batch(int64_t samples, const Tensor& loss) {
@@ -224,8 +216,11 @@ StepInfo Accumulator::step_window(bool flushing) {
     }
     MG_CHECK(info.samples > 0, "Accumulator::step: no micro-batch since the last step on any of the "
                                    << dist::world_size() << " ranks");
-    if (bucketed()) {  // Note [overlapped reduction]
-      start_buckets(grads, /*rest_only=*/started_in_backward_);
+    if (bucketed()) {  // Note [overlapped reduction]: backward started them all, or none
+      if (!started_in_backward_) {
+        buckets().reset();
+        buckets().launch_rest([&](size_t i) { start_bucket(grads, i); });
+      }
       dist::all_reduce_wait();
     } else {
       std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]

@@ -189,7 +189,7 @@ class Accumulator {
   void drop_window();
   bool bucketed() const;  // Note [overlapped reduction]: CUDA data parallelism through buckets
   GradBuckets& buckets();
-  void start_buckets(const std::vector<Tensor>& grads, bool rest_only);
+  void start_bucket(const std::vector<Tensor>& grads, size_t i);  // dist::all_reduce_start of bucket i
   Optimizer& opt_;
   AccumulateOptions opts_;
   int64_t pending_samples_ = 0, pending_micro_batches_ = 0;

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
@@ -74,6 +75,7 @@ void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, 
   cpu::parallel_for(s.b * heads, 1, [&](int64_t p0, int64_t p1) {
     Tensor ws = Tensor::empty({2, s.t, s.t});
     cpu::MatMap pm(ws.data<float>(), s.t, s.t), dp(ws.data<float>() + s.t * s.t, s.t, s.t);
+    std::vector<float> keep(drop.p > 0.0f ? static_cast<size_t>(s.t) : 0);  // a row's mask, drawn once
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / heads, h = p % heads;
       const int64_t off = b * s.t * 3 * s.c + h * s.d, yoff = b * s.t * s.c + h * s.d;
@@ -95,14 +97,17 @@ void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, 
       for (int64_t t = 0; t < s.t; ++t) {
         float *prow = pm.data() + t * s.t, *drow = dp.data() + t * s.t;
         if (drop.p > 0.0f) {  // dp = M dp'; p stays for ds, p' = p M replaces it below for dv
-          for (int64_t j = 0; j <= t; ++j) drow[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
+          for (int64_t j = 0; j <= t; ++j) {
+            keep[static_cast<size_t>(j)] = attention_keep(drop, b, h, t, j, heads, s.t);
+            drow[j] *= keep[static_cast<size_t>(j)];
+          }
         }
         double e = 0;  // E_t = sum_j p_tj dp_tj (= dy_t . y_t; this way a row of one term gets ds = 0 exactly)
         for (int64_t j = 0; j <= t; ++j) e += static_cast<double>(prow[j]) * drow[j];
         const float ef = static_cast<float>(e);
         for (int64_t j = 0; j < s.t; ++j) drow[j] = prow[j] * (drow[j] - ef) * scale;  // ds / sqrt(D)
         if (drop.p > 0.0f) {
-          for (int64_t j = 0; j <= t; ++j) prow[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
+          for (int64_t j = 0; j <= t; ++j) prow[j] *= keep[static_cast<size_t>(j)];
         }
       }
       if (drop.p > 0.0f) dv.noalias() = pm.transpose() * g;
