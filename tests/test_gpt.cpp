@@ -394,7 +394,7 @@ TEST_CASE("attention written with matmul, a -inf mask, softmax (and dropout) equ
   }
 }
 
-TEST_CASE("matmul and softmax: shapes, errors, and a masked row") {
+TEST_CASE("matmul, softmax and attention dropout: shapes, errors, and a masked row") {
   CHECK(matmul(test::rand_tensor({2, 3, 4}, 1), test::rand_tensor({2, 4, 5}, 2)).shape() == Shape{2, 3, 5});
   CHECK_THROWS_WITH_AS(matmul(test::rand_tensor({2, 3, 4}, 1), test::rand_tensor({3, 4, 5}, 2)),
                        doctest::Contains("same leading dimensions, got a [2, 3, 4] and b [3, 4, 5]"), Error);
@@ -408,6 +408,11 @@ TEST_CASE("matmul and softmax: shapes, errors, and a masked row") {
   CHECK(p[2] == doctest::Approx(0.75f));
   CHECK(p[3] == 0.0f);
   CHECK(std::isnan(softmax(Tensor::from_vector(std::vector<float>{-inf, -inf}, {2})).to_vector<float>()[0]));
+  CHECK_THROWS_WITH_AS(softmax(Tensor::from_vector(std::vector<float>{1.0f}, {})), doctest::Contains("at least one dimension"),
+                       Error);
+  CHECK_THROWS_WITH_AS(causal_self_attention(test::rand_tensor({1, 3, 12}, 2), 2, 1.0f),
+                       doctest::Contains("dropout p must be in [0, 1), got 1"), Error);
+  CHECK_THROWS_WITH_AS(causal_self_attention(test::rand_tensor({3, 12}, 2), 2, 0.1f), doctest::Contains("(B, T, 3C)"), Error);
 }
 
 TEST_CASE("gradient-ready hooks on GPT: the tied wte once, after its last use (the embedding), with a plan or not") {
