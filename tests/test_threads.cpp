@@ -14,6 +14,8 @@
 #include "core/backoff.h"
 #include "core/parallel.h"
 #include "helpers.h"
+#include "kernels/conv2d.h"
+#include "kernels/linear.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -81,6 +83,88 @@ TEST_CASE("training gives the same bits with 1, 2 and 3 threads (MLP 784-512-512
   const std::vector<Tensor> one = train(cnn, {3, 96, 96}, 3, true, 1);
   check_same_bits(train(cnn, {3, 96, 96}, 3, true, 2), one);
   check_same_bits(train(cnn, {3, 96, 96}, 3, true, 3), one);
+}
+
+namespace {
+
+// Rows [r0, r1) of t along its first dimension, as a tensor of their own.
+Tensor rows(const Tensor& t, int64_t r0, int64_t r1) {
+  const int64_t per = t.numel() / std::max<int64_t>(t.size(0), 1);
+  Shape s = t.shape();
+  s[0] = r1 - r0;
+  return Tensor::from_vector(std::vector<float>(t.data<float>() + r0 * per, t.data<float>() + r1 * per), s);
+}
+
+// The batch cut into consecutive parts of these sizes (the last part takes what is left).
+std::vector<std::pair<int64_t, int64_t>> cut(int64_t n, const std::vector<int64_t>& sizes) {
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  int64_t r = 0;
+  for (int64_t len : sizes) {
+    if (r >= n) break;
+    parts.push_back({r, std::min(n, r + len)});
+    r += len;
+  }
+  if (r < n) parts.push_back({r, n});
+  return parts;
+}
+
+}  // namespace
+
+// Note [rows that do not depend on the batch] (kernels/cpu/gemm.h), Note [weight gradients in
+// sample order] (kernels/cpu/conv2d.cpp): a sample's output and input gradient are the same bits in
+// any batch, and weight gradients accumulated part by part are those of the whole batch.
+TEST_CASE("a sample's results do not depend on the batch it is in: linear and conv2d, batches cut every way") {
+  const std::vector<std::vector<int64_t>> cuts = {{1}, {2}, {3}, {1, 2, 3, 5}, {13}, {16}, {7, 6}};
+  struct Lin { int64_t n, in, out; };
+  for (const Lin l : {Lin{37, 784, 512}, Lin{37, 512, 10}, Lin{300, 33, 100}}) {
+    CAPTURE(l.in);
+    CAPTURE(l.out);
+    const Tensor x = rand_tensor({l.n, l.in}, 201), w = rand_tensor({l.out, l.in}, 202), b = rand_tensor({l.out}, 203);
+    const Tensor dy = rand_tensor({l.n, l.out}, 204);
+    Tensor y = Tensor::empty({l.n, l.out}), dx = Tensor::empty(x.shape()), dw = Tensor::empty(w.shape()), none;
+    linear_forward<Cpu>(y, x, w, b);
+    linear_backward<Cpu>(dx, dw, none, dy, x, w, false);
+    for (const auto& sizes : cuts) {
+      Tensor dw_parts = Tensor::zeros(w.shape());
+      for (const auto& [r0, r1] : cut(l.n, sizes)) {
+        CAPTURE(r0);
+        CAPTURE(r1);
+        Tensor yp = Tensor::empty({r1 - r0, l.out}), dxp = Tensor::empty({r1 - r0, l.in});
+        linear_forward<Cpu>(yp, rows(x, r0, r1), w, b);
+        linear_backward<Cpu>(dxp, dw_parts, none, rows(dy, r0, r1), rows(x, r0, r1), w, true);
+        CHECK(bit_equal(yp, rows(y, r0, r1)));
+        CHECK(bit_equal(dxp, rows(dx, r0, r1)));
+      }
+      CHECK(bit_equal(dw_parts, dw));
+    }
+  }
+  // 3 input channels: im2col; 16: oneDNN where the build has it (kernels/cpu/conv2d_onednn.h).
+  struct Conv { int64_t c, o, k; int stride, pad; };
+  for (const Conv cv : {Conv{3, 8, 3, 1, 1}, Conv{16, 8, 3, 1, 1}, Conv{16, 12, 3, 2, 0}, Conv{24, 16, 1, 1, 0}}) {
+    CAPTURE(cv.c);
+    CAPTURE(cv.stride);
+    const int64_t n = 7, h = 13, oh = (h + 2 * cv.pad - cv.k) / cv.stride + 1;
+    const Tensor x = rand_tensor({n, cv.c, h, h}, 211), w = rand_tensor({cv.o, cv.c, cv.k, cv.k}, 212);
+    const Tensor b = rand_tensor({cv.o}, 213), dy = rand_tensor({n, cv.o, oh, oh}, 214);
+    Tensor y = Tensor::empty({n, cv.o, oh, oh}), dx = Tensor::empty(x.shape()), dw = Tensor::empty(w.shape());
+    Tensor db = Tensor::empty({cv.o});
+    conv2d_forward<Cpu>(y, x, w, b, cv.stride, cv.pad);
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, cv.stride, cv.pad, false);
+    for (const auto& sizes : cuts) {
+      Tensor dw_parts = Tensor::zeros(w.shape()), db_parts = Tensor::zeros({cv.o});
+      for (const auto& [r0, r1] : cut(n, sizes)) {
+        CAPTURE(r0);
+        CAPTURE(r1);
+        Tensor yp = Tensor::empty({r1 - r0, cv.o, oh, oh}), dxp = Tensor::empty({r1 - r0, cv.c, h, h});
+        conv2d_forward<Cpu>(yp, rows(x, r0, r1), w, b, cv.stride, cv.pad);
+        conv2d_backward<Cpu>(dxp, dw_parts, db_parts, rows(dy, r0, r1), rows(x, r0, r1), w, cv.stride, cv.pad, true);
+        CHECK(bit_equal(yp, rows(y, r0, r1)));
+        CHECK(bit_equal(dxp, rows(dx, r0, r1)));
+      }
+      CHECK(bit_equal(dw_parts, dw));
+      CHECK(bit_equal(db_parts, db));
+    }
+  }
 }
 
 TEST_CASE("set_num_threads: a count below 1 is an error") {

@@ -95,7 +95,58 @@ void gemm_serial(const GemmArgs& g) {
   product(g);
 }
 
+namespace {
+
+// Note [rows that do not depend on the batch]: column pieces sized as if C had kNominalRows rows,
+// starting at multiples of kColumnAlign (a multiple of Eigen's register block in columns of C on
+// SSE, AVX2 and AVX-512: 12, 24 and 48 floats), row blocks of kRowBlock, and rows in groups of
+// kRowGroup (Eigen's register block in rows of C: rows past the last full group take other paths).
+constexpr int64_t kNominalRows = 32, kColumnAlign = 48, kRowBlock = 256, kRowGroup = 4;
+
+// The last rows of C (fewer than kRowGroup) as the first rows of a full group, the rest zero.
+void padded_rows(const GemmArgs& g) {
+  std::vector<float> a(static_cast<size_t>(kRowGroup * g.k), 0.0f), c(static_cast<size_t>(kRowGroup * g.n), 0.0f);
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.k; ++j) a[i * g.k + j] = g.trans_a ? g.a[j * g.lda + i] : g.a[i * g.lda + j];
+    if (g.accumulate) std::copy(g.c + i * g.ldc, g.c + i * g.ldc + g.n, c.begin() + i * g.n);
+  }
+  GemmArgs group = g;
+  group.trans_a = false;
+  group.m = kRowGroup;
+  group.a = a.data();
+  group.lda = g.k;
+  group.c = c.data();
+  group.ldc = g.n;
+  gemm_serial(group);
+  for (int64_t i = 0; i < g.m; ++i) std::copy(c.begin() + i * g.n, c.begin() + (i + 1) * g.n, g.c + i * g.ldc);
+}
+
+void gemm_sample_rows(const GemmArgs& g) {
+  const int64_t width = piece_length(g.n, kNominalRows * g.n * std::max<int64_t>(g.k, 1), kColumnAlign);
+  const int64_t col_pieces = (g.n + width - 1) / width, row_pieces = (g.m + kRowBlock - 1) / kRowBlock;
+  parallel_pieces(col_pieces * row_pieces, [&](int64_t piece, int) {
+    const int64_t r0 = piece / col_pieces * kRowBlock, c0 = piece % col_pieces * width;
+    GemmArgs p = g;
+    p.m = std::min(kRowBlock, g.m - r0) / kRowGroup * kRowGroup;
+    p.n = std::min(width, g.n - c0);
+    p.a = g.trans_a ? g.a + r0 : g.a + r0 * g.lda;
+    p.b = g.trans_b ? g.b + c0 * g.ldb : g.b + c0;
+    p.c = g.c + r0 * g.ldc + c0;
+    if (p.m > 0) gemm_serial(p);
+    GemmArgs rest = p;  // the rows after the last full group
+    rest.m = std::min(kRowBlock, g.m - r0) - p.m;
+    if (rest.m == 0) return;
+    rest.a = g.trans_a ? p.a + p.m : p.a + p.m * g.lda;
+    rest.c = p.c + p.m * g.ldc;
+    if (rest.k == 0) return gemm_serial(rest);
+    padded_rows(rest);
+  });
+}
+
+}  // namespace
+
 void gemm(const GemmArgs& g) {
+  if (g.sample_rows) return gemm_sample_rows(g);
   // Cut the longer side of C: the other operand's packing is what every piece repeats.
   const bool by_rows = g.m >= g.n;
   const int64_t len = by_rows ? g.m : g.n;

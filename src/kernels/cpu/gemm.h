@@ -23,9 +23,26 @@ struct GemmArgs {
   float* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  // The rows of C are samples (Note [rows that do not depend on the batch]): each row comes out
+  // with the same bits whatever m is and wherever the row lies.
+  bool sample_rows = false;
 };
 
 void gemm(const GemmArgs& g);
+
+// Note [rows that do not depend on the batch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A layer's output for one sample should not depend on which other samples share its batch:
+// otherwise micro-batches of 16 round differently from a batch of 32, and over an epoch a ReLU kink
+// can turn that rounding into a visible difference (the data-parallel epoch tests measured 1.3e-4
+// on an AVX-512 machine, tests/mpi_training.cpp). Eigen's SGEMM gives a row of C the same bits in
+// any call whose row count is a multiple of 4 (its register block), but rows past the last full
+// group of 4 take other paths (a single row: a matrix-vector product that sums in another order),
+// and the bits also depend on an element's column position within the call. With sample_rows,
+// gemm cuts C into column pieces whose width depends on (n, k) only and row blocks of fixed size,
+// and runs the last rows of a block (fewer than 4) as the first rows of a zero-padded group of 4,
+// so every row takes the same path whatever the batch (tests/test_threads.cpp cuts batches every
+// way and compares bits).
 void gemm_serial(const GemmArgs& g);
 
 // Note [sums in sample order]

@@ -22,7 +22,7 @@ template <> void linear_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w
     });
   }
   cpu::gemm({.trans_b = true, .m = n, .n = m, .k = k, .a = x.data<float>(), .lda = k, .b = w.data<float>(),
-             .ldb = k, .c = yp, .ldc = m, .accumulate = b.defined()});
+             .ldb = k, .c = yp, .ldc = m, .accumulate = b.defined(), .sample_rows = true});
 }
 
 template <>
@@ -32,7 +32,7 @@ void linear_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   const float* dyp = dy.data<float>();
   if (dx.defined()) {
     cpu::gemm({.m = n, .n = k, .k = m, .a = dyp, .lda = m, .b = w.data<float>(), .ldb = k, .c = dx.data<float>(),
-               .ldc = k});
+               .ldc = k, .sample_rows = true});
   }
   if (dw.defined()) {  // in sample order (Note [sums in sample order] in kernels/cpu/gemm.h)
     cpu::sum_outer_products(n, m, k, dyp, m, x.data<float>(), k, dw.data<float>(), k, accumulate);
