@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake ninja-build pkg-config libeigen3-dev doctest-dev libcli11-dev
-      nlohmann-json3-dev zlib1g-dev libstb-dev libjpeg-dev libopenblas-dev libopenmpi-dev openmpi-bin
+      nlohmann-json3-dev zlib1g-dev libstb-dev libjpeg-dev libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin
       python3-torch python3-torchvision python3-numpy python3-pip ${MG_EXTRA_PACKAGES:-})
 if [ "${MG_SKIP_APT:-0}" != 1 ]; then
   missing=()

@@ -142,14 +142,14 @@ inline std::shared_ptr<nn::Sequential> mlp_with_dropout() {
 
 inline std::shared_ptr<nn::Sequential> small_cnn() {
   auto m = std::make_shared<nn::Sequential>();
-  m->add<nn::Conv2d>(3, 4, 3, 1, 1);
+  m->add<nn::Conv2d>(3, 8, 3, 1, 1);  // im2col + SGEMM
   m->add<nn::ReLU>();
   m->add<nn::MaxPool2d>(2);
-  m->add<nn::Conv2d>(4, 6, 3, 1, 1);
+  m->add<nn::Conv2d>(8, 16, 3, 1, 1);  // oneDNN where the build has it (kernels/cpu/conv2d_onednn.h)
   m->add<nn::ReLU>();
   m->add<nn::AdaptiveAvgPool2d>(3, 3);
   m->add<nn::Flatten>();
-  m->add<nn::Linear>(54, 10);
+  m->add<nn::Linear>(144, 10);
   m->add<nn::ReLU>();
   m->add<nn::Dropout>(0.5f);
   m->add<nn::Linear>(10, 3);

@@ -16,6 +16,7 @@
 
 #include "helpers.h"
 #include "kernels/conv2d.h"
+#include "kernels/cpu/conv2d_onednn.h"
 #include "kernels/dropout.h"
 #include "kernels/pooling.h"
 
@@ -364,6 +365,41 @@ TEST_CASE("conv2d workspace is counted by the allocator and bounded per thread, 
     CHECK(bwd_extra > 0);
     CHECK(bwd_extra <= threads * std::min<size_t>(one_col, 1 << 20) + static_cast<size_t>(n) * w.nbytes());
   }
+}
+
+TEST_CASE("conv2d in oneDNN: its workspace is counted by the allocator, per thread and not per batch") {
+  const cpu::onednn::ConvShape shape{.c = 16, .h = 20, .w = 20, .o = 16, .kh = 3, .kw = 3, .oh = 20, .ow = 20,
+                                     .stride = 1, .pad = 1};
+  if (!cpu::onednn::applies(shape)) {
+    MESSAGE("skipped: this build has no oneDNN (or MG_CPU_CONV=gemm)");
+    return;
+  }
+  struct TwoThreads {  // slots of scratch: min(threads, images), the same for 4 and 12 images
+    int saved = num_threads();
+    TwoThreads() { set_num_threads(2); }
+    ~TwoThreads() { set_num_threads(saved); }
+  } two;
+  const Device cpu = Device::cpu();
+  const Tensor w = rand_tensor({16, 16, 3, 3}, 75);
+  std::vector<size_t> fwd, bwd;
+  for (int64_t n : {4, 12}) {
+    const Tensor x = rand_tensor({n, 16, 20, 20}, 76), dy = rand_tensor({n, 16, 20, 20}, 77);
+    Tensor y = poisoned(dy.shape()), dx = poisoned(x.shape()), dw = poisoned(w.shape()), none;
+    const size_t before = memory_stats(cpu).in_use;
+    reset_peak_memory_stats(cpu);
+    conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1);
+    fwd.push_back(memory_stats(cpu).peak_in_use - before);
+    CHECK(memory_stats(cpu).in_use == before);
+    reset_peak_memory_stats(cpu);
+    conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false);
+    // minus one partial dW per image (Note [weight gradients in sample order])
+    bwd.push_back(memory_stats(cpu).peak_in_use - before - static_cast<size_t>(n) * w.nbytes());
+    CHECK(memory_stats(cpu).in_use == before);
+  }
+  CHECK(fwd[0] > 0);  // the blocked images and the weights went through the allocator
+  CHECK(bwd[0] > 0);
+  CHECK(fwd[1] == fwd[0]);  // 4 or 12 images: the same scratch
+  CHECK(bwd[1] == bwd[0]);
 }
 
 // ---- errors ------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "kernels/cpu/conv2d_onednn.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
 
@@ -47,6 +48,8 @@ struct ConvGeom {
   int64_t ckk() const { return c * kh * kw; }
   int64_t ohw() const { return oh * ow; }
   bool pointwise() const { return kh == 1 && kw == 1 && stride == 1 && pad == 0; }
+  cpu::onednn::ConvShape onednn_shape(bool bias) const { return {c, h, w, o, kh, kw, oh, ow, stride, pad, bias}; }
+  bool onednn() const { return cpu::onednn::applies(onednn_shape(false)); }
 };
 
 ConvGeom geometry(const Tensor& x, const Tensor& w, int64_t oh, int64_t ow, int stride, int pad) {
@@ -164,12 +167,29 @@ float sum_in_lanes(const float* p, int64_t n) {
   return s;
 }
 
+// The forward in oneDNN (kernels/cpu/conv2d_onednn.h): one piece per image.
+void onednn_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g) {
+  const auto& conv = cpu::onednn::Conv::get(g.onednn_shape(b.defined()));
+  Tensor weights = Tensor::empty({conv.forward_weights_floats()});
+  conv.prepare_forward_weights(weights.data<float>(), w.data<float>());
+  const int64_t scratch = std::max<int64_t>(conv.forward_scratch_floats(), 1);
+  Tensor ws = Tensor::empty({cpu::parallel_slots(g.n), scratch});
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  const float* bp = b.defined() ? b.data<float>() : nullptr;
+  cpu::parallel_pieces(g.n, [&](int64_t n, int slot) {
+    conv.forward(yp + n * g.o * g.ohw(), xp + n * g.c * g.h * g.w, weights.data<float>(), bp,
+                 ws.data<float>() + slot * scratch);
+  });
+}
+
 }  // namespace
 
 template <>
 void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
                          int pad) {
   const ConvGeom g = geometry(x, w, y.size(2), y.size(3), stride, pad);
+  if (g.onednn()) return onednn_forward(y, x, w, b, g);
   const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
   const bool pointwise = g.pointwise();
   const int64_t rows = pointwise ? g.oh : block_rows(g), blocks = (g.oh + rows - 1) / rows;
@@ -218,18 +238,25 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
   if (g.n == 0 || (!dx.defined() && !dw.defined())) return;
 
-  const bool pointwise = g.pointwise();
+  // oneDNN (kernels/cpu/conv2d_onednn.h) does one image per call: dW pieces are one per image.
+  const cpu::onednn::Conv* onednn = g.onednn() ? &cpu::onednn::Conv::get(g.onednn_shape(false)) : nullptr;
+  const bool pointwise = g.pointwise() && !onednn;
   const int64_t rows = pointwise ? g.oh : block_rows(g);
-  const int64_t block = g.ckk() * rows * g.ow;
+  const int64_t block = onednn ? std::max<int64_t>(onednn->backward_scratch_floats(), 1) : g.ckk() * rows * g.ow;
   const int64_t group = channels_per_dw_piece(g);
   const int64_t channel_groups = (g.c + group - 1) / group;
-  const bool per_image = channel_groups < kMinDwSpread;  // dW pieces: one per image, or per channel group
+  const bool per_image = onednn || channel_groups < kMinDwSpread;  // dW pieces: per image, or per channel group
   const int64_t dw_pieces = !dw.defined() ? 0 : per_image ? g.n : channel_groups;
   const int64_t pieces = dw_pieces + (dx.defined() ? g.n : 0);
   Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
   const int64_t wsize = g.o * g.ckk();
   Tensor partial = dw.defined() && per_image ? Tensor::empty({g.n, wsize}) : Tensor();
   const float* wp = w.data<float>();
+  Tensor onednn_weights;  // the filters in oneDNN's layout for the input gradient
+  if (onednn && dx.defined()) {
+    onednn_weights = Tensor::empty({onednn->backward_weights_floats()});
+    onednn->prepare_backward_weights(onednn_weights.data<float>(), wp);
+  }
 
   // dW's columns of channels [c0, c1) over images [n0, n1), every row block, in order, into dwp
   // (a row stride of ckk), added onto what it holds when `add`.
@@ -269,7 +296,12 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
 
   cpu::parallel_pieces(pieces, [&](int64_t piece, int slot) {
     float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
-    if (piece >= dw_pieces) {
+    if (onednn && piece >= dw_pieces) {
+      const int64_t n = piece - dw_pieces;
+      onednn->backward_data(dx.data<float>() + n * img, dyp + n * out, onednn_weights.data<float>(), buf);
+    } else if (onednn) {
+      onednn->backward_weights(partial.data<float>() + piece * wsize, xp + piece * img, dyp + piece * out, buf);
+    } else if (piece >= dw_pieces) {
       dx_piece(piece - dw_pieces, buf);
     } else if (per_image) {
       dw_piece(0, g.c, piece, piece + 1, partial.data<float>() + piece * wsize, false, buf);
