@@ -18,6 +18,7 @@
 
 #include <minigrad/minigrad.h>
 
+#include "kernels/cpu/conv2d_onednn.h"
 #include "roofline.h"
 
 namespace {
@@ -139,6 +140,7 @@ int main(int argc, char** argv) {
       const double peak = mg::bench::sgemm_gflops();
       j["threads"] = mg::num_threads();
       j["gemm"] = mg::cpu::gemm_backend();
+      j["conv"] = mg::cpu::onednn::backend();
       j["sgemm_gflops"] = peak;
       j["fraction_of_sgemm"] = total_gflop / total_step / peak;
     }

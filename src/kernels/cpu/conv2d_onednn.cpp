@@ -290,10 +290,12 @@ bool applies(const ConvShape& s) {
   return enabled_by_env() && std::max(s.c, s.o) >= kMinChannels && s.h > 0 && s.w > 0 && s.oh > 0 && s.ow > 0;
 }
 
-const char* version() {
+const char* backend() {
   static const std::string v = [] {
+    if (!enabled_by_env()) return std::string("im2col + sgemm");
     const dnnl_version_t* d = dnnl_version();
-    return "onednn " + std::to_string(d->major) + "." + std::to_string(d->minor) + "." + std::to_string(d->patch);
+    return "onednn " + std::to_string(d->major) + "." + std::to_string(d->minor) + "." + std::to_string(d->patch) +
+           " from " + std::to_string(kMinChannels) + " channels, im2col + sgemm below";
   }();
   return v.c_str();
 }
@@ -302,7 +304,7 @@ const char* version() {
 
 struct Conv::Impl {};
 bool applies(const ConvShape&) { return false && enabled_by_env(); }
-const char* version() { return "none"; }
+const char* backend() { return "im2col + sgemm"; }
 Conv::~Conv() = default;
 const Conv& Conv::get(const ConvShape&) { throw Error("libminigrad was built without oneDNN"); }
 int64_t Conv::forward_weights_floats() const { return 0; }
