@@ -224,23 +224,35 @@ int64_t Conv::forward_scratch_floats() const {
   return p.src_in.scratch_floats() + p.dst_out.scratch_floats() + floats(p.fwd_pd.scratchpad_desc());
 }
 
-void Conv::forward(float* y, const float* x, const float* weights, const float* b, float* scratch) const {
-  const Impl& p = *impl_;
+namespace {
+// One image through a forward or input-gradient primitive: `in` reordered into the primitive's
+// layout, the result written to `out` through a reorder when the layouts differ, the weights
+// already prepared; scratch: the input's, then the output's, then the primitive's scratchpad.
+void run_image(const dnnl::primitive& prim, const Reorder& in_r, int in_arg, const float* in,
+               const memory::desc& weights_md, const float* weights, const ReorderOut& out_r, int out_arg,
+               float* out, const memory::desc& pad_md, float* scratch, const memory::desc* bias_md = nullptr,
+               const float* bias = nullptr) {
   OneThread one;
   dnnl::stream st(engine());
-  float* dst_scratch = scratch + p.src_in.scratch_floats();
-  float* pad_scratch = dst_scratch + p.dst_out.scratch_floats();
-  memory src = p.src_in.in(st, x, scratch);
-  memory dst = p.dst_out.target(y, dst_scratch);
-  std::unordered_map<int, memory> args = {
-      {DNNL_ARG_SRC, src},
-      {DNNL_ARG_WEIGHTS, memory(p.fwd_pd.weights_desc(), engine(), const_cast<float*>(weights))},
-      {DNNL_ARG_DST, dst},
-      {DNNL_ARG_SCRATCHPAD, memory(p.fwd_pd.scratchpad_desc(), engine(), pad_scratch)}};
-  if (p.s.bias) args.emplace(DNNL_ARG_BIAS, memory(Impl::md({p.s.o}, tag::x), engine(), const_cast<float*>(b)));
-  p.fwd.execute(st, args);
-  p.dst_out.out(st, dst, y);
+  float* out_scratch = scratch + in_r.scratch_floats();
+  float* pad_scratch = out_scratch + out_r.scratch_floats();
+  memory dst = out_r.target(out, out_scratch);
+  std::unordered_map<int, memory> args = {{in_arg, in_r.in(st, in, scratch)},
+                                          {DNNL_ARG_WEIGHTS, memory(weights_md, engine(), const_cast<float*>(weights))},
+                                          {out_arg, dst},
+                                          {DNNL_ARG_SCRATCHPAD, memory(pad_md, engine(), pad_scratch)}};
+  if (bias_md) args.emplace(DNNL_ARG_BIAS, memory(*bias_md, engine(), const_cast<float*>(bias)));
+  prim.execute(st, args);
+  out_r.out(st, dst, out);
   st.wait();
+}
+}  // namespace
+
+void Conv::forward(float* y, const float* x, const float* weights, const float* b, float* scratch) const {
+  const Impl& p = *impl_;
+  const memory::desc bias_md = Impl::md({p.s.o}, tag::x);
+  run_image(p.fwd, p.src_in, DNNL_ARG_SRC, x, p.fwd_pd.weights_desc(), weights, p.dst_out, DNNL_ARG_DST, y,
+            p.fwd_pd.scratchpad_desc(), scratch, p.s.bias ? &bias_md : nullptr, b);
 }
 
 int64_t Conv::backward_scratch_floats() const {
@@ -254,18 +266,8 @@ int64_t Conv::backward_scratch_floats() const {
 
 void Conv::backward_data(float* dx, const float* dy, const float* weights, float* scratch) const {
   const Impl& p = *impl_;
-  OneThread one;
-  dnnl::stream st(engine());
-  float* out_scratch = scratch + p.dst_grad_in_data.scratch_floats();
-  float* pad_scratch = out_scratch + p.src_grad_out.scratch_floats();
-  memory ddst = p.dst_grad_in_data.in(st, dy, scratch);
-  memory dsrc = p.src_grad_out.target(dx, out_scratch);
-  p.bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, ddst},
-                          {DNNL_ARG_WEIGHTS, memory(p.bwd_data_pd.weights_desc(), engine(), const_cast<float*>(weights))},
-                          {DNNL_ARG_DIFF_SRC, dsrc},
-                          {DNNL_ARG_SCRATCHPAD, memory(p.bwd_data_pd.scratchpad_desc(), engine(), pad_scratch)}});
-  p.src_grad_out.out(st, dsrc, dx);
-  st.wait();
+  run_image(p.bwd_data, p.dst_grad_in_data, DNNL_ARG_DIFF_DST, dy, p.bwd_data_pd.weights_desc(), weights,
+            p.src_grad_out, DNNL_ARG_DIFF_SRC, dx, p.bwd_data_pd.scratchpad_desc(), scratch);
 }
 
 void Conv::backward_weights(float* dw, const float* x, const float* dy, float* scratch) const {
