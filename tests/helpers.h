@@ -142,10 +142,10 @@ inline std::shared_ptr<nn::Sequential> mlp_with_dropout() {
 
 inline std::shared_ptr<nn::Sequential> small_cnn() {
   auto m = std::make_shared<nn::Sequential>();
-  m->add<nn::Conv2d>(3, 8, 3, 1, 1);  // im2col + SGEMM
+  m->add<nn::Conv2d>(3, 4, 3, 1, 1);  // im2col + SGEMM (fewer channels than oneDNN's block)
   m->add<nn::ReLU>();
   m->add<nn::MaxPool2d>(2);
-  m->add<nn::Conv2d>(8, 16, 3, 1, 1);  // oneDNN where the build has it (kernels/cpu/conv2d_onednn.h)
+  m->add<nn::Conv2d>(4, 16, 3, 1, 1);  // oneDNN where the build has it (kernels/cpu/conv2d_onednn.h)
   m->add<nn::ReLU>();
   m->add<nn::AdaptiveAvgPool2d>(3, 3);
   m->add<nn::Flatten>();

@@ -288,8 +288,21 @@ void Conv::backward_weights(float* dw, const float* x, const float* dy, float* s
   st.wait();
 }
 
+namespace {
+bool avx512() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & core) == core;  // avx512_core and its extensions (VNNI, BF16, AMX)
+}
+}  // namespace
+
+int64_t channel_block() {
+  static const int64_t block = avx512() ? 16 : 8;
+  return block;
+}
+
 bool applies(const ConvShape& s) {
-  return enabled_by_env() && std::max(s.c, s.o) >= kMinChannels && s.h > 0 && s.w > 0 && s.oh > 0 && s.ow > 0;
+  return enabled_by_env() && std::max(s.c, s.o) >= channel_block() && s.h > 0 && s.w > 0 && s.oh > 0 && s.ow > 0;
 }
 
 const char* backend() {
@@ -297,7 +310,8 @@ const char* backend() {
     if (!enabled_by_env()) return std::string("im2col + sgemm");
     const dnnl_version_t* d = dnnl_version();
     return "onednn " + std::to_string(d->major) + "." + std::to_string(d->minor) + "." + std::to_string(d->patch) +
-           " from " + std::to_string(kMinChannels) + " channels, im2col + sgemm below";
+           (avx512() ? " (avx512_core)" : " (avx2 or older)") + " from " + std::to_string(channel_block()) +
+           " channels, im2col + sgemm below";
   }();
   return v.c_str();
 }
@@ -306,6 +320,7 @@ const char* backend() {
 
 struct Conv::Impl {};
 bool applies(const ConvShape&) { return false && enabled_by_env(); }
+int64_t channel_block() { return 0; }
 const char* backend() { return "im2col + sgemm"; }
 Conv::~Conv() = default;
 const Conv& Conv::get(const ConvShape&) { throw Error("libminigrad was built without oneDNN"); }

@@ -1,7 +1,7 @@
 // 2-D convolutions of one image at a time in oneDNN (Debian: libdnnl-dev), on the calling thread.
 //
-// oneDNN's JIT kernels run the convolutions of VGG16's deeper layers in 0.61x to 0.85x the time of
-// our im2col + SGEMM (BENCHMARKS.md, "Convolutions in oneDNN"); PyTorch uses the same library. It
+// oneDNN's JIT kernels run VGG16's convolutions in 0.61x to 0.87x the time of our im2col + SGEMM
+// (BENCHMARKS.md, "Convolutions in oneDNN"); PyTorch uses the same library. It
 // is called inside our own pieces (Note [fixed pieces] in core/parallel.h), one image per call and
 // one thread per call, so the threads and the order of every sum stay ours:
 //   - each call's oneDNN parallel region is held to one thread (its OpenMP runtime is told so on
@@ -32,14 +32,17 @@ struct ConvShape {
 };
 
 // Whether this build has oneDNN, MG_CPU_CONV is not "gemm" (read once), and the shape is one it
-// runs faster than the im2col kernels: kMinChannels or more input or output channels.
+// runs faster than the im2col kernels: as many input or output channels as oneDNN's channel block.
 bool applies(const ConvShape& s);
 
-// On VGG16/8's layers (BENCHMARKS.md, "Convolutions in oneDNN"; one thread, forward and backward),
-// oneDNN took 0.61x to 0.85x the im2col kernels' time with 16 channels or more on either side,
-// and 1.26x from 8 to 8 channels: its blocked layouts hold 16 channels per block on AVX-512, so 8
-// channels are padded to 16 and half of the work is wasted.
-constexpr int64_t kMinChannels = 16;
+// The channels oneDNN's layouts put in one block on this CPU: 16 where it runs AVX-512, 8 on
+// AVX2. A convolution with fewer channels on both sides is padded to a block and wastes part of
+// its work. Measured on VGG16/8's layers (BENCHMARKS.md, "Convolutions in oneDNN"; one thread,
+// forward and backward, every layer in oneDNN against im2col + SGEMM): with AVX-512, 0.61x to
+// 0.85x the time from 16 channels on either side, but 1.26x from 8 to 8 channels; with oneDNN
+// and our build held to AVX2 on the same machine, 0.66x to 0.87x on every layer, 3 -> 8 and 8 -> 8
+// included.
+int64_t channel_block();
 
 // The primitives of one shape, made once and kept for the process (made under a lock; running
 // them is thread-safe). Sizes are in floats.
@@ -70,8 +73,8 @@ class Conv {
   std::unique_ptr<Impl> impl_;
 };
 
-// What runs the CPU convolutions, printed beside benchmark results: "onednn 2.6.3 from 16
-// channels, im2col + sgemm below", or "im2col + sgemm" (no oneDNN, or MG_CPU_CONV=gemm).
+// What runs the CPU convolutions, printed beside benchmark results: "onednn 2.6.3 (avx512_core)
+// from 16 channels, im2col + sgemm below", or "im2col + sgemm" (no oneDNN, or MG_CPU_CONV=gemm).
 const char* backend();
 
 }  // namespace mg::cpu::onednn
