@@ -40,6 +40,43 @@ TEST_CASE("cpu allocator counts bytes, peak and release") {
   CHECK(memory_stats(cpu).peak_in_use == before);
 }
 
+// Note [reusing large CPU blocks] (src/core/allocator.h).
+TEST_CASE("cpu allocator keeps a large freed block for the next request of its size") {
+#if defined(__SANITIZE_ADDRESS__)
+  MESSAGE("skipped: AddressSanitizer builds keep nothing");
+  return;
+#endif
+  const Device cpu = Device::cpu();
+  empty_cache(cpu);
+  const MemoryStats start = memory_stats(cpu);  // nothing kept after empty_cache
+  const size_t bytes = 600 * 1000 * 4;      // 2.4 MB, a multiple of the 64-byte alignment
+  const float* first = nullptr;
+  {
+    Tensor a = Tensor::empty({600, 1000});
+    first = a.data<float>();
+  }
+  MemoryStats s = memory_stats(cpu);
+  CHECK(s.in_use == start.in_use);
+  CHECK(s.reserved == start.reserved + bytes);  // kept, still reserved
+  {
+    Tensor b = Tensor::empty({1000, 600});  // same size: the kept block, no system allocation
+    CHECK(b.data<float>() == first);
+    CHECK(memory_stats(cpu).system_alloc_count == s.system_alloc_count);
+    CHECK(memory_stats(cpu).in_use == start.in_use + bytes);
+    CHECK(memory_stats(cpu).reserved == start.reserved + bytes);
+    Tensor c = Tensor::empty({600, 1001});  // another size: from the system
+    CHECK(memory_stats(cpu).system_alloc_count == s.system_alloc_count + 1);
+  }
+  {
+    Tensor small = Tensor::empty({100});  // small blocks are never kept
+  }
+  CHECK(memory_stats(cpu).reserved > memory_stats(cpu).in_use);
+  empty_cache(cpu);
+  s = memory_stats(cpu);
+  CHECK(s.in_use == start.in_use);
+  CHECK(s.reserved == start.reserved);
+}
+
 TEST_CASE("set_memory_limit: the cpu allocator refuses past the cap with OutOfMemoryError") {
   const Device cpu = Device::cpu();
   REQUIRE(memory_limit(cpu) == 0);

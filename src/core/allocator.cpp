@@ -97,13 +97,54 @@ void StatsCounter::reset_peak() {
   s_.peak_reserved = s_.reserved;
 }
 
+namespace {
+
+constexpr size_t kAlign = 64;
+
+// Note [reusing large CPU blocks]: nothing is kept under AddressSanitizer.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kKeepBlocks = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kKeepBlocks = false;
+#else
+constexpr bool kKeepBlocks = true;
+#endif
+#else
+constexpr bool kKeepBlocks = true;
+#endif
+
+}  // namespace
+
+void* CpuAllocator::take_cached(size_t rounded) {
+  if (!kKeepBlocks || rounded < kCacheMin) return nullptr;
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  auto it = cache_.find(rounded);
+  if (it == cache_.end()) return nullptr;
+  void* p = it->second;
+  cache_.erase(it);
+  cached_bytes_ -= rounded;
+  return p;
+}
+
 void* CpuAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
-  constexpr size_t kAlign = 64;
   size_t peak_before = 0;
   if (!stats_.try_alloc(nbytes, &peak_before)) throw_over_limit("cpu", nbytes, stats_.get(), stats_.limit());
   const size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  {
+    const size_t in_use = stats_.get().in_use;
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    high_water_ = std::max(high_water_, in_use);
+  }
+  if (rounded >= nbytes) {
+    if (void* p = take_cached(rounded)) return p;
+  }
   void* p = rounded >= nbytes ? std::aligned_alloc(kAlign, rounded) : nullptr;
+  if (p == nullptr && rounded >= nbytes && stats_.get().reserved > stats_.get().in_use) {
+    empty_cache();  // kept blocks of other sizes back to the system, then once more
+    p = std::aligned_alloc(kAlign, rounded);
+  }
   if (p == nullptr) {
     stats_.cancel_alloc(nbytes, peak_before);
     std::ostringstream os;
@@ -111,15 +152,37 @@ void* CpuAllocator::allocate(size_t nbytes) {
        << exact_bytes(stats_.get().in_use) << " in use by libminigrad).\n" << kOutOfMemoryHint;
     throw OutOfMemoryError(os.str(), nbytes);
   }
-  stats_.on_reserve(nbytes);
+  stats_.on_reserve(rounded);
   return p;
 }
 
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
-  std::free(ptr);
   stats_.on_free(nbytes);
-  stats_.on_release(nbytes);
+  const size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  if (kKeepBlocks && rounded >= kCacheMin) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_bytes_ + rounded <= high_water_) {
+      cache_.emplace(rounded, ptr);
+      cached_bytes_ += rounded;
+      return;
+    }
+  }
+  std::free(ptr);
+  stats_.on_release(rounded);
+}
+
+void CpuAllocator::empty_cache() {
+  std::multimap<size_t, void*> kept;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    kept.swap(cache_);
+    cached_bytes_ = 0;
+  }
+  for (const auto& [size, p] : kept) {
+    std::free(p);
+    stats_.on_release(size);
+  }
 }
 
 // In use, plus what the system could still give: MemAvailable of /proc/meminfo (free memory and

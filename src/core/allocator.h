@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -61,19 +62,40 @@ std::string exact_bytes(size_t n);
 // The remedies, for every out-of-memory message.
 extern const char* const kOutOfMemoryHint;
 
-// CPU allocator: 64-byte aligned blocks straight from the system, counted.
+// CPU allocator: 64-byte aligned blocks from the system, counted, large ones kept for reuse.
+//
+// Note [reusing large CPU blocks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A training step asks for the same sizes every step. glibc serves blocks of this size with mmap
+// or trims them off its heap when freed, so each step faulted the pages of its activations in
+// again: VGG16/8 steps took 10% longer than with glibc told to keep its memory (GLIBC_TUNABLES
+// mmap and trim thresholds), 3,400 page faults a step (BENCHMARKS.md, "Convolutions in oneDNN").
+// So a freed block of kCacheMin bytes or more is kept and handed to the next request of the same
+// rounded size, as long as the kept bytes stay under the most ever in use (reserved <= twice
+// that); mg::empty_cache(cpu) returns them, and so does a failed system allocation before its
+// retry. With the blocks kept, 430 page faults a step, and the step as fast as with the tunables.
+// Only in use is the planner's figure; reserved counts the kept blocks too. Builds with
+// AddressSanitizer keep nothing, so that a use after free is still caught.
 class CpuAllocator final : public Allocator {
  public:
+  static constexpr size_t kCacheMin = size_t{64} << 10;
+
   void* allocate(size_t nbytes) override;
   void deallocate(void* ptr, size_t nbytes) override;
   MemoryStats stats() const override { return stats_.get(); }
   void reset_peak() override { stats_.reset_peak(); }
+  void empty_cache() override;
   void set_limit(size_t bytes) override { stats_.set_limit(bytes); }
   size_t limit() const override { return stats_.limit(); }
   size_t capacity() override;
 
  private:
+  void* take_cached(size_t rounded);
   StatsCounter stats_;
+  std::mutex cache_mu_;
+  std::multimap<size_t, void*> cache_;  // rounded size -> block
+  size_t cached_bytes_ = 0;
+  size_t high_water_ = 0;  // the most ever in use (mg::reset_peak_memory_stats does not lower it)
 };
 
 // Defined in src/kernels/cuda/allocator.cu when the build has CUDA; throws otherwise.
