@@ -1,4 +1,6 @@
-// 2-D convolution on the CPU: im2col + SGEMM (kernels/cpu/gemm.h), in blocks of output rows.
+// 2-D convolution on the CPU: oneDNN for convolutions with at least its channel block on either
+// side (kernels/cpu/conv2d_onednn.h: one image per call, one piece per image, dW per image added in
+// image order), otherwise im2col + SGEMM (kernels/cpu/gemm.h), in blocks of output rows, below.
 //   x: (N, C, H, W)   w: (O, C, KH, KW) viewed as W: (O, C KH KW)   b: (O)   y: (N, O, OH, OW)
 //   col_n = im2col(x_n): (C KH KW, OH OW), col_n[(c,p,q), (i,j)] = x[n, c, i s - pad + p, j s - pad + q]
 //                                          (0 where that falls in the padding)
