@@ -11,7 +11,7 @@ load, ten rounds").
   /usr/bin/python3 bench/loaded.py --app build/bin/mlp_bench --other old=path/to/older/mlp_bench
 
 --other NAME=PATH adds another mlp_bench binary (an older build, say) to compare under the same load.
-Output: a Markdown table on stdout, one JSON line per run in --out (default
+Output: Markdown tables on stdout, one JSON line per run in --out (default
 bench/results/loaded/runs.jsonl).
 """
 import argparse
