@@ -47,6 +47,10 @@ stage_build() {
     -DMINIGRAD_CUDA=ON >"$out/build.log" 2>&1
   local rc=$?
   note "build: exit $rc ($(cat "$out/gpu.txt" 2>/dev/null | head -1))"
+  # Issue 13's NCCL test (mpi_training_1rank: "CUDA: the step through NCCL...") needs MPI there.
+  # The image was not known to have Open MPI; it has mpi4py, so an MPI library may be present.
+  note "mpi: mpirun $(command -v mpirun || echo none); $(ldconfig -p 2>/dev/null | grep -c 'libmpi\.so') libmpi in ldconfig; $(grep -o 'libminigrad: MPI [A-Z]*, NCCL [A-Z]*' "$out/build.log" | tail -1)"
+  "$py" -c 'import mpi4py; print("mpi4py", mpi4py.__version__, mpi4py.get_config())' >>"$out/summary.txt" 2>&1 || true
   return $rc
 }
 
