@@ -222,6 +222,7 @@ def main():
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
     loss_value = float(loss.item())
+    total = sum(times)  # whole-run throughput: the timed steps' samples over their summed wall time
     times.sort()
     med = times[len(times) // 2]
     out = {"framework": "pytorch", "torch_version": torch.__version__, "threads": torch.get_num_threads(),
@@ -230,6 +231,7 @@ def main():
            "warmup": args.warmup, "plan": args.checkpoint,
            "segments": [list(r) for r in ranges], "n_layers": len(model),
            "median_step_s": med, "samples_per_s": args.batch_size / med,
+           "run_samples_per_s": args.batch_size * len(times) / total,
            "median_step_cpu_s": sorted(cpu_times)[len(cpu_times) // 2] if cpu_times else None,
            "min_step_s": times[0], "max_step_s": times[-1],
            "predicted_peak_bytes": None,
