@@ -83,8 +83,7 @@ def main():
     if args.batch is None:
         args.batch = 64 if args.workload == "mlp" else 8
     vgg = args.workload == "vgg"
-    vgg_flags = ["--width-div", "8", "--image-size", "224", "--batch-size", str(args.batch), "--checkpoint", "none",
-                 "--seed", "0"]
+    vgg_flags = ["--width-div", "8", "--image-size", "224", "--batch-size", str(args.batch), "--checkpoint", "none"]
     warmup = 3
 
     apps = [("libminigrad", args.app)] + [tuple(o.split("=", 1)) for o in args.other]
@@ -96,10 +95,10 @@ def main():
             for rnd in range(args.rounds):
                 for t in threads:
                     if vgg:
-                        jobs = [(name, [path, "--device", "cpu"] + vgg_flags + ["--steps", str(args.steps + warmup)])
-                                for name, path in apps]
+                        jobs = [(name, [path, "--device", "cpu", "--seed", "0"] + vgg_flags +
+                                 ["--steps", str(args.steps + warmup)]) for name, path in apps]
                         jobs.append(("pytorch", [args.torch_python, os.path.join(HERE, "reference", "vgg_bench_torch.py"),
-                                                 "--device", "cpu"] + vgg_flags[:6] +
+                                                 "--device", "cpu"] + vgg_flags +
                                      ["--steps", str(args.steps), "--warmup", str(warmup), "--threads", str(t)]))
                     else:
                         jobs = [(name, [path, "--device", "cpu", "--batch", str(args.batch), "--accum", str(args.accum),

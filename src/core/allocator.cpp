@@ -20,6 +20,7 @@ bool StatsCounter::try_alloc(size_t bytes, size_t* peak_before) {
   *peak_before = s_.peak_in_use;
   s_.in_use += bytes;
   s_.peak_in_use = std::max(s_.peak_in_use, s_.in_use);
+  most_in_use_ = std::max(most_in_use_, s_.in_use);
   s_.alloc_count++;
   return true;
 }
@@ -66,6 +67,7 @@ void StatsCounter::on_alloc(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   s_.in_use += bytes;
   s_.peak_in_use = std::max(s_.peak_in_use, s_.in_use);
+  most_in_use_ = std::max(most_in_use_, s_.in_use);
   s_.alloc_count++;
 }
 
@@ -97,9 +99,17 @@ void StatsCounter::reset_peak() {
   s_.peak_reserved = s_.reserved;
 }
 
+size_t StatsCounter::most_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return most_in_use_;
+}
+
 namespace {
 
 constexpr size_t kAlign = 64;
+
+// Below nbytes when nbytes + kAlign - 1 overflows.
+size_t rounded_size(size_t nbytes) { return (nbytes + kAlign - 1) / kAlign * kAlign; }
 
 // Note [reusing large CPU blocks]: nothing is kept under AddressSanitizer.
 #if defined(__SANITIZE_ADDRESS__)
@@ -131,19 +141,13 @@ void* CpuAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   size_t peak_before = 0;
   if (!stats_.try_alloc(nbytes, &peak_before)) throw_over_limit("cpu", nbytes, stats_.get(), stats_.limit());
-  const size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
-  {
-    const size_t in_use = stats_.get().in_use;
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    high_water_ = std::max(high_water_, in_use);
-  }
-  if (rounded >= nbytes) {
-    if (void* p = take_cached(rounded)) return p;
-  }
-  void* p = rounded >= nbytes ? std::aligned_alloc(kAlign, rounded) : nullptr;
-  if (p == nullptr && rounded >= nbytes && stats_.get().reserved > stats_.get().in_use) {
-    empty_cache();  // kept blocks of other sizes back to the system, then once more
+  const size_t rounded = rounded_size(nbytes);
+  void* p = nullptr;
+  if (rounded >= nbytes) {  // otherwise the size overflowed: out of memory below
+    if ((p = take_cached(rounded)) != nullptr) return p;
     p = std::aligned_alloc(kAlign, rounded);
+    // Kept blocks of other sizes back to the system, then once more.
+    if (p == nullptr && release_kept()) p = std::aligned_alloc(kAlign, rounded);
   }
   if (p == nullptr) {
     stats_.cancel_alloc(nbytes, peak_before);
@@ -159,10 +163,11 @@ void* CpuAllocator::allocate(size_t nbytes) {
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
   stats_.on_free(nbytes);
-  const size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  const size_t rounded = rounded_size(nbytes);
   if (kKeepBlocks && rounded >= kCacheMin) {
+    const size_t most = stats_.most_in_use();
     std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cached_bytes_ + rounded <= high_water_) {
+    if (cached_bytes_ + rounded <= most) {
       cache_.emplace(rounded, ptr);
       cached_bytes_ += rounded;
       return;
@@ -172,7 +177,9 @@ void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   stats_.on_release(rounded);
 }
 
-void CpuAllocator::empty_cache() {
+void CpuAllocator::empty_cache() { release_kept(); }
+
+bool CpuAllocator::release_kept() {
   std::multimap<size_t, void*> kept;
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
@@ -183,6 +190,7 @@ void CpuAllocator::empty_cache() {
     std::free(p);
     stats_.on_release(size);
   }
+  return !kept.empty();
 }
 
 // In use, plus what the system could still give: MemAvailable of /proc/meminfo (free memory and

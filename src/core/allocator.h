@@ -45,12 +45,15 @@ class StatsCounter {
   void on_release(size_t bytes);
   MemoryStats get() const;
   void reset_peak();
+  // The most ever in use: unlike peak_in_use, reset_peak does not lower it.
+  size_t most_in_use() const;
   void set_limit(size_t bytes);
   size_t limit() const;
 
  private:
   mutable std::mutex mu_;
   MemoryStats s_;
+  size_t most_in_use_ = 0;
   size_t limit_ = 0;  // 0: none
 };
 
@@ -91,11 +94,11 @@ class CpuAllocator final : public Allocator {
 
  private:
   void* take_cached(size_t rounded);
+  bool release_kept();  // the kept blocks back to the system; false when none was kept
   StatsCounter stats_;
   std::mutex cache_mu_;
   std::multimap<size_t, void*> cache_;  // rounded size -> block
   size_t cached_bytes_ = 0;
-  size_t high_water_ = 0;  // the most ever in use (mg::reset_peak_memory_stats does not lower it)
 };
 
 // Defined in src/kernels/cuda/allocator.cu when the build has CUDA; throws otherwise.
