@@ -10,6 +10,7 @@
 #   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch
 #   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
+#   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
 #   bash scripts/gpu_verify.sh all          # build, test, sanitize, bench in order (gpt: its own call)
 #
 # Logs and results go to $OUT (the device tool's folder) or, without it, to gpu-results/.
@@ -32,6 +33,17 @@ gpu_tests=($(grep -l '^#include "cuda_helpers.h"' tests/test_*.cpp | xargs -n1 b
 
 note() { echo "[gpu_verify] $*" | tee -a "$out/summary.txt"; }
 
+# NCCL (issue 13): the toolkit's, or else the nvidia-nccl-cu13 wheel's (the image's PyTorch has
+# one), which holds libnccl.so.2 only; CMake takes that name from NCCL_ROOT. No MPI is needed for
+# one rank (Note [a world of one] in include/minigrad/dist/dist.h).
+if [ -z "${NCCL_ROOT:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ]; then
+  NCCL_ROOT=$("$py" -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null)
+  [ -n "$NCCL_ROOT" ] && [ -f "$NCCL_ROOT/include/nccl.h" ] || NCCL_ROOT=""
+fi
+if [ -n "${NCCL_ROOT:-}" ]; then
+  export NCCL_ROOT LD_LIBRARY_PATH="$NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
 # libjpeg-turbo from the kit, where the machine has none: its jconfig.h sits in the multiarch
 # include folder, which the compiler searches only under /usr, and its library is loaded at run time.
 if [ -d .devkit/usr/include/x86_64-linux-gnu ]; then
@@ -47,8 +59,9 @@ stage_build() {
     -DMINIGRAD_CUDA=ON >"$out/build.log" 2>&1
   local rc=$?
   note "build: exit $rc ($(cat "$out/gpu.txt" 2>/dev/null | head -1))"
-  # Issue 13's NCCL test (mpi_training_1rank: "CUDA: the step through NCCL...") needs MPI there.
-  # The image was not known to have Open MPI; it has mpi4py, so an MPI library may be present.
+  # Issue 13: NCCL over one rank needs no MPI (ctest nccl_world_of_one); mpi_training_1rank runs
+  # the same case under mpirun where MPI is there.
+  note "nccl: ${NCCL_ROOT:-/usr/local/cuda} ($(ls /usr/local/cuda/include/nccl.h "${NCCL_ROOT:-/nonexistent}/include/nccl.h" 2>/dev/null | head -1))"
   note "mpi: mpirun $(command -v mpirun || echo none); $(ldconfig -p 2>/dev/null | grep -c 'libmpi\.so') libmpi in ldconfig; $(grep -o 'libminigrad: MPI [A-Z]*, NCCL [A-Z]*' "$out/build.log" | tail -1)"
   "$py" -c 'import mpi4py; print("mpi4py", mpi4py.__version__, mpi4py.get_config())' >>"$out/summary.txt" 2>&1 || true
   return $rc
@@ -65,6 +78,7 @@ stage_test() {
     note "ctest: SKIPPED: $skipped: the GPU was not seen (see $out/ctest.log)"
     rc=1
   fi
+  note "ctest nccl_world_of_one: $(grep -E 'nccl_world_of_one' "$out/ctest.log" | tail -1 | sed -E 's/ +/ /g' || echo 'not built (no NCCL)')"
   local t r
   for t in "${gpu_tests[@]}"; do
     "$build/bin/$t" --duration=true >"$out/$t.log" 2>&1
@@ -127,13 +141,36 @@ stage_gpt_batch() {
   return $r
 }
 
+# Issue 13 on one GPU: NCCL over one rank (MG_DIST_WORLD_OF_ONE=1, no MPI needed), VGG16 and
+# GPT-2 124M with a --timeline each (bench/timeline.py: how many buckets began before backward
+# ended), and the step time against the same run without data parallelism (what the buckets cost).
+stage_overlap() {
+  local rc=0 r name
+  local vgg=(--device cuda --batch-size 32 --steps 8 --tf32 conv)
+  local gpt=(--device cuda --config gpt2 --batch-size 4 --seq-len 1024 --accum 2 --steps 6)
+  for name in vgg16 gpt2; do
+    local bin=vgg_ckpt args=("${vgg[@]}")
+    [ $name = gpt2 ] && bin=gpt_train args=("${gpt[@]}")
+    timeout 200 env MG_DIST_WORLD_OF_ONE=1 "$build/bin/$bin" "${args[@]}" --timeline "$out/timeline_$name.json" \
+      >"$out/overlap_$name.log" 2>&1
+    r=$?
+    note "overlap $name (NCCL, one rank): exit $r; $(grep -E '^median step' "$out/overlap_$name.log" | tail -1)"
+    [ $r -ne 0 ] && rc=1 && continue
+    "$py" bench/timeline.py "$out/timeline_$name.json" >"$out/timeline_$name.md" 2>&1 || rc=1
+    note "  $(tail -1 "$out/timeline_$name.md")"
+    timeout 200 "$build/bin/$bin" "${args[@]}" >"$out/overlap_${name}_plain.log" 2>&1
+    note "  without data parallelism: exit $?; $(grep -E '^median step' "$out/overlap_${name}_plain.log" | tail -1)"
+  done
+  return $rc
+}
+
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)
 [ "${stages[0]}" = all ] && stages=(build test sanitize bench)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | sanitize | bench | gpt | gpt_batch) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch or all)" >&2; exit 2 ;;
+    build | test | sanitize | bench | gpt | gpt_batch | overlap) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch, overlap or all)" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -250,24 +250,37 @@ gpt_train | --init-from   | activation_function                        | $G --in
 gpt_train | --init-from   | model.safetensors                          | $G --init-from "$T/hf_noweights"
 gpt_train | --init-from   | --config excludes --init-from              | $G --config small --init-from "$T/hf_relu"
 gpt_train | --init-from   | excludes --init-from                       | $G --n-layer 3 --init-from "$T/hf_relu"
+gpt_train | --timeline    | records the reductions of CUDA tensors     | $G --timeline "$T/trace.json"
+vgg_ckpt  | --timeline    | records the reductions of CUDA tensors     | $V --timeline "$T/trace.json"
+vgg_ckpt  | --timeline    | an empty value names nothing               | $V --timeline ""
+TABLE
+)
+
+# Settings read from the environment (mg::dist's): the same checks, the variable as the "flag".
+env_rows=$(cat <<'TABLE'
+mnist_ga  | MG_DIST_TIMEOUT      | expected a number of seconds > 0 | MG_DIST_TIMEOUT=soon
+vgg_ckpt  | MG_DIST_TIMEOUT      | expected a number of seconds > 0 | MG_DIST_TIMEOUT=-1
+gpt_train | MG_DIST_TIMEOUT      | expected a number of seconds > 0 | MG_DIST_TIMEOUT=1e99
+mnist_ga  | MG_DIST_WORLD_OF_ONE | expected 1                       | MG_DIST_WORLD_OF_ONE=yes
+vgg_ckpt  | MG_DIST_WORLD_OF_ONE | expected 1                       | MG_DIST_WORLD_OF_ONE=2
 TABLE
 )
 
 # ---- the runs ------------------------------------------------------------------------------------
 trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; printf '%s' "${s%"${s##*[![:space:]]}"}"; }
 n=0 failed=0
-while IFS='|' read -r app flag fragment args; do
-  app=$(trim "$app") flag=$(trim "$flag") fragment=$(trim "$fragment") args=$(trim "$args")
-  fragment=${fragment//'$T'/$T}
+# check APP FLAG FRAGMENT ARGS [VAR=VALUE]: runs the app (with the variable set, when given).
+check() {
+  local app=$1 flag=$2 fragment=${3//'$T'/$T} args=$4 setting=${5:-} bin out rc problem
   n=$((n + 1))
   eval "set -- $args"
   case $app in
     mnist_ga) bin=$MNIST_GA ;;
     vgg_ckpt) bin=$VGG_CKPT ;;
     gpt_train) bin=$GPT_TRAIN ;;
-    *) echo "hostile_flags: row $n: unknown app '$app'" >&2; failed=$((failed + 1)); continue ;;
+    *) echo "hostile_flags: row $n: unknown app '$app'" >&2; failed=$((failed + 1)); return ;;
   esac
-  out=$(timeout -k 5 60 "$bin" "$@" 2>&1 </dev/null)
+  out=$(env ${setting:+"$setting"} timeout -k 5 60 "$bin" "$@" 2>&1 </dev/null)
   rc=$?
   problem=""
   if [ $rc -eq 0 ]; then problem="accepted (exit status 0)"
@@ -278,8 +291,15 @@ while IFS='|' read -r app flag fragment args; do
   fi
   if [ -n "$problem" ]; then
     failed=$((failed + 1))
-    printf 'FAIL row %d: %s %s\n  %s\n  output: %s\n' "$n" "$app" "$args" "$problem" "$(printf '%s' "$out" | tail -n 5)"
+    printf 'FAIL row %d: %s %s %s\n  %s\n  output: %s\n' "$n" "$setting" "$app" "$args" "$problem" \
+      "$(printf '%s' "$out" | tail -n 5)"
   fi
+}
+while IFS='|' read -r app flag fragment args; do
+  check "$(trim "$app")" "$(trim "$flag")" "$(trim "$fragment")" "$(trim "$args")"
 done <<< "$rows"
-echo "hostile_flags: $n rows (app flags and the files they name), $failed failed"
+while IFS='|' read -r app flag fragment setting; do
+  check "$(trim "$app")" "$(trim "$flag")" "$(trim "$fragment")" "" "$(trim "$setting")"
+done <<< "$env_rows"
+echo "hostile_flags: $n rows (app flags, the files they name, and mg::dist's environment), $failed failed"
 [ "$failed" -eq 0 ]

@@ -2,18 +2,23 @@
 // minigrad/optim/accumulate.h): K ranks x N micro-batches of b give the weights of one process
 // with batch K*N*b. Run by ctest as `mpiexec -n 2 mpi_training` (1 thread per rank), and as
 // `mpi_training` alone, where the world is one process and the reference is compared with itself
-// through the same code. Every rank runs every case: the collectives need all of them.
+// through the same code, and, in a CUDA build with NCCL, as `MG_DIST_WORLD_OF_ONE=1 mpi_training
+// -tc="CUDA*"`: NCCL over one rank with no launcher (Note [a world of one] in minigrad/dist/dist.h). Every rank runs every case: the collectives need all of them.
 //
 // Rank 0 also trains the single-process reference, with an unsharded loader and
 // data_parallel = false, in the same run.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include <minigrad/minigrad.h>
 
+#include <nlohmann/json.hpp>
+
 #include "helpers.h"
+#include "optim/grad_buckets.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -25,6 +30,7 @@ struct Setup {
   bool adam = false, dropout = false, checkpoint = false;
   float momentum = 0.9f;  // SGD (lr 0.01 with momentum, 0.02 without)
   float clip_norm = 0.0f;
+  int64_t bucket_bytes = int64_t{4} << 20;  // CUDA: Note [overlapped reduction]
   Device device = Device::cpu();  // CUDA: collectives through NCCL
 };
 
@@ -75,7 +81,8 @@ std::vector<Tensor> train(const data::Dataset& d, const Setup& s, int64_t batch,
   std::unique_ptr<optim::Optimizer> opt;
   if (s.adam) opt = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{.lr = 1e-3f});
   else opt = std::make_unique<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = s.momentum > 0 ? 0.01f : 0.02f, .momentum = s.momentum});
-  optim::Accumulator acc(*opt, {.steps = accum, .clip_norm = s.clip_norm, .data_parallel = data_parallel});
+  optim::Accumulator acc(*opt, {.steps = accum, .clip_norm = s.clip_norm, .data_parallel = data_parallel,
+                                .bucket_bytes = s.bucket_bytes});
   data::LoaderOptions lo{.batch_size = batch, .seed = 3, .device = s.device};
   if (data_parallel) {
     lo.shard = dist::rank();
@@ -230,16 +237,87 @@ TEST_CASE("Adam with the global norm clipped once per step") {
   check_equal_to_one_process(d, {.micro_batch = 16, .accum = 2, .adam = true, .clip_norm = 0.5f});
 }
 
+// A data-parallel run's timeline cut into windows (Note [reduction timeline] in
+// minigrad/dist/dist.h): the Accumulator's marks and the buckets started between them.
+struct Window {
+  double begins = -1, ends = -1, waited = -1;
+  std::vector<dist::TimelineSpan> buckets;
+};
+std::vector<Window> windows_of(const std::vector<dist::TimelineSpan>& spans) {
+  std::vector<Window> out;
+  for (const dist::TimelineSpan& s : spans) {
+    if (s.name == "backward begins") {
+      out.emplace_back().begins = s.begin_ms;
+    } else if (s.name == "step starts the buckets") {  // a window that ended short: nothing overlaps
+      Window& w = out.emplace_back();
+      w.begins = w.ends = s.begin_ms;
+    } else if (out.empty()) {
+      continue;  // the first broadcast, before any window
+    } else if (s.name == "backward ends") {
+      out.back().ends = s.begin_ms;
+    } else if (s.name == "reductions waited") {
+      out.back().waited = s.begin_ms;
+    } else if (s.name.rfind("bucket ", 0) == 0) {
+      out.back().buckets.push_back(s);
+    }
+  }
+  return out;
+}
+
+TEST_CASE("the timeline's trace is JSON in the Trace Event Format") {
+  const std::vector<dist::TimelineSpan> spans = {{"backward begins", "compute", 0, 0},
+                                                 {"bucket 0: 2 tensors, 64 bytes", "nccl", 0.25, 0.5}};
+  const nlohmann::json t = nlohmann::json::parse(dist::timeline_trace_json(spans));
+  const nlohmann::json& e = t.at("traceEvents");
+  REQUIRE(e.size() == 4);  // two thread names, a mark, a span
+  CHECK(e[2].at("ph") == "i");
+  CHECK(e[2].at("tid") == "compute");
+  CHECK(e[3].at("ph") == "X");
+  CHECK(e[3].at("tid") == "nccl");
+  CHECK(e[3].at("ts").get<double>() == 250.0);
+  CHECK(e[3].at("dur").get<double>() == 250.0);
+  CHECK(e[3].at("pid") == dist::rank());
+}
+
 TEST_CASE("CUDA: the step through NCCL equals one process's (one GPU per rank)") {
-  if (!cuda_available() || cuda_device_count() < dist::world_size() || !dist::nccl_built() || !dist::launched()) {
-    MESSAGE("skipped: needs a CUDA build with NCCL, a launcher (mpiexec -n 1 runs NCCL over one rank) and a GPU per "
-            "rank; this process has " << cuda_device_count() << " GPU(s) for " << dist::world_size() << " rank(s)");
+  if (!cuda_available() || cuda_device_count() < dist::world_size() || !dist::nccl_built() || !dist::active()) {
+    MESSAGE("skipped: needs a CUDA build with NCCL, a launcher or MG_DIST_WORLD_OF_ONE=1 (either runs NCCL over one "
+            "rank) and a GPU per rank; this process has " << cuda_device_count() << " GPU(s) for "
+            << dist::world_size() << " rank(s)");
     return;
   }
   const data::IdxDataset d = digits().slice(0, 2048 + 40);
   const Device gpu = Device::cuda(dist::local_rank());
   check_equal_to_one_process(d, {.micro_batch = 16, .accum = 2, .device = gpu});
   check_equal_to_one_process(d, {.micro_batch = 8, .accum = 4, .dropout = true, .checkpoint = true, .device = gpu});
+
+  // Buckets of 256 KiB cut the MLP's gradient in four; the timeline shows where each ran.
+  const int64_t bucket_bytes = 256 << 10;
+  manual_seed(11);
+  const size_t n_buckets = optim::GradBuckets(mlp(false)->parameters(), bucket_bytes).size();
+  REQUIRE(n_buckets == 4);
+  dist::record_timeline(true);
+  check_equal_to_one_process(d, {.micro_batch = 16, .accum = 2, .bucket_bytes = bucket_bytes, .device = gpu});
+  dist::record_timeline(false);
+  const std::vector<Window> windows = windows_of(dist::timeline());
+  const int64_t steps = (static_cast<int64_t>(d.size()) + 32 * dist::world_size() - 1) / (32 * dist::world_size());
+  CHECK(static_cast<int64_t>(windows.size()) == steps);
+  int overlapped = 0;
+  for (const Window& w : windows) {
+    REQUIRE(w.buckets.size() == n_buckets);
+    for (size_t i = 0; i < w.buckets.size(); ++i) {
+      CHECK(w.buckets[i].name.rfind("bucket " + std::to_string(i) + ":", 0) == 0);
+      CHECK(w.buckets[i].begin_ms >= w.begins);
+      CHECK(w.buckets[i].end_ms >= w.buckets[i].begin_ms);
+      if (i > 0) CHECK(w.buckets[i].begin_ms >= w.buckets[i - 1].end_ms);  // NCCL's stream runs in order
+    }
+    CHECK(w.ends >= w.begins);
+    CHECK(w.waited >= w.buckets.back().end_ms);  // step() waited for the last bucket
+    overlapped += w.buckets[0].begin_ms < w.ends;
+  }
+  // The last layer's bucket starts before backward has computed the first layer's gradients.
+  MESSAGE(overlapped << " of " << windows.size() << " windows began a reduction before their backward ended");
+  CHECK(overlapped > 0);
 }
 
 TEST_CASE("a gradient is communicated once per optimizer step, not once per micro-batch") {
@@ -275,6 +353,12 @@ TEST_CASE("mismatched models and loaders are refused on every rank") {
 
 int main(int argc, char** argv) {
   dist::Session session(&argc, &argv);
+  // ctest's nccl_world_of_one (MG_DIST_WORLD_OF_ONE=1 -tc="CUDA*"): NCCL over one rank without a
+  // launcher, for a machine with one GPU and no MPI. Reported as skipped where it cannot run.
+  if (dist::active() && !dist::launched() && (!cuda_available() || !dist::nccl_built())) {
+    std::printf("mpi_training: a world of one without %s: skipped\n", dist::nccl_built() ? "a CUDA device" : "NCCL");
+    return 77;
+  }
   doctest::Context ctx(argc, argv);
   const int rc = ctx.run();
   if (ctx.shouldExit()) return rc;

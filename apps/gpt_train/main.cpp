@@ -40,6 +40,7 @@
 
 #include "common/flags.h"
 #include "common/ranks.h"
+#include "common/timeline.h"
 #include "common/stats.h"
 
 namespace {
@@ -71,10 +72,10 @@ mg::nn::GPTConfig preset(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mg::dist::Session session(&argc, &argv);
+  const auto session = start_session("gpt_train", &argc, &argv);
   CLI::App app{"Train a GPT-2 on a token stream with a checkpoint plan or a memory budget; report loss, tokens/s "
                "and memory."};
-  std::string config = "tiny", init_from, data_path, checkpoint = "none", device_str = "cpu", json_path, save_dir, memory_budget,
+  std::string config = "tiny", init_from, data_path, checkpoint = "none", device_str = "cpu", json_path, timeline_path, save_dir, memory_budget,
               memory_limit;
   int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0,
           vocab = 0;
@@ -121,6 +122,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_str, "cpu or cuda[:i]")->check(nonempty())->capture_default_str();
   app.add_option("--seed", seed, "seed of weights and synthetic data")->check(unsigned64())->capture_default_str();
   app.add_option("--json", json_path, "write a JSON summary here")->check(nonempty());
+  app.add_option("--timeline", timeline_path, "write where each CUDA reduction ran against backward, a trace for "
+                 "chrome://tracing (data parallel on CUDA; bench/timeline.py summarises it)")->check(nonempty());
   app.add_option("--save-dir", save_dir, "write final.safetensors here (rank 0)")->check(nonempty());
   CLI11_PARSE(app, argc, argv);
 
@@ -148,6 +151,7 @@ int main(int argc, char** argv) {
     }
     if (limit != 0) mg::set_memory_limit(dev, limit);
     if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
+    check_timeline_flag(timeline_path, dev);
     if (!save_dir.empty()) {
       for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
       mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
@@ -247,6 +251,7 @@ int main(int argc, char** argv) {
     };
     std::vector<double> step_ms, losses, lrs, norms;
     size_t peak_in_use = 0;
+    if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
     for (int64_t step = 0; step < steps; ++step) {
       opt.set_lr(static_cast<float>(lr_at(step)));
       mg::reset_peak_memory_stats(dev);
@@ -280,6 +285,7 @@ int main(int argc, char** argv) {
                   static_cast<double>(tokens_per_step) / (ms / 1000.0), mg::format_bytes(peak).c_str());
       std::fflush(stdout);
     }
+    write_timeline(timeline_path);
     // Steady state: the first step warms up threads and caches.
     std::vector<double> timed(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
     const double med = median(timed);

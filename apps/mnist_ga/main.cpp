@@ -265,7 +265,7 @@ int run(Config c, const char* argv0) {
     for (auto& [k, v] : signature) all += k + "=" + v + "\n";
     mg::dist::check_same("configuration (flags and data)", all);
   }
-  if (world > 1) {
+  if (mg::dist::active()) {  // a world of one too (Note [a world of one])
     LEAD_PRINTF("data parallel: %lld ranks (%s) x %lld micro-batches x %lld samples = a global batch of %lld per optimizer step\n",
                 static_cast<long long>(world), mg::dist::backend_name(dev).c_str(),
                 static_cast<long long>(sched.steps_for_epoch(0)), static_cast<long long>(c.batch_size),
@@ -339,7 +339,7 @@ int run(Config c, const char* argv0) {
     // Out of memory inside a window (a full device, or --memory-limit): Note [recovering from
     // out-of-memory]. Re-plan jointly for what the device has, in micro-batches that divide the
     // current one (so that every epoch's effective batch stays), and redo the window.
-    if (world == 1) {
+    if (!mg::dist::active()) {  // not under data parallelism, even of one rank (train_epoch refuses it)
       cb.on_out_of_memory = [&](const mg::OutOfMemoryError& err, int64_t b) {
         std::vector<int64_t> smaller;
         for (int64_t d = 1; d < b; ++d) {
@@ -445,7 +445,7 @@ int run(Config c, const char* argv0) {
 
 int main(int argc, char** argv) {
   // Under mpirun every rank runs this; mg::dist reduces each step's gradients over them.
-  mg::dist::Session session(&argc, &argv);
+  const auto session = start_session("mnist_ga", &argc, &argv);
   CLI::App app{"MLP 784-512-512-10 on MNIST with exact gradient accumulation (libminigrad)"};
   Config c;
   auto* data = app.add_option("--data", c.data_dir, "folder with the MNIST/FashionMNIST IDX files (default: ../shared/data/mnist if present, else generated data)")->check(nonempty());

@@ -50,6 +50,7 @@
 
 #include "common/flags.h"
 #include "common/ranks.h"
+#include "common/timeline.h"
 #include "common/stats.h"
 
 namespace {
@@ -100,9 +101,9 @@ class SyntheticImages : public mg::data::Dataset {
 
 int main(int argc, char** argv) {
   // Under mpirun every rank runs this; mg::dist reduces each step's gradients over them.
-  mg::dist::Session session(&argc, &argv);
+  const auto session = start_session("vgg_ckpt", &argc, &argv);
   CLI::App app{"Train VGG16 or a ResNet with a gradient-checkpointing plan; report memory and time."};
-  std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, data_dir, model_name = "vgg16";
+  std::string checkpoint = "none", device_str = "cpu", save_dir, json_path, timeline_path, data_dir, model_name = "vgg16";
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
   uint64_t seed = 0;
   app.add_option("--model", model_name, "vgg16 | resnet18 | resnet34 | resnet50 (torchvision layouts)")
@@ -117,6 +118,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "seed of weights, data order, flips and dropout")->check(unsigned64())->capture_default_str();
   app.add_option("--save-dir", save_dir, "write epoch_K.safetensors per epoch and final.safetensors here")->check(nonempty());
   app.add_option("--json", json_path, "write a JSON summary here")->check(nonempty());
+  app.add_option("--timeline", timeline_path, "write where each CUDA reduction ran against backward, a trace for "
+                 "chrome://tracing (data parallel on CUDA; bench/timeline.py summarises it)")->check(nonempty());
   app.add_option("--width-div", width_div, "divide channels and hidden sizes by K")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{64}));
   app.add_option("--image-size", image_size, "square input size")->capture_default_str()->check(CLI::Range(32, 4096));
   app.add_option("--data", data_dir, "class sub-folders of JPEG/PNG images (default: synthetic)")->check(nonempty());
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
     }
     if (limit != 0) mg::set_memory_limit(dev, limit);
     if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
+    check_timeline_flag(timeline_path, dev);
     std::shared_ptr<const mg::data::Dataset> data;
     std::string data_str;
     if (!data_dir.empty()) {
@@ -255,7 +259,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(image_size), static_cast<long long>(batch_size),
                 static_cast<long long>(model->parameter_count()), model->size(), dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data_str.c_str());
-    if (world > 1) {
+    if (mg::dist::active()) {  // a world of one too (Note [a world of one])
       LEAD_PRINTF("data parallel: %lld ranks (%s) x %lld samples = a global batch of %lld per optimizer step\n",
                   static_cast<long long>(world), mg::dist::backend_name(dev).c_str(), static_cast<long long>(batch_size),
                   static_cast<long long>(world * batch_size));
@@ -298,6 +302,9 @@ int main(int argc, char** argv) {
     // error the step is planned again, jointly, for what the device has now (the plain path
     // switches to the joint one: --batch-size becomes the effective batch), and redone.
     auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
+      // Under data parallelism every rank would have to re-plan at the same step: the error stands
+      // (the others stop: Note [collectives never hang]).
+      if (mg::dist::active()) throw e;
       const size_t there = mg::memory_capacity(dev);
       const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
       LEAD_PRINTF("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
@@ -317,6 +324,7 @@ int main(int argc, char** argv) {
                   mg::format_bytes(tp.predicted_peak).c_str(), before.c_str(), mg::format_bytes(before_peak).c_str());
       replans.push_back({{"step", step + 1}, {"memory_bytes", there}, {"from", before}, {"to", tp.str()}});
     };
+    if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
     for (int64_t step = 0; step < total_steps; ++step) {
       const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
       if (b == 0 && !joint) loader.start_epoch(epoch);
@@ -407,6 +415,7 @@ int main(int argc, char** argv) {
                                  {{"epoch", std::to_string(epoch + 1)}});
       }
     }
+    write_timeline(timeline_path);
     if (!save_dir.empty() && lead()) {
       mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict(),
                                {{"steps", std::to_string(total_steps)}});

@@ -1,6 +1,8 @@
 // mg::dist (minigrad/dist/dist.h): the process group over MPI, collectives on CPU tensors through
 // MPI, on CUDA tensors through NCCL (src/dist/nccl.cpp), every wait bounded
-// (Note [collectives never hang]).
+// (Note [collectives never hang]). `launched`: started by a launcher (MPI initialised, where
+// built); `active`: collectives run (launched, or a world of one: Note [a world of one] in
+// minigrad/dist/dist.h).
 #include <minigrad/dist/dist.h>
 
 #include <algorithm>
@@ -11,6 +13,8 @@
 #include <exception>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "dist/backend.h"
 
@@ -23,7 +27,7 @@ namespace mg::dist {
 namespace {
 
 struct World {
-  bool session = false, launched = false;
+  bool session = false, launched = false, active = false;
   int rank = 0, size = 1, local_rank = 0;
   double timeout_s = 300;
   int64_t bytes = 0;
@@ -33,6 +37,15 @@ World g_world;
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0';
+}
+
+// MG_DIST_WORLD_OF_ONE: unset, empty or 0 is off, 1 is on.
+bool world_of_one_from_env() {
+  const char* v = std::getenv("MG_DIST_WORLD_OF_ONE");
+  if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
+  MG_CHECK(std::string(v) == "1", "MG_DIST_WORLD_OF_ONE=\"" << v << "\": expected 1 (run the collectives as a world of "
+                                  "one without a launcher) or 0");
+  return true;
 }
 
 double timeout_from_env(double configured) {
@@ -193,7 +206,7 @@ void check_tensors(const std::vector<Tensor>& tensors, const char* what) {
 }
 
 // The first line where two descriptions differ, for check_same's message.
-std::string first_difference(const std::string& a, const std::string& b) {
+[[maybe_unused]] std::string first_difference(const std::string& a, const std::string& b) {  // MPI builds only
   std::istringstream sa(a), sb(b);
   std::string la, lb;
   for (int line = 1;; ++line) {
@@ -212,6 +225,7 @@ Session::Session(int* argc, char*** argv, SessionOptions opts) {
   g_world.timeout_s = timeout_from_env(opts.timeout_seconds);
   g_world.launched = env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK") ||
                      env_set("PMI_SIZE");
+  const bool world_of_one = opts.world_of_one || world_of_one_from_env();
 #ifdef MINIGRAD_WITH_MPI
   if (g_world.launched) {
     int provided = 0;
@@ -234,14 +248,15 @@ Session::Session(int* argc, char*** argv, SessionOptions opts) {
                << "), but libminigrad was built without MPI: every rank would train alone. ---> HINT: install "
                   "libopenmpi-dev and reconfigure (MINIGRAD_MPI=ON), or start one process without mpirun");
 #endif
+  g_world.active = g_world.launched || world_of_one;
   g_world.session = true;
   g_world.bytes = 0;
 }
 
 Session::~Session() {
+  if (g_world.active) detail::nccl_shutdown(std::uncaught_exceptions() > 0);
 #ifdef MINIGRAD_WITH_MPI
   if (g_world.launched) {
-    detail::nccl_shutdown(std::uncaught_exceptions() > 0);
     // Note [collectives never hang]: a rank leaving on an exception takes the others with it.
     if (std::uncaught_exceptions() > 0) MPI_Abort(MPI_COMM_WORLD, 1);
     else MPI_Finalize();
@@ -268,6 +283,7 @@ bool mpi_built() {
 
 bool nccl_built() { return detail::nccl_built(); }
 bool launched() { return g_world.launched; }
+bool active() { return g_world.active; }
 int rank() { return g_world.rank; }
 int world_size() { return g_world.size; }
 int local_rank() { return g_world.local_rank; }
@@ -280,44 +296,44 @@ Device device_for_rank(Device d, bool index_given) {
 int64_t bytes_reduced() { return g_world.bytes; }
 
 std::string backend_name(Device d) {
-  if (!g_world.launched) return "none";
-  return d.is_cuda() ? "nccl" : "mpi";
+  if (!g_world.active) return "none";
+  if (d.is_cuda()) return "nccl";
+  return g_world.launched && mpi_built() ? "mpi" : "none";  // a world of one sums CPU tensors by doing nothing
 }
+
+namespace {
+int64_t payload_bytes(const std::vector<Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const Tensor& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+}  // namespace
 
 void all_reduce(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   check_tensors(tensors, "all_reduce");
-  if (!g_world.launched) return;
-#ifdef MINIGRAD_WITH_MPI
+  if (!g_world.active) return;
   if (tensors[0].is_cuda()) {
-    int64_t bytes = 0;
-    for (const Tensor& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
     detail::nccl_all_reduce(tensors, g_world.rank, g_world.size, g_world.timeout_s);
-    g_world.bytes += bytes;
+    g_world.bytes += payload_bytes(tensors);
     return;
   }
-  mpi_all_reduce_cpu(tensors);
+#ifdef MINIGRAD_WITH_MPI
+  if (g_world.launched) mpi_all_reduce_cpu(tensors);
 #endif
 }
 
 void all_reduce_start(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   check_tensors(tensors, "all_reduce_start");
-  if (!g_world.launched) return;
-#ifdef MINIGRAD_WITH_MPI
+  if (!g_world.active) return;
   if (!tensors[0].is_cuda()) return all_reduce(tensors);
-  int64_t bytes = 0;
-  for (const Tensor& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
   detail::nccl_all_reduce_start(tensors, g_world.rank, g_world.size);
-  g_world.bytes += bytes;
-#endif
+  g_world.bytes += payload_bytes(tensors);
 }
 
 void all_reduce_wait() {
-  if (!g_world.launched) return;
-#ifdef MINIGRAD_WITH_MPI
-  detail::nccl_all_reduce_wait(g_world.timeout_s);
-#endif
+  if (g_world.active) detail::nccl_all_reduce_wait(g_world.timeout_s);
 }
 
 std::vector<double> all_reduce(std::vector<double> values) {
@@ -349,12 +365,13 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
                                                                          << g_world.size);
   if (tensors.empty()) return;
   check_tensors(tensors, "broadcast");
-  if (!g_world.launched) return;
-#ifdef MINIGRAD_WITH_MPI
+  if (!g_world.active) return;
   if (tensors[0].is_cuda()) {
     detail::nccl_broadcast(tensors, root, g_world.rank, g_world.size, g_world.timeout_s);
     return;
   }
+#ifdef MINIGRAD_WITH_MPI
+  if (!g_world.launched) return;
   std::vector<MPI_Request> reqs;
   for (const Tensor& t : tensors) {
     MPI_Request r;
@@ -395,5 +412,52 @@ void check_same_parameters(const std::vector<std::pair<std::string, Tensor>>& na
   for (const auto& [name, t] : named) s << name << " " << shape_str(t.shape()) << " " << dtype_name(t.dtype()) << "\n";
   check_same("model (parameter names, shapes and dtypes)", s.str());
 }
+
+void record_timeline(bool on) { detail::nccl_record_timeline(on); }
+void timeline_mark(const std::string& name) { detail::nccl_timeline_mark(name); }
+std::vector<TimelineSpan> timeline() { return detail::nccl_timeline(); }
+
+std::string timeline_trace_json(const std::vector<TimelineSpan>& spans) {
+  // Trace Event Format: complete events ("X") for spans, instant events ("i") for marks; pid is
+  // the rank, tid the stream.
+  nlohmann::ordered_json events = nlohmann::ordered_json::array();
+  for (const char* stream : {"compute", "nccl"}) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g_world.rank},
+                      {"tid", stream}, {"args", {{"name", std::string(stream) + " stream"}}}});
+  }
+  for (const TimelineSpan& s : spans) {
+    nlohmann::ordered_json e = {{"name", s.name}, {"pid", g_world.rank}, {"tid", s.stream},
+                                {"ts", s.begin_ms * 1000.0}};
+    if (s.end_ms > s.begin_ms) {
+      e["ph"] = "X";
+      e["dur"] = (s.end_ms - s.begin_ms) * 1000.0;
+    } else {
+      e["ph"] = "i";
+      e["s"] = "t";
+    }
+    events.push_back(std::move(e));
+  }
+  nlohmann::ordered_json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  return trace.dump(1);
+}
+
+namespace detail {
+
+void broadcast_bytes(void* data, size_t n, int root, const char* what) {
+  if (g_world.size == 1) return;  // a world of one, launched or not: rank 0 holds them
+#ifdef MINIGRAD_WITH_MPI
+  MG_CHECK(n < (size_t{1} << 31), "mg::dist: broadcast of " << what << ": " << n << " bytes (at most 2^31 - 1)");
+  std::vector<MPI_Request> reqs(1);
+  mpi_check(MPI_Ibcast(data, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD, &reqs[0]), "MPI_Ibcast");
+  wait_all(reqs, std::string("broadcast of ") + what);
+#else
+  (void)data;
+  (void)n;
+  (void)root;
+  MG_FAIL("mg::dist: broadcast of " << what << " over " << g_world.size << " ranks, but this build has no MPI");
+#endif
+}
+
+}  // namespace detail
 
 }  // namespace mg::dist

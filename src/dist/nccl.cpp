@@ -1,5 +1,6 @@
 // mg::dist's NCCL backend: collectives on CUDA tensors (src/dist/backend.h). One communicator for
-// the device of the first CUDA collective, made with the unique id rank 0 broadcasts over MPI.
+// the device of the first CUDA collective, made with the unique id rank 0 broadcasts over MPI (or
+// makes alone, in a world of one: Note [a world of one] in minigrad/dist/dist.h; no MPI is needed).
 // NCCL runs on a stream of its own: an event orders it after the compute stream's work (the
 // backward that produced the gradients) and the compute stream waits for its end, so the host
 // does not stop the GPU between the two. The host then polls the end against the deadline
@@ -7,12 +8,12 @@
 //
 // ONLY COMPILED so far: no session has had a GPU with NCCL (docs/distributed.md).
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <minigrad/core/error.h>
 
@@ -43,6 +44,48 @@ struct Comm {
 };
 Comm g_comm;
 
+// Note [reduction timeline] (minigrad/dist/dist.h): the events of the spans recorded so far. A
+// mark's begin and end are one event.
+struct Recorded {
+  std::string name;
+  bool nccl = false;
+  cudaEvent_t begin = nullptr, end = nullptr;
+};
+struct Timeline {
+  bool on = false, full = false;
+  std::vector<Recorded> spans;
+};
+Timeline g_timeline;
+constexpr size_t kMaxSpans = 100000;
+
+cudaEvent_t timing_event() {
+  cudaEvent_t e = nullptr;
+  MG_CUDA_RT_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+bool recording() {
+  if (!g_timeline.on) return false;
+  if (g_timeline.spans.size() < kMaxSpans) return true;
+  g_timeline.on = false;
+  g_timeline.full = true;
+  return false;
+}
+
+void forget_timeline() {
+  for (Recorded& r : g_timeline.spans) {
+    cudaEventDestroy(r.begin);
+    if (r.end != r.begin) cudaEventDestroy(r.end);
+  }
+  g_timeline = Timeline{};
+}
+
+std::string describe(const std::vector<Tensor>& tensors) {
+  size_t bytes = 0;
+  for (const Tensor& t : tensors) bytes += t.nbytes();
+  return std::to_string(tensors.size()) + " tensors, " + std::to_string(bytes) + " bytes";
+}
+
 Comm& comm_for(const Tensor& t, int rank, int size) {
   const int device = t.device().index;
   if (g_comm.comm) {
@@ -52,8 +95,7 @@ Comm& comm_for(const Tensor& t, int rank, int size) {
   }
   ncclUniqueId id;
   if (rank == 0) MG_NCCL_CHECK(ncclGetUniqueId(&id));
-  MG_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD) == MPI_SUCCESS,
-           "mg::dist (NCCL): broadcasting the unique id over MPI failed");
+  broadcast_bytes(&id, sizeof id, 0, "NCCL's unique id");
   MG_CUDA_RT_CHECK(cudaSetDevice(device));
   MG_NCCL_CHECK(ncclCommInitRank(&g_comm.comm, size, id, rank));
   MG_CUDA_RT_CHECK(cudaStreamCreateWithFlags(&g_comm.stream, cudaStreamNonBlocking));
@@ -73,13 +115,20 @@ ncclDataType_t nccl_type(DType t) {
 
 // Orders `issue` (NCCL calls on c.stream) after the work queued so far on the compute stream, and
 // records c.done after it (c.stream runs in order: c.done then follows everything enqueued).
-template <class Issue>
-void enqueue_ordered(Comm& c, Issue&& issue) {
+// While the timeline records, the calls get a span named name() (Note [reduction timeline]).
+template <class Name, class Issue>
+void enqueue_ordered(Comm& c, Name&& name, Issue&& issue) {
   MG_CUDA_RT_CHECK(cudaEventRecord(c.ready, nullptr));  // the legacy default stream (Note [cuda stream])
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(c.stream, c.ready, 0));
+  const bool timed = recording();
+  if (timed) {
+    g_timeline.spans.push_back({name(), true, timing_event(), timing_event()});
+    MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().begin, c.stream));
+  }
   MG_NCCL_CHECK(ncclGroupStart());
   issue();
   MG_NCCL_CHECK(ncclGroupEnd());
+  if (timed) MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().end, c.stream));
   MG_CUDA_RT_CHECK(cudaEventRecord(c.done, c.stream));
 }
 
@@ -107,7 +156,7 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
 
 template <class Issue>
 void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& issue) {
-  enqueue_ordered(c, issue);
+  enqueue_ordered(c, [&] { return what; }, issue);
   wait_done(c, what, timeout_s);
 }
 
@@ -126,14 +175,14 @@ void nccl_all_reduce(const std::vector<Tensor>& tensors, int rank, int size, dou
   Comm& c = comm_for(tensors[0], rank, size);
   // ncclGroupStart/End makes one launch of the whole list: NCCL fuses small tensors itself, so
   // they need no packing into buckets (Note [gradient buckets] in src/dist/dist.cpp).
-  run_ordered(c, "all_reduce of " + std::to_string(tensors.size()) + " CUDA tensors", timeout_s,
-              [&] { issue_all_reduce(c, tensors); });
+  run_ordered(c, "all_reduce of " + describe(tensors), timeout_s, [&] { issue_all_reduce(c, tensors); });
   c.started = 0;  // c.done came after those too
 }
 
 void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size) {
   Comm& c = comm_for(tensors[0], rank, size);
-  enqueue_ordered(c, [&] { issue_all_reduce(c, tensors); });
+  enqueue_ordered(c, [&] { return "bucket " + std::to_string(c.started) + ": " + describe(tensors); },
+                  [&] { issue_all_reduce(c, tensors); });
   ++c.started;
 }
 
@@ -146,7 +195,7 @@ void nccl_all_reduce_wait(double timeout_s) {
 
 void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int size, double timeout_s) {
   Comm& c = comm_for(tensors[0], rank, size);
-  run_ordered(c, "broadcast of " + std::to_string(tensors.size()) + " CUDA tensors", timeout_s, [&] {
+  run_ordered(c, "broadcast of " + describe(tensors), timeout_s, [&] {
     for (const Tensor& t : tensors) {
       MG_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, c.comm, c.stream));
     }
@@ -155,6 +204,7 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int 
 }
 
 void nccl_shutdown(bool failing) {
+  forget_timeline();
   if (!g_comm.comm) return;
   if (failing) ncclCommAbort(g_comm.comm);
   else ncclCommDestroy(g_comm.comm);
@@ -162,6 +212,39 @@ void nccl_shutdown(bool failing) {
   cudaEventDestroy(g_comm.ready);
   cudaEventDestroy(g_comm.done);
   g_comm = Comm{};
+}
+
+void nccl_record_timeline(bool on) {
+  if (on) forget_timeline();
+  g_timeline.on = on;
+}
+
+void nccl_timeline_mark(const std::string& name) {
+  if (!recording()) return;
+  const cudaEvent_t e = timing_event();
+  g_timeline.spans.push_back({name, false, e, e});
+  MG_CUDA_RT_CHECK(cudaEventRecord(e, nullptr));  // the compute stream (Note [cuda stream])
+}
+
+std::vector<TimelineSpan> nccl_timeline() {
+  std::vector<TimelineSpan> out;
+  if (g_timeline.spans.empty()) return out;
+  const cudaEvent_t origin = g_timeline.spans[0].begin;
+  auto ms = [&](cudaEvent_t e) {
+    MG_CUDA_RT_CHECK(cudaEventSynchronize(e));
+    float t = 0;
+    MG_CUDA_RT_CHECK(cudaEventElapsedTime(&t, origin, e));
+    return static_cast<double>(t);
+  };
+  MG_CUDA_RT_CHECK(cudaEventSynchronize(origin));
+  for (const Recorded& r : g_timeline.spans) {
+    out.push_back({r.name, r.nccl ? "nccl" : "compute", ms(r.begin), ms(r.end)});
+  }
+  if (g_timeline.full) {
+    out.push_back({"timeline full: recording stopped after " + std::to_string(kMaxSpans) + " spans", "compute",
+                   out.back().end_ms, out.back().end_ms});
+  }
+  return out;
 }
 
 }  // namespace mg::dist::detail

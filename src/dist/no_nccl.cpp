@@ -26,4 +26,9 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int, int, int size, doub
 
 void nccl_shutdown(bool) {}
 
+// No CUDA collectives to time (Note [reduction timeline]).
+void nccl_record_timeline(bool) {}
+void nccl_timeline_mark(const std::string&) {}
+std::vector<TimelineSpan> nccl_timeline() { return {}; }
+
 }  // namespace mg::dist::detail

@@ -33,6 +33,7 @@ Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), op
   MG_CHECK(opts.steps >= 1, "Accumulator: steps (micro-batches per optimizer step) must be >= 1, got " << opts.steps);
   MG_CHECK(opts.clip_norm >= 0.0f && std::isfinite(opts.clip_norm),
            "Accumulator: clip_norm must be >= 0 (0 = off), got " << opts.clip_norm);
+  MG_CHECK(opts.bucket_bytes >= 1, "Accumulator: bucket_bytes must be >= 1, got " << opts.bucket_bytes);
 }
 
 namespace {
@@ -117,10 +118,12 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     GradBuckets& b = buckets();
     b.reset();
     const auto launch = [&](size_t i) { start_bucket(grads, i); };
+    dist::timeline_mark("backward begins");  // Note [reduction timeline] (minigrad/dist/dist.h)
     {
       const GradReadyHook hook([&](const Tensor& p) { b.ready(p, launch); });
       loss.backward();
     }
+    dist::timeline_mark("backward ends");
     b.launch_rest(launch);  // parameters this backward did not reach
     started_in_backward_ = true;
   } else {
@@ -135,8 +138,7 @@ bool Accumulator::bucketed() const {
 }
 
 GradBuckets& Accumulator::buckets() {
-  constexpr size_t kBucketBytes = size_t{4} << 20;
-  if (!buckets_) buckets_ = std::make_shared<GradBuckets>(opt_.params(), kBucketBytes);
+  if (!buckets_) buckets_ = std::make_shared<GradBuckets>(opt_.params(), static_cast<size_t>(opts_.bucket_bytes));
   return *buckets_;
 }
 
@@ -164,7 +166,7 @@ void Accumulator::drop_window() {
   window_samples_.clear();
 }
 
-bool Accumulator::data_parallel() const { return opts_.data_parallel && dist::launched(); }
+bool Accumulator::data_parallel() const { return opts_.data_parallel && dist::active(); }
 
 SampleWindowGuard Accumulator::sample_window() const { return sample_window(pending_samples_); }
 
@@ -218,10 +220,12 @@ StepInfo Accumulator::step_window(bool flushing) {
                                    << dist::world_size() << " ranks");
     if (bucketed()) {  // Note [overlapped reduction]: backward started them all, or none
       if (!started_in_backward_) {
+        dist::timeline_mark("step starts the buckets");
         buckets().reset();
         buckets().launch_rest([&](size_t i) { start_bucket(grads, i); });
       }
       dist::all_reduce_wait();
+      dist::timeline_mark("reductions waited");
     } else {
       std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
       dist::all_reduce(last_layer_first);

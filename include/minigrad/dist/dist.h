@@ -30,8 +30,17 @@
 // signal is noticed by mpirun, which stops the others and names the dead rank.
 //
 // Built when MPI is found (CMake option MINIGRAD_MPI: AUTO/ON/OFF) and NCCL with the CUDA
-// backend (MINIGRAD_NCCL). Without MPI the library still links: a single process is world 1,
-// and collectives do nothing. Started by a launcher, even a world of 1 runs every collective.
+// backend (MINIGRAD_NCCL; NCCL does not need MPI). Without MPI the library still links: a single
+// process is world 1, and collectives do nothing. Started by a launcher, even a world of 1 runs
+// every collective; without one, SessionOptions::world_of_one (Note [a world of one]) does that too.
+//
+// Note [a world of one]: a process started without a launcher is a world of one whose collectives
+// do nothing. With SessionOptions::world_of_one (or MG_DIST_WORLD_OF_ONE=1) it still runs them as
+// `mpirun -np 1` would: CUDA tensors through NCCL on a communicator of one rank (its unique id
+// made here, no MPI needed), the Accumulator through its data-parallel path (buckets started
+// during backward, Note [overlapped reduction]). Sums over one rank of CPU tensors and host values
+// need no MPI and are left as they are. This is how the NCCL path is tested on a machine with one
+// GPU and no MPI (ctest's nccl_world_of_one).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +54,9 @@ namespace mg::dist {
 
 struct SessionOptions {
   double timeout_seconds = 0;  // 0: MG_DIST_TIMEOUT, else 300 (Note [collectives never hang])
+  // Without a launcher, run the collectives anyway, as a world of one (Note [a world of one]);
+  // MG_DIST_WORLD_OF_ONE=1 sets it too. Under a launcher it changes nothing.
+  bool world_of_one = false;
 };
 
 // Starts the process group for its lifetime: MPI_Init when this process was started by mpirun
@@ -65,17 +77,19 @@ class Session {
 bool mpi_built();   // this build has the MPI backend
 bool nccl_built();  // this build has the NCCL backend
 bool launched();    // started by an MPI launcher (world_size may still be 1)
+bool active();      // collectives run: launched, or a world of one on request (Note [a world of one])
 int rank();         // 0 without a Session
 int world_size();   // 1 without a Session
 int local_rank();   // this rank's index among the ranks on its machine (to pick its GPU), 0 alone
 // The device a rank trains on when the user named a type but no index ("cuda", "auto"):
 // cuda:(local_rank % devices) for CUDA under data parallelism, `d` itself otherwise.
 Device device_for_rank(Device d, bool index_given);
-std::string backend_name(Device d);  // "mpi", "nccl" or "none"
+std::string backend_name(Device d);  // "mpi", "nccl" or "none" (what this device's collectives go through)
 
 // Sums `tensors` over all ranks, in place (every rank ends with the same values). All tensors
 // on one device, float32 or float64, contiguous. Without a launcher it does nothing; under
-// `mpirun -np 1` it goes through MPI or NCCL all the same (a one-rank run tests the machinery).
+// `mpirun -np 1` it goes through MPI or NCCL all the same (a one-rank run tests the machinery),
+// and so do CUDA tensors in a world of one (Note [a world of one]).
 void all_reduce(const std::vector<Tensor>& tensors);
 // all_reduce in two halves, for reductions that run while the caller goes on (Note [overlapped
 // reduction], minigrad/optim/accumulate.h). all_reduce_start(tensors) starts the sum and returns;
@@ -104,5 +118,31 @@ void check_same_parameters(const std::vector<std::pair<std::string, Tensor>>& na
 // Bytes this process has sent into collectives since the Session began (the payload, counted
 // once per call: what an all-reduce of a gradient costs, whatever the algorithm underneath).
 int64_t bytes_reduced();
+
+// Note [reduction timeline]: where the reductions of CUDA tensors ran, against the compute stream,
+// read from CUDA events (NCCL builds; nothing is recorded for CPU tensors, whose MPI reductions
+// block the caller). While recording, every NCCL call gets a span on NCCL's stream, from the
+// moment the stream passed the wait for the work before it (its inputs were final) to its end;
+// timeline_mark adds a point on the compute stream. The Accumulator marks the last micro-batch's
+// backward ("backward begins", "backward ends"; "step starts the buckets" for a window that ended
+// short, whose buckets start at step()) and the end of step()'s wait ("reductions waited"), so a
+// window's buckets show whether they began before backward ended (Note [overlapped reduction]). A span costs two events, recorded beside the work: the work is not
+// synchronised. At most 100,000 spans are kept; recording stops after that.
+//
+//   mg::dist::record_timeline(true);
+//   ... train some steps ...
+//   mg::nn::write_file_atomic("trace.json", mg::dist::timeline_trace_json(mg::dist::timeline()));
+//   // open in chrome://tracing or ui.perfetto.dev; bench/timeline.py prints the overlap per window
+struct TimelineSpan {
+  std::string name;    // "bucket 2: 3 tensors, 4194304 bytes", "backward begins", ...
+  std::string stream;  // "nccl" or "compute"
+  double begin_ms = 0, end_ms = 0;  // GPU time since the first span began; a mark has begin == end
+};
+void record_timeline(bool on);  // true: forget what was recorded, and record; false: stop
+void timeline_mark(const std::string& name);  // on the compute stream (current CUDA device)
+// Waits for the recorded events and returns the spans, in the order they were recorded.
+std::vector<TimelineSpan> timeline();
+// The spans in the Trace Event Format (one process per rank, one thread per stream, times in µs).
+std::string timeline_trace_json(const std::vector<TimelineSpan>& spans);
 
 }  // namespace mg::dist

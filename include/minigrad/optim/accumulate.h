@@ -56,7 +56,7 @@
 //
 // Note [overlapped reduction]: on CUDA tensors (NCCL) the reduction need not wait for step(). In
 // the window's last micro-batch (the N-th), backward() cuts the gradients into buckets of about
-// 4 MiB, last layer first (src/optim/grad_buckets.h), and starts each bucket's all-reduce on
+// 4 MiB (AccumulateOptions::bucket_bytes), last layer first (src/optim/grad_buckets.h), and starts each bucket's all-reduce on
 // NCCL's stream as soon as backward has finished every gradient in it and every bucket before it
 // was started (Note [gradient-ready hooks], minigrad/core/autograd.h). Those reductions then run
 // while backward computes the earlier layers. step() reduces the header first, then starts the
@@ -107,12 +107,16 @@ struct AccumulateOptions {
   NonFinite non_finite = NonFinite::error;
   Normalize normalize = Normalize::samples;
   bool check_finite = true; // compute the gradient norm every step (one read pass) to catch NaN/inf
-  // Under an MPI launcher (mg::dist), sum each window over the ranks (Note [data parallel step]);
+  // Under an MPI launcher (mg::dist::active()), sum each window over the ranks (Note [data parallel step]);
   // false: every process steps on its own gradients.
   bool data_parallel = true;
   // Data parallel on CUDA: start the buckets' reductions during the last micro-batch's backward
   // (Note [overlapped reduction]). The same on every rank.
   bool overlap = true;
+  // Their size: consecutive gradients, last layer first, up to about this many bytes each (a
+  // larger gradient is a bucket of its own). Smaller buckets start earlier in backward, larger
+  // ones cost fewer calls. The same on every rank.
+  int64_t bucket_bytes = int64_t{4} << 20;
 };
 
 struct StepInfo {
@@ -156,8 +160,9 @@ class Accumulator {
   // non-finite loss or norm under NonFinite::error (the window is dropped first). Under data
   // parallelism a collective (Note [data parallel step]): a rank with nothing pending takes part.
   StepInfo step();
-  // Whether step() reduces over processes: data_parallel and started by an MPI launcher (under
-  // `mpirun -np 1` too, where the reduction runs over one rank).
+  // Whether step() reduces over processes: data_parallel and mg::dist::active() (started by an MPI
+  // launcher, `mpirun -np 1` too, where the reduction runs over one rank; or a world of one on
+  // request, Note [a world of one] in minigrad/dist/dist.h).
   bool data_parallel() const;
   // Steps if anything is pending (end of data). Returns whether it stepped (or skipped). Under
   // data parallelism a collective on every rank, stepping when any rank has something pending.
