@@ -128,12 +128,10 @@ void arrive(int64_t count, DType dt, const std::string& what) {
                         << ". ---> HINT: every rank must hold the same model (mg::dist::check_same_parameters)");
 }
 
-void mpi_all_reduce_cpu(const std::vector<Tensor>& tensors) {
+void mpi_all_reduce_cpu(const std::vector<Tensor>& tensors) {  // one dtype: check_summable
   const DType dt = tensors[0].dtype();
   int64_t count = 0;
   for (const Tensor& t : tensors) {
-    MG_CHECK(t.dtype() == dt, "mg::dist::all_reduce: tensors of one call share a dtype, got "
-                                  << dtype_name(dt) << " and " << dtype_name(t.dtype()));
     MG_CHECK(t.numel() < (int64_t{1} << 31), "mg::dist::all_reduce: a tensor of " << t.numel()
                                                  << " elements (MPI counts are int; at most 2^31 - 1)");
     count += t.numel();
@@ -202,6 +200,18 @@ void check_tensors(const std::vector<Tensor>& tensors, const char* what) {
     MG_CHECK(t.defined(), "mg::dist::" << what << ": an undefined tensor");
     MG_CHECK(t.device() == tensors[0].device(), "mg::dist::" << what << ": tensors of one call share a device, got "
                                                              << tensors[0].device().str() << " and " << t.device().str());
+  }
+}
+
+// Sums take float32 or float64, one dtype per call (checked before any backend call: an error
+// inside NCCL's group would leave it half issued).
+void check_summable(const std::vector<Tensor>& tensors, const char* what) {
+  const DType dt = tensors[0].dtype();
+  MG_CHECK(dt == DType::f32 || dt == DType::f64,
+           "mg::dist::" << what << ": sums take float32 or float64 tensors, got " << dtype_name(dt));
+  for (const Tensor& t : tensors) {
+    MG_CHECK(t.dtype() == dt, "mg::dist::" << what << ": tensors of one call share a dtype, got " << dtype_name(dt)
+                                           << " and " << dtype_name(t.dtype()));
   }
 }
 
@@ -312,6 +322,7 @@ int64_t payload_bytes(const std::vector<Tensor>& tensors) {
 void all_reduce(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   check_tensors(tensors, "all_reduce");
+  check_summable(tensors, "all_reduce");
   if (!g_world.active) return;
   if (tensors[0].is_cuda()) {
     detail::nccl_all_reduce(tensors, g_world.rank, g_world.size, g_world.timeout_s);
@@ -326,6 +337,7 @@ void all_reduce(const std::vector<Tensor>& tensors) {
 void all_reduce_start(const std::vector<Tensor>& tensors) {
   if (tensors.empty()) return;
   check_tensors(tensors, "all_reduce_start");
+  check_summable(tensors, "all_reduce_start");
   if (!g_world.active) return;
   if (!tensors[0].is_cuda()) return all_reduce(tensors);
   detail::nccl_all_reduce_start(tensors, g_world.rank, g_world.size);

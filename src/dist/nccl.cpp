@@ -37,12 +37,31 @@ namespace {
 
 struct Comm {
   ncclComm_t comm = nullptr;
-  int device = -1;
+  int device = -1, size = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr, done = nullptr;
   int started = 0;  // reductions enqueued by nccl_all_reduce_start and not waited for
+  // Their tensors, held until the compute stream is ordered after them: the caching allocator
+  // reuses a freed block at once on the compute stream (Note [cuda stream]), and NCCL may still be
+  // reading or writing it.
+  std::vector<Tensor> in_flight;
 };
 Comm g_comm;
+
+// Ends the communicator (aborting it: a timeout, an asynchronous error, an exception unwinding
+// through the Session) with its stream and events. Work still queued on NCCL's stream is
+// abandoned, so the compute stream, which may wait on c.done, is not left waiting on a kernel
+// that never ends.
+void teardown(Comm& c, bool abort) {
+  if (c.comm) {
+    if (abort) ncclCommAbort(c.comm);
+    else ncclCommDestroy(c.comm);
+  }
+  if (c.stream) cudaStreamDestroy(c.stream);
+  if (c.ready) cudaEventDestroy(c.ready);
+  if (c.done) cudaEventDestroy(c.done);
+  c = Comm{};
+}
 
 // Note [reduction timeline] (minigrad/dist/dist.h): the events of the spans recorded so far. A
 // mark's begin and end are one event.
@@ -102,6 +121,7 @@ Comm& comm_for(const Tensor& t, int rank, int size) {
   MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.ready, cudaEventDisableTiming));
   MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.done, cudaEventDisableTiming));
   g_comm.device = device;
+  g_comm.size = size;
   return g_comm;
 }
 
@@ -126,15 +146,29 @@ void enqueue_ordered(Comm& c, Name&& name, Issue&& issue) {
     MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().begin, c.stream));
   }
   MG_NCCL_CHECK(ncclGroupStart());
-  issue();
+  try {
+    issue();
+  } catch (...) {
+    // NCCL's group depth is per thread: a group left open would swallow every later call.
+    ncclGroupEnd();
+    if (timed) {
+      cudaEventDestroy(g_timeline.spans.back().begin);
+      cudaEventDestroy(g_timeline.spans.back().end);
+      g_timeline.spans.pop_back();
+    }
+    throw;
+  }
   MG_NCCL_CHECK(ncclGroupEnd());
   if (timed) MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().end, c.stream));
   MG_CUDA_RT_CHECK(cudaEventRecord(c.done, c.stream));
 }
 
-// Orders the compute stream after c.done and waits for it against the deadline.
+// Orders the compute stream after c.done (the tensors in flight may then be freed) and waits for
+// it against the deadline. On a timeout or an asynchronous NCCL error the communicator is
+// aborted (teardown), which also ends the kernels the compute stream may be waiting on.
 void wait_done(Comm& c, const std::string& what, double timeout_s) {
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, c.done, 0));
+  c.in_flight.clear();
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   for (;;) {
@@ -142,11 +176,14 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
     if (q == cudaSuccess) return;
     MG_CHECK(q == cudaErrorNotReady, "mg::dist (NCCL): " << what << ": " << cudaGetErrorString(q));
     ncclResult_t async = ncclSuccess;
-    MG_NCCL_CHECK(ncclCommGetAsyncError(c.comm, &async));
-    MG_CHECK(async == ncclSuccess, "mg::dist (NCCL): " << what << ": " << ncclGetErrorString(async));
+    const ncclResult_t rc = ncclCommGetAsyncError(c.comm, &async);
+    if (rc != ncclSuccess || async != ncclSuccess) {
+      teardown(c, true);
+      MG_FAIL("mg::dist (NCCL): " << what << ": " << ncclGetErrorString(rc != ncclSuccess ? rc : async)
+              << "; the communicator was aborted");
+    }
     if (clock::now() > deadline) {
-      ncclCommAbort(c.comm);
-      c.comm = nullptr;
+      teardown(c, true);
       MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << what << " and not every rank arrived: a rank "
               "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
     }
@@ -160,10 +197,15 @@ void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& iss
   wait_done(c, what, timeout_s);
 }
 
+// Note [one rank runs a kernel]: over one rank NCCL skips an in-place sum altogether (nothing to
+// add), so a world of one would test no ordering at all: a bucket reduced before its gradients
+// were final would pass unseen. Its average is a pre-multiplied sum, x * (1/1), which for floats
+// is x to the bit, and NCCL runs it as a kernel that reads and writes the buffer on its stream.
 void issue_all_reduce(Comm& c, const std::vector<Tensor>& tensors) {
+  const ncclRedOp_t op = c.size == 1 ? ncclAvg : ncclSum;
   for (const Tensor& t : tensors) {
     MG_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
-                                ncclSum, c.comm, c.stream));
+                                op, c.comm, c.stream));
   }
 }
 
@@ -184,6 +226,7 @@ void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int siz
   enqueue_ordered(c, [&] { return "bucket " + std::to_string(c.started) + ": " + describe(tensors); },
                   [&] { issue_all_reduce(c, tensors); });
   ++c.started;
+  c.in_flight.insert(c.in_flight.end(), tensors.begin(), tensors.end());
 }
 
 void nccl_all_reduce_wait(double timeout_s) {
@@ -205,13 +248,7 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int 
 
 void nccl_shutdown(bool failing) {
   forget_timeline();
-  if (!g_comm.comm) return;
-  if (failing) ncclCommAbort(g_comm.comm);
-  else ncclCommDestroy(g_comm.comm);
-  cudaStreamDestroy(g_comm.stream);
-  cudaEventDestroy(g_comm.ready);
-  cudaEventDestroy(g_comm.done);
-  g_comm = Comm{};
+  teardown(g_comm, failing);
 }
 
 void nccl_record_timeline(bool on) {

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <sstream>
 
@@ -119,9 +120,18 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     b.reset();
     const auto launch = [&](size_t i) { start_bucket(grads, i); };
     dist::timeline_mark("backward begins");  // Note [reduction timeline] (minigrad/dist/dist.h)
-    {
+    try {
       const GradReadyHook hook([&](const Tensor& p) { b.ready(p, launch); });
       loss.backward();
+    } catch (...) {
+      // Buckets already started still read and write their gradients on NCCL's stream: wait for
+      // them (their own error, if any, gives way to this one), so that discard() can zero them.
+      try {
+        dist::all_reduce_wait();
+      } catch (const std::exception&) {
+      }
+      b.reset();
+      throw;
     }
     dist::timeline_mark("backward ends");
     b.launch_rest(launch);  // parameters this backward did not reach
@@ -157,6 +167,9 @@ void Accumulator::add_micro_batch(int64_t samples, const Tensor& loss) {
 }
 
 void Accumulator::drop_window() {
+  // A window dropped after its last backward (discard() before step()): its buckets may still be
+  // in flight, writing the gradients zeroed below. After step()'s wait this returns at once.
+  if (started_in_backward_) dist::all_reduce_wait();
   started_in_backward_ = false;
   opt_.zero_grad();
   pending_samples_ = 0;

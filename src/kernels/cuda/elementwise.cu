@@ -198,6 +198,12 @@ template <> void copy_bytes<Cuda>(Tensor& dst, const Tensor& src) {
     MG_CUDA_CHECK(cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault));
     // The host waited for the device here anyway: report what kernels flagged meanwhile.
     cuda::check_error_flag(dev);
+  } else if (src.device().is_cuda() && cuda::device_of(src) != dev) {
+    // Between two GPUs: each has its own legacy stream, and an async copy on the destination's
+    // would neither wait for the kernels writing src on its own device nor keep src's block from
+    // being reused there while it reads. cudaMemcpyPeer is ordered after the work pending on both
+    // devices, and before the work queued after it.
+    MG_CUDA_CHECK(cudaMemcpyPeer(dst.raw_data(), dev, src.raw_data(), cuda::device_of(src), dst.nbytes()));
   } else {
     // Into the device: the async copy stages pageable host memory before returning, so the
     // source may go at once, and the host does not wait for earlier kernels (cudaMemcpy would).

@@ -89,14 +89,14 @@ template <>
 void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                                const Tensor& mean, const Tensor& rstd, bool accumulate) {
   const int64_t c = x.size(x.dim() - 1), m = c > 0 ? x.numel() / c : 0;
-  if (m == 0) return;
+  if (c == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(dy));
-  if (dx.defined()) {
+  if (dx.defined() && m > 0) {
     layer_norm_dx_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads>>>(
         dx.data<float>(), dy.data<float>(), x.data<float>(), maybe(w), mean.data<float>(), rstd.data<float>(), m, c);
     MG_CUDA_CHECK_LAUNCH();
   }
-  if (dw.defined() || db.defined()) {
+  if (dw.defined() || db.defined()) {  // with no rows too: dw and db are then 0 (or kept, accumulating)
     layer_norm_dwdb_kernel<<<cuda::grid_for(c), cuda::kThreads>>>(maybe_mut(dw), maybe_mut(db), dy.data<float>(),
                                                                    x.data<float>(), mean.data<float>(),
                                                                    rstd.data<float>(), m, c, accumulate);
