@@ -88,5 +88,10 @@ if [ -n "$app" ]; then
     echo "FAIL one rank: a run failed, or its files differ from one plain process's"; tail -20 "$out/one.log"
     fail=1
   fi
+  # Out of memory under data parallelism: no rank re-plans alone (the others would wait in a
+  # collective the re-planned rank no longer makes); every rank stops with the error.
+  t0=$SECONDS
+  timeout 120 "$mpiexec" -n 2 "$app" "${c[@]}" --epochs 1 --memory-limit 4MB >"$out/oom.log" 2>&1
+  check oom $? $((SECONDS - t0)) nonzero "rank [01] of 2: error: under --memory-limit 4MB: cpu out of memory"
 fi
 exit $fail
