@@ -175,6 +175,9 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
     const cudaError_t q = cudaEventQuery(c.done);
     if (q == cudaSuccess) return;
     MG_CHECK(q == cudaErrorNotReady, "mg::dist (NCCL): " << what << ": " << cudaGetErrorString(q));
+    // "Not ready" is recorded as the thread's last error too: cleared, or the next kernel
+    // launch's check (cudaGetLastError) would report it as its own failure.
+    (void)cudaGetLastError();
     ncclResult_t async = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(c.comm, &async);
     if (rc != ncclSuccess || async != ncclSuccess) {

@@ -125,15 +125,23 @@ size_t find_workspace(const Perf* perf, int count, const ConvKey& k) {
 
 constexpr int kMaxAlgos = 16;
 
+// Note [timing needs room]: with cudnn benchmark on, Find times every ranked algorithm in a
+// workspace as large as the hungriest one needs (up to the workspace limit). On a full device, or
+// under mg::set_memory_limit, that allocation can fail where running the convolution would not:
+// the choice then falls back to cuDNN's heuristic ranking (cudnnGet*_v7), as with benchmark off.
+
 Choice choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* x, const float* w, float* y) {
   d.reset_math(k);
   cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMaxAlgos, &count, perf));
   if (k.benchmark) {
-    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
-    MG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y, kMaxAlgos, &count,
-                                                          perf, ws.get(), ws.size()));
+    try {  // Note [timing needs room]
+      cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+      MG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y, kMaxAlgos, &count,
+                                                            perf, ws.get(), ws.size()));
+    } catch (const OutOfMemoryError&) {
+    }
   }
   Choice c = pick(perf, count, k);
   if (!c.set) {  // implicit GEMM runs in FMA math with no workspace, for every shape
@@ -152,9 +160,12 @@ Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const f
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMaxAlgos, &count, perf));
   if (k.benchmark) {
-    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
-    MG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, dy, d.conv, d.x, dx, kMaxAlgos,
-                                                               &count, perf, ws.get(), ws.size()));
+    try {  // Note [timing needs room]
+      cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+      MG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, dy, d.conv, d.x, dx, kMaxAlgos,
+                                                                 &count, perf, ws.get(), ws.size()));
+    } catch (const OutOfMemoryError&) {
+    }
   }
   Choice c = pick(perf, count, k);
   if (!c.set) {  // the last resort, in FMA math; its workspace (none, or little) is asked, not assumed
@@ -174,12 +185,15 @@ Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMaxAlgos, &count, perf));
   if (k.benchmark) {
-    // Find writes its output: time into scratch, since dw may hold gradients being accumulated.
-    cuda::Workspace scratch(k.dev, dw_bytes);
-    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
-    MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, dy, d.conv, d.w,
-                                                                 static_cast<float*>(scratch.get()), kMaxAlgos,
-                                                                 &count, perf, ws.get(), ws.size()));
+    try {  // Note [timing needs room]
+      // Find writes its output: time into scratch, since dw may hold gradients being accumulated.
+      cuda::Workspace scratch(k.dev, dw_bytes);
+      cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+      MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, dy, d.conv, d.w,
+                                                                   static_cast<float*>(scratch.get()), kMaxAlgos,
+                                                                   &count, perf, ws.get(), ws.size()));
+    } catch (const OutOfMemoryError&) {
+    }
   }
   Choice c = pick(perf, count, k);
   if (!c.set) {  // as for backward data: ALGO_0 (and ALGO_3) use atomics, ALGO_1 does not
