@@ -95,8 +95,12 @@ stage_sanitize() {
   read -r -a tests <<<"${SANITIZE_TESTS:-${gpu_tests[*]}}"
   for tool in memcheck racecheck synccheck initcheck; do
     for t in "${tests[@]}"; do
+      # The allocator's out-of-memory cases make cudaMalloc fail on purpose (and fill the device):
+      # the sanitizer would count the refusals as errors, and needs device memory of its own.
+      local skip=()
+      [ "$t" = test_cuda_allocator ] && skip=(-tce="*out of memory*,*full device*")
       timeout 540 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        "$build/bin/$t" "${filter[@]}" >"$out/sanitizer_${tool}_$t.log" 2>&1
+        "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$out/sanitizer_${tool}_$t.log" 2>&1
       r=$?
       note "compute-sanitizer $tool $t: exit $r; $(grep -E 'ERROR SUMMARY' "$out/sanitizer_${tool}_$t.log" | tail -1)"
       [ $r -ne 0 ] && rc=1

@@ -62,6 +62,13 @@ struct Tf32Conv {
   ~Tf32Conv() { cuda::set_tf32_conv(old); }
 };
 
+// cuDNN benchmark mode for a scope: restored when a failed REQUIRE leaves the test case early.
+struct CudnnBenchmark {
+  bool old = cuda::cudnn_benchmark();
+  explicit CudnnBenchmark(bool on) { cuda::set_cudnn_benchmark(on); }
+  ~CudnnBenchmark() { cuda::set_cudnn_benchmark(old); }
+};
+
 inline Tensor labels(int64_t n, int64_t classes, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<int64_t> v(n);

@@ -127,7 +127,7 @@ TEST_CASE("cuda: linear in TF32 when asked (tolerance 1e-2)") {
 TEST_CASE("cuda: conv2d forward and backward in strict FP32") {
   Tf32Conv off(false);
   for (bool bench : {false, true}) {
-    cuda::set_cudnn_benchmark(bench);
+    const CudnnBenchmark benchmark(bench);
     Tensor x = rand_tensor({3, 5, 13, 11}, 41, true), w = rand_tensor({7, 5, 3, 3}, 42, true), b = rand_tensor({7}, 43, true);
     compare_op("conv2d 3x3 stride 2 pad 1",
                [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 2, 1); }, {x, w, b}, kStrict);
@@ -135,7 +135,6 @@ TEST_CASE("cuda: conv2d forward and backward in strict FP32") {
     compare_op("conv2d 5x3 no bias", [](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], {}, 1, 0); },
                {x2, w2}, kStrict);
   }
-  cuda::set_cudnn_benchmark(false);
 }
 
 TEST_CASE("cuda: conv2d with TF32 allowed, the default (tolerance 1e-2)") {
@@ -259,7 +258,7 @@ TEST_CASE("cuda: max-pool backward with overlapping windows is bit-identical to 
 TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run after run") {
   Tf32Conv off(false);
   for (bool bench : {false, true}) {
-    cuda::set_cudnn_benchmark(bench);
+    const CudnnBenchmark benchmark(bench);
     INFO("cudnn benchmark " << bench);
     Tensor x = rand_tensor({8, 16, 19, 17}, 41).to(kGpu), w = rand_tensor({32, 16, 3, 3}, 42).to(kGpu);
     Tensor dy = rand_tensor({8, 32, 19, 17}, 43).to(kGpu);
@@ -277,7 +276,6 @@ TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run 
     CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
     CHECK(std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * sizeof(float)) == 0);
   }
-  cuda::set_cudnn_benchmark(false);
 }
 
 #endif  // MINIGRAD_WITH_CUDA

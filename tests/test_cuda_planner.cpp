@@ -78,15 +78,17 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
 
 TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchmark on and off") {
   for (bool bench : {false, true}) {
-    cuda::set_cudnn_benchmark(bench);
+    const CudnnBenchmark benchmark(bench);
     INFO("cudnn benchmark " << bench);
     manual_seed(1);
     auto m = test::small_cnn();
     m->to(kGpu);
     m->train();
     optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
-    // Shapes no other test used, so the first measurement meets cold algorithm caches.
-    const Shape in{5, 3, 37 + (bench ? 2 : 0), 41};
+    // Shapes no other test used, so the first measurement meets cold algorithm caches; a batch
+    // whose activations (about 70 MB) outweigh the fixed part (the cuBLAS workspace alone is 32 MiB
+    // on sm_90), so that what the planner predicts is what the check compares.
+    const Shape in{64, 3, 127 + (bench ? 2 : 0), 129};
     const nn::ChainCost first = nn::measure_chain(*m, in);
     const nn::ChainCost second = nn::measure_chain(*m, in);
     // Algorithm searches and context creation happen once, outside what is measured.
@@ -112,13 +114,16 @@ TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchma
       }
       synchronize(Device::cuda(0));
       const size_t measured = memory_stats(kGpu).peak_in_use;
-      const double ratio = static_cast<double>(measured) / static_cast<double>(p.predicted_peak);
-      INFO("plan " << p.kind << " " << p.str() << ": predicted " << p.predicted_peak << ", measured " << measured);
+      // Above the fixed part F, which both sides hold.
+      const double f = static_cast<double>(first.fixed_bytes);
+      const double ratio = (static_cast<double>(measured) - f) / (static_cast<double>(p.predicted_peak) - f);
+      INFO("plan " << p.kind << " " << p.str() << ": predicted " << p.predicted_peak << ", measured " << measured
+                   << ", fixed " << first.fixed_bytes);
+      MESSAGE("cudnn benchmark " << bench << ", plan " << p.kind << ": measured / predicted above F " << ratio);
       CHECK(ratio > 0.9);
       CHECK(ratio < 1.1);
     }
   }
-  cuda::set_cudnn_benchmark(false);
 }
 
 #endif  // MINIGRAD_WITH_CUDA

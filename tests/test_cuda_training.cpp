@@ -240,7 +240,57 @@ double max_diff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
 }
 }  // namespace
 
-TEST_CASE("cuda: accumulation 16x4 equals 64 on the device and matches the CPU") {
+// Note [each step from the same weights] (tests/mpi_training.cpp): over a whole epoch two orders
+// of summation (cuBLAS's and the CPU's, or 16x4 against 64) can part for good at a ReLU input that
+// rounding moves across zero, so the exactness claim is checked per step. Before each of the
+// epoch's 125 steps the weights of the 16x4 run on the device are copied into a CPU model, which
+// takes one step at batch 64 on the same window; both must land on the same weights.
+TEST_CASE("cuda: each 16x4 window on the device steps as one batch of 64 on the CPU") {
+  static const data::IdxDataset data = data::make_synthetic(7992, 7);
+  manual_seed(3);
+  auto model = nn::make_mlp({784, 64, 10});
+  model->to(kGpu);
+  optim::SGD opt(model->parameters(), {.lr = 0.05f});
+  optim::Accumulator acc(opt, {.steps = 4});
+  data::DataLoader loader(data, {.batch_size = 16, .seed = 11, .device = kGpu});
+  manual_seed(3);
+  auto ref = nn::make_mlp({784, 64, 10});
+  optim::SGD ref_opt(ref->parameters(), {.lr = 0.05f});
+  data::DataLoader ref_loader(data, {.batch_size = 64, .seed = 11});  // the same windows
+  ref_loader.start_epoch(0);
+  std::vector<Tensor> before;
+  for (const Tensor& p : ref->parameters()) before.push_back(p.clone());
+  double worst = 0;
+  int64_t steps = 0;
+  optim::TrainCallbacks cb;
+  cb.on_step = [&](const optim::StepInfo&) {
+    const std::vector<Tensor> now = model->parameters();
+    std::vector<Tensor> rp = ref->parameters();
+    for (size_t i = 0; i < rp.size(); ++i) rp[i].copy_(before[i]);
+    data::Batch b;
+    REQUIRE(ref_loader.next(b));
+    optim::Accumulator one(ref_opt, {.steps = 1});
+    one.backward(cross_entropy(ref->forward(b.x), b.y, Reduction::sum), b.x.size(0));
+    one.step();
+    for (size_t i = 0; i < rp.size(); ++i) {
+      before[i] = now[i].cpu();
+      worst = std::max(worst, rel_err(before[i], rp[i]));
+    }
+    ++steps;
+  };
+  optim::train_epoch(*model, loader, acc, 0, {}, cb);
+  data::Batch extra;
+  CHECK_FALSE(ref_loader.next(extra));  // one step per window, none missed
+  MESSAGE("16x4 on the device against 64 on the CPU, each of " << steps << " steps from the same weights: worst "
+                                                                 "relative error " << worst);
+  CHECK(steps == 125);
+  CHECK(worst < kStrict);
+}
+
+// The same setting end to end: the differences are reported, not held to rounding (a kink can
+// separate any two orders of summation over an epoch, above); the usual recipe's error on the
+// short last window is far larger than either.
+TEST_CASE("cuda: accumulation 16x4 and 64 over an epoch, on the device and the CPU") {
   int64_t s64 = 0, s16 = 0, scpu = 0, swrong = 0;
   const std::vector<Tensor> big = train_one_epoch(kGpu, 64, 1, optim::Normalize::samples, &s64);
   const std::vector<Tensor> acc = train_one_epoch(kGpu, 16, 4, optim::Normalize::samples, &s16);
@@ -253,12 +303,13 @@ TEST_CASE("cuda: accumulation 16x4 equals 64 on the device and matches the CPU")
   auto init = nn::make_mlp({784, 64, 10})->parameters();
   std::vector<Tensor> init_w(init.begin(), init.end());
   CHECK(max_diff(big, init_w) > 1e-2);  // the weights did move
+  double acc_vs_big = 0, device_vs_cpu = 0;
   for (size_t i = 0; i < big.size(); ++i) {
-    INFO("parameter " << i << ": rel err 16x4 vs 64 (device) " << rel_err(acc[i], big[i]) << ", device vs CPU "
-                      << rel_err(big[i], cpu[i]));
-    CHECK(rel_err(acc[i], big[i]) < kStrict);
-    CHECK(rel_err(big[i], cpu[i]) < kStrict);
+    acc_vs_big = std::max(acc_vs_big, rel_err(acc[i], big[i]));
+    device_vs_cpu = std::max(device_vs_cpu, rel_err(big[i], cpu[i]));
   }
+  MESSAGE("end to end, worst relative error: 16x4 vs 64 on the device " << acc_vs_big << ", device vs CPU "
+                                                                       << device_vs_cpu);
   // The usual recipe (mean per micro-batch / N) is off on the short last window: well above
   // rounding (on the CPU, tests/test_accumulate.cpp measures ~650x its 1e-6 bound).
   MESSAGE("device: |64 - 16x4| = " << max_diff(big, acc) << ", |64 - 16x4 divided by N| = " << max_diff(big, wrong));
