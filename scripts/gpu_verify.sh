@@ -1,108 +1,163 @@
 #!/usr/bin/env bash
-# What to run on a machine with an NVIDIA GPU to verify the CUDA backend (issue 3) and measure
-# it against PyTorch (issue 6). Each stage fits in one 10-minute call of the device tool.
+# What to run on a machine with an NVIDIA GPU to verify the CUDA backend (issue 3), measure it
+# against PyTorch (issue 6) and run NCCL (issue 13). One call of the device tool runs one or more
+# stages, and must fit in its 10 minutes.
 #
 #   ../shared/tools/offline-kit.sh libjpeg62-turbo-dev libjpeg62-turbo
 #                                           # here, once: bundles the build deps into .devkit
-#   bash scripts/gpu_verify.sh build        # there (carry .devkit): configure + build build-gpu/
-#   bash scripts/gpu_verify.sh test         # ctest, the GPU tests included (none may skip)
-#   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer memcheck, racecheck, synccheck, initcheck
+#   bash scripts/gpu_verify.sh build test   # there (carry .devkit): configure, build, ctest + the GPU tests
+#   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer (SANITIZE_TOOLS, default memcheck)
 #   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch
 #   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
-#   bash scripts/gpu_verify.sh all          # build, test, sanitize, bench in order (gpt: its own call)
 #
-# Logs and results go to $OUT (the device tool's folder) or, without it, to gpu-results/.
+# The device machine stays warm 30 s after a call: a later call usually starts a fresh one, with
+# the working tree but no build. Every stage therefore builds first when build-gpu/ is missing
+# (a minute or two on 16 cores), so any stage can open a call.
+#
+# What comes back: the device tool returns at most 8 files from $OUT. The logs are written to
+# $GPU_VERIFY_LOGS (default /tmp/gpu_verify) and packed at exit into $OUT/logs.tgz, beside
+# $OUT/summary.txt (also printed). Without $OUT (a machine of your own) both go to gpu-results/.
 # Environment: CUDA_ARCH (default 90), BUILD_DIR (default build-gpu), PYTHON (default python3:
-# the one with a CUDA PyTorch), SANITIZE_FILTER (doctest -tc filter for the sanitizer runs),
-# SANITIZE_TESTS (which GPU test executables the sanitizer runs, default all: a subset per call
-# when the four tools over all of them do not fit in one).
+# the one with a CUDA PyTorch), SANITIZE_TOOLS (default memcheck; also racecheck, synccheck,
+# initcheck), SANITIZE_TESTS (which GPU test executables, default all), SANITIZE_FILTER (doctest
+# -tc filter for the sanitizer runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
+log=${GPU_VERIFY_LOGS:-/tmp/gpu_verify}
 build=${BUILD_DIR:-build-gpu}
 py=${PYTHON:-python3}
-mkdir -p "$out"
+mkdir -p "$out" "$log"
 status=0
+
+pack() {
+  cp "$log/summary.txt" "$out/summary.txt" 2>/dev/null
+  tar czf "$out/logs.tgz" -C "$log" . 2>/dev/null
+}
+trap pack EXIT
 
 # The GPU tests: the executables whose source includes tests/cuda_helpers.h (they skip, exit 77,
 # without a device), and test_ops, which runs CUDA against CPU for every op of the op table when
 # it finds a device and passes without one.
 gpu_tests=($(grep -l '^#include "cuda_helpers.h"' tests/test_*.cpp | xargs -n1 basename | sed 's/\.cpp$//') test_ops)
 
-note() { echo "[gpu_verify] $*" | tee -a "$out/summary.txt"; }
+note() { echo "[gpu_verify] $*" | tee -a "$log/summary.txt"; }
 
+# The tools and libraries the stages need, for every process they start: the toolkit's binaries
+# (compute-sanitizer), the Python with PyTorch (tests/with_reference.sh reads PYTHON), and the
+# libraries that may come from wheels rather than the toolkit.
+export PATH="/usr/local/cuda/bin:$PATH"
+export PYTHON="$(command -v "$py" || echo "$py")"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+wheel_dir() {  # the folder of a wheel's package, e.g. nvidia.nccl
+  "$py" -c "import importlib.util as u; s = u.find_spec('$1'); print(list(s.submodule_search_locations)[0] if s else '')" \
+    2>/dev/null
+}
 # NCCL (issue 13): the toolkit's, or else the nvidia-nccl-cu13 wheel's (the image's PyTorch has
 # one), which holds libnccl.so.2 only; CMake takes that name from NCCL_ROOT. No MPI is needed for
 # one rank (Note [a world of one] in include/minigrad/dist/dist.h).
 if [ -z "${NCCL_ROOT:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ]; then
-  NCCL_ROOT=$("$py" -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null)
+  NCCL_ROOT=$(wheel_dir nvidia.nccl)
   [ -n "$NCCL_ROOT" ] && [ -f "$NCCL_ROOT/include/nccl.h" ] || NCCL_ROOT=""
 fi
-if [ -n "${NCCL_ROOT:-}" ]; then
-  export NCCL_ROOT LD_LIBRARY_PATH="$NCCL_ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[ -n "${NCCL_ROOT:-}" ] && export NCCL_ROOT LD_LIBRARY_PATH="$NCCL_ROOT/lib:$LD_LIBRARY_PATH"
+# cuDNN likewise (gpu-build.sh finds it for the build; the programs need it at run time too).
+if [ ! -f /usr/local/cuda/include/cudnn.h ]; then
+  cudnn_root=$(wheel_dir nvidia.cudnn)
+  [ -n "$cudnn_root" ] && export LD_LIBRARY_PATH="$cudnn_root/lib:$LD_LIBRARY_PATH"
 fi
 
 # libjpeg-turbo from the kit, where the machine has none: its jconfig.h sits in the multiarch
 # include folder, which the compiler searches only under /usr, and its library is loaded at run time.
 if [ -d .devkit/usr/include/x86_64-linux-gnu ]; then
   export CPATH="$PWD/.devkit/usr/include/x86_64-linux-gnu:$PWD/.devkit/usr/include${CPATH:+:$CPATH}"
-  export LD_LIBRARY_PATH="$PWD/.devkit/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$PWD/.devkit/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
 fi
 
 stage_build() {
   [ -f .devkit/gpu-build.sh ] || { note "build: .devkit missing (run ../shared/tools/offline-kit.sh here and carry .devkit)"; return 1; }
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1 || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$log/gpu.txt" 2>&1 || true
+  # The kit's libz.so is Debian 12's absolute link to libz.so.1.2.13, broken on an image with
+  # another zlib; CMake would then take the kit's libz.a, which cannot go into a shared library.
+  local zlib=() t0=$SECONDS
+  for z in /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1; do
+    [ -e "$z" ] && zlib=(-DZLIB_LIBRARY="$z") && break
+  done
   # gpu-build.sh configures, builds and runs ctest; the ctest run is the test stage's job.
   CTEST_ARGS="-R ^$" BUILD_DIR="$build" CUDA_ARCH="${CUDA_ARCH:-90}" bash .devkit/gpu-build.sh \
-    -DMINIGRAD_CUDA=ON >"$out/build.log" 2>&1
+    -DMINIGRAD_CUDA=ON "${zlib[@]}" >"$log/build.log" 2>&1
   local rc=$?
-  note "build: exit $rc ($(cat "$out/gpu.txt" 2>/dev/null | head -1))"
+  note "build: exit $rc after $((SECONDS - t0)) s ($(head -1 "$log/gpu.txt" 2>/dev/null))"
+  [ $rc -ne 0 ] && note "build: $(grep -m3 -E 'error|Error' "$log/build.log" | tr '\n' ' ' | cut -c1-600)"
   # Issue 13: NCCL over one rank needs no MPI (ctest nccl_world_of_one); mpi_training_1rank runs
   # the same case under mpirun where MPI is there.
-  note "nccl: ${NCCL_ROOT:-/usr/local/cuda} ($(ls /usr/local/cuda/include/nccl.h "${NCCL_ROOT:-/nonexistent}/include/nccl.h" 2>/dev/null | head -1))"
-  note "mpi: mpirun $(command -v mpirun || echo none); $(ldconfig -p 2>/dev/null | grep -c 'libmpi\.so') libmpi in ldconfig; $(grep -o 'libminigrad: MPI [A-Z]*, NCCL [A-Z]*' "$out/build.log" | tail -1)"
-  "$py" -c 'import mpi4py; print("mpi4py", mpi4py.__version__, mpi4py.get_config())' >>"$out/summary.txt" 2>&1 || true
+  note "nccl: ${NCCL_ROOT:-/usr/local/cuda}; $(grep -o 'libminigrad: MPI [A-Z]*, NCCL [A-Z]*' "$log/build.log" | tail -1)"
+  note "mpi: mpirun $(command -v mpirun || echo none); $(ldconfig -p 2>/dev/null | grep -c 'libmpi\.so') libmpi in ldconfig"
   return $rc
 }
 
+# A stage that needs the build makes it when this machine has none (a fresh machine).
+have_build() {
+  [ -x "$build/bin/test_ops" ] && return 0
+  note "no build in $build on this machine: building first"
+  stage_build
+}
+
 stage_test() {
-  (cd "$build" && ctest --output-on-failure --timeout 900) >"$out/ctest.log" 2>&1
+  have_build || return 1
+  (cd "$build" && ctest --output-on-failure --timeout 240) >"$log/ctest.log" 2>&1
   local rc=$?
-  note "ctest: exit $rc; $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
-  # In a CUDA build on a GPU machine nothing may skip: a skip means the GPU was not seen.
-  local skipped
-  skipped=$(grep -E '\*\*\*Skipped' "$out/ctest.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/' | tr '\n' ' ' | sed 's/ $//')
-  if [ -n "$skipped" ]; then
-    note "ctest: SKIPPED: $skipped: the GPU was not seen (see $out/ctest.log)"
-    rc=1
-  fi
-  note "ctest nccl_world_of_one: $(grep -E 'nccl_world_of_one' "$out/ctest.log" | tail -1 | sed -E 's/ +/ /g' || echo 'not built (no NCCL)')"
-  local t r
-  for t in "${gpu_tests[@]}"; do
-    "$build/bin/$t" --duration=true >"$out/$t.log" 2>&1
+  note "ctest: exit $rc; $(grep -E 'tests passed|tests failed' "$log/ctest.log" | tail -1)"
+  # The GPU tests and NCCL's may not skip on a GPU machine: a skip means the GPU was not seen.
+  # Others (a PyTorch reference the image cannot run) are reported.
+  local skipped must t r
+  skipped=$(grep -E '\*\*\*Skipped' "$log/ctest.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/' | tr '\n' ' ')
+  for t in $skipped; do
+    must=0
+    for g in "${gpu_tests[@]}" nccl_world_of_one; do [ "$t" = "$g" ] && must=1; done
+    if [ $must = 1 ]; then
+      note "ctest: SKIPPED $t: the GPU was not seen"
+      rc=1
+    else
+      note "ctest: skipped $t (see ctest.log)"
+    fi
+  done
+  # Issue 13's case alone, for its figures (doctest prints MESSAGE lines of passing cases too).
+  if [ -x "$build/bin/mpi_training" ]; then
+    MG_DIST_WORLD_OF_ONE=1 MG_DIST_TIMEOUT=60 timeout 240 "$build/bin/mpi_training" -tc="CUDA*" \
+      >"$log/nccl_world_of_one.log" 2>&1
     r=$?
-    note "$t alone: exit $r; $(grep -E 'test cases:' "$out/$t.log" | tail -1)"
+    note "nccl_world_of_one alone: exit $r; $(grep -E 'test cases:' "$log/nccl_world_of_one.log" | tail -1)"
+    grep -E 'relative error|began a reduction' "$log/nccl_world_of_one.log" | cut -c1-300 >>"$log/summary.txt"
+    [ $r -ne 0 ] && rc=1
+  fi
+  for t in "${gpu_tests[@]}"; do
+    timeout 240 "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1
+    r=$?
+    note "$t alone: exit $r; $(grep -E 'test cases:' "$log/$t.log" | tail -1)"
     [ $r -ne 0 ] && rc=1
   done
   return $rc
 }
 
 stage_sanitize() {
-  local rc=0 filter=() t r tests
+  have_build || return 1
+  local rc=0 filter=() t r tests tools
   [ -n "${SANITIZE_FILTER:-}" ] && filter=(-tc="$SANITIZE_FILTER")
   read -r -a tests <<<"${SANITIZE_TESTS:-${gpu_tests[*]}}"
-  for tool in memcheck racecheck synccheck initcheck; do
+  read -r -a tools <<<"${SANITIZE_TOOLS:-memcheck}"
+  for tool in "${tools[@]}"; do
     for t in "${tests[@]}"; do
       # The allocator's out-of-memory cases make cudaMalloc fail on purpose (and fill the device):
       # the sanitizer would count the refusals as errors, and needs device memory of its own.
       local skip=()
       [ "$t" = test_cuda_allocator ] && skip=(-tce="*out of memory*,*full device*")
-      timeout 540 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$out/sanitizer_${tool}_$t.log" 2>&1
+      timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$log/sanitizer_${tool}_$t.log" 2>&1
       r=$?
-      note "compute-sanitizer $tool $t: exit $r; $(grep -E 'ERROR SUMMARY' "$out/sanitizer_${tool}_$t.log" | tail -1)"
+      note "compute-sanitizer $tool $t: exit $r; $(grep -E 'ERROR SUMMARY' "$log/sanitizer_${tool}_$t.log" | tail -1)"
       [ $r -ne 0 ] && rc=1
     done
   done
@@ -110,11 +165,13 @@ stage_sanitize() {
 }
 
 stage_bench() {
-  "$py" bench/compare.py --device cuda --build-dir "$build" --tf32 conv --cudnn-benchmark off \
-    --mlp-repeats 2 --mirror-sqrt --torch-python "$py" \
-    --out "$out/cuda.jsonl" --md "$out/cuda.md" --png "$out/cuda_plans.png" >"$out/bench.log" 2>&1
+  have_build || return 1
+  timeout 420 "$py" bench/compare.py --device cuda --build-dir "$build" --tf32 conv --cudnn-benchmark off \
+    --mlp-repeats 2 --mirror-sqrt --torch-python "$py" --timeout 120 \
+    --out "$log/cuda.jsonl" --md "$log/cuda.md" --png "$log/cuda_plans.png" >"$log/bench.log" 2>&1
   local rc=$?
-  note "bench: exit $rc (table: $out/cuda.md)"
+  note "bench: exit $rc"
+  cat "$log/cuda.md" >>"$log/summary.txt" 2>/dev/null
   return $rc
 }
 
@@ -123,25 +180,28 @@ stage_bench() {
 # bench/gpt_max_batch.py). llm.c's published figures go beside these in docs/gpt.md; llm.c itself
 # is not run here.
 stage_gpt() {
+  have_build || return 1
   local rc=0 r
   for plan in none sqrt; do
-    timeout 280 "$py" bench/gpt_bench.py --device cuda --build-dir "$build" --config gpt2 --batch-size 4 \
+    timeout 200 "$py" bench/gpt_bench.py --device cuda --build-dir "$build" --config gpt2 --batch-size 4 \
       --seq-len 1024 --steps 10 --repeats 1 --checkpoint "$plan" --torch-python "$py" --sdpa \
-      --out "$out/gpt2_bench.jsonl" >"$out/gpt2_bench_$plan.md" 2>"$out/gpt2_bench_$plan.log"
+      --out "$log/gpt2_bench.jsonl" >"$log/gpt2_bench_$plan.md" 2>"$log/gpt2_bench_$plan.log"
     r=$?
-    note "gpt2 B=4 T=1024 plan $plan: exit $r; $(tail -1 "$out/gpt2_bench_$plan.md")"
+    note "gpt2 B=4 T=1024 plan $plan: exit $r; $(tail -1 "$log/gpt2_bench_$plan.md")"
     [ $r -ne 0 ] && rc=1
   done
   return $rc
 }
 
 stage_gpt_batch() {
+  have_build || return 1
   local r
-  timeout 540 "$py" bench/gpt_max_batch.py --device cuda --build-dir "$build" --config gpt2 --seq-len 1024 \
+  timeout 420 "$py" bench/gpt_max_batch.py --device cuda --build-dir "$build" --config gpt2 --seq-len 1024 \
     --start 8 --max 256 --budget-batch 512 --timeout 120 --torch-python "$py" --sdpa \
-    --out "$out/gpt2_max_batch.jsonl" >"$out/gpt2_max_batch.md" 2>"$out/gpt2_max_batch.log"
+    --out "$log/gpt2_max_batch.jsonl" >"$log/gpt2_max_batch.md" 2>"$log/gpt2_max_batch.log"
   r=$?
-  note "gpt2 largest batch: exit $r (table: $out/gpt2_max_batch.md)"
+  note "gpt2 largest batch: exit $r"
+  cat "$log/gpt2_max_batch.md" >>"$log/summary.txt" 2>/dev/null
   return $r
 }
 
@@ -149,32 +209,32 @@ stage_gpt_batch() {
 # GPT-2 124M with a --timeline each (bench/timeline.py: how many buckets began before backward
 # ended), and the step time against the same run without data parallelism (what the buckets cost).
 stage_overlap() {
+  have_build || return 1
   local rc=0 r name
   local vgg=(--device cuda --batch-size 32 --steps 8 --tf32 conv)
   local gpt=(--device cuda --config gpt2 --batch-size 4 --seq-len 1024 --accum 2 --steps 6)
   for name in vgg16 gpt2; do
     local bin=vgg_ckpt args=("${vgg[@]}")
     [ $name = gpt2 ] && bin=gpt_train args=("${gpt[@]}")
-    timeout 200 env MG_DIST_WORLD_OF_ONE=1 "$build/bin/$bin" "${args[@]}" --timeline "$out/timeline_$name.json" \
-      >"$out/overlap_$name.log" 2>&1
+    timeout 150 env MG_DIST_WORLD_OF_ONE=1 "$build/bin/$bin" "${args[@]}" --timeline "$log/timeline_$name.json" \
+      >"$log/overlap_$name.log" 2>&1
     r=$?
-    note "overlap $name (NCCL, one rank): exit $r; $(grep -E '^median step' "$out/overlap_$name.log" | tail -1)"
+    note "overlap $name (NCCL, one rank): exit $r; $(grep -E '^median step' "$log/overlap_$name.log" | tail -1)"
     [ $r -ne 0 ] && rc=1 && continue
-    "$py" bench/timeline.py "$out/timeline_$name.json" >"$out/timeline_$name.md" 2>&1 || rc=1
-    note "  $(tail -1 "$out/timeline_$name.md")"
-    timeout 200 "$build/bin/$bin" "${args[@]}" >"$out/overlap_${name}_plain.log" 2>&1
-    note "  without data parallelism: exit $?; $(grep -E '^median step' "$out/overlap_${name}_plain.log" | tail -1)"
+    "$py" bench/timeline.py "$log/timeline_$name.json" >"$log/timeline_$name.md" 2>&1 || rc=1
+    note "  $(tail -1 "$log/timeline_$name.md")"
+    timeout 150 "$build/bin/$bin" "${args[@]}" >"$log/overlap_${name}_plain.log" 2>&1
+    note "  without data parallelism: exit $?; $(grep -E '^median step' "$log/overlap_${name}_plain.log" | tail -1)"
   done
   return $rc
 }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(all)
-[ "${stages[0]}" = all ] && stages=(build test sanitize bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
     build | test | sanitize | bench | gpt | gpt_batch | overlap) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch, overlap or all)" >&2; exit 2 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch or overlap)" >&2; exit 2 ;;
   esac
 done
 exit $status

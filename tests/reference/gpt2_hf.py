@@ -22,6 +22,7 @@ model.safetensors; nothing is downloaded), also
 
 Exit status 77 (ctest's skip) when torch, safetensors or transformers cannot be imported.
 """
+import inspect
 import os
 import shutil
 import sys
@@ -38,6 +39,14 @@ except ImportError as e:
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH = 512, 64, 2, 4, 64
 
 
+def save_safetensors(model, path):
+    # transformers 5 always writes safetensors and no longer takes the switch.
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        model.save_pretrained(path, safe_serialization=True)
+    else:
+        model.save_pretrained(path)
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -48,8 +57,8 @@ def main():
     torch.set_num_threads(1)
     config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH)
     model = GPT2LMHeadModel(config).eval()
-    model.save_pretrained(os.path.join(out, "lm"), safe_serialization=True)
-    model.transformer.save_pretrained(os.path.join(out, "base"), safe_serialization=True)
+    save_safetensors(model, os.path.join(out, "lm"))
+    save_safetensors(model.transformer, os.path.join(out, "base"))
 
     hub = os.path.join(out, "hub")
     os.makedirs(hub, exist_ok=True)
