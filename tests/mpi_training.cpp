@@ -11,7 +11,9 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <minigrad/minigrad.h>
 
@@ -288,6 +290,28 @@ TEST_CASE("the timeline's trace is JSON in the Trace Event Format") {
   CHECK(e[3].at("ts").get<double>() == 250.0);
   CHECK(e[3].at("dur").get<double>() == 250.0);
   CHECK(e[3].at("pid") == dist::rank());
+
+  // A run's shape, for bench/timeline.py (ctest timeline_summary reads what this writes): a
+  // broadcast, two windows whose first two of three buckets begin before backward ends, and a
+  // window that ended short (its buckets start at step()).
+  std::vector<dist::TimelineSpan> run = {{"broadcast of 4 tensors, 64 bytes", "nccl", 0.0, 0.1}};
+  for (double t0 : {1.0, 3.0}) {
+    run.push_back({"backward begins", "compute", t0, t0});
+    run.push_back({"bucket 0: 2 tensors, 1000000 bytes", "nccl", t0 + 0.2, t0 + 0.3});
+    run.push_back({"bucket 1: 1 tensors, 1000000 bytes", "nccl", t0 + 0.5, t0 + 0.6});
+    run.push_back({"backward ends", "compute", t0 + 0.8, t0 + 0.8});
+    run.push_back({"bucket 2: 1 tensors, 1000000 bytes", "nccl", t0 + 0.85, t0 + 0.85});  // empty: one rank
+    run.push_back({"reductions waited", "compute", t0 + 1.0, t0 + 1.0});
+  }
+  run.push_back({"step starts the buckets", "compute", 5.0, 5.0});
+  for (int b = 0; b < 3; ++b) run.push_back({"bucket " + std::to_string(b) + ": 1 tensors, 1000000 bytes", "nccl",
+                                             5.05 + 0.05 * b, 5.1 + 0.05 * b});
+  run.push_back({"reductions waited", "compute", 5.3, 5.3});
+  const nlohmann::json r = nlohmann::json::parse(dist::timeline_trace_json(run));
+  CHECK(r.at("traceEvents")[2 + 5].at("ph") == "X");  // the empty bucket is still a span
+  if (const char* path = std::getenv("MG_TIMELINE_TRACE_OUT")) {
+    std::ofstream(path) << dist::timeline_trace_json(run) << "\n";
+  }
 }
 
 TEST_CASE("CUDA: the step through NCCL equals one process's (one GPU per rank)") {

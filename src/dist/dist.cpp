@@ -440,7 +440,7 @@ std::string timeline_trace_json(const std::vector<TimelineSpan>& spans) {
   for (const TimelineSpan& s : spans) {
     nlohmann::ordered_json e = {{"name", s.name}, {"pid", g_world.rank}, {"tid", s.stream},
                                 {"ts", s.begin_ms * 1000.0}};
-    if (s.end_ms > s.begin_ms) {
+    if (s.stream != "compute" || s.end_ms > s.begin_ms) {  // a reduction stays a span, even an empty one
       e["ph"] = "X";
       e["dur"] = (s.end_ms - s.begin_ms) * 1000.0;
     } else {
