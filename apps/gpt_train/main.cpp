@@ -272,6 +272,7 @@ int main(int argc, char** argv) {
         rows += x.size(0);
       }
       const mg::optim::StepInfo info = acc.step();
+      mg::synchronize(dev);  // the optimizer's update too: step() queues it after its one read
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const size_t peak = mg::memory_stats(dev).peak_in_use;
       peak_in_use = std::max(peak_in_use, peak);

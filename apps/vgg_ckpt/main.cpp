@@ -395,6 +395,7 @@ int main(int argc, char** argv) {
         last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
       }
       share_buffers();
+      mg::synchronize(dev);  // the optimizer's update too: step() queues it after its one read
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - data_ms;
       // Process CPU time (all threads): the work done, less sensitive than wall time to other
       // processes sharing the cores.
