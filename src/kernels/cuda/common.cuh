@@ -6,6 +6,8 @@
 // host waits only where a value must come back: copies to the host and sum_squares.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 
 #include <minigrad/core/tensor.h>
@@ -49,12 +51,14 @@ struct Context {
   int device = 0;
   cudaStream_t stream = kStream;
   cublasHandle_t cublas = nullptr;
-  cudnnHandle_t cudnn = nullptr;
+  // cuDNN's, made on the first convolution (cudnn_handle): a run without one never loads cuDNN.
+  std::atomic<cudnnHandle_t> cudnn{nullptr};
   // Kernel-raised errors: [0] = error code (0: none), [1], [2] = details. Raised by kernels
   // (cross_entropy.cu), read by synchronize() in context.cu.
   long long* error_flag = nullptr;
 };
 Context& context(int device_index);
+cudnnHandle_t cudnn_handle(int device_index);  // on the context's stream, made on first use
 
 // The error codes kernels raise through Context::error_flag.
 enum : long long { kFlagNone = 0, kFlagBadTarget = 1, kFlagBadIndex = 2 };

@@ -60,6 +60,16 @@ Context& context(int device_index) {
   auto ctx = std::make_unique<Context>();
   ctx->device = device_index;
   MG_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
+  // A failure below (the workspace over a memory limit, say) must not leak the handle: the next
+  // call creates the context again.
+  bool kept = false;
+  struct Undo {
+    cublasHandle_t h;
+    const bool& kept;
+    ~Undo() {
+      if (!kept) cublasDestroy(h);
+    }
+  } undo{ctx->cublas, kept};
   MG_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
   // cuBLAS's workspace comes from our allocator, so it is counted (size: cuBLAS's advice,
   // 32 MiB on Hopper, 4 MiB before).
@@ -67,14 +77,35 @@ Context& context(int device_index) {
   MG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   const size_t ws = prop.major >= 9 ? (size_t{32} << 20) : (size_t{4} << 20);
   void* ws_ptr = cuda_allocator(device_index).allocate(ws);
-  MG_CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ws_ptr, ws));
-  MG_CUDNN_CHECK(cudnnCreate(&ctx->cudnn));
-  MG_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, ctx->stream));
-  ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
+  const auto give_back = [&] { cuda_allocator(device_index).deallocate(ws_ptr, ws); };
+  try {
+    MG_CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ws_ptr, ws));
+    ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
+  } catch (...) {
+    give_back();
+    throw;
+  }
   MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, 3 * sizeof(long long)));
   Context* created = ctx.release();
+  kept = true;  // the context keeps the handle
   g_contexts[device_index].store(created, std::memory_order_release);
   return *created;
+}
+
+cudnnHandle_t cudnn_handle(int device_index) {
+  Context& ctx = context(device_index);
+  if (cudnnHandle_t h = ctx.cudnn.load(std::memory_order_acquire)) return h;
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  if (cudnnHandle_t h = ctx.cudnn.load(std::memory_order_acquire)) return h;
+  DeviceGuard guard(device_index);
+  cudnnHandle_t h = nullptr;
+  MG_CUDNN_CHECK(cudnnCreate(&h));
+  if (const cudnnStatus_t st = cudnnSetStream(h, ctx.stream); st != CUDNN_STATUS_SUCCESS) {
+    cudnnDestroy(h);
+    MG_CUDNN_CHECK(st);
+  }
+  ctx.cudnn.store(h, std::memory_order_release);
+  return h;
 }
 
 void check_error_flag(int device_index) {

@@ -260,7 +260,7 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
   if (y.numel() == 0) return;
   const ConvKey k = key_for(x, w, y, stride, pad);
   cuda::DeviceGuard guard(k.dev);
-  cudnnHandle_t h = cuda::context(k.dev).cudnn;
+  cudnnHandle_t h = cuda::cudnn_handle(k.dev);
   Descs d(k, as_int(y.size(2)), as_int(y.size(3)));
   const Choice c = cached(k, &ConvAlgos::fwd, [&] {
     return choose_forward(h, d, k, x.data<float>(), w.data<float>(), y.data<float>());
@@ -289,7 +289,7 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
   }
   const ConvKey k = key_for(x, w, dy, stride, pad);
   cuda::DeviceGuard guard(k.dev);
-  cudnnHandle_t h = cuda::context(k.dev).cudnn;
+  cudnnHandle_t h = cuda::cudnn_handle(k.dev);
   Descs d(k, as_int(dy.size(2)), as_int(dy.size(3)));
   if (dx.defined()) {
     const Choice c = cached(k, &ConvAlgos::bwd_data, [&] {
