@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <minigrad/dist/dist.h>
@@ -30,7 +31,7 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int 
 void nccl_shutdown(bool failing);
 // Note [reduction timeline] in minigrad/dist/dist.h: the events behind mg::dist::timeline.
 void nccl_record_timeline(bool on);
-void nccl_timeline_mark(const std::string& name);
+void nccl_timeline_mark(std::string_view name);
 std::vector<TimelineSpan> nccl_timeline();
 
 }  // namespace mg::dist::detail

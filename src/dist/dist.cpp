@@ -426,7 +426,7 @@ void check_same_parameters(const std::vector<std::pair<std::string, Tensor>>& na
 }
 
 void record_timeline(bool on) { detail::nccl_record_timeline(on); }
-void timeline_mark(const std::string& name) { detail::nccl_timeline_mark(name); }
+void timeline_mark(std::string_view name) { detail::nccl_timeline_mark(name); }
 std::vector<TimelineSpan> timeline() { return detail::nccl_timeline(); }
 
 std::string timeline_trace_json(const std::vector<TimelineSpan>& spans) {

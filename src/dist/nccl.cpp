@@ -259,10 +259,10 @@ void nccl_record_timeline(bool on) {
   g_timeline.on = on;
 }
 
-void nccl_timeline_mark(const std::string& name) {
+void nccl_timeline_mark(std::string_view name) {
   if (!recording()) return;
   const cudaEvent_t e = timing_event();
-  g_timeline.spans.push_back({name, false, e, e});
+  g_timeline.spans.push_back({std::string(name), false, e, e});
   MG_CUDA_RT_CHECK(cudaEventRecord(e, nullptr));  // the compute stream (Note [cuda stream])
 }
 

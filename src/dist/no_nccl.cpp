@@ -28,7 +28,7 @@ void nccl_shutdown(bool) {}
 
 // No CUDA collectives to time (Note [reduction timeline]).
 void nccl_record_timeline(bool) {}
-void nccl_timeline_mark(const std::string&) {}
+void nccl_timeline_mark(std::string_view) {}
 std::vector<TimelineSpan> nccl_timeline() { return {}; }
 
 }  // namespace mg::dist::detail

@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -139,7 +140,8 @@ struct TimelineSpan {
   double begin_ms = 0, end_ms = 0;  // GPU time since the first span began; a mark has begin == end
 };
 void record_timeline(bool on);  // true: forget what was recorded, and record; false: stop
-void timeline_mark(const std::string& name);  // on the compute stream (current CUDA device)
+// On the compute stream (current CUDA device); nothing, not even a copy of the name, when not recording.
+void timeline_mark(std::string_view name);
 // Waits for the recorded events and returns the spans, in the order they were recorded.
 std::vector<TimelineSpan> timeline();
 // The spans in the Trace Event Format (one process per rank, one thread per stream, times in µs).
