@@ -24,11 +24,12 @@ void nccl_all_reduce(const std::vector<Tensor>& tensors, int rank, int size, dou
 // The same in two halves (mg::dist::all_reduce_start / all_reduce_wait): start enqueues the sums on
 // NCCL's stream and returns; wait orders the compute stream after every one started and polls
 // their end against the deadline. Without NCCL, or with nothing started, wait returns at once.
-void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size);
+void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size, double timeout_s);
 void nccl_all_reduce_wait(double timeout_s);
 void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int size, double timeout_s);
-// Destroys the communicator (aborting it when `failing`).
-void nccl_shutdown(bool failing);
+// Destroys the communicator: aborts it when `failing`, otherwise finalizes it first, waiting at
+// most `timeout_s` (then aborts it).
+void nccl_shutdown(bool failing, double timeout_s);
 // Note [reduction timeline] in minigrad/dist/dist.h: the events behind mg::dist::timeline.
 void nccl_record_timeline(bool on);
 void nccl_timeline_mark(std::string_view name);

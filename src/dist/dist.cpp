@@ -264,7 +264,7 @@ Session::Session(int* argc, char*** argv, SessionOptions opts) {
 }
 
 Session::~Session() {
-  if (g_world.active) detail::nccl_shutdown(std::uncaught_exceptions() > 0);
+  if (g_world.active) detail::nccl_shutdown(std::uncaught_exceptions() > 0, g_world.timeout_s);
 #ifdef MINIGRAD_WITH_MPI
   if (g_world.launched) {
     // Note [collectives never hang]: a rank leaving on an exception takes the others with it.
@@ -340,7 +340,7 @@ void all_reduce_start(const std::vector<Tensor>& tensors) {
   check_summable(tensors, "all_reduce_start");
   if (!g_world.active) return;
   if (!tensors[0].is_cuda()) return all_reduce(tensors);
-  detail::nccl_all_reduce_start(tensors, g_world.rank, g_world.size);
+  detail::nccl_all_reduce_start(tensors, g_world.rank, g_world.size, g_world.timeout_s);
   g_world.bytes += payload_bytes(tensors);
 }
 

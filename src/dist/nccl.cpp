@@ -4,13 +4,16 @@
 // NCCL runs on a stream of its own: an event orders it after the compute stream's work (the
 // backward that produced the gradients) and the compute stream waits for its end, so the host
 // does not stop the GPU between the two. The host then polls the end against the deadline
-// (Note [collectives never hang]); on a timeout the communicator is aborted.
+// (Note [collectives never hang]); on a timeout the communicator is aborted. The communicator is
+// non-blocking, so its creation and launches are bounded by the same deadline (Note [NCCL never
+// blocks the host]).
 //
 // ONLY COMPILED so far: no session has had a GPU with NCCL (docs/distributed.md).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,19 +51,72 @@ struct Comm {
 };
 Comm g_comm;
 
-// Ends the communicator (aborting it: a timeout, an asynchronous error, an exception unwinding
-// through the Session) with its stream and events. Work still queued on NCCL's stream is
-// abandoned, so the compute stream, which may wait on c.done, is not left waiting on a kernel
-// that never ends.
-void teardown(Comm& c, bool abort) {
+// Note [NCCL never blocks the host]: the communicator is made non-blocking
+// (ncclConfig_t::blocking = 0). Its creation, the host half of a group's launch (NCCL connects
+// to the peers on first use) and its finalization then return ncclInProgress at once, and the
+// host polls ncclCommGetAsyncError against the collective deadline (Note [collectives never
+// hang]). A blocking communicator would wait forever in ncclCommInitRank, in the first
+// ncclGroupEnd or in ncclCommDestroy for a peer that died after the unique id was exchanged.
+// Until a launch has settled its kernels may not be on NCCL's stream yet, so nothing is recorded
+// after them before it has.
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadline_in(double timeout_s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+// Polls the communicator's state until it leaves ncclInProgress or `deadline` passes; returns the
+// state it reached, or ncclInProgress on the deadline.
+ncclResult_t poll_state(ncclComm_t comm, Clock::time_point deadline) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+    if (rc != ncclSuccess) return rc;
+    if (state != ncclInProgress) return state;
+    if (Clock::now() > deadline) return ncclInProgress;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// Ends the communicator with its stream and events: on `abort` (a timeout, an asynchronous
+// error, an exception unwinding through the Session) at once; otherwise after it finalizes (its
+// work flushed), which is waited for at most `timeout_s` before it is aborted instead. Work still
+// queued on NCCL's stream is abandoned by an abort, so the compute stream, which may wait on
+// c.done, is not left waiting on a kernel that never ends.
+void teardown(Comm& c, bool abort, double timeout_s = 0) {
   if (c.comm) {
-    if (abort) ncclCommAbort(c.comm);
-    else ncclCommDestroy(c.comm);
+    bool finalized = false;
+    if (!abort) {
+      const ncclResult_t rc = ncclCommFinalize(c.comm);
+      finalized = (rc == ncclSuccess || rc == ncclInProgress) &&
+                  poll_state(c.comm, deadline_in(timeout_s)) == ncclSuccess;
+      if (!finalized) {
+        std::fprintf(stderr, "mg::dist (NCCL): the communicator did not finalize within %g s; aborted\n", timeout_s);
+      }
+    }
+    if (finalized) ncclCommDestroy(c.comm);
+    else ncclCommAbort(c.comm);
   }
   if (c.stream) cudaStreamDestroy(c.stream);
   if (c.ready) cudaEventDestroy(c.ready);
   if (c.done) cudaEventDestroy(c.done);
   c = Comm{};
+}
+
+// Waits, at most `timeout_s`, until the communicator's last call (its creation, a group's
+// launch) has settled. A failure or a timeout aborts it and throws, naming what() it was doing.
+template <class What>
+void settle(Comm& c, What&& what, double timeout_s) {
+  const ncclResult_t state = poll_state(c.comm, deadline_in(timeout_s));
+  if (state == ncclSuccess) return;
+  const std::string doing = what();
+  teardown(c, true);
+  if (state == ncclInProgress) {
+    MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << doing << " and not every rank arrived: a rank "
+            "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
+  }
+  MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(state) << " (" << ncclGetLastError(nullptr)
+          << "); the communicator was aborted");
 }
 
 // Note [reduction timeline] (minigrad/dist/dist.h): the events of the spans recorded so far. A
@@ -105,7 +161,7 @@ std::string describe(const std::vector<Tensor>& tensors) {
   return std::to_string(tensors.size()) + " tensors, " + std::to_string(bytes) + " bytes";
 }
 
-Comm& comm_for(const Tensor& t, int rank, int size) {
+Comm& comm_for(const Tensor& t, int rank, int size, double timeout_s) {
   const int device = t.device().index;
   if (g_comm.comm) {
     MG_CHECK(g_comm.device == device, "mg::dist (NCCL): collectives on cuda:" << device << ", but this rank's "
@@ -116,7 +172,15 @@ Comm& comm_for(const Tensor& t, int rank, int size) {
   if (rank == 0) MG_NCCL_CHECK(ncclGetUniqueId(&id));
   broadcast_bytes(&id, sizeof id, 0, "NCCL's unique id");
   MG_CUDA_RT_CHECK(cudaSetDevice(device));
-  MG_NCCL_CHECK(ncclCommInitRank(&g_comm.comm, size, id, rank));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // Note [NCCL never blocks the host]
+  const ncclResult_t rc = ncclCommInitRankConfig(&g_comm.comm, size, id, rank, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    teardown(g_comm, true);
+    MG_FAIL("mg::dist (NCCL): creating the communicator of " << size << " ranks on cuda:" << device << ": "
+            << ncclGetErrorString(rc) << " (" << ncclGetLastError(nullptr) << ")");
+  }
+  settle(g_comm, [&] { return "creating the communicator of " + std::to_string(size) + " ranks"; }, timeout_s);
   MG_CUDA_RT_CHECK(cudaStreamCreateWithFlags(&g_comm.stream, cudaStreamNonBlocking));
   MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.ready, cudaEventDisableTiming));
   MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.done, cudaEventDisableTiming));
@@ -135,9 +199,10 @@ ncclDataType_t nccl_type(DType t) {
 
 // Orders `issue` (NCCL calls on c.stream) after the work queued so far on the compute stream, and
 // records c.done after it (c.stream runs in order: c.done then follows everything enqueued).
-// While the timeline records, the calls get a span named name() (Note [reduction timeline]).
+// The launch settles within `timeout_s` (Note [NCCL never blocks the host]). While the timeline
+// records, the calls get a span named name() (Note [reduction timeline]).
 template <class Name, class Issue>
-void enqueue_ordered(Comm& c, Name&& name, Issue&& issue) {
+void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
   MG_CUDA_RT_CHECK(cudaEventRecord(c.ready, nullptr));  // the legacy default stream (Note [cuda stream])
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(c.stream, c.ready, 0));
   const bool timed = recording();
@@ -145,20 +210,34 @@ void enqueue_ordered(Comm& c, Name&& name, Issue&& issue) {
     g_timeline.spans.push_back({name(), true, timing_event(), timing_event()});
     MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().begin, c.stream));
   }
+  auto drop_span = [&] {
+    if (!timed) return;
+    cudaEventDestroy(g_timeline.spans.back().begin);
+    cudaEventDestroy(g_timeline.spans.back().end);
+    g_timeline.spans.pop_back();
+  };
   MG_NCCL_CHECK(ncclGroupStart());
   try {
     issue();
   } catch (...) {
     // NCCL's group depth is per thread: a group left open would swallow every later call.
     ncclGroupEnd();
-    if (timed) {
-      cudaEventDestroy(g_timeline.spans.back().begin);
-      cudaEventDestroy(g_timeline.spans.back().end);
-      g_timeline.spans.pop_back();
-    }
+    drop_span();
     throw;
   }
-  MG_NCCL_CHECK(ncclGroupEnd());
+  try {
+    const ncclResult_t rc = ncclGroupEnd();
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      const std::string doing = name();  // before the teardown, which forgets what it names
+      teardown(c, true);
+      MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(rc) << " (" << ncclGetLastError(nullptr)
+              << "); the communicator was aborted");
+    }
+    if (rc == ncclInProgress) settle(c, name, timeout_s);
+  } catch (...) {
+    drop_span();
+    throw;
+  }
   if (timed) MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().end, c.stream));
   MG_CUDA_RT_CHECK(cudaEventRecord(c.done, c.stream));
 }
@@ -169,8 +248,7 @@ void enqueue_ordered(Comm& c, Name&& name, Issue&& issue) {
 void wait_done(Comm& c, const std::string& what, double timeout_s) {
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, c.done, 0));
   c.in_flight.clear();
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto deadline = deadline_in(timeout_s);
   for (;;) {
     const cudaError_t q = cudaEventQuery(c.done);
     if (q == cudaSuccess) return;
@@ -180,12 +258,12 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
     (void)cudaGetLastError();
     ncclResult_t async = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(c.comm, &async);
-    if (rc != ncclSuccess || async != ncclSuccess) {
+    if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
       teardown(c, true);
       MG_FAIL("mg::dist (NCCL): " << what << ": " << ncclGetErrorString(rc != ncclSuccess ? rc : async)
               << "; the communicator was aborted");
     }
-    if (clock::now() > deadline) {
+    if (Clock::now() > deadline) {
       teardown(c, true);
       MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << what << " and not every rank arrived: a rank "
               "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
@@ -196,7 +274,7 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
 
 template <class Issue>
 void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& issue) {
-  enqueue_ordered(c, [&] { return what; }, issue);
+  enqueue_ordered(c, [&] { return what; }, timeout_s, issue);
   wait_done(c, what, timeout_s);
 }
 
@@ -217,16 +295,16 @@ void issue_all_reduce(Comm& c, const std::vector<Tensor>& tensors) {
 bool nccl_built() { return true; }
 
 void nccl_all_reduce(const std::vector<Tensor>& tensors, int rank, int size, double timeout_s) {
-  Comm& c = comm_for(tensors[0], rank, size);
+  Comm& c = comm_for(tensors[0], rank, size, timeout_s);
   // ncclGroupStart/End makes one launch of the whole list: NCCL fuses small tensors itself, so
   // they need no packing into buckets (Note [gradient buckets] in src/dist/dist.cpp).
   run_ordered(c, "all_reduce of " + describe(tensors), timeout_s, [&] { issue_all_reduce(c, tensors); });
   c.started = 0;  // c.done came after those too
 }
 
-void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size) {
-  Comm& c = comm_for(tensors[0], rank, size);
-  enqueue_ordered(c, [&] { return "bucket " + std::to_string(c.started) + ": " + describe(tensors); },
+void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size, double timeout_s) {
+  Comm& c = comm_for(tensors[0], rank, size, timeout_s);
+  enqueue_ordered(c, [&] { return "bucket " + std::to_string(c.started) + ": " + describe(tensors); }, timeout_s,
                   [&] { issue_all_reduce(c, tensors); });
   ++c.started;
   c.in_flight.insert(c.in_flight.end(), tensors.begin(), tensors.end());
@@ -240,7 +318,7 @@ void nccl_all_reduce_wait(double timeout_s) {
 }
 
 void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int size, double timeout_s) {
-  Comm& c = comm_for(tensors[0], rank, size);
+  Comm& c = comm_for(tensors[0], rank, size, timeout_s);
   run_ordered(c, "broadcast of " + describe(tensors), timeout_s, [&] {
     for (const Tensor& t : tensors) {
       MG_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), t.nbytes(), ncclUint8, root, c.comm, c.stream));
@@ -249,9 +327,9 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int root, int rank, int 
   c.started = 0;  // c.done came after those too
 }
 
-void nccl_shutdown(bool failing) {
+void nccl_shutdown(bool failing, double timeout_s) {
   forget_timeline();
-  teardown(g_comm, failing);
+  teardown(g_comm, failing, timeout_s);
 }
 
 void nccl_record_timeline(bool on) {

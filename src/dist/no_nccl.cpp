@@ -13,8 +13,8 @@ void nccl_all_reduce(const std::vector<Tensor>& tensors, int, int size, double) 
              "(MINIGRAD_NCCL=ON), or train data-parallel on the CPU");
 }
 
-void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size) {
-  nccl_all_reduce(tensors, rank, size, 0);
+void nccl_all_reduce_start(const std::vector<Tensor>& tensors, int rank, int size, double timeout_s) {
+  nccl_all_reduce(tensors, rank, size, timeout_s);
 }
 
 void nccl_all_reduce_wait(double) {}
@@ -24,7 +24,7 @@ void nccl_broadcast(const std::vector<Tensor>& tensors, int, int, int size, doub
           << " ranks, but this build has no NCCL (MINIGRAD_NCCL=ON)");
 }
 
-void nccl_shutdown(bool) {}
+void nccl_shutdown(bool, double) {}
 
 // No CUDA collectives to time (Note [reduction timeline]).
 void nccl_record_timeline(bool) {}
