@@ -90,6 +90,10 @@ void im2col(float* col, const float* x, const ConvGeom& g, int64_t i0, int64_t i
           std::fill(dst, dst + j0, 0.0f);
           if (g.stride == 1) {
             std::memcpy(dst + j0, src + j0, static_cast<size_t>(j1 - j0) * sizeof(float));
+          } else if (g.stride == 2) {
+            // A stride known here is vectorised (loads and a permute); g.stride is gathered one by
+            // one (a ResNet stem, 7x7 stride 2: 9% of a ResNet-50/8 step on the CPU).
+            for (int64_t j = j0; j < j1; ++j) dst[j] = src[2 * j];
           } else {
             for (int64_t j = j0; j < j1; ++j) dst[j] = src[j * g.stride];
           }
