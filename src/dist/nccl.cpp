@@ -21,6 +21,7 @@
 #include <minigrad/core/error.h>
 
 #include "dist/backend.h"
+#include "kernels/cuda/common.cuh"
 
 #define MG_NCCL_CHECK(expr)                                                                           \
   do {                                                                                                \
@@ -84,6 +85,11 @@ ncclResult_t poll_state(ncclComm_t comm, Clock::time_point deadline) {
 // queued on NCCL's stream is abandoned by an abort, so the compute stream, which may wait on
 // c.done, is not left waiting on a kernel that never ends.
 void teardown(Comm& c, bool abort, double timeout_s = 0) {
+  // On the communicator's device, without throwing (cuda::DeviceGuard throws): this runs in the
+  // Session's destructor, and on a device already in error.
+  int prev = -1;
+  const bool switched = c.device >= 0 && cudaGetDevice(&prev) == cudaSuccess && prev != c.device &&
+                        cudaSetDevice(c.device) == cudaSuccess;
   if (c.comm) {
     bool finalized = false;
     if (!abort) {
@@ -101,6 +107,7 @@ void teardown(Comm& c, bool abort, double timeout_s = 0) {
   if (c.ready) cudaEventDestroy(c.ready);
   if (c.done) cudaEventDestroy(c.done);
   c = Comm{};
+  if (switched) cudaSetDevice(prev);
 }
 
 // Waits, at most `timeout_s`, until the communicator's last call (its creation, a group's
@@ -110,12 +117,13 @@ void settle(Comm& c, What&& what, double timeout_s) {
   const ncclResult_t state = poll_state(c.comm, deadline_in(timeout_s));
   if (state == ncclSuccess) return;
   const std::string doing = what();
+  const std::string last = ncclGetLastError(nullptr);  // the abort's own warnings would overwrite it
   teardown(c, true);
   if (state == ncclInProgress) {
     MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << doing << " and not every rank arrived: a rank "
             "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
   }
-  MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(state) << " (" << ncclGetLastError(nullptr)
+  MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(state) << " (" << last
           << "); the communicator was aborted");
 }
 
@@ -171,21 +179,27 @@ Comm& comm_for(const Tensor& t, int rank, int size, double timeout_s) {
   ncclUniqueId id;
   if (rank == 0) MG_NCCL_CHECK(ncclGetUniqueId(&id));
   broadcast_bytes(&id, sizeof id, 0, "NCCL's unique id");
-  MG_CUDA_RT_CHECK(cudaSetDevice(device));
+  cuda::DeviceGuard on(device);  // NCCL takes the current device; so do the stream and events
+  g_comm.device = device;
+  g_comm.size = size;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // Note [NCCL never blocks the host]
   const ncclResult_t rc = ncclCommInitRankConfig(&g_comm.comm, size, id, rank, &config);
   if (rc != ncclSuccess && rc != ncclInProgress) {
+    const std::string last = ncclGetLastError(nullptr);
     teardown(g_comm, true);
     MG_FAIL("mg::dist (NCCL): creating the communicator of " << size << " ranks on cuda:" << device << ": "
-            << ncclGetErrorString(rc) << " (" << ncclGetLastError(nullptr) << ")");
+            << ncclGetErrorString(rc) << " (" << last << ")");
   }
   settle(g_comm, [&] { return "creating the communicator of " + std::to_string(size) + " ranks"; }, timeout_s);
-  MG_CUDA_RT_CHECK(cudaStreamCreateWithFlags(&g_comm.stream, cudaStreamNonBlocking));
-  MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.ready, cudaEventDisableTiming));
-  MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.done, cudaEventDisableTiming));
-  g_comm.device = device;
-  g_comm.size = size;
+  try {
+    MG_CUDA_RT_CHECK(cudaStreamCreateWithFlags(&g_comm.stream, cudaStreamNonBlocking));
+    MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.ready, cudaEventDisableTiming));
+    MG_CUDA_RT_CHECK(cudaEventCreateWithFlags(&g_comm.done, cudaEventDisableTiming));
+  } catch (...) {
+    teardown(g_comm, true);  // no communicator without its stream and events
+    throw;
+  }
   return g_comm;
 }
 
@@ -203,6 +217,7 @@ ncclDataType_t nccl_type(DType t) {
 // records, the calls get a span named name() (Note [reduction timeline]).
 template <class Name, class Issue>
 void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
+  cuda::DeviceGuard on(c.device);  // the legacy default stream below is the current device's
   MG_CUDA_RT_CHECK(cudaEventRecord(c.ready, nullptr));  // the legacy default stream (Note [cuda stream])
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(c.stream, c.ready, 0));
   const bool timed = recording();
@@ -220,17 +235,21 @@ void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
   try {
     issue();
   } catch (...) {
-    // NCCL's group depth is per thread: a group left open would swallow every later call.
+    // NCCL's group depth is per thread: a group left open would swallow every later call. The
+    // calls already issued are launched by that end and never settled or waited for (their
+    // tensors could be reused while NCCL writes them), so the communicator is aborted.
     ncclGroupEnd();
     drop_span();
+    teardown(c, true);
     throw;
   }
   try {
     const ncclResult_t rc = ncclGroupEnd();
     if (rc != ncclSuccess && rc != ncclInProgress) {
       const std::string doing = name();  // before the teardown, which forgets what it names
+      const std::string last = ncclGetLastError(nullptr);
       teardown(c, true);
-      MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(rc) << " (" << ncclGetLastError(nullptr)
+      MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(rc) << " (" << last
               << "); the communicator was aborted");
     }
     if (rc == ncclInProgress) settle(c, name, timeout_s);
@@ -246,6 +265,7 @@ void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
 // it against the deadline. On a timeout or an asynchronous NCCL error the communicator is
 // aborted (teardown), which also ends the kernels the compute stream may be waiting on.
 void wait_done(Comm& c, const std::string& what, double timeout_s) {
+  cuda::DeviceGuard on(c.device);  // the legacy default stream is the current device's
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, c.done, 0));
   c.in_flight.clear();
   const auto deadline = deadline_in(timeout_s);
@@ -259,9 +279,10 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(c.comm, &async);
     if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+      const std::string last = ncclGetLastError(nullptr);
       teardown(c, true);
-      MG_FAIL("mg::dist (NCCL): " << what << ": " << ncclGetErrorString(rc != ncclSuccess ? rc : async)
-              << "; the communicator was aborted");
+      MG_FAIL("mg::dist (NCCL): " << what << ": " << ncclGetErrorString(rc != ncclSuccess ? rc : async) << " ("
+              << last << "); the communicator was aborted");
     }
     if (Clock::now() > deadline) {
       teardown(c, true);
