@@ -15,6 +15,8 @@
 #include "core/parallel.h"
 #include "helpers.h"
 #include "kernels/conv2d.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/gelu.h"
 #include "kernels/linear.h"
 
 using namespace mg;
@@ -113,7 +115,7 @@ std::vector<std::pair<int64_t, int64_t>> cut(int64_t n, const std::vector<int64_
 // Note [rows that do not depend on the batch] (kernels/cpu/gemm.h), Note [weight gradients in
 // sample order] (kernels/cpu/conv2d.cpp): a sample's output and input gradient are the same bits in
 // any batch, and weight gradients accumulated part by part are those of the whole batch.
-TEST_CASE("a sample's results do not depend on the batch it is in: linear and conv2d, batches cut every way") {
+TEST_CASE("a sample's results do not depend on the batch it is in: linear, conv2d, gelu and cross_entropy, batches cut every way") {
   const std::vector<std::vector<int64_t>> cuts = {{1}, {2}, {3}, {1, 2, 3, 5}, {13}, {16}, {7, 6}};
   struct Lin { int64_t n, in, out; };
   for (const Lin l : {Lin{37, 784, 512}, Lin{37, 512, 10}, Lin{300, 33, 100}}) {
@@ -163,6 +165,43 @@ TEST_CASE("a sample's results do not depend on the batch it is in: linear and co
       }
       CHECK(bit_equal(dw_parts, dw));
       CHECK(bit_equal(db_parts, db));
+    }
+  }
+  // Packet maps (kernels/cpu/packet_math.h): 33 values per sample, so each part starts at another
+  // place in a packet than in the whole batch, and a value lands in the tail in one and not the other.
+  {
+    const int64_t n = 37, d = 33, classes = 1001;
+    Tensor x = rand_tensor({n, d}, 221);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] *= 6.0f;  // tanh's whole range
+    const Tensor dy = rand_tensor({n, d}, 222), logits = rand_tensor({n, classes}, 223);
+    std::vector<int64_t> labels(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = (i * 37) % classes;
+    const Tensor target = Tensor::from_vector(labels, {n});
+    Tensor y = Tensor::empty(x.shape()), dx = Tensor::empty(x.shape());
+    gelu_forward<Cpu>(y, x);
+    gelu_backward<Cpu>(dx, dy, x);
+    Tensor loss = Tensor::empty({}), probs = Tensor::empty(logits.shape()), count = Tensor::empty({});
+    Tensor dlogits = Tensor::empty(logits.shape());
+    cross_entropy_forward<Cpu>(loss, probs, count, logits, target, Reduction::sum, -100);
+    cross_entropy_backward<Cpu>(dlogits, Tensor::ones({}), probs, count, target, Reduction::sum, -100);
+    for (const auto& sizes : cuts) {
+      for (const auto& [r0, r1] : cut(n, sizes)) {
+        CAPTURE(r0);
+        CAPTURE(r1);
+        Tensor yp = Tensor::empty({r1 - r0, d}), dxp = Tensor::empty({r1 - r0, d});
+        gelu_forward<Cpu>(yp, rows(x, r0, r1));
+        gelu_backward<Cpu>(dxp, rows(dy, r0, r1), rows(x, r0, r1));
+        CHECK(bit_equal(yp, rows(y, r0, r1)));
+        CHECK(bit_equal(dxp, rows(dx, r0, r1)));
+        const std::vector<int64_t> part(labels.begin() + r0, labels.begin() + r1);
+        const Tensor tp = Tensor::from_vector(part, {r1 - r0});
+        Tensor lp = Tensor::empty({}), pp = Tensor::empty({r1 - r0, classes}), cp = Tensor::empty({});
+        Tensor dlp = Tensor::empty({r1 - r0, classes});
+        cross_entropy_forward<Cpu>(lp, pp, cp, rows(logits, r0, r1), tp, Reduction::sum, -100);
+        cross_entropy_backward<Cpu>(dlp, Tensor::ones({}), pp, cp, tp, Reduction::sum, -100);
+        CHECK(bit_equal(pp, rows(probs, r0, r1)));
+        CHECK(bit_equal(dlp, rows(dlogits, r0, r1)));
+      }
     }
   }
 }

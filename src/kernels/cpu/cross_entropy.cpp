@@ -5,6 +5,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/packet_math.h"
 
 namespace mg {
 
@@ -27,10 +28,12 @@ void cross_entropy_forward<Cpu>(Tensor& loss, Tensor& probs, Tensor& count, cons
     for (int64_t i = i0; i < i1; ++i) {
       const float* row = pl + i * c;
       float* prow = pp + i * c;
-      float mx = row[0];
-      for (int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < c; ++j) sum += (prow[j] = std::exp(row[j] - mx));
+      // exp in Eigen's packets, the sum in a packet's lanes (kernels/cpu/packet_math.h): glibc's
+      // scalar expf and the one-by-one sum over a GPT-2 head's 8192 classes were 5% of its step.
+      const float mx = cpu::max_packets(row, c);
+      const cpu::Packet pmx = Eigen::internal::pset1<cpu::Packet>(mx);
+      cpu::map_packets(prow, row, c, [&](cpu::Packet v) { return Eigen::internal::pexp(Eigen::internal::psub(v, pmx)); });
+      const float sum = cpu::sum_packets(prow, c);
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < c; ++j) prow[j] *= inv;
       if (pt[i] != ignore_index) row_loss[static_cast<size_t>(i)] = static_cast<double>(std::log(sum) + mx - row[pt[i]]);

@@ -4,6 +4,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/packet_math.h"
 
 namespace mg {
 
@@ -12,27 +13,36 @@ constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
 }  // namespace
 
+// tanh and the products in Eigen's packets (kernels/cpu/packet_math.h): glibc's scalar tanhf was
+// 14% of a GPT-2 small step on the CPU.
 template <> void gelu_forward<Cpu>(Tensor& y, const Tensor& x) {
+  using namespace Eigen::internal;
   const float* px = x.data<float>();
   float* py = y.data<float>();
+  const cpu::Packet half = pset1<cpu::Packet>(0.5f), one = pset1<cpu::Packet>(1.0f);
+  const cpu::Packet k = pset1<cpu::Packet>(kGeluK), c = pset1<cpu::Packet>(kGeluC);
   cpu::parallel_for(y.numel(), cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float v = px[i];
-      py[i] = 0.5f * v * (1.0f + std::tanh(kGeluK * (v + kGeluC * v * v * v)));
-    }
+    cpu::map_packets(py + i0, px + i0, i1 - i0, [&](cpu::Packet v) {
+      const cpu::Packet t = ptanh(pmul(k, padd(v, pmul(c, pmul(v, pmul(v, v))))));
+      return pmul(pmul(half, v), padd(one, t));
+    });
   });
 }
 
 template <> void gelu_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& x) {
+  using namespace Eigen::internal;
   const float *pdy = dy.data<float>(), *px = x.data<float>();
   float* pdx = dx.data<float>();
+  const cpu::Packet half = pset1<cpu::Packet>(0.5f), one = pset1<cpu::Packet>(1.0f);
+  const cpu::Packet k = pset1<cpu::Packet>(kGeluK), c = pset1<cpu::Packet>(kGeluC);
+  const cpu::Packet c3 = pset1<cpu::Packet>(3.0f * kGeluC);
   cpu::parallel_for(dx.numel(), cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float v = px[i];
-      const float t = std::tanh(kGeluK * (v + kGeluC * v * v * v));
-      const float dt = (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
-      pdx[i] = pdy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-    }
+    cpu::map_packets(pdx + i0, px + i0, pdy + i0, i1 - i0, [&](cpu::Packet v, cpu::Packet g) {
+      const cpu::Packet v2 = pmul(v, v);
+      const cpu::Packet t = ptanh(pmul(k, padd(v, pmul(c, pmul(v, v2)))));
+      const cpu::Packet dt = pmul(pmul(psub(one, pmul(t, t)), k), padd(one, pmul(c3, v2)));
+      return pmul(g, padd(pmul(half, padd(one, t)), pmul(pmul(half, v), dt)));
+    });
   });
 }
 

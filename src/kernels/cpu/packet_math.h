@@ -1,0 +1,72 @@
+// Element-wise maps through Eigen's packet math (its vectorised exp and tanh), with the same
+// instructions for every element: whole packets, then the tail padded into one packet.
+// Eigen's own array expressions send an unaligned head through the scalar function instead
+// (glibc's exp: other bits), so an element's result would depend on its address, and a tile or
+// a micro-batch could differ from the whole batch (Note [tiled segments] in
+// minigrad/core/checkpoint.h). Results differ between packet widths (AVX2, AVX-512), as the
+// GEMMs' do, never between calls of one build.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace mg::cpu {
+
+using Packet = Eigen::internal::packet_traits<float>::type;
+constexpr int kPacketLanes = Eigen::internal::packet_traits<float>::size;
+
+// y[i] = f(a[i]) for i in [0, n); f maps a Packet to a Packet.
+template <class F> void map_packets(float* y, const float* a, int64_t n, F&& f) {
+  using namespace Eigen::internal;
+  int64_t i = 0;
+  for (; i + kPacketLanes <= n; i += kPacketLanes) pstoreu(y + i, f(ploadu<Packet>(a + i)));
+  if (i == n) return;
+  float pa[kPacketLanes] = {}, out[kPacketLanes];
+  std::copy(a + i, a + n, pa);
+  pstoreu(out, f(ploadu<Packet>(pa)));
+  std::copy(out, out + (n - i), y + i);
+}
+
+// y[i] = f(a[i], b[i]) for i in [0, n).
+template <class F> void map_packets(float* y, const float* a, const float* b, int64_t n, F&& f) {
+  using namespace Eigen::internal;
+  int64_t i = 0;
+  for (; i + kPacketLanes <= n; i += kPacketLanes) pstoreu(y + i, f(ploadu<Packet>(a + i), ploadu<Packet>(b + i)));
+  if (i == n) return;
+  float pa[kPacketLanes] = {}, pb[kPacketLanes] = {}, out[kPacketLanes];
+  std::copy(a + i, a + n, pa);
+  std::copy(b + i, b + n, pb);
+  pstoreu(out, f(ploadu<Packet>(pa), ploadu<Packet>(pb)));
+  std::copy(out, out + (n - i), y + i);
+}
+
+// The sum of a[0, n) in one packet's lanes (lane l adds a[l], a[l + lanes], ...), then the lanes
+// in Eigen's fixed order: the same bits wherever a lies.
+inline float sum_packets(const float* a, int64_t n) {
+  using namespace Eigen::internal;
+  Packet acc = pset1<Packet>(0.0f);
+  int64_t i = 0;
+  for (; i + kPacketLanes <= n; i += kPacketLanes) acc = padd(acc, ploadu<Packet>(a + i));
+  if (i < n) {
+    float pa[kPacketLanes] = {};
+    std::copy(a + i, a + n, pa);
+    acc = padd(acc, ploadu<Packet>(pa));
+  }
+  return predux(acc);
+}
+
+// The largest of a[0, n), n > 0 (order does not matter for a maximum).
+inline float max_packets(const float* a, int64_t n) {
+  using namespace Eigen::internal;
+  Packet acc = pset1<Packet>(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kPacketLanes <= n; i += kPacketLanes) acc = pmax(acc, ploadu<Packet>(a + i));
+  float m = predux_max(acc);
+  for (; i < n; ++i) m = std::max(m, a[i]);
+  return m;
+}
+
+}  // namespace mg::cpu
