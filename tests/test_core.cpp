@@ -1,3 +1,6 @@
+#include <cmath>
+#include <limits>
+
 #include "helpers.h"
 #include "kernels/elementwise.h"
 
@@ -174,6 +177,27 @@ TEST_CASE("gradients: linear, relu, add, scale, cross_entropy") {
     test::gradcheck([&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t, r); },
                     {rand_tensor({6, 5}, 17, true)});
   }
+}
+
+TEST_CASE("cross_entropy: a masked class (-inf) gets exactly 0, far-off classes flush to 0, a NaN logit gives a NaN loss") {
+  // 20 classes: the packet path and its padded tail (kernels/cpu/packet_math.h) on every build.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v(40, 0.5f);
+  v[3] = -inf;       // row 0: masked
+  v[17] = -200.0f;   // row 0: below ln(FLT_MIN) from the row's max
+  v[20 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 1
+  Tensor logits = Tensor::from_vector(v, {2, 20}).requires_grad_();
+  const Tensor t = Tensor::from_vector(std::vector<int64_t>{0, 1}, {2});
+  Tensor first = cross_entropy(Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + 20), {1, 20}).requires_grad_(),
+                               Tensor::from_vector(std::vector<int64_t>{0}, {1}), Reduction::sum);
+  CHECK(std::isfinite(first.item()));
+  CHECK(first.item() == doctest::Approx(std::log(18.0)).epsilon(1e-6));  // 18 classes at 0.5 share the mass
+  Tensor both = cross_entropy(logits, t, Reduction::sum);
+  CHECK(std::isnan(both.item()));
+  Tensor x0 = Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + 20), {1, 20}).requires_grad_();
+  cross_entropy(x0, Tensor::from_vector(std::vector<int64_t>{0}, {1}), Reduction::sum).backward();
+  CHECK(x0.grad().data<float>()[3] == 0.0f);
+  CHECK(x0.grad().data<float>()[17] == 0.0f);
 }
 
 TEST_CASE("bad shapes raise mg::Error naming the op and the shapes") {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -180,10 +181,13 @@ TEST_CASE("a sample's results do not depend on the batch it is in: linear, conv2
     Tensor y = Tensor::empty(x.shape()), dx = Tensor::empty(x.shape());
     gelu_forward<Cpu>(y, x);
     gelu_backward<Cpu>(dx, dy, x);
-    Tensor loss = Tensor::empty({}), probs = Tensor::empty(logits.shape()), count = Tensor::empty({});
+    Tensor loss = Tensor::empty({}), probs = Tensor::empty(logits.shape()), count = Tensor::empty({1});
     Tensor dlogits = Tensor::empty(logits.shape());
     cross_entropy_forward<Cpu>(loss, probs, count, logits, target, Reduction::sum, -100);
     cross_entropy_backward<Cpu>(dlogits, Tensor::ones({}), probs, count, target, Reduction::sum, -100);
+    for (const Tensor* t : {&y, &dx, &probs, &dlogits}) {
+      for (int64_t i = 0; i < t->numel(); ++i) REQUIRE(std::isfinite(t->data<float>()[i]));  // every element written
+    }
     for (const auto& sizes : cuts) {
       for (const auto& [r0, r1] : cut(n, sizes)) {
         CAPTURE(r0);
@@ -195,7 +199,7 @@ TEST_CASE("a sample's results do not depend on the batch it is in: linear, conv2
         CHECK(bit_equal(dxp, rows(dx, r0, r1)));
         const std::vector<int64_t> part(labels.begin() + r0, labels.begin() + r1);
         const Tensor tp = Tensor::from_vector(part, {r1 - r0});
-        Tensor lp = Tensor::empty({}), pp = Tensor::empty({r1 - r0, classes}), cp = Tensor::empty({});
+        Tensor lp = Tensor::empty({}), pp = Tensor::empty({r1 - r0, classes}), cp = Tensor::empty({1});
         Tensor dlp = Tensor::empty({r1 - r0, classes});
         cross_entropy_forward<Cpu>(lp, pp, cp, rows(logits, r0, r1), tp, Reduction::sum, -100);
         cross_entropy_backward<Cpu>(dlp, Tensor::ones({}), pp, cp, tp, Reduction::sum, -100);

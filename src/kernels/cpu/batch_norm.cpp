@@ -36,21 +36,23 @@ template <class F> double lanes(const float* p, int64_t len, F f) {
 
 // The sums of g and of g * xhat over [0, len) (xhat = (x - mu) rs), in one pass over g and x:
 // each sum in its 8 lanes exactly as lanes() adds it, so the bits are those of two lanes() calls.
+// The product is a statement of its own, as it was in lanes()'s lambda: clang fuses a multiply
+// and an add into one FMA only within a statement (GCC fuses across them either way).
 void two_sums(const float* g, const float* x, int64_t len, float mu, float rs, double& sum_g, double& sum_gx) {
   double lb[8] = {}, lw[8] = {};
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
 #pragma omp simd  // one lane per element: GCC left this loop scalar without it
     for (int l = 0; l < 8; ++l) {
-      const double v = g[i + l];
+      const double v = g[i + l], p = v * static_cast<double>((x[i + l] - mu) * rs);
       lb[l] += v;
-      lw[l] += v * static_cast<double>((x[i + l] - mu) * rs);
+      lw[l] += p;
     }
   }
   for (int l = 0; i < len; ++i, ++l) {
-    const double v = g[i];
+    const double v = g[i], p = v * static_cast<double>((x[i] - mu) * rs);
     lb[l] += v;
-    lw[l] += v * static_cast<double>((x[i] - mu) * rs);
+    lw[l] += p;
   }
   sum_g = 0;
   sum_gx = 0;

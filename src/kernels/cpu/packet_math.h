@@ -15,11 +15,15 @@
 
 namespace mg::cpu {
 
+// Internal to each file that includes this: the bodies depend on the file's -march (the
+// library's, or a test's), and one exported copy must not stand in for another.
+namespace {
+
 using Packet = Eigen::internal::packet_traits<float>::type;
 constexpr int kPacketLanes = Eigen::internal::packet_traits<float>::size;
 
 // y[i] = f(a[i]) for i in [0, n); f maps a Packet to a Packet.
-template <class F> void map_packets(float* y, const float* a, int64_t n, F&& f) {
+template <class F> inline void map_packets(float* y, const float* a, int64_t n, F&& f) {
   using namespace Eigen::internal;
   int64_t i = 0;
   for (; i + kPacketLanes <= n; i += kPacketLanes) pstoreu(y + i, f(ploadu<Packet>(a + i)));
@@ -31,7 +35,7 @@ template <class F> void map_packets(float* y, const float* a, int64_t n, F&& f) 
 }
 
 // y[i] = f(a[i], b[i]) for i in [0, n).
-template <class F> void map_packets(float* y, const float* a, const float* b, int64_t n, F&& f) {
+template <class F> inline void map_packets(float* y, const float* a, const float* b, int64_t n, F&& f) {
   using namespace Eigen::internal;
   int64_t i = 0;
   for (; i + kPacketLanes <= n; i += kPacketLanes) pstoreu(y + i, f(ploadu<Packet>(a + i), ploadu<Packet>(b + i)));
@@ -69,4 +73,5 @@ inline float max_packets(const float* a, int64_t n) {
   return m;
 }
 
+}  // namespace
 }  // namespace mg::cpu
