@@ -607,3 +607,26 @@ TEST_CASE("TokenBatches::next_split: a window cut into micro-batches, the last t
   CHECK(split.next_split(20).size() == 1);
   CHECK_THROWS_WITH_AS(split.next_split(0), doctest::Contains("must be >= 1 sequence, got 0"), Error);
 }
+
+TEST_CASE("TokenBatches::split_last: the window last read again, cut anew, and the stream not moved") {
+  std::vector<uint16_t> tokens(100);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 100);
+  data::TokenBatches b(tokens, 8, 3, 1, 2), ref(tokens, 8, 3, 1, 2);
+  CHECK_THROWS_WITH_AS(b.split_last(2), doctest::Contains("no window has been read yet"), Error);
+  for (int w = 0; w < 3; ++w) {
+    const data::TokenBatch all = ref.next();
+    const std::vector<data::TokenBatch> first = b.next_split(3), again = b.split_last(5);
+    REQUIRE(again.size() == 2);
+    CHECK(again[0].x.shape() == Shape{5, 3});
+    CHECK(again[1].x.shape() == Shape{3, 3});
+    std::vector<int64_t> x, y;
+    for (const auto& p : again) {
+      for (int64_t v : p.x.to_vector<int64_t>()) x.push_back(v);
+      for (int64_t v : p.y.to_vector<int64_t>()) y.push_back(v);
+    }
+    CHECK(x == all.x.to_vector<int64_t>());
+    CHECK(y == all.y.to_vector<int64_t>());
+    CHECK(b.epoch() == ref.epoch());
+  }
+  CHECK_THROWS_WITH_AS(b.split_last(0), doctest::Contains("must be >= 1 sequence, got 0"), Error);
+}

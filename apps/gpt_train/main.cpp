@@ -19,7 +19,9 @@
 // sequences per step and the joint planner (minigrad/nn/train_plan.h) picks the micro-batch, N and
 // the checkpoint plan, with the transformer blocks as units (a micro-batch that does not divide
 // the sequences per step leaves a shorter last one). Under mpirun every rank reads its own
-// windows and the Accumulator reduces the step's gradient once.
+// windows and the Accumulator reduces the step's gradient once. Out of memory, a single process
+// re-plans jointly for what the device has and redoes the step (Note [recovering from
+// out-of-memory] in minigrad/optim/accumulate.h).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -198,32 +200,49 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < v.size(); ++i) v[i] = tokens[i % tokens.size()];
       return Tensor::from_vector(v, {b, seq_len}).to(dev);
     };
-    const bool joint = !memory_budget.empty();
-    if (joint) {
-      if (budget == 0) budget = mg::memory_capacity(dev);
-      MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the sequences per step "
-                                                        "over all " << world << " ranks: it must be a multiple of " << world);
-      const int64_t per_rank = batch_size / world;
-      for_flag("--memory-budget", [&] {
-        const mg::nn::ChainProfile profile =
-            mg::nn::profile_chain(*model, tokens_of, mg::nn::candidate_micro_batches(per_rank), budget);
-        tp = mg::nn::plan_training(profile, per_rank, budget, {.tiles = false});
-        for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
-          if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
-        }
-      });
+    // The joint plan of `per_rank` sequences a step for `memory` bytes: tp, and the checkpoint
+    // plan, chain cost and micro-batches it picks.
+    auto plan_jointly = [&](size_t memory, int64_t per_rank) {
+      const mg::nn::ChainProfile profile =
+          mg::nn::profile_chain(*model, tokens_of, mg::nn::candidate_micro_batches(per_rank), memory);
+      tp = mg::nn::plan_training(profile, per_rank, memory, {.tiles = false});
+      for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
+        if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
+      }
       plan = tp.checkpoint;
       micro = tp.micro_batch;
       n_micro = tp.accumulation;
+    };
+    nlohmann::ordered_json replans = nlohmann::json::array();  // what out-of-memory recovery changed
+    bool joint = !memory_budget.empty();
+    if (!joint) {
+      try {
+        cost = mg::nn::measure_chain(*model, tokens_of(micro));
+      } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
+        const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+        LEAD_PRINTF("measuring %lld sequences: %s\n  planning jointly for what the device has instead (the %lld "
+                    "sequences of a step kept)\n", static_cast<long long>(micro), what.c_str(),
+                    static_cast<long long>(micro * n_micro));
+        const std::string before = std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + checkpoint;
+        joint = true;
+        budget = mg::memory_capacity(dev);
+        for_flag("--memory-limit", [&] { plan_jointly(budget, micro * n_micro); });
+        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", before + " (measuring ran out of memory)"},
+                           {"to", tp.str()}});
+      }
+      if (!joint) plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
     } else {
-      cost = mg::nn::measure_chain(*model, tokens_of(micro));
-      plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
+      if (budget == 0) budget = mg::memory_capacity(dev);
+      MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the sequences per step "
+                                                        "over all " << world << " ranks: it must be a multiple of " << world);
+      for_flag("--memory-budget", [&] { plan_jointly(budget, batch_size / world); });
     }
 
     // Each step reads one window of the rank's sequences and runs it as micro-batches of `micro`,
     // the last one the remainder when the planner's micro-batch does not divide them.
     const int64_t per_step = joint ? tp.effective_batch : micro * n_micro;
-    const int64_t last_micro = per_step - (n_micro - 1) * micro;
+    auto last_micro_of = [&] { return per_step - (n_micro - 1) * micro; };
+    int64_t last_micro = last_micro_of();
     mg::optim::Accumulator acc(opt, {.steps = static_cast<int>(n_micro), .clip_norm = static_cast<float>(clip)});
     mg::data::TokenBatches batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
       return mg::data::TokenBatches(tokens, per_step, seq_len, rank, world, cfg.vocab_size);
@@ -249,6 +268,28 @@ int main(int argc, char** argv) {
       const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
       return lr * (min_lr_frac + (1.0 - min_lr_frac) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
     };
+    // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): a window that runs out of
+    // memory is dropped and redone from its first micro-batch under a joint plan for what the
+    // device has then; dropout by sequence keeps the step the one planned. Under data parallelism
+    // the error stands: every rank would have to re-plan at the same window (the others stop,
+    // Note [collectives never hang]).
+    auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
+      if (mg::dist::active()) throw e;
+      const size_t there = mg::memory_capacity(dev);
+      const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+      LEAD_PRINTF("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
+                  static_cast<long long>(step + 1), what.c_str(), mg::format_bytes(there).c_str());
+      const std::string before = joint ? tp.str() : std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + plan.str();
+      const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
+      plan_jointly(there, per_step);
+      joint = true;
+      budget = there;
+      acc.set_steps(n_micro);
+      last_micro = last_micro_of();
+      LEAD_PRINTF("  re-planned: %s, predicted peak %s (was %s, predicted peak %s)\n", tp.str().c_str(),
+                  mg::format_bytes(tp.predicted_peak).c_str(), before.c_str(), mg::format_bytes(before_peak).c_str());
+      replans.push_back({{"step", step + 1}, {"memory_bytes", there}, {"from", before}, {"to", tp.str()}});
+    };
     std::vector<double> step_ms, losses, lrs, norms;
     size_t peak_in_use = 0;
     if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
@@ -258,18 +299,29 @@ int main(int argc, char** argv) {
       mg::synchronize(dev);
       const auto t0 = std::chrono::steady_clock::now();
       // On the host; each micro-batch goes to the device when it runs.
-      int64_t rows = 0;
-      for (const mg::data::TokenBatch& host : batches.next_split(micro)) {
-        const Tensor x = dev.is_cuda() ? host.x.to(dev) : host.x, y = dev.is_cuda() ? host.y.to(dev) : host.y;
-        Tensor loss;
-        {  // dropout masks by sequence, whatever the split (Note [dropout by sample])
-          const mg::SampleWindowGuard window = acc.sample_window(rows);
-          // The logits are not held past the loss (the loss keeps what backward needs).
-          loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x).reshape({-1, cfg.vocab_size}),
-                                   y.reshape({-1}), mg::Reduction::sum);
+      std::vector<mg::data::TokenBatch> window = batches.next_split(micro);
+      for (int tries = 0;; ++tries) {
+        try {
+          int64_t rows = 0;
+          for (const mg::data::TokenBatch& host : window) {
+            const Tensor x = dev.is_cuda() ? host.x.to(dev) : host.x, y = dev.is_cuda() ? host.y.to(dev) : host.y;
+            Tensor loss;
+            {  // dropout masks by sequence, whatever the split (Note [dropout by sample])
+              const mg::SampleWindowGuard guard = acc.sample_window(rows);
+              // The logits are not held past the loss (the loss keeps what backward needs).
+              loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x).reshape({-1, cfg.vocab_size}),
+                                       y.reshape({-1}), mg::Reduction::sum);
+            }
+            acc.backward(loss, x.numel());
+            rows += x.size(0);
+          }
+          break;
+        } catch (const mg::OutOfMemoryError& e) {
+          acc.discard();
+          if (tries == 2) throw;  // a third plan did not fit either: the prediction is off, say so
+          replan(e, step);
+          window = batches.split_last(micro);
         }
-        acc.backward(loss, x.numel());
-        rows += x.size(0);
       }
       const mg::optim::StepInfo info = acc.step();
       mg::synchronize(dev);  // the optimizer's update too: step() queues it after its one read
@@ -314,6 +366,7 @@ int main(int argc, char** argv) {
       j["predicted_peak_bytes"] = plan.predicted_peak;
       j["peak_in_use_bytes"] = peak_in_use;
       if (joint) j["memory_budget_bytes"] = budget;
+      j["replans"] = replans;
       j["step_ms"] = step_ms;
       j["median_step_ms"] = med;
       j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);

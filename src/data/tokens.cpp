@@ -86,6 +86,7 @@ int64_t TokenBatches::next_start() {
     start = shard_ * span;
   }
   ++window_;
+  last_start_ = start;
   return start;
 }
 
@@ -93,9 +94,15 @@ TokenBatch TokenBatches::next(Device device) { return rows(next_start(), b_, dev
 
 std::vector<TokenBatch> TokenBatches::next_split(int64_t micro, Device device) {
   MG_CHECK(micro >= 1, "TokenBatches::next_split: the micro-batch must be >= 1 sequence, got " << micro);
-  const int64_t start = next_start();
+  next_start();
+  return split_last(micro, device);
+}
+
+std::vector<TokenBatch> TokenBatches::split_last(int64_t micro, Device device) const {
+  MG_CHECK(micro >= 1, "TokenBatches::split_last: the micro-batch must be >= 1 sequence, got " << micro);
+  MG_CHECK(last_start_ >= 0, "TokenBatches::split_last: no window has been read yet");
   std::vector<TokenBatch> out;
-  for (int64_t r = 0; r < b_; r += micro) out.push_back(rows(start + r * t_, std::min(micro, b_ - r), device));
+  for (int64_t r = 0; r < b_; r += micro) out.push_back(rows(last_start_ + r * t_, std::min(micro, b_ - r), device));
   return out;
 }
 

@@ -48,6 +48,10 @@ class TokenBatches {
   // remainder (B = 8, micro 3: 3, 3, 2): an optimizer step's micro-batches when the micro-batch
   // does not divide the sequences per step. The same tokens as next().
   std::vector<TokenBatch> next_split(int64_t micro, Device device = Device::cpu());
+  // The window last read (by next or next_split) again, cut into micro-batches of `micro`: an
+  // out-of-memory error redoes its window under a new plan (Note [recovering from out-of-memory]
+  // in minigrad/optim/accumulate.h). Throws before the first window.
+  std::vector<TokenBatch> split_last(int64_t micro, Device device = Device::cpu()) const;
   int64_t epoch() const { return epoch_; }
   int64_t batch() const { return b_; }
   int64_t seq_len() const { return t_; }
@@ -58,6 +62,7 @@ class TokenBatches {
   const std::vector<uint16_t>& tokens_;
   int64_t b_, t_, shard_, shards_, vocab_;
   int64_t window_ = 0, epoch_ = 0;
+  int64_t last_start_ = -1;  // the stream position of the window last read
 };
 
 }  // namespace mg::data

@@ -39,8 +39,9 @@
 // first micro-batch under a plan for the memory actually there (mg::memory_capacity and the
 // joint planner, minigrad/nn/train_plan.h). The optimizer has not stepped, its state is untouched,
 // and dropout by sample draws the same masks whatever the new split, so the step equals the one
-// planned for that memory from the start, to float rounding (vgg_ckpt does this; the test is
-// "joint planner: out of memory in a window ..." in tests/test_train_plan.cpp).
+// planned for that memory from the start, to float rounding (vgg_ckpt and gpt_train do this; the
+// tests are "joint planner: out of memory in a window ..." in tests/test_train_plan.cpp and ctest
+// oom_recovery).
 //
 // Note [data parallel step]: when mg::dist runs K processes (minigrad/dist/dist.h), each reads its
 // shard of the epoch (Note [shards], minigrad/data/loader.h), and step() is a collective: it sums
