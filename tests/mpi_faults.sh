@@ -3,9 +3,10 @@
 # in minigrad/dist/dist.h); with MNIST_GA, a data-parallel run stopped after an epoch and resumed
 # with the same number of ranks ends byte-identical to an uninterrupted one, and one rank (under
 # the launcher, or a world of one) ends byte-identical to one plain process.
-# Usage: mpi_faults.sh MPIEXEC MPI_FAULTS_BINARY [MNIST_GA]
+# With GPT_TRAIN, out of memory under data parallelism stops both ranks of gpt_train too.
+# Usage: mpi_faults.sh MPIEXEC MPI_FAULTS_BINARY [MNIST_GA [GPT_TRAIN]]
 set -uo pipefail
-mpiexec=$1 bin=$2 app=${3:-}
+mpiexec=$1 bin=$2 app=${3:-} gpt=${4:-}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail=0
@@ -93,5 +94,12 @@ if [ -n "$app" ]; then
   t0=$SECONDS
   timeout 120 "$mpiexec" -n 2 "$app" "${c[@]}" --epochs 1 --memory-limit 4MB >"$out/oom.log" 2>&1
   check oom $? $((SECONDS - t0)) nonzero "rank [01] of 2: error: under --memory-limit 4MB: cpu out of memory"
+fi
+if [ -n "$gpt" ]; then
+  # gpt_train re-plans after out of memory in one process (ctest oom_recovery), never one rank
+  # alone: under 6 MB its first step runs out on both ranks, and both stop with the error.
+  t0=$SECONDS
+  timeout 120 "$mpiexec" -n 2 "$gpt" --config tiny --batch-size 8 --steps 3 --memory-limit 6MB >"$out/gpt_oom.log" 2>&1
+  check gpt_oom $? $((SECONDS - t0)) nonzero "rank [01] of 2: under --memory-limit 6MB: cpu out of memory"
 fi
 exit $fail

@@ -377,8 +377,14 @@ int main(int argc, char** argv) {
       mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
     }
     return 0;
+  } catch (const mg::OutOfMemoryError& e) {
+    std::fprintf(stderr, "gpt_train: %s%s%s\n", rank_prefix().c_str(),
+                 memory_limit.empty() ? "" : ("under --memory-limit " + memory_limit + ": ").c_str(), e.what());
+    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);  // Note [collectives never hang]
+    return 1;
   } catch (const mg::Error& e) {
     std::fprintf(stderr, "gpt_train: %s%s\n", rank_prefix().c_str(), e.what());
+    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);
     return 1;
   }
 }
