@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "helpers.h"
@@ -134,6 +135,21 @@ TEST_CASE("BatchNorm in eval mode: the running statistics, and their gradients b
   CHECK(max_rel(gx, want_gx) < 1e-6);
   CHECK(max_rel(bn.state_dict()[0].second.grad().to_vector<float>(), want_gw) < 1e-5);
   CHECK(max_rel(bn.state_dict()[1].second.grad().to_vector<float>(), want_gb) < 1e-5);
+
+  // dL/dx does not depend on x in eval mode: an infinite or NaN input still gets r * w / sqrt(v +
+  // eps), as PyTorch and the CUDA kernel give (the batch-statistics formula made 0 * inf = NaN).
+  std::vector<float> bad = xv;
+  bad[0] = std::numeric_limits<float>::infinity();
+  bad[4] = -std::numeric_limits<float>::infinity();
+  bad[8] = std::numeric_limits<float>::quiet_NaN();
+  Tensor xb = Tensor::from_vector(bad, {5, 3}).requires_grad_();
+  bn.forward(xb).backward(r);
+  const std::vector<float> gb = xb.grad().to_vector<float>();
+  for (size_t e = 0; e < gb.size(); ++e) {
+    INFO("element " << e << " of input " << bad[e]);
+    CHECK(std::isfinite(gb[e]));
+  }
+  CHECK(max_rel(gb, want_gx) < 1e-6);
 }
 
 TEST_CASE("BatchNorm buffers: PyTorch's state_dict names and order, saved and loaded with the weights") {

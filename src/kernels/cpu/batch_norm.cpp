@@ -134,8 +134,17 @@ void batch_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
       if (dwp) dwp[c] = sw;
       if (!dxp) continue;
       const float k = rs * (wp ? wp[c] : 1.0f);
-      const float mb = batch_stats && m > 0 ? static_cast<float>(tb / m) : 0.0f;
-      const float mw = batch_stats && m > 0 ? static_cast<float>(tw / m) : 0.0f;
+      if (!batch_stats) {
+        // Given statistics: dx = k dy, whatever x is (an infinite x gave 0 * inf = NaN through the
+        // batch-statistics formula; PyTorch and our CUDA kernel give k dy).
+        for (int64_t i = 0; i < L.n; ++i) {
+          const int64_t off = (i * L.c + c) * L.s;
+          for (int64_t j = 0; j < L.s; ++j) dxp[off + j] = k * dyp[off + j];
+        }
+        continue;
+      }
+      const float mb = m > 0 ? static_cast<float>(tb / m) : 0.0f;
+      const float mw = m > 0 ? static_cast<float>(tw / m) : 0.0f;
       for (int64_t i = 0; i < L.n; ++i) {
         const int64_t off = (i * L.c + c) * L.s;
         for (int64_t j = 0; j < L.s; ++j) {
