@@ -583,6 +583,21 @@ TEST_CASE("TokenBatches: llm.c's windows, next-token targets, shards, epochs, vo
   CHECK_THROWS_WITH_AS(small_vocab.next(), doctest::Contains("outside the vocabulary of 5"), Error);
 }
 
+namespace {
+
+// The micro-batches `parts`, one after another, hold the tokens and targets of `all`.
+void check_same_tokens(const std::vector<data::TokenBatch>& parts, const data::TokenBatch& all) {
+  std::vector<int64_t> x, y;
+  for (const auto& p : parts) {
+    for (int64_t v : p.x.to_vector<int64_t>()) x.push_back(v);
+    for (int64_t v : p.y.to_vector<int64_t>()) y.push_back(v);
+  }
+  CHECK(x == all.x.to_vector<int64_t>());
+  CHECK(y == all.y.to_vector<int64_t>());
+}
+
+}  // namespace
+
 TEST_CASE("TokenBatches::next_split: a window cut into micro-batches, the last the remainder, same tokens") {
   std::vector<uint16_t> tokens(100);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 100);
@@ -593,13 +608,7 @@ TEST_CASE("TokenBatches::next_split: a window cut into micro-batches, the last t
     REQUIRE(parts.size() == 3);
     CHECK(parts[0].x.shape() == Shape{3, 3});
     CHECK(parts[2].x.shape() == Shape{2, 3});
-    std::vector<int64_t> x, y;
-    for (const auto& p : parts) {
-      for (int64_t v : p.x.to_vector<int64_t>()) x.push_back(v);
-      for (int64_t v : p.y.to_vector<int64_t>()) y.push_back(v);
-    }
-    CHECK(x == all.x.to_vector<int64_t>());
-    CHECK(y == all.y.to_vector<int64_t>());
+    check_same_tokens(parts, all);
     CHECK(split.epoch() == whole.epoch());
   }
   CHECK(split.epoch() == 1);
@@ -619,13 +628,7 @@ TEST_CASE("TokenBatches::split_last: the window last read again, cut anew, and t
     REQUIRE(again.size() == 2);
     CHECK(again[0].x.shape() == Shape{5, 3});
     CHECK(again[1].x.shape() == Shape{3, 3});
-    std::vector<int64_t> x, y;
-    for (const auto& p : again) {
-      for (int64_t v : p.x.to_vector<int64_t>()) x.push_back(v);
-      for (int64_t v : p.y.to_vector<int64_t>()) y.push_back(v);
-    }
-    CHECK(x == all.x.to_vector<int64_t>());
-    CHECK(y == all.y.to_vector<int64_t>());
+    check_same_tokens(again, all);
     CHECK(b.epoch() == ref.epoch());
   }
   CHECK_THROWS_WITH_AS(b.split_last(0), doctest::Contains("must be >= 1 sequence, got 0"), Error);

@@ -41,6 +41,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/oom.h"
 #include "common/ranks.h"
 #include "common/timeline.h"
 #include "common/stats.h"
@@ -219,7 +220,7 @@ int main(int argc, char** argv) {
       try {
         cost = mg::nn::measure_chain(*model, tokens_of(micro));
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+        const std::string what = first_line(e);
         LEAD_PRINTF("measuring %lld sequences: %s\n  planning jointly for what the device has instead (the %lld "
                     "sequences of a step kept)\n", static_cast<long long>(micro), what.c_str(),
                     static_cast<long long>(micro * n_micro));
@@ -274,11 +275,7 @@ int main(int argc, char** argv) {
     // the error stands: every rank would have to re-plan at the same window (the others stop,
     // Note [collectives never hang]).
     auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
-      if (mg::dist::active()) throw e;
-      const size_t there = mg::memory_capacity(dev);
-      const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
-      LEAD_PRINTF("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
-                  static_cast<long long>(step + 1), what.c_str(), mg::format_bytes(there).c_str());
+      const size_t there = memory_for_redone_step(e, step, dev);
       const std::string before = joint ? tp.str() : std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + plan.str();
       const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
       plan_jointly(there, per_step);

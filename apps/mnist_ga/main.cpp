@@ -28,6 +28,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/oom.h"
 #include "common/ranks.h"
 
 namespace fs = std::filesystem;
@@ -353,7 +354,7 @@ int run(Config c, const char* argv0) {
         sched = scale_schedule(sched, b / next.micro_batch);
         c.batch_size = next.micro_batch;
         eval_batch = std::min(eval_batch, next.micro_batch);
-        const std::string what = std::string(err.what()).substr(0, std::string(err.what()).find('\n'));
+        const std::string what = first_line(err);
         LEAD_PRINTF("%sout of memory at micro-batch %lld (%s)\n  re-planned for %s: %s; predicted peak %s; the window is "
                     "redone from its first sample\n",
                     tty ? "\r" : "", static_cast<long long>(b), what.c_str(), mg::format_bytes(there).c_str(), next.str().c_str(),

@@ -49,6 +49,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/oom.h"
 #include "common/ranks.h"
 #include "common/timeline.h"
 #include "common/stats.h"
@@ -222,7 +223,7 @@ int main(int argc, char** argv) {
         if (tiles == "on") measure.tile_rows = mg::nn::tile_rows_below(batch_size);
         cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size}, measure);
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+        const std::string what = first_line(e);
         LEAD_PRINTF("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
                     "the effective batch)\n", static_cast<long long>(batch_size), what.c_str());
         joint = true;
@@ -302,13 +303,7 @@ int main(int argc, char** argv) {
     // error the step is planned again, jointly, for what the device has now (the plain path
     // switches to the joint one: --batch-size becomes the effective batch), and redone.
     auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
-      // Under data parallelism every rank would have to re-plan at the same step: the error stands
-      // (the others stop: Note [collectives never hang]).
-      if (mg::dist::active()) throw e;
-      const size_t there = mg::memory_capacity(dev);
-      const std::string what = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
-      LEAD_PRINTF("step %lld: %s\n  the step is dropped and redone under a joint plan for %s\n",
-                  static_cast<long long>(step + 1), what.c_str(), mg::format_bytes(there).c_str());
+      const size_t there = memory_for_redone_step(e, step, dev);
       const std::string before = joint ? tp.str() : "batch " + std::to_string(batch_size) + ", checkpoint " + plan.str();
       const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
       plan_jointly(there);
