@@ -7,6 +7,7 @@
 #include <minigrad/core/rng.h>
 
 #include "core/allocator.h"
+#include "core/parallel.h"
 #include "core/tape.h"
 
 namespace mg {
@@ -83,25 +84,41 @@ Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shap
   return opts.device.is_cpu() ? host : host.to(opts.device);
 }
 
+namespace {
+
+// A float32 tensor of `shape` whose element i is draw(i), made on the host in parallel pieces and
+// then moved to opts' device. Each element's draws are counter-based (philox at its own offset),
+// so the bits do not depend on the thread count.
+template <class Draw> Tensor drawn(const Shape& shape, const TensorOptions& opts, const char* what, Draw&& draw) {
+  MG_CHECK(opts.dtype == DType::f32, what << ": random values are float32, got dtype " << dtype_name(opts.dtype));
+  Tensor host = Tensor::empty(shape, opts.with_device(Device::cpu()).with_requires_grad(false));
+  float* p = host.data<float>();
+  cpu::parallel_for(host.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) p[i] = draw(i);
+  });
+  Tensor t = opts.device.is_cpu() ? host : host.to(opts.device);
+  t.requires_grad_(opts.requires_grad);
+  return t;
+}
+
+}  // namespace
+
 Tensor Tensor::randn(const Shape& shape, Generator& gen, const TensorOptions& opts) {
-  const int64_t n = shape_numel(shape);
-  const uint64_t off = gen.advance(2 * static_cast<uint64_t>(n));
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) {  // Box-Muller on two uniforms
-    float u1 = philox_uniform(gen.seed(), off + 2 * i), u2 = philox_uniform(gen.seed(), off + 2 * i + 1);
-    double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(u1)));
-    v[i] = static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
-  }
-  return from_vector(v, shape, opts);
+  const uint64_t off = gen.advance(2 * static_cast<uint64_t>(shape_numel(shape))), seed = gen.seed();
+  return drawn(shape, opts, "randn", [&](int64_t i) {  // Box-Muller on two uniforms
+    const uint64_t k = off + 2 * static_cast<uint64_t>(i);
+    const float u1 = philox_uniform(seed, k), u2 = philox_uniform(seed, k + 1);
+    const double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(u1)));
+    return static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
+  });
 }
 
 Tensor Tensor::uniform(const Shape& shape, float lo, float hi, Generator& gen,
                        const TensorOptions& opts) {
-  const int64_t n = shape_numel(shape);
-  const uint64_t off = gen.advance(n);
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * philox_uniform(gen.seed(), off + i);
-  return from_vector(v, shape, opts);
+  const uint64_t off = gen.advance(static_cast<uint64_t>(shape_numel(shape))), seed = gen.seed();
+  return drawn(shape, opts, "uniform", [&](int64_t i) {
+    return lo + (hi - lo) * philox_uniform(seed, off + static_cast<uint64_t>(i));
+  });
 }
 
 int64_t Tensor::size(int64_t d) const {
