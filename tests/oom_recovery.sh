@@ -5,9 +5,10 @@
 #     is dropped and redone under a joint plan (micro-batches) for what the cap leaves;
 #   - gpt_train capped at 3 MB: measuring runs out of memory, and the run plans jointly from the
 #     start, the sequences of a step kept.
-# Each must finish, record the re-plan in its JSON, stay under the cap, and train the same model as
-# an uncapped run: the losses of every step equal to 1e-5 relative (only the split into
-# micro-batches differs, so only float rounding may), and the same number of tokens per step.
+# Each must finish, record the re-plan in its JSON, reach a peak within 3% of the new plan's
+# prediction (the peak counts from the re-plan on), and train the same model as an uncapped run:
+# the losses of every step equal to 1e-5 relative (only the split into micro-batches differs, so
+# only float rounding may). Exit 77 (skipped) without python3.
 #   tests/oom_recovery.sh build/bin/gpt_train
 set -u
 GPT_TRAIN=${1:?usage: oom_recovery.sh GPT_TRAIN}
@@ -16,6 +17,7 @@ trap 'rm -rf "$T"' EXIT
 export OMP_NUM_THREADS=2
 G="--config tiny --batch-size 8 --steps 3 --dropout 0.1"
 fail() { echo "oom_recovery: $*" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "oom_recovery: skipped: no python3 to read the JSON"; exit 77; }
 
 timeout 120 "$GPT_TRAIN" $G --json "$T/free.json" > "$T/free.log" 2>&1 || fail "the uncapped run failed: $(tail -3 "$T/free.log")"
 for cap in 6000000:1 3000000:0; do
@@ -30,20 +32,19 @@ errors = []
 replans = capped.get("replans", [])
 if len(replans) != 1 or replans[0]["step"] != step:
     errors.append(f"expected one re-plan at step {step}, got {replans}")
-if capped["peak_in_use_bytes"] > cap:
-    errors.append(f"peak in use {capped['peak_in_use_bytes']} above the cap {cap}")
-if capped["tokens_per_step"] != free["tokens_per_step"]:
-    errors.append(f"tokens per step {capped['tokens_per_step']} vs {free['tokens_per_step']}")
+peak, predicted = capped["peak_in_use_bytes"], capped["predicted_peak_bytes"]
+if not abs(peak - predicted) <= 0.03 * predicted:
+    errors.append(f"peak in use {peak} vs the new plan's predicted {predicted}")
 if capped["micro_batch"] >= free["micro_batch"]:
     errors.append(f"micro-batch {capped['micro_batch']}: the plan did not change")
 for k, (a, b) in enumerate(zip(free["losses"], capped["losses"])):
-    if abs(a - b) > 1e-5 * abs(a):
+    if not abs(a - b) <= 1e-5 * abs(a):  # NaN fails too
         errors.append(f"step {k + 1}: loss {b!r} capped vs {a!r} uncapped")
 if len(capped["losses"]) != len(free["losses"]):
     errors.append("not every step ran")
 for e in errors:
     print("oom_recovery:", e, file=sys.stderr)
-print(f"cap {cap}: re-planned at step {step} to {replans[0]['to'] if replans else '?'}; peak {capped['peak_in_use_bytes']}; "
+print(f"cap {cap}: re-planned at step {step} to {replans[0]['to'] if replans else '?'}; peak {peak} (predicted {predicted}); "
       f"losses {capped['losses']}")
 sys.exit(1 if errors else 0)
 PY

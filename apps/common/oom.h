@@ -18,6 +18,24 @@ inline std::string first_line(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
+// Plans again after `where` (measuring, or a step) ran out of memory with the error whose first
+// line is `cause`: plan() throws mg::Error when no plan fits `memory`, what the device has; that
+// error then says it came from recovering, and names the cap when there is one. An
+// out-of-memory error passes as it is.
+template <class Plan>
+void replan_or_explain(const std::string& cause, const std::string& where, size_t memory,
+                       const std::string& memory_limit, Plan&& plan) {
+  try {
+    plan();
+  } catch (const mg::OutOfMemoryError&) {
+    throw;
+  } catch (const mg::Error& no_plan) {
+    throw mg::Error(where + " ran out of memory (" + cause + "), and no plan fits what the device has, " +
+                    mg::format_bytes(memory) + (memory_limit.empty() ? "" : " under --memory-limit " + memory_limit) +
+                    ": " + no_plan.what());
+  }
+}
+
 // Step `step` (from 0) ran out of memory with `e`: under data parallelism the error stands (every
 // rank would have to re-plan at the same window; the others stop, Note [collectives never hang]);
 // otherwise says so and returns what the device has now, the memory to plan the redone step for.

@@ -220,14 +220,16 @@ int main(int argc, char** argv) {
       try {
         cost = mg::nn::measure_chain(*model, tokens_of(micro));
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        const std::string what = first_line(e);
-        LEAD_PRINTF("measuring %lld sequences: %s\n  planning jointly for what the device has instead (the %lld "
-                    "sequences of a step kept)\n", static_cast<long long>(micro), what.c_str(),
-                    static_cast<long long>(micro * n_micro));
+        // Not under data parallelism: each rank would plan alone, unseen but on rank 0.
+        if (mg::dist::active()) throw;
+        LEAD_PRINTF("measuring %lld sequences: %s\n  planning jointly for what the device has instead: the %lld "
+                    "sequences of a step kept, --accum %lld and --checkpoint %s replaced by the plan\n",
+                    static_cast<long long>(micro), first_line(e).c_str(), static_cast<long long>(micro * n_micro),
+                    static_cast<long long>(n_micro), checkpoint.c_str());
         const std::string before = std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + checkpoint;
         joint = true;
         budget = mg::memory_capacity(dev);
-        for_flag("--memory-limit", [&] { plan_jointly(budget, micro * n_micro); });
+        replan_or_explain(first_line(e), "measuring", budget, memory_limit, [&] { plan_jointly(budget, micro * n_micro); });
         replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", before + " (measuring ran out of memory)"},
                            {"to", tp.str()}});
       }
@@ -278,7 +280,8 @@ int main(int argc, char** argv) {
       const size_t there = memory_for_redone_step(e, step, dev);
       const std::string before = joint ? tp.str() : std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + plan.str();
       const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
-      plan_jointly(there, per_step);
+      replan_or_explain(first_line(e), "step " + std::to_string(step + 1), there, memory_limit,
+                        [&] { plan_jointly(there, per_step); });
       joint = true;
       budget = there;
       acc.set_steps(n_micro);
@@ -294,7 +297,7 @@ int main(int argc, char** argv) {
       opt.set_lr(static_cast<float>(lr_at(step)));
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);
-      const auto t0 = std::chrono::steady_clock::now();
+      auto t0 = std::chrono::steady_clock::now();
       // On the host; each micro-batch goes to the device when it runs.
       std::vector<mg::data::TokenBatch> window = batches.next_split(micro);
       for (int tries = 0;; ++tries) {
@@ -318,6 +321,11 @@ int main(int argc, char** argv) {
           if (tries == 2) throw;  // a third plan did not fit either: the prediction is off, say so
           replan(e, step);
           window = batches.split_last(micro);
+          // The step's time and peak are the new plan's: not the failed try's, nor the profiling's,
+          // nor the old plan's steps before.
+          mg::reset_peak_memory_stats(dev);
+          peak_in_use = 0;
+          t0 = std::chrono::steady_clock::now();
         }
       }
       const mg::optim::StepInfo info = acc.step();

@@ -217,13 +217,17 @@ int main(int argc, char** argv) {
     mg::nn::TrainPlan tp;
     mg::nn::ChainCost cost;
     mg::nn::Plan plan;
+    std::string measuring_oom;  // the first line of the error that measuring ran into
     if (!joint) {
       try {
         mg::nn::MeasureOptions measure;
         if (tiles == "on") measure.tile_rows = mg::nn::tile_rows_below(batch_size);
         cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size}, measure);
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        const std::string what = first_line(e);
+        // Not under data parallelism: each rank would plan alone, unseen but on rank 0.
+        if (mg::dist::active()) throw;
+        measuring_oom = first_line(e);
+        const std::string& what = measuring_oom;
         LEAD_PRINTF("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
                     "the effective batch)\n", static_cast<long long>(batch_size), what.c_str());
         joint = true;
@@ -243,7 +247,11 @@ int main(int argc, char** argv) {
     if (joint) {
       if (budget == 0) budget = mg::memory_capacity(dev);
       // Without --memory-budget this is the fallback after measuring ran out of memory: the cap's flag.
-      for_flag(memory_budget.empty() ? "--memory-limit" : "--memory-budget", [&] { plan_jointly(budget); });
+      if (memory_budget.empty()) {  // measuring ran out of memory
+        replan_or_explain(measuring_oom, "measuring", budget, memory_limit, [&] { plan_jointly(budget); });
+      } else {
+        for_flag("--memory-budget", [&] { plan_jointly(budget); });
+      }
       if (memory_budget.empty()) {
         replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
       }
@@ -306,7 +314,8 @@ int main(int argc, char** argv) {
       const size_t there = memory_for_redone_step(e, step, dev);
       const std::string before = joint ? tp.str() : "batch " + std::to_string(batch_size) + ", checkpoint " + plan.str();
       const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
-      plan_jointly(there);
+      replan_or_explain(first_line(e), "step " + std::to_string(step + 1), there, memory_limit,
+                        [&] { plan_jointly(there); });
       micro_batch = tp.micro_batch;
       accumulation = tp.accumulation;
       acc.set_steps(accumulation);
@@ -333,9 +342,18 @@ int main(int argc, char** argv) {
 
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);  // the batch's copy is not timed
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::clock_t c0 = std::clock();
+      auto t0 = std::chrono::steady_clock::now();
+      std::clock_t c0 = std::clock();
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
+      // After a re-plan the step's time and peak are the new plan's: not the failed try's, nor the
+      // profiling's, nor the old plan's steps before.
+      auto restart_step = [&] {
+        mg::reset_peak_memory_stats(dev);
+        peak_in_use = peak_reserved = 0;
+        t0 = std::chrono::steady_clock::now();
+        c0 = std::clock();
+        data_ms = data_cpu_ms = 0;
+      };
       if (!joint) {
         try {
           // One micro-batch per step through the Accumulator, which sums the step over the ranks
@@ -353,6 +371,7 @@ int main(int argc, char** argv) {
           acc.discard();
           batch = {};
           replan(e, step);
+          restart_step();
         }
       }
       if (joint) {
@@ -384,6 +403,7 @@ int main(int argc, char** argv) {
             acc.discard();
             if (tries == 2) throw;  // a third plan did not fit either: the prediction is off, say so
             replan(e, step);
+            restart_step();
           }
         }
         const mg::optim::StepInfo info = acc.step();
