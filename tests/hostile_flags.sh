@@ -236,6 +236,7 @@ gpt_train | --checkpoint  | is below the smallest feasible peak        | $G --ch
 gpt_train | --memory-budget | no plan fits a budget of                 | $G --memory-budget 1kB
 gpt_train | --memory-limit | cpu out of memory                         | $G --memory-limit 10kB
 gpt_train | --memory-limit | and no plan fits what the device has      | $G --memory-limit 2.2MB
+gpt_train | --checkpoint  | expected none, sqrt, min, segments=K or budget=SIZE | $G --checkpoint bogus --memory-limit 2.25MB
 gpt_train | --memory-budget | --accum excludes --memory-budget         | $G --memory-budget 1GB --accum 2
 gpt_train | --data        | cannot open                                | $G --data "$T/missing.bin"
 gpt_train | --data        | not a regular file                         | $G --data "$T/empty"

@@ -181,6 +181,12 @@ TEST_CASE("planner: sizes and plan specs") {
     INFO("'" << bad << "'");
     CHECK_THROWS_AS(nn::make_plan(c, bad), Error);
   }
+  // The spelling alone, before any costs (the apps check --checkpoint so before they measure).
+  for (const char* bad : {"segments=x", "segments=", "budget=", "budget=lots", "foo", "sqrt2", ""}) {
+    INFO("'" << bad << "'");
+    CHECK_THROWS_AS(nn::check_plan_spec(bad), Error);
+  }
+  for (const char* good : {"none", "sqrt", "min", "segments=3", "budget=10MB"}) CHECK_NOTHROW(nn::check_plan_spec(good));
   CHECK(nn::make_plan(c, "none").segments.empty());
   CHECK(nn::make_plan(c, "segments=3").segments == std::vector<nn::Segment>{{0, 2}, {2, 4}});
   CHECK(nn::make_plan(c, "sqrt").segments == nn::pytorch_segments(6, 2));

@@ -217,6 +217,8 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json replans = nlohmann::json::array();  // what out-of-memory recovery changed
     bool joint = !memory_budget.empty();
     if (!joint) {
+      // The spelling first: a measuring that runs out of memory replaces the plan (below).
+      for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
       try {
         cost = mg::nn::measure_chain(*model, tokens_of(micro));
       } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]

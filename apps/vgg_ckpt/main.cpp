@@ -219,6 +219,8 @@ int main(int argc, char** argv) {
     mg::nn::Plan plan;
     std::string measuring_oom;  // the first line of the error that measuring ran into
     if (!joint) {
+      // The spelling first: a measuring that runs out of memory replaces the plan (below).
+      for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
       try {
         mg::nn::MeasureOptions measure;
         if (tiles == "on") measure.tile_rows = mg::nn::tile_rows_below(batch_size);

@@ -476,18 +476,38 @@ Plan plan_budget(const ChainCost& cost, size_t budget) {
   return p;
 }
 
-Plan make_plan(const ChainCost& cost, const std::string& spec) {
-  if (spec == "none") return plan_none(cost);
-  if (spec == "sqrt") return plan_sqrt(cost);
-  if (spec == "min") return plan_min_peak(cost);
+namespace {
+
+// A plan's spelling, read: kind none, sqrt, min, segments (K) or budget (SIZE).
+struct PlanSpec {
+  std::string kind;
+  int64_t segments = 0;
+  size_t budget = 0;
+};
+
+PlanSpec read_plan_spec(const std::string& spec) {
+  if (spec == "none" || spec == "sqrt" || spec == "min") return {spec};
   if (spec.rfind("segments=", 0) == 0) {
     const std::string v = spec.substr(9);
     MG_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10,
              "checkpoint plan: segments=K needs a positive integer K, got '" << spec << "'");
-    return plan_segments(cost, std::stoll(v));
+    return {"segments", std::stoll(v)};
   }
-  if (spec.rfind("budget=", 0) == 0) return plan_budget(cost, parse_bytes(spec.substr(7)));
+  if (spec.rfind("budget=", 0) == 0) return {"budget", 0, parse_bytes(spec.substr(7))};
   MG_FAIL("checkpoint plan: expected none, sqrt, min, segments=K or budget=SIZE, got '" << spec << "'");
+}
+
+}  // namespace
+
+void check_plan_spec(const std::string& spec) { (void)read_plan_spec(spec); }
+
+Plan make_plan(const ChainCost& cost, const std::string& spec) {
+  const PlanSpec s = read_plan_spec(spec);
+  if (s.kind == "none") return plan_none(cost);
+  if (s.kind == "sqrt") return plan_sqrt(cost);
+  if (s.kind == "min") return plan_min_peak(cost);
+  if (s.kind == "segments") return plan_segments(cost, s.segments);
+  return plan_budget(cost, s.budget);
 }
 
 }  // namespace mg::nn

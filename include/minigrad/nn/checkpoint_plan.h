@@ -157,6 +157,9 @@ Plan plan_budget(const ChainCost& cost, size_t budget);  // throws below min_fea
 Plan plan_min_peak(const ChainCost& cost);               // the lowest predicted peak of any plan
 size_t min_feasible_peak(const ChainCost& cost);
 Plan make_plan(const ChainCost& cost, const std::string& spec);
+// Throws mg::Error, as make_plan would, unless `spec` is a plan's spelling with a valid value; it
+// needs no costs, so an app checks --checkpoint before it measures.
+void check_plan_spec(const std::string& spec);
 
 // budget=SIZE is read, and plans report sizes, with <minigrad/util/bytes.h>; its two functions
 // keep their old names here, where they were declared before they had a header of their own.
