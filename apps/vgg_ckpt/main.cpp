@@ -229,9 +229,8 @@ int main(int argc, char** argv) {
         // Not under data parallelism: each rank would plan alone, unseen but on rank 0.
         if (mg::dist::active()) throw;
         measuring_oom = first_line(e);
-        const std::string& what = measuring_oom;
         LEAD_PRINTF("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
-                    "the effective batch)\n", static_cast<long long>(batch_size), what.c_str());
+                    "the effective batch)\n", static_cast<long long>(batch_size), measuring_oom.c_str());
         joint = true;
       }
     }
@@ -248,14 +247,11 @@ int main(int argc, char** argv) {
     };
     if (joint) {
       if (budget == 0) budget = mg::memory_capacity(dev);
-      // Without --memory-budget this is the fallback after measuring ran out of memory: the cap's flag.
       if (memory_budget.empty()) {  // measuring ran out of memory
         replan_or_explain(measuring_oom, "measuring", budget, memory_limit, [&] { plan_jointly(budget); });
+        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
       } else {
         for_flag("--memory-budget", [&] { plan_jointly(budget); });
-      }
-      if (memory_budget.empty()) {
-        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
       }
     } else {
       plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });

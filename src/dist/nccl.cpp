@@ -110,21 +110,30 @@ void teardown(Comm& c, bool abort, double timeout_s = 0) {
   if (switched) cudaSetDevice(prev);
 }
 
+// Aborts the communicator and throws NCCL's error `rc`, met while `doing`, with NCCL's last
+// message (read first: the abort's own warnings would overwrite it).
+[[noreturn]] void abort_on_error(Comm& c, const std::string& doing, ncclResult_t rc) {
+  const std::string last = ncclGetLastError(nullptr);
+  teardown(c, true);
+  MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(rc) << " (" << last
+          << "); the communicator was aborted");
+}
+
+// Aborts the communicator and throws: `doing` waited `timeout_s` for ranks that did not come.
+[[noreturn]] void abort_on_timeout(Comm& c, const std::string& doing, double timeout_s) {
+  teardown(c, true);
+  MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << doing << " and not every rank arrived: a rank "
+          "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
+}
+
 // Waits, at most `timeout_s`, until the communicator's last call (its creation, a group's
 // launch) has settled. A failure or a timeout aborts it and throws, naming what() it was doing.
 template <class What>
 void settle(Comm& c, What&& what, double timeout_s) {
   const ncclResult_t state = poll_state(c.comm, deadline_in(timeout_s));
   if (state == ncclSuccess) return;
-  const std::string doing = what();
-  const std::string last = ncclGetLastError(nullptr);  // the abort's own warnings would overwrite it
-  teardown(c, true);
-  if (state == ncclInProgress) {
-    MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << doing << " and not every rank arrived: a rank "
-            "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
-  }
-  MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(state) << " (" << last
-          << "); the communicator was aborted");
+  if (state == ncclInProgress) abort_on_timeout(c, what(), timeout_s);
+  abort_on_error(c, what(), state);
 }
 
 // Note [reduction timeline] (minigrad/dist/dist.h): the events of the spans recorded so far. A
@@ -186,10 +195,8 @@ Comm& comm_for(const Tensor& t, int rank, int size, double timeout_s) {
   config.blocking = 0;  // Note [NCCL never blocks the host]
   const ncclResult_t rc = ncclCommInitRankConfig(&g_comm.comm, size, id, rank, &config);
   if (rc != ncclSuccess && rc != ncclInProgress) {
-    const std::string last = ncclGetLastError(nullptr);
-    teardown(g_comm, true);
-    MG_FAIL("mg::dist (NCCL): creating the communicator of " << size << " ranks on cuda:" << device << ": "
-            << ncclGetErrorString(rc) << " (" << last << ")");
+    abort_on_error(g_comm, "creating the communicator of " + std::to_string(size) + " ranks on cuda:" +
+                               std::to_string(device), rc);
   }
   settle(g_comm, [&] { return "creating the communicator of " + std::to_string(size) + " ranks"; }, timeout_s);
   try {
@@ -245,13 +252,7 @@ void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
   }
   try {
     const ncclResult_t rc = ncclGroupEnd();
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      const std::string doing = name();  // before the teardown, which forgets what it names
-      const std::string last = ncclGetLastError(nullptr);
-      teardown(c, true);
-      MG_FAIL("mg::dist (NCCL): " << doing << ": " << ncclGetErrorString(rc) << " (" << last
-              << "); the communicator was aborted");
-    }
+    if (rc != ncclSuccess && rc != ncclInProgress) abort_on_error(c, name(), rc);
     if (rc == ncclInProgress) settle(c, name, timeout_s);
   } catch (...) {
     drop_span();
@@ -279,16 +280,9 @@ void wait_done(Comm& c, const std::string& what, double timeout_s) {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(c.comm, &async);
     if (rc != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-      const std::string last = ncclGetLastError(nullptr);
-      teardown(c, true);
-      MG_FAIL("mg::dist (NCCL): " << what << ": " << ncclGetErrorString(rc != ncclSuccess ? rc : async) << " ("
-              << last << "); the communicator was aborted");
+      abort_on_error(c, what, rc != ncclSuccess ? rc : async);
     }
-    if (Clock::now() > deadline) {
-      teardown(c, true);
-      MG_FAIL("mg::dist (NCCL): waited " << timeout_s << " s in " << what << " and not every rank arrived: a rank "
-              "died, threw, or is in a different collective. ---> HINT: MG_DIST_TIMEOUT sets this wait");
-    }
+    if (Clock::now() > deadline) abort_on_timeout(c, what, timeout_s);
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
