@@ -8,7 +8,9 @@
 
 #include "helpers.h"
 #include "kernels/cuda/kernel_math.h"
+#include "kernels/attention.h"
 #include "kernels/dropout.h"
+#include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/pooling.h"
 
@@ -17,11 +19,11 @@ namespace km = mg::cuda::math;
 
 namespace {
 
-std::vector<float> random_values(size_t n, uint64_t seed, int levels = 0) {
+std::vector<float> random_values(size_t n, uint64_t seed, int levels = 0, float scale = 1.0f, float shift = 0.0f) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> v(n);
-  for (auto& x : v) x = levels > 0 ? static_cast<float>(static_cast<int>(rng() % levels)) - levels / 2 : u(rng);
+  for (auto& x : v) x = levels > 0 ? static_cast<float>(static_cast<int>(rng() % levels)) - levels / 2 : u(rng) * scale + shift;
   return v;
 }
 
@@ -319,5 +321,117 @@ TEST_CASE("kernel math: the column-major GEMMs of matmul compute a b, dy b^T and
     ref_gemm(gb, operand(gb.a), operand(gb.b), 0.0f, db.data());
     CHECK(rel_err(da, a.grad().to_vector<float>()) < 1e-6);
     CHECK(rel_err(db, b.grad().to_vector<float>()) < 1e-6);
+  }
+}
+
+TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-sum-exps and gradients") {
+  const int64_t b = 2, t = 9, c = 12;
+  const int heads = 3;
+  const Tensor qkv = Tensor::from_vector(random_values(b * t * 3 * c, 21, 0, 2.0f), {b, t, 3 * c});
+  const Tensor dy = Tensor::from_vector(random_values(b * t * c, 22), {b, t, c});
+  const std::vector<float> hx = qkv.to_vector<float>(), hdy = dy.to_vector<float>();
+  const int64_t rows = b * heads * t;
+  for (const AttentionDropout drop : {AttentionDropout{}, AttentionDropout{0.25f, 11, 6, 0}}) {
+    CAPTURE(drop.p);
+    Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t}), dqkv = Tensor::empty({b, t, 3 * c});
+    attention_forward<Cpu>(y, lse, qkv, heads, drop);
+    attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+
+    // The four kernels, a row at a time, into buffers of NaN: every element must be written.
+    const km::AttentionDims s = km::attention_dims(b, t, 3 * c, heads, drop);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> ky(hx.size() / 3, nan), klse(rows, nan), ke(rows, nan), kdx(hx.size(), nan);
+    for (int64_t r = 0; r < rows; ++r) km::attention_forward_row(ky.data(), klse.data(), hx.data(), s, r);
+    CHECK(rel_err(ky, y.to_vector<float>()) < 1e-6);
+    CHECK(rel_err(klse, lse.to_vector<float>()) < 1e-6);
+    // Backward from the CPU's lse, as the GPU's backward reads the forward's.
+    const std::vector<float> hlse = lse.to_vector<float>();
+    for (int64_t r = 0; r < rows; ++r) ke[r] = km::attention_e_row(hdy.data(), hx.data(), hlse.data(), s, r);
+    for (int64_t r = 0; r < rows; ++r)
+      km::attention_dq_row(kdx.data(), hdy.data(), hx.data(), hlse.data(), ke.data(), s, r);
+    for (int64_t r = 0; r < rows; ++r)
+      km::attention_dkv_row(kdx.data(), hdy.data(), hx.data(), hlse.data(), ke.data(), s, r);
+    CHECK(rel_err(kdx, dqkv.to_vector<float>()) < 1e-5);
+    // dq, dk and dv separately: a mix-up of the three slots would hide in the whole.
+    for (int part = 0; part < 3; ++part) {
+      std::vector<float> mine, cpu;
+      const std::vector<float> hd = dqkv.to_vector<float>();
+      for (int64_t i = 0; i < static_cast<int64_t>(hd.size()); ++i) {
+        if ((i % (3 * c)) / c != part) continue;
+        mine.push_back(kdx[i]);
+        cpu.push_back(hd[i]);
+      }
+      CAPTURE(part);
+      CHECK(rel_err(mine, cpu) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("kernel math: layer_norm's tiled dw and db add each column's rows in order, as the CPU kernel does") {
+  // One block of the CUDA kernel per 32 columns: its warps load a tile, then warp 0 adds it.
+  auto tiled = [](std::vector<float>& dw, std::vector<float>& db, const std::vector<float>& dy,
+                  const std::vector<float>& x, const std::vector<float>& mean, const std::vector<float>& rstd,
+                  int64_t m, int64_t c, bool accumulate) {
+    std::vector<float> tile_g(km::kLnTileRows * km::kLnCols), tile_h(tile_g.size());
+    for (int64_t j0 = 0; j0 < c; j0 += km::kLnCols) {
+      float aw[km::kLnCols] = {}, ab[km::kLnCols] = {};
+      for (int lane = 0; lane < km::kLnCols && j0 + lane < c && accumulate; ++lane) {
+        aw[lane] = dw[j0 + lane];
+        ab[lane] = db[j0 + lane];
+      }
+      for (int64_t r0 = 0; r0 < m; r0 += km::kLnTileRows) {
+        for (int warp = 0; warp < km::kLnWarps; ++warp)
+          for (int lane = 0; lane < km::kLnCols; ++lane)
+            for (int rr = warp; rr < km::kLnTileRows; rr += km::kLnWarps)
+              km::layer_norm_tile_load(tile_g.data(), tile_h.data(), dy.data(), x.data(), mean.data(), rstd.data(), m,
+                                       c, r0, j0, rr, lane);
+        const int rows = static_cast<int>(std::min<int64_t>(m - r0, km::kLnTileRows));
+        for (int lane = 0; lane < km::kLnCols; ++lane)
+          km::layer_norm_tile_add(&aw[lane], &ab[lane], tile_g.data(), tile_h.data(), rows, lane);
+      }
+      for (int lane = 0; lane < km::kLnCols && j0 + lane < c; ++lane) {
+        dw[j0 + lane] = aw[lane];
+        db[j0 + lane] = ab[lane];
+      }
+    }
+  };
+  for (const int64_t m : {0, 1, 127, 128, 300}) {
+    for (const int64_t c : {1, 31, 33, 70}) {
+      for (const bool accumulate : {false, true}) {
+        CAPTURE(m);
+        CAPTURE(c);
+        CAPTURE(accumulate);
+        const Tensor x = Tensor::from_vector(random_values(m * c, 31, 0, 3.0f, 0.5f), {m, c});
+        const Tensor dy = Tensor::from_vector(random_values(m * c, 32), {m, c});
+        const Tensor w = Tensor::from_vector(random_values(c, 33), {c});
+        Tensor y = Tensor::empty({m, c}), mean = Tensor::empty({m}), rstd = Tensor::empty({m});
+        layer_norm_forward<Cpu>(y, mean, rstd, x, w, Tensor(), 1e-5f);
+        const std::vector<float> before_w = random_values(c, 34), before_b = random_values(c, 35);
+        Tensor dx = Tensor::empty({m, c}), dw = Tensor::from_vector(before_w, {c}), db = Tensor::from_vector(before_b, {c});
+        layer_norm_backward<Cpu>(dx, dw, db, dy, x, w, mean, rstd, accumulate);
+        const std::vector<float> hdy = dy.to_vector<float>(), hx = x.to_vector<float>(), hm = mean.to_vector<float>(),
+                                 hr = rstd.to_vector<float>();
+        std::vector<float> kdw = before_w, kdb = before_b;
+        tiled(kdw, kdb, hdy, hx, hm, hr, m, c, accumulate);
+        // The order: each column's rows one after another onto the buffer (or 0), as a thread
+        // per column adds them. Compiled here, beside the tiles, with the same contraction.
+        std::vector<float> sdw = before_w, sdb = before_b;
+        for (int64_t j = 0; j < c; ++j) {
+          float aw = accumulate ? sdw[j] : 0.0f, ab = accumulate ? sdb[j] : 0.0f;
+          for (int64_t r = 0; r < m; ++r) {
+            const float g = hdy[r * c + j];
+            aw += g * ((hx[r * c + j] - hm[r]) * hr[r]);
+            ab += g;
+          }
+          sdw[j] = aw;
+          sdb[j] = ab;
+        }
+        CHECK(kdw == sdw);
+        CHECK(kdb == sdb);
+        // The formula: the CPU kernel's (the same order; its build may fuse the multiply-adds).
+        CHECK(rel_err(kdw, dw.to_vector<float>()) < 1e-6);
+        CHECK(rel_err(kdb, db.to_vector<float>()) < 1e-6);
+      }
+    }
   }
 }

@@ -1,13 +1,15 @@
 // The per-element bodies of the CUDA kernels whose index arithmetic or formulas are easy to get
-// wrong, as __host__ __device__ functions: the kernels in pooling.cu, dropout.cu and optim.cu
-// call them on the GPU, and tests/test_cuda_kernel_math.cpp checks them on the CPU against the
+// wrong, as __host__ __device__ functions: the kernels in pooling.cu, dropout.cu, optim.cu,
+// attention.cu and layer_norm.cu call them on the GPU, and tests/test_cuda_kernel_math.cpp checks them on the CPU against the
 // CPU kernels and naive references, so they are verified on machines without a GPU too.
 // Plain C++ (no CUDA headers): MG_HOST_DEVICE comes from minigrad/core/rng.h.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <minigrad/core/rng.h>
+#include "kernels/attention.h"
 #include "kernels/optim.h"
 
 namespace mg::cuda::math {
@@ -149,6 +151,141 @@ MG_HOST_DEVICE void dropout4(float* out, const float* in, int64_t first, int64_t
       const float u = philox_uniform(seed, offset + static_cast<uint64_t>(first + k));
       out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
     }
+  }
+}
+
+// ---- causal self-attention (kernels/attention.h): one thread per row r = (b, h, t) --------------
+
+struct AttentionDims {
+  int64_t b, t, c, d;  // batch, sequence, channels (3C in qkv), channels per head
+  int heads;
+  float scale;  // 1 / sqrt(d)
+  AttentionDropout drop;
+};
+// qkv: (b, t, c3 = 3C), `heads` heads.
+inline AttentionDims attention_dims(int64_t b, int64_t t, int64_t c3, int heads, const AttentionDropout& drop) {
+  const int64_t c = c3 / 3, d = c / heads;
+  return {b, t, c, d, heads, 1.0f / std::sqrt(static_cast<float>(d)), drop};
+}
+
+// Row r of lse (B, H, T) -> its sample, head and position.
+struct AttentionRow {
+  int64_t b, h, t;
+};
+MG_HOST_DEVICE AttentionRow attention_row(const AttentionDims& s, int64_t r) {
+  return {r / (s.t * s.heads), (r / s.t) % s.heads, r % s.t};
+}
+// Where q of (b, h, t) starts in qkv (k at + c, v at + 2c), and its output row in y (or dy).
+MG_HOST_DEVICE int64_t qkv_at(const AttentionDims& s, int64_t b, int64_t h, int64_t t) {
+  return (b * s.t + t) * 3 * s.c + h * s.d;
+}
+MG_HOST_DEVICE int64_t y_at(const AttentionDims& s, int64_t b, int64_t h, int64_t t) {
+  return (b * s.t + t) * s.c + h * s.d;
+}
+// M_tj: 1 without dropout.
+MG_HOST_DEVICE float attention_mask(const AttentionDims& s, int64_t b, int64_t h, int64_t t, int64_t j) {
+  return s.drop.p > 0.0f ? attention_keep(s.drop, b, h, t, j, s.heads, s.t) : 1.0f;
+}
+MG_HOST_DEVICE float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+// Forward of row r: its max score, lse_t, then y_t = sum_j p_tj M_tj v_j.
+MG_HOST_DEVICE void attention_forward_row(float* y, float* lse, const float* x, const AttentionDims& s, int64_t r) {
+  const AttentionRow w = attention_row(s, r);
+  const float* q = x + qkv_at(s, w.b, w.h, w.t);
+  float m = -INFINITY;
+  for (int64_t j = 0; j <= w.t; ++j) m = fmaxf(m, dot(q, x + qkv_at(s, w.b, w.h, j) + s.c, s.d) * s.scale);
+  float sum = 0;
+  for (int64_t j = 0; j <= w.t; ++j) sum += expf(dot(q, x + qkv_at(s, w.b, w.h, j) + s.c, s.d) * s.scale - m);
+  const float l = m + logf(sum);
+  lse[r] = l;
+  float* out = y + y_at(s, w.b, w.h, w.t);
+  for (int64_t i = 0; i < s.d; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j <= w.t; ++j) {
+    const float* kv = x + qkv_at(s, w.b, w.h, j);
+    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - l) * attention_mask(s, w.b, w.h, w.t, j);
+    for (int64_t i = 0; i < s.d; ++i) out[i] += p * kv[2 * s.c + i];
+  }
+}
+
+// E_t = sum_j p_tj dp_tj of row r.
+MG_HOST_DEVICE float attention_e_row(const float* dy, const float* x, const float* lse, const AttentionDims& s,
+                                     int64_t r) {
+  const AttentionRow w = attention_row(s, r);
+  const float *q = x + qkv_at(s, w.b, w.h, w.t), *g = dy + y_at(s, w.b, w.h, w.t);
+  float acc = 0;
+  for (int64_t j = 0; j <= w.t; ++j) {
+    const float* kv = x + qkv_at(s, w.b, w.h, j);
+    acc += expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]) * attention_mask(s, w.b, w.h, w.t, j) *
+           dot(g, kv + 2 * s.c, s.d);
+  }
+  return acc;
+}
+
+// dq_t of row r (into dx's q slot of (b, t, h)).
+MG_HOST_DEVICE void attention_dq_row(float* dx, const float* dy, const float* x, const float* lse, const float* e,
+                                     const AttentionDims& s, int64_t r) {
+  const AttentionRow w = attention_row(s, r);
+  const float *q = x + qkv_at(s, w.b, w.h, w.t), *g = dy + y_at(s, w.b, w.h, w.t);
+  float* dq = dx + qkv_at(s, w.b, w.h, w.t);
+  for (int64_t i = 0; i < s.d; ++i) dq[i] = 0.0f;
+  for (int64_t j = 0; j <= w.t; ++j) {
+    const float* kv = x + qkv_at(s, w.b, w.h, j);
+    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]);
+    const float ds = p * (attention_mask(s, w.b, w.h, w.t, j) * dot(g, kv + 2 * s.c, s.d) - e[r]) * s.scale;
+    for (int64_t i = 0; i < s.d; ++i) dq[i] += ds * kv[s.c + i];
+  }
+}
+
+// dk_j and dv_j of key row r = (b, h, j), over the query rows t >= j that attend to it.
+MG_HOST_DEVICE void attention_dkv_row(float* dx, const float* dy, const float* x, const float* lse, const float* e,
+                                      const AttentionDims& s, int64_t r) {
+  const AttentionRow w = attention_row(s, r);
+  const int64_t j = w.t;
+  const float* kv = x + qkv_at(s, w.b, w.h, j);
+  float* dkv = dx + qkv_at(s, w.b, w.h, j);
+  for (int64_t i = 0; i < s.d; ++i) dkv[s.c + i] = dkv[2 * s.c + i] = 0.0f;
+  for (int64_t t = j; t < s.t; ++t) {
+    const int64_t rt = r - j + t;  // the row of (b, h, t)
+    const float *q = x + qkv_at(s, w.b, w.h, t), *g = dy + y_at(s, w.b, w.h, t);
+    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[rt]), m = attention_mask(s, w.b, w.h, t, j);
+    const float ds = p * (m * dot(g, kv + 2 * s.c, s.d) - e[rt]) * s.scale;
+    for (int64_t i = 0; i < s.d; ++i) {
+      dkv[s.c + i] += ds * q[i];
+      dkv[2 * s.c + i] += p * m * g[i];
+    }
+  }
+}
+
+// ---- layer normalisation's dw and db (kernels/layer_norm.h) ------------------------------------
+
+// A block owns kLnCols columns, a lane each. Its kLnWarps warps copy a tile of kLnTileRows rows of
+// dy and xhat into shared memory, then warp 0 adds the tile's rows in order onto its columns'
+// sums: the CPU kernel's order of additions (each column's rows in order), so dw and db of
+// micro-batches accumulated in order equal the big batch's, with the loads of eight warps in
+// flight where one thread per column had its own.
+constexpr int kLnCols = 32, kLnWarps = 8, kLnTileRows = 128;
+
+// Row rr of the tile whose first row is r0, column j0 + lane: dy and xhat, 0 outside the matrix.
+MG_HOST_DEVICE void layer_norm_tile_load(float* tile_g, float* tile_h, const float* dy, const float* x,
+                                         const float* mean, const float* rstd, int64_t m, int64_t c, int64_t r0,
+                                         int64_t j0, int rr, int lane) {
+  const int64_t r = r0 + rr, j = j0 + lane;
+  const bool inside = r < m && j < c;
+  tile_g[rr * kLnCols + lane] = inside ? dy[r * c + j] : 0.0f;
+  tile_h[rr * kLnCols + lane] = inside ? (x[r * c + j] - mean[r]) * rstd[r] : 0.0f;
+}
+
+// The lane's column adds the tile's first `rows` rows in order: dw += dy xhat, db += dy.
+MG_HOST_DEVICE void layer_norm_tile_add(float* aw, float* ab, const float* tile_g, const float* tile_h, int rows,
+                                        int lane) {
+  for (int rr = 0; rr < rows; ++rr) {
+    const float g = tile_g[rr * kLnCols + lane];
+    *aw += g * tile_h[rr * kLnCols + lane];
+    *ab += g;
   }
 }
 

@@ -1,12 +1,14 @@
 // Layer normalisation on CUDA (kernels/layer_norm.h): one warp per row for y and dx (row sums in
-// float per lane, then a shuffle tree: the same order on every run, not the CPU's), one thread per
-// column for dw and db (the rows in order, onto the buffer when accumulating).
+// float per lane, then a shuffle tree: the same order on every run, not the CPU's), one block per
+// 32 columns for dw and db (each column's rows in order, onto the buffer when accumulating).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/layer_norm.h"
 
 namespace mg {
 namespace {
 
+namespace math = cuda::math;
 constexpr int kWarp = 32;
 
 __device__ float warp_sum(float v) {
@@ -55,18 +57,33 @@ __global__ void layer_norm_dx_kernel(float* dx, const float* dy, const float* x,
   }
 }
 
-__global__ void layer_norm_dwdb_kernel(float* dw, float* db, const float* dy, const float* x, const float* mean,
-                                       const float* rstd, int64_t m, int64_t c, bool accumulate) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= c) return;
-  float aw = dw && accumulate ? dw[j] : 0.0f, ab = db && accumulate ? db[j] : 0.0f;
-  for (int64_t r = 0; r < m; ++r) {
-    const float g = dy[r * c + j];
-    aw += g * ((x[r * c + j] - mean[r]) * rstd[r]);
-    ab += g;
+// dw and db: a block of kLnWarps warps per kLnCols columns, a tile of rows at a time through
+// shared memory, each column's rows added in order (kernel_math.h, checked on the CPU).
+__global__ void __launch_bounds__(math::kLnWarps * kWarp)
+    layer_norm_dwdb_kernel(float* dw, float* db, const float* dy, const float* x, const float* mean, const float* rstd,
+                           int64_t m, int64_t c, bool accumulate) {
+  __shared__ float tile_g[math::kLnTileRows * math::kLnCols], tile_h[math::kLnTileRows * math::kLnCols];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t j0 = int64_t{blockIdx.x} * math::kLnCols, j = j0 + lane;
+  float aw = 0.0f, ab = 0.0f;
+  if (warp == 0 && j < c && accumulate) {
+    aw = dw ? dw[j] : 0.0f;
+    ab = db ? db[j] : 0.0f;
   }
-  if (dw) dw[j] = aw;
-  if (db) db[j] = ab;
+  for (int64_t r0 = 0; r0 < m; r0 += math::kLnTileRows) {
+    for (int rr = warp; rr < math::kLnTileRows; rr += math::kLnWarps)
+      math::layer_norm_tile_load(tile_g, tile_h, dy, x, mean, rstd, m, c, r0, j0, rr, lane);
+    __syncthreads();
+    if (warp == 0) {
+      const int rows = static_cast<int>(m - r0 < math::kLnTileRows ? m - r0 : math::kLnTileRows);
+      math::layer_norm_tile_add(&aw, &ab, tile_g, tile_h, rows, lane);
+    }
+    __syncthreads();
+  }
+  if (warp == 0 && j < c) {
+    if (dw) dw[j] = aw;
+    if (db) db[j] = ab;
+  }
 }
 
 const float* maybe(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
@@ -97,7 +114,9 @@ void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
     MG_CUDA_CHECK_LAUNCH();
   }
   if (dw.defined() || db.defined()) {  // with no rows too: dw and db are then 0 (or kept, accumulating)
-    layer_norm_dwdb_kernel<<<cuda::grid_for(c), cuda::kThreads>>>(maybe_mut(dw), maybe_mut(db), dy.data<float>(),
+    const int64_t blocks = (c + math::kLnCols - 1) / math::kLnCols;
+    MG_CHECK(blocks <= 2147483647, "layer_norm on CUDA: " << c << " columns exceed the grid limit");
+    layer_norm_dwdb_kernel<<<static_cast<unsigned>(blocks), math::kLnWarps * kWarp>>>(maybe_mut(dw), maybe_mut(db), dy.data<float>(),
                                                                    x.data<float>(), mean.data<float>(),
                                                                    rstd.data<float>(), m, c, accumulate);
     MG_CUDA_CHECK_LAUNCH();
