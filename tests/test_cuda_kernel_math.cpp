@@ -324,45 +324,81 @@ TEST_CASE("kernel math: the column-major GEMMs of matmul compute a b, dy b^T and
   }
 }
 
-TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-sum-exps and gradients") {
-  const int64_t b = 2, t = 9, c = 12;
-  const int heads = 3;
-  const Tensor qkv = Tensor::from_vector(random_values(b * t * 3 * c, 21, 0, 2.0f), {b, t, 3 * c});
-  const Tensor dy = Tensor::from_vector(random_values(b * t * c, 22), {b, t, c});
-  const std::vector<float> hx = qkv.to_vector<float>(), hdy = dy.to_vector<float>();
-  const int64_t rows = b * heads * t;
-  for (const AttentionDropout drop : {AttentionDropout{}, AttentionDropout{0.25f, 11, 6, 0}}) {
-    CAPTURE(drop.p);
-    Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t}), dqkv = Tensor::empty({b, t, 3 * c});
-    attention_forward<Cpu>(y, lse, qkv, heads, drop);
-    attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+namespace {
 
-    // The four kernels, a row at a time, into buffers of NaN: every element must be written.
-    const km::AttentionDims s = km::attention_dims(b, t, 3 * c, heads, drop);
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::vector<float> ky(hx.size() / 3, nan), klse(rows, nan), ke(rows, nan), kdx(hx.size(), nan);
-    for (int64_t r = 0; r < rows; ++r) km::attention_forward_row(ky.data(), klse.data(), hx.data(), s, r);
-    CHECK(rel_err(ky, y.to_vector<float>()) < 1e-6);
-    CHECK(rel_err(klse, lse.to_vector<float>()) < 1e-6);
-    // Backward from the CPU's lse, as the GPU's backward reads the forward's.
-    const std::vector<float> hlse = lse.to_vector<float>();
-    for (int64_t r = 0; r < rows; ++r) ke[r] = km::attention_e_row(hdy.data(), hx.data(), hlse.data(), s, r);
+// The CUDA attention kernels' outputs, a row at a time with head rows of compile-time size kD
+// (0: the size read at run time), into buffers of NaN: every element must be written. t0_of
+// gives the first query row a key row's loop visits (the kernel passes its warp's first key).
+struct AttentionResult {
+  std::vector<float> y, lse, e, dx;
+};
+template <int kD, class T0>
+AttentionResult attention_rows(const std::vector<float>& x, const std::vector<float>& dy,
+                               const std::vector<float>& lse_in, const km::AttentionDims& s, T0 t0_of) {
+  const int64_t rows = s.b * s.heads * s.t;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  AttentionResult o{std::vector<float>(x.size() / 3, nan), std::vector<float>(rows, nan),
+                    std::vector<float>(rows, nan), std::vector<float>(x.size(), nan)};
+  for (int64_t r = 0; r < rows; ++r) km::attention_forward_row<kD>(o.y.data(), o.lse.data(), x.data(), s, r);
+  // Backward from the given lse, as the GPU's backward reads the forward's.
+  for (int64_t r = 0; r < rows; ++r)
+    km::attention_dq_row<kD>(o.dx.data(), o.e.data(), dy.data(), x.data(), lse_in.data(), s, r);
+  for (const bool dk : {true, false})
     for (int64_t r = 0; r < rows; ++r)
-      km::attention_dq_row(kdx.data(), hdy.data(), hx.data(), hlse.data(), ke.data(), s, r);
-    for (int64_t r = 0; r < rows; ++r)
-      km::attention_dkv_row(kdx.data(), hdy.data(), hx.data(), hlse.data(), ke.data(), s, r);
-    CHECK(rel_err(kdx, dqkv.to_vector<float>()) < 1e-5);
-    // dq, dk and dv separately: a mix-up of the three slots would hide in the whole.
-    for (int part = 0; part < 3; ++part) {
-      std::vector<float> mine, cpu;
-      const std::vector<float> hd = dqkv.to_vector<float>();
-      for (int64_t i = 0; i < static_cast<int64_t>(hd.size()); ++i) {
-        if ((i % (3 * c)) / c != part) continue;
-        mine.push_back(kdx[i]);
-        cpu.push_back(hd[i]);
+      km::attention_dkv_row<kD>(o.dx.data(), dy.data(), x.data(), lse_in.data(), o.e.data(), s, r, t0_of(r), dk);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-sum-exps and gradients") {
+  struct Case {
+    int64_t b, t, c;
+    int heads;
+  };
+  // Heads of 4 (read at run time) and of 64 (GPT-2's, held in registers on the GPU).
+  for (const Case k : {Case{2, 9, 12, 3}, Case{2, 45, 128, 2}}) {
+    const Tensor qkv = Tensor::from_vector(random_values(k.b * k.t * 3 * k.c, 21, 0, 2.0f), {k.b, k.t, 3 * k.c});
+    const Tensor dy = Tensor::from_vector(random_values(k.b * k.t * k.c, 22), {k.b, k.t, k.c});
+    const std::vector<float> hx = qkv.to_vector<float>(), hdy = dy.to_vector<float>();
+    for (const AttentionDropout drop : {AttentionDropout{}, AttentionDropout{0.25f, 11, 6, 0}}) {
+      CAPTURE(k.c / k.heads);
+      CAPTURE(drop.p);
+      Tensor y = Tensor::empty({k.b, k.t, k.c}), lse = Tensor::empty({k.b, k.heads, k.t});
+      Tensor dqkv = Tensor::empty({k.b, k.t, 3 * k.c});
+      attention_forward<Cpu>(y, lse, qkv, k.heads, drop);
+      attention_backward<Cpu>(dqkv, dy, qkv, lse, k.heads, drop);
+      const std::vector<float> hlse = lse.to_vector<float>(), hd = dqkv.to_vector<float>();
+
+      const km::AttentionDims s = km::attention_dims(k.b, k.t, 3 * k.c, k.heads, drop);
+      const auto own = [&](int64_t r) { return r % s.t; };  // from the row's own key
+      const AttentionResult o = attention_rows<0>(hx, hdy, hlse, s, own);
+      CHECK(rel_err(o.y, y.to_vector<float>()) < 1e-6);
+      CHECK(rel_err(o.lse, hlse) < 1e-6);
+      CHECK(rel_err(o.dx, hd) < 1e-5);
+      // dq, dk and dv separately: a mix-up of the three slots would hide in the whole.
+      for (int part = 0; part < 3; ++part) {
+        std::vector<float> mine, cpu;
+        for (size_t i = 0; i < hd.size(); ++i) {
+          if (static_cast<int64_t>(i) % (3 * k.c) / k.c != part) continue;
+          mine.push_back(o.dx[i]);
+          cpu.push_back(hd[i]);
+        }
+        CAPTURE(part);
+        CHECK(rel_err(mine, cpu) < 1e-5);
       }
-      CAPTURE(part);
-      CHECK(rel_err(mine, cpu) < 1e-5);
+      // Where a key row's loop starts changes nothing: from the warp's first lane (as the
+      // kernel does, 128-thread blocks) or from row 0.
+      const auto warp = [&](int64_t r) { return r % s.t - r % 32; };
+      const auto zero = [](int64_t) { return int64_t{0}; };
+      CHECK(attention_rows<0>(hx, hdy, hlse, s, warp).dx == o.dx);
+      CHECK(attention_rows<0>(hx, hdy, hlse, s, zero).dx == o.dx);
+      if (s.d == 64) {  // the registers' instance computes the same bits
+        const AttentionResult r64 = attention_rows<64>(hx, hdy, hlse, s, warp);
+        CHECK(r64.y == o.y);
+        CHECK(r64.lse == o.lse);
+        CHECK(r64.dx == o.dx);
+      }
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/pooling.h"
 
@@ -275,6 +276,48 @@ TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run 
     }
     CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
     CHECK(std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("cuda: causal self-attention, GPT-2's heads of 64 (held in registers) and others, with dropout") {
+  struct Case {
+    int64_t b, t, c;
+    int heads;
+  };
+  // D = 64 over more than one warp of rows per head (t = 70), D = 4 and D = 12 (read at run time),
+  // and a T that is not a multiple of 32, so that warps span two heads.
+  for (const Case k : {Case{2, 70, 128, 2}, Case{3, 13, 12, 3}, Case{1, 33, 36, 3}}) {
+    for (const float p : {0.0f, 0.2f}) {
+      CAPTURE(k.c / k.heads);
+      CAPTURE(p);
+      Tensor qkv = rand_tensor({k.b, k.t, 3 * k.c}, 51, true);
+      compare_op("causal_self_attention", [&](const std::vector<Tensor>& in) {
+        Generator gen(5);  // the same mask on both devices
+        return causal_self_attention(in[0], k.heads, p, &gen);
+      }, {qkv}, kStrict);
+    }
+  }
+}
+
+TEST_CASE("cuda: layer_norm over tiles of rows, columns not a multiple of 32, accumulating") {
+  for (const int64_t c : {1, 45, 768}) {
+    CAPTURE(c);
+    Tensor x = rand_tensor({3, 100, c}, 61, true), w = rand_tensor({c}, 62, true), b = rand_tensor({c}, 63, true);
+    compare_op("layer_norm", [](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2]); }, {x, w, b},
+               kStrict);
+    // dw and db added onto existing gradients (300 rows: three tiles, the last one short).
+    const int64_t m = 300;
+    Tensor xs = rand_tensor({m, c}, 64), dy = rand_tensor({m, c}, 65), ws = rand_tensor({c}, 66);
+    Tensor y = Tensor::empty({m, c}), mean = Tensor::empty({m}), rstd = Tensor::empty({m});
+    layer_norm_forward<Cpu>(y, mean, rstd, xs, ws, Tensor(), 1e-5f);
+    Tensor dx = Tensor::empty({m, c}), dw = rand_tensor({c}, 67), db = rand_tensor({c}, 68);
+    Tensor dxg = poisoned({m, c}, kGpu), dwg = dw.to(kGpu), dbg = db.to(kGpu);
+    layer_norm_backward<Cpu>(dx, dw, db, dy, xs, ws, mean, rstd, /*accumulate=*/true);
+    layer_norm_backward<Cuda>(dxg, dwg, dbg, dy.to(kGpu), xs.to(kGpu), ws.to(kGpu), mean.to(kGpu), rstd.to(kGpu),
+                              /*accumulate=*/true);
+    CHECK(rel_err(dxg, dx) < kStrict);
+    CHECK(rel_err(dwg, dw) < kStrict);
+    CHECK(rel_err(dbg, db) < kStrict);
   }
 }
 

@@ -1,8 +1,9 @@
-// Causal self-attention on CUDA (kernels/attention.h), plain kernels first: one thread per
-// (sample, head, position), the scores recomputed where needed, every sum in a fixed order (no
-// atomics): deterministic. Forward: a row's max, log-sum-exp and output. Backward: E_t, then dq
-// per query row, then dk and dv per key row (each looping over the rows that attend to it).
-// cuBLAS batched products or cuDNN's fused attention would be faster on long contexts.
+// Causal self-attention on CUDA (kernels/attention.h): one thread per (sample, head, position),
+// the scores recomputed where needed, every sum in a fixed order (no atomics): deterministic.
+// Forward: one pass with a running maximum. Backward: E_t and dq per query row, then dk and dv
+// per key row (two kernels, each looping over the rows that attend to it). A thread holds its
+// own rows in registers for GPT-2's head size 64, in local memory for others up to 128; the
+// rows' bodies are in kernel_math.h, checked on the CPU against the CPU kernels.
 #include "kernels/attention.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernel_math.h"
@@ -10,33 +11,73 @@
 namespace mg {
 namespace {
 
-using cuda::math::AttentionDims;
+namespace math = cuda::math;
+using math::AttentionDims;
 
-// One thread per row of (B, H, T); the rows' bodies are in kernel_math.h, checked on the CPU.
-__global__ void attention_forward_kernel(float* y, float* lse, const float* x, AttentionDims s) {
+// Rows of the state a thread holds (two or three of up to 64 floats): fewer threads per block
+// leave registers for them.
+constexpr int kAttentionThreads = 128;
+
+template <int kD>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_forward_kernel(float* y, float* lse, const float* x, AttentionDims s) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r < s.b * s.heads * s.t) cuda::math::attention_forward_row(y, lse, x, s, r);
+  if (r < s.b * s.heads * s.t) math::attention_forward_row<kD>(y, lse, x, s, r);
 }
 
-__global__ void attention_e_kernel(float* e, const float* dy, const float* x, const float* lse, AttentionDims s) {
+template <int kD>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_dq_kernel(float* dx, float* e, const float* dy, const float* x, const float* lse, AttentionDims s) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r < s.b * s.heads * s.t) e[r] = cuda::math::attention_e_row(dy, x, lse, s, r);
+  if (r < s.b * s.heads * s.t) math::attention_dq_row<kD>(dx, e, dy, x, lse, s, r);
 }
 
-__global__ void attention_dq_kernel(float* dx, const float* dy, const float* x, const float* lse, const float* e,
-                                    AttentionDims s) {
+// t0: the key row of the warp's first lane (at most this row's j; below 0 when the warp began
+// in the previous (b, h), and then clamped to 0).
+template <int kD, bool kDk>
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_dkv_kernel(float* dx, const float* dy, const float* x, const float* lse, const float* e,
+                         AttentionDims s) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r < s.b * s.heads * s.t) cuda::math::attention_dq_row(dx, dy, x, lse, e, s, r);
-}
-
-__global__ void attention_dkv_kernel(float* dx, const float* dy, const float* x, const float* lse, const float* e,
-                                     AttentionDims s) {
-  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r < s.b * s.heads * s.t) cuda::math::attention_dkv_row(dx, dy, x, lse, e, s, r);
+  if (r >= s.b * s.heads * s.t) return;
+  const int64_t t0 = r % s.t - static_cast<int64_t>(threadIdx.x % 32);
+  math::attention_dkv_row<kD>(dx, dy, x, lse, e, s, r, t0, kDk);
 }
 
 AttentionDims dims(const Tensor& qkv, int heads, const AttentionDropout& drop) {
-  return cuda::math::attention_dims(qkv.size(0), qkv.size(1), qkv.size(2), heads, drop);
+  const AttentionDims s = math::attention_dims(qkv.size(0), qkv.size(1), qkv.size(2), heads, drop);
+  MG_CHECK(s.d <= math::kAttentionMaxD, "causal_self_attention on CUDA: heads of " << s.d << " channels (qkv "
+                                            << shape_str(qkv.shape()) << ", " << heads
+                                            << " heads); the kernels take at most " << math::kAttentionMaxD);
+  return s;
+}
+
+unsigned blocks_for(int64_t rows) {
+  MG_CHECK(rows <= int64_t{kAttentionThreads} * 2147483647, "causal_self_attention on CUDA: " << rows
+                                                                  << " rows exceed the grid limit");
+  return static_cast<unsigned>((rows + kAttentionThreads - 1) / kAttentionThreads);
+}
+
+template <int kD>
+void forward(Tensor& y, Tensor& lse, const Tensor& qkv, const AttentionDims& s, int64_t rows) {
+  attention_forward_kernel<kD><<<blocks_for(rows), kAttentionThreads>>>(y.data<float>(), lse.data<float>(),
+                                                                         qkv.data<float>(), s);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <int kD>
+void backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, const AttentionDims& s,
+              int64_t rows, float* e) {
+  const unsigned blocks = blocks_for(rows);
+  attention_dq_kernel<kD><<<blocks, kAttentionThreads>>>(dqkv.data<float>(), e, dy.data<float>(), qkv.data<float>(),
+                                                          lse.data<float>(), s);
+  MG_CUDA_CHECK_LAUNCH();
+  attention_dkv_kernel<kD, true><<<blocks, kAttentionThreads>>>(dqkv.data<float>(), dy.data<float>(),
+                                                                 qkv.data<float>(), lse.data<float>(), e, s);
+  MG_CUDA_CHECK_LAUNCH();
+  attention_dkv_kernel<kD, false><<<blocks, kAttentionThreads>>>(dqkv.data<float>(), dy.data<float>(),
+                                                                  qkv.data<float>(), lse.data<float>(), e, s);
+  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -47,9 +88,8 @@ void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int head
   const int64_t rows = s.b * heads * s.t;
   if (rows == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(y));
-  attention_forward_kernel<<<cuda::grid_for(rows), cuda::kThreads>>>(y.data<float>(), lse.data<float>(),
-                                                                      qkv.data<float>(), s);
-  MG_CUDA_CHECK_LAUNCH();
+  if (s.d == 64) forward<64>(y, lse, qkv, s, rows);
+  else forward<0>(y, lse, qkv, s, rows);
 }
 
 template <>
@@ -61,16 +101,8 @@ void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv,
   const int dev = cuda::device_of(dqkv);
   cuda::DeviceGuard guard(dev);
   cuda::Workspace e(dev, static_cast<size_t>(rows) * sizeof(float));
-  float* pe = static_cast<float*>(e.get());
-  attention_e_kernel<<<cuda::grid_for(rows), cuda::kThreads>>>(pe, dy.data<float>(), qkv.data<float>(),
-                                                                lse.data<float>(), s);
-  MG_CUDA_CHECK_LAUNCH();
-  attention_dq_kernel<<<cuda::grid_for(rows), cuda::kThreads>>>(dqkv.data<float>(), dy.data<float>(),
-                                                                 qkv.data<float>(), lse.data<float>(), pe, s);
-  MG_CUDA_CHECK_LAUNCH();
-  attention_dkv_kernel<<<cuda::grid_for(rows), cuda::kThreads>>>(dqkv.data<float>(), dy.data<float>(),
-                                                                  qkv.data<float>(), lse.data<float>(), pe, s);
-  MG_CUDA_CHECK_LAUNCH();
+  if (s.d == 64) backward<64>(dqkv, dy, qkv, lse, s, rows, static_cast<float*>(e.get()));
+  else backward<0>(dqkv, dy, qkv, lse, s, rows, static_cast<float*>(e.get()));
 }
 
 }  // namespace mg

@@ -186,78 +186,128 @@ MG_HOST_DEVICE int64_t y_at(const AttentionDims& s, int64_t b, int64_t h, int64_
 MG_HOST_DEVICE float attention_mask(const AttentionDims& s, int64_t b, int64_t h, int64_t t, int64_t j) {
   return s.drop.p > 0.0f ? attention_keep(s.drop, b, h, t, j, s.heads, s.t) : 1.0f;
 }
-MG_HOST_DEVICE float dot(const float* a, const float* b, int64_t n) {
+
+// A head's row of d floats held by one thread: in registers when d is known at compile time
+// (kD > 0, GPT-2's 64), otherwise in the thread's local memory, up to kAttentionMaxD.
+constexpr int kAttentionMaxD = 128;
+template <int kD>
+struct HeadRow {
+  float v[kD > 0 ? kD : kAttentionMaxD];
+};
+template <int kD>
+MG_HOST_DEVICE int head_size(const AttentionDims& s) {
+  return kD > 0 ? kD : static_cast<int>(s.d);
+}
+#ifdef __CUDA_ARCH__
+#define MG_UNROLL _Pragma("unroll")
+#else
+#define MG_UNROLL
+#endif
+
+template <int kD>
+MG_HOST_DEVICE void load_row(HeadRow<kD>& dst, const float* src, int d) {
+  MG_UNROLL for (int i = 0; i < d; ++i) dst.v[i] = src[i];
+}
+template <int kD>
+MG_HOST_DEVICE float dot(const HeadRow<kD>& a, const float* b, int d) {
   float acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  MG_UNROLL for (int i = 0; i < d; ++i) acc += a.v[i] * b[i];
   return acc;
 }
 
-// Forward of row r: its max score, lse_t, then y_t = sum_j p_tj M_tj v_j.
+// The kernels below run one thread per row of (B, H, T), t fastest, so the 32 rows of a warp
+// are mostly neighbours of one (b, h): where a loop reads another row (k_j, v_j; q_t, dy_t),
+// all lanes read the same one at the same step, one transaction for the warp. A thread's own
+// rows (q_t and its output; k_j and v_j in dk and dv) are held in HeadRows.
+
+// Forward of query row r, one pass over keys j <= t with a running maximum m: the sum of
+// exp(s_tj - m) and of exp(s_tj - m) M_tj v_j are rescaled whenever m grows, then
+// lse_t = m + log(sum) and y_t = the second sum / the first.
+template <int kD>
 MG_HOST_DEVICE void attention_forward_row(float* y, float* lse, const float* x, const AttentionDims& s, int64_t r) {
   const AttentionRow w = attention_row(s, r);
-  const float* q = x + qkv_at(s, w.b, w.h, w.t);
-  float m = -INFINITY;
-  for (int64_t j = 0; j <= w.t; ++j) m = fmaxf(m, dot(q, x + qkv_at(s, w.b, w.h, j) + s.c, s.d) * s.scale);
-  float sum = 0;
-  for (int64_t j = 0; j <= w.t; ++j) sum += expf(dot(q, x + qkv_at(s, w.b, w.h, j) + s.c, s.d) * s.scale - m);
-  const float l = m + logf(sum);
-  lse[r] = l;
+  const int d = head_size<kD>(s);
+  HeadRow<kD> q, acc;
+  load_row(q, x + qkv_at(s, w.b, w.h, w.t), d);
+  MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] = 0.0f;
+  float m = -INFINITY, sum = 0.0f;
+  for (int64_t j = 0; j <= w.t; ++j) {
+    const float* kv = x + qkv_at(s, w.b, w.h, j);
+    const float sc = dot(q, kv + s.c, d) * s.scale;
+    if (sc > m) {  // exp(-inf) = 0 rescales the empty sums at the first key
+      const float k = expf(m - sc);
+      sum *= k;
+      MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] *= k;
+      m = sc;
+    }
+    const float p = expf(sc - m);
+    sum += p;
+    const float pm = p * attention_mask(s, w.b, w.h, w.t, j);
+    MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] += pm * kv[2 * s.c + i];
+  }
+  lse[r] = m + logf(sum);
   float* out = y + y_at(s, w.b, w.h, w.t);
-  for (int64_t i = 0; i < s.d; ++i) out[i] = 0.0f;
-  for (int64_t j = 0; j <= w.t; ++j) {
-    const float* kv = x + qkv_at(s, w.b, w.h, j);
-    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - l) * attention_mask(s, w.b, w.h, w.t, j);
-    for (int64_t i = 0; i < s.d; ++i) out[i] += p * kv[2 * s.c + i];
-  }
+  MG_UNROLL for (int i = 0; i < d; ++i) out[i] = acc.v[i] / sum;
 }
 
-// E_t = sum_j p_tj dp_tj of row r.
-MG_HOST_DEVICE float attention_e_row(const float* dy, const float* x, const float* lse, const AttentionDims& s,
-                                     int64_t r) {
-  const AttentionRow w = attention_row(s, r);
-  const float *q = x + qkv_at(s, w.b, w.h, w.t), *g = dy + y_at(s, w.b, w.h, w.t);
-  float acc = 0;
-  for (int64_t j = 0; j <= w.t; ++j) {
-    const float* kv = x + qkv_at(s, w.b, w.h, j);
-    acc += expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]) * attention_mask(s, w.b, w.h, w.t, j) *
-           dot(g, kv + 2 * s.c, s.d);
-  }
-  return acc;
-}
-
-// dq_t of row r (into dx's q slot of (b, t, h)).
-MG_HOST_DEVICE void attention_dq_row(float* dx, const float* dy, const float* x, const float* lse, const float* e,
+// Backward of query row r: E_t = sum_j p_tj dp_tj into e[r] (dk and dv read it), then
+// dq_t = sum_j ds_tj k_j / sqrt(D) into dx's q slot.
+template <int kD>
+MG_HOST_DEVICE void attention_dq_row(float* dx, float* e, const float* dy, const float* x, const float* lse,
                                      const AttentionDims& s, int64_t r) {
   const AttentionRow w = attention_row(s, r);
-  const float *q = x + qkv_at(s, w.b, w.h, w.t), *g = dy + y_at(s, w.b, w.h, w.t);
-  float* dq = dx + qkv_at(s, w.b, w.h, w.t);
-  for (int64_t i = 0; i < s.d; ++i) dq[i] = 0.0f;
+  const int d = head_size<kD>(s);
+  HeadRow<kD> q, g, dq;
+  load_row(q, x + qkv_at(s, w.b, w.h, w.t), d);
+  load_row(g, dy + y_at(s, w.b, w.h, w.t), d);
+  const float l = lse[r];
+  float et = 0;
   for (int64_t j = 0; j <= w.t; ++j) {
     const float* kv = x + qkv_at(s, w.b, w.h, j);
-    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[r]);
-    const float ds = p * (attention_mask(s, w.b, w.h, w.t, j) * dot(g, kv + 2 * s.c, s.d) - e[r]) * s.scale;
-    for (int64_t i = 0; i < s.d; ++i) dq[i] += ds * kv[s.c + i];
+    et += expf(dot(q, kv + s.c, d) * s.scale - l) * attention_mask(s, w.b, w.h, w.t, j) * dot(g, kv + 2 * s.c, d);
   }
+  e[r] = et;
+  MG_UNROLL for (int i = 0; i < d; ++i) dq.v[i] = 0.0f;
+  for (int64_t j = 0; j <= w.t; ++j) {
+    const float* kv = x + qkv_at(s, w.b, w.h, j);
+    const float p = expf(dot(q, kv + s.c, d) * s.scale - l);
+    const float ds = p * (attention_mask(s, w.b, w.h, w.t, j) * dot(g, kv + 2 * s.c, d) - et) * s.scale;
+    MG_UNROLL for (int i = 0; i < d; ++i) dq.v[i] += ds * kv[s.c + i];
+  }
+  float* out = dx + qkv_at(s, w.b, w.h, w.t);
+  MG_UNROLL for (int i = 0; i < d; ++i) out[i] = dq.v[i];
 }
 
-// dk_j and dv_j of key row r = (b, h, j), over the query rows t >= j that attend to it.
+// Backward of key row r = (b, h, j): dk_j = sum_{t >= j} ds_tj q_t / sqrt(D) and
+// dv_j = sum_{t >= j} p_tj M_tj dy_t, each into its slot of dx; `want_dk` picks which (two
+// kernels, so that a thread holds three rows, not four). The rows t run from t0 <= j up, those
+// before j counting for nothing: a warp passes t0 = its first lane's j, so that its lanes read
+// the same q_t and dy_t together. The result does not depend on t0.
+template <int kD>
 MG_HOST_DEVICE void attention_dkv_row(float* dx, const float* dy, const float* x, const float* lse, const float* e,
-                                      const AttentionDims& s, int64_t r) {
+                                      const AttentionDims& s, int64_t r, int64_t t0, bool want_dk) {
   const AttentionRow w = attention_row(s, r);
+  const int d = head_size<kD>(s);
   const int64_t j = w.t;
-  const float* kv = x + qkv_at(s, w.b, w.h, j);
-  float* dkv = dx + qkv_at(s, w.b, w.h, j);
-  for (int64_t i = 0; i < s.d; ++i) dkv[s.c + i] = dkv[2 * s.c + i] = 0.0f;
-  for (int64_t t = j; t < s.t; ++t) {
+  HeadRow<kD> k, v, acc;
+  load_row(k, x + qkv_at(s, w.b, w.h, j) + s.c, d);
+  if (want_dk) load_row(v, x + qkv_at(s, w.b, w.h, j) + 2 * s.c, d);
+  MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] = 0.0f;
+  for (int64_t t = t0 < 0 ? 0 : t0; t < s.t; ++t) {
+    if (t < j) continue;
     const int64_t rt = r - j + t;  // the row of (b, h, t)
     const float *q = x + qkv_at(s, w.b, w.h, t), *g = dy + y_at(s, w.b, w.h, t);
-    const float p = expf(dot(q, kv + s.c, s.d) * s.scale - lse[rt]), m = attention_mask(s, w.b, w.h, t, j);
-    const float ds = p * (m * dot(g, kv + 2 * s.c, s.d) - e[rt]) * s.scale;
-    for (int64_t i = 0; i < s.d; ++i) {
-      dkv[s.c + i] += ds * q[i];
-      dkv[2 * s.c + i] += p * m * g[i];
+    const float p = expf(dot(k, q, d) * s.scale - lse[rt]), m = attention_mask(s, w.b, w.h, t, j);
+    if (want_dk) {
+      const float ds = p * (m * dot(v, g, d) - e[rt]) * s.scale;
+      MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] += ds * q[i];
+    } else {
+      const float pm = p * m;
+      MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] += pm * g[i];
     }
   }
+  float* out = dx + qkv_at(s, w.b, w.h, j) + (want_dk ? s.c : 2 * s.c);
+  MG_UNROLL for (int i = 0; i < d; ++i) out[i] = acc.v[i];
 }
 
 // ---- layer normalisation's dw and db (kernels/layer_norm.h) ------------------------------------
