@@ -187,12 +187,24 @@ MG_HOST_DEVICE float attention_mask(const AttentionDims& s, int64_t b, int64_t h
   return s.drop.p > 0.0f ? attention_keep(s.drop, b, h, t, j, s.heads, s.t) : 1.0f;
 }
 
-// A head's row of d floats held by one thread: in registers when d is known at compile time
-// (kD > 0, GPT-2's 64), otherwise in the thread's local memory, up to kAttentionMaxD.
-constexpr int kAttentionMaxD = 128;
+// A head's row of d floats that one thread reads again and again (InRow) or adds into (OutRow):
+// copied into registers when d is known at compile time (kD > 0: GPT-2's 64), else used where it
+// lies in memory (kD = 0: the input row, the output row as the accumulator), any d.
 template <int kD>
-struct HeadRow {
-  float v[kD > 0 ? kD : kAttentionMaxD];
+struct InRow {
+  float v[kD];
+};
+template <>
+struct InRow<0> {
+  const float* v;
+};
+template <int kD>
+struct OutRow {
+  float v[kD];
+};
+template <>
+struct OutRow<0> {
+  float* v;
 };
 template <int kD>
 MG_HOST_DEVICE int head_size(const AttentionDims& s) {
@@ -205,11 +217,31 @@ MG_HOST_DEVICE int head_size(const AttentionDims& s) {
 #endif
 
 template <int kD>
-MG_HOST_DEVICE void load_row(HeadRow<kD>& dst, const float* src, int d) {
-  MG_UNROLL for (int i = 0; i < d; ++i) dst.v[i] = src[i];
+MG_HOST_DEVICE InRow<kD> in_row(const float* src, int d) {
+  InRow<kD> r;
+  if constexpr (kD > 0) {
+    MG_UNROLL for (int i = 0; i < d; ++i) r.v[i] = src[i];
+  } else {
+    r.v = src;
+  }
+  return r;
+}
+// An accumulator for the output row `dst`, set to 0; store() puts it there.
+template <int kD>
+MG_HOST_DEVICE OutRow<kD> out_row(float* dst, int d) {
+  OutRow<kD> r;
+  if constexpr (kD == 0) r.v = dst;
+  MG_UNROLL for (int i = 0; i < d; ++i) r.v[i] = 0.0f;
+  return r;
 }
 template <int kD>
-MG_HOST_DEVICE float dot(const HeadRow<kD>& a, const float* b, int d) {
+MG_HOST_DEVICE void store(float* dst, const OutRow<kD>& r, int d) {
+  if constexpr (kD > 0) {
+    MG_UNROLL for (int i = 0; i < d; ++i) dst[i] = r.v[i];
+  }
+}
+template <int kD>
+MG_HOST_DEVICE float dot(const InRow<kD>& a, const float* b, int d) {
   float acc = 0;
   MG_UNROLL for (int i = 0; i < d; ++i) acc += a.v[i] * b[i];
   return acc;
@@ -218,7 +250,7 @@ MG_HOST_DEVICE float dot(const HeadRow<kD>& a, const float* b, int d) {
 // The kernels below run one thread per row of (B, H, T), t fastest, so the 32 rows of a warp
 // are mostly neighbours of one (b, h): where a loop reads another row (k_j, v_j; q_t, dy_t),
 // all lanes read the same one at the same step, one transaction for the warp. A thread's own
-// rows (q_t and its output; k_j and v_j in dk and dv) are held in HeadRows.
+// rows (q_t and its output; k_j and v_j in dk and dv) are InRows and OutRows.
 
 // Forward of query row r, one pass over keys j <= t with a running maximum m: the sum of
 // exp(s_tj - m) and of exp(s_tj - m) M_tj v_j are rescaled whenever m grows, then
@@ -227,9 +259,9 @@ template <int kD>
 MG_HOST_DEVICE void attention_forward_row(float* y, float* lse, const float* x, const AttentionDims& s, int64_t r) {
   const AttentionRow w = attention_row(s, r);
   const int d = head_size<kD>(s);
-  HeadRow<kD> q, acc;
-  load_row(q, x + qkv_at(s, w.b, w.h, w.t), d);
-  MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] = 0.0f;
+  const InRow<kD> q = in_row<kD>(x + qkv_at(s, w.b, w.h, w.t), d);
+  float* out = y + y_at(s, w.b, w.h, w.t);
+  OutRow<kD> acc = out_row<kD>(out, d);
   float m = -INFINITY, sum = 0.0f;
   for (int64_t j = 0; j <= w.t; ++j) {
     const float* kv = x + qkv_at(s, w.b, w.h, j);
@@ -246,8 +278,8 @@ MG_HOST_DEVICE void attention_forward_row(float* y, float* lse, const float* x, 
     MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] += pm * kv[2 * s.c + i];
   }
   lse[r] = m + logf(sum);
-  float* out = y + y_at(s, w.b, w.h, w.t);
-  MG_UNROLL for (int i = 0; i < d; ++i) out[i] = acc.v[i] / sum;
+  MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] /= sum;
+  store(out, acc, d);
 }
 
 // Backward of query row r: E_t = sum_j p_tj dp_tj into e[r] (dk and dv read it), then
@@ -257,9 +289,7 @@ MG_HOST_DEVICE void attention_dq_row(float* dx, float* e, const float* dy, const
                                      const AttentionDims& s, int64_t r) {
   const AttentionRow w = attention_row(s, r);
   const int d = head_size<kD>(s);
-  HeadRow<kD> q, g, dq;
-  load_row(q, x + qkv_at(s, w.b, w.h, w.t), d);
-  load_row(g, dy + y_at(s, w.b, w.h, w.t), d);
+  const InRow<kD> q = in_row<kD>(x + qkv_at(s, w.b, w.h, w.t), d), g = in_row<kD>(dy + y_at(s, w.b, w.h, w.t), d);
   const float l = lse[r];
   float et = 0;
   for (int64_t j = 0; j <= w.t; ++j) {
@@ -267,15 +297,15 @@ MG_HOST_DEVICE void attention_dq_row(float* dx, float* e, const float* dy, const
     et += expf(dot(q, kv + s.c, d) * s.scale - l) * attention_mask(s, w.b, w.h, w.t, j) * dot(g, kv + 2 * s.c, d);
   }
   e[r] = et;
-  MG_UNROLL for (int i = 0; i < d; ++i) dq.v[i] = 0.0f;
+  float* out = dx + qkv_at(s, w.b, w.h, w.t);
+  OutRow<kD> dq = out_row<kD>(out, d);
   for (int64_t j = 0; j <= w.t; ++j) {
     const float* kv = x + qkv_at(s, w.b, w.h, j);
     const float p = expf(dot(q, kv + s.c, d) * s.scale - l);
     const float ds = p * (attention_mask(s, w.b, w.h, w.t, j) * dot(g, kv + 2 * s.c, d) - et) * s.scale;
     MG_UNROLL for (int i = 0; i < d; ++i) dq.v[i] += ds * kv[s.c + i];
   }
-  float* out = dx + qkv_at(s, w.b, w.h, w.t);
-  MG_UNROLL for (int i = 0; i < d; ++i) out[i] = dq.v[i];
+  store(out, dq, d);
 }
 
 // Backward of key row r = (b, h, j): dk_j = sum_{t >= j} ds_tj q_t / sqrt(D) and
@@ -289,10 +319,10 @@ MG_HOST_DEVICE void attention_dkv_row(float* dx, const float* dy, const float* x
   const AttentionRow w = attention_row(s, r);
   const int d = head_size<kD>(s);
   const int64_t j = w.t;
-  HeadRow<kD> k, v, acc;
-  load_row(k, x + qkv_at(s, w.b, w.h, j) + s.c, d);
-  if (want_dk) load_row(v, x + qkv_at(s, w.b, w.h, j) + 2 * s.c, d);
-  MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] = 0.0f;
+  const float* kv = x + qkv_at(s, w.b, w.h, j);
+  const InRow<kD> k = in_row<kD>(kv + s.c, d), v = in_row<kD>(kv + 2 * s.c, want_dk ? d : 0);
+  float* out = dx + qkv_at(s, w.b, w.h, j) + (want_dk ? s.c : 2 * s.c);
+  OutRow<kD> acc = out_row<kD>(out, d);
   for (int64_t t = t0 < 0 ? 0 : t0; t < s.t; ++t) {
     if (t < j) continue;
     const int64_t rt = r - j + t;  // the row of (b, h, t)
@@ -306,8 +336,7 @@ MG_HOST_DEVICE void attention_dkv_row(float* dx, const float* dy, const float* x
       MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] += pm * g[i];
     }
   }
-  float* out = dx + qkv_at(s, w.b, w.h, j) + (want_dk ? s.c : 2 * s.c);
-  MG_UNROLL for (int i = 0; i < d; ++i) out[i] = acc.v[i];
+  store(out, acc, d);
 }
 
 // ---- layer normalisation's dw and db (kernels/layer_norm.h) ------------------------------------
