@@ -274,14 +274,16 @@ void ref_gemm(const km::GemmCall& g, const float* a, const float* b, float beta,
 }
 }  // namespace
 
-TEST_CASE("kernel math: the column-major GEMMs of linear compute x w^T, dy w and dy^T x") {
+TEST_CASE("kernel math: the column-major GEMMs of linear compute x w^T, dy w, dy^T x and dy^T 1") {
   struct Dims { int64_t n, k, m; };
   for (Dims dims : {Dims{7, 13, 5}, Dims{1, 9, 4}, Dims{6, 1, 3}, Dims{5, 8, 1}, Dims{3, 17, 11}}) {
     const int64_t n = dims.n, k = dims.k, m = dims.m;
     CAPTURE(n); CAPTURE(k); CAPTURE(m);
     Tensor x = test::rand_tensor({n, k}, 21), w = test::rand_tensor({m, k}, 22), dy = test::rand_tensor({n, m}, 23);
+    const Tensor ones = Tensor::full({n}, 1.0f);
     auto operand = [&](km::GemmOperand o) {
-      return o == km::GemmOperand::x ? x.data<float>() : o == km::GemmOperand::w ? w.data<float>() : dy.data<float>();
+      using O = km::GemmOperand;
+      return (o == O::x ? x : o == O::w ? w : o == O::dy ? dy : ones).data<float>();
     };
     // Forward.
     Tensor y_ref = linear(x, w);
@@ -289,15 +291,18 @@ TEST_CASE("kernel math: the column-major GEMMs of linear compute x w^T, dy w and
     const km::GemmCall f = km::linear_forward_gemm(n, k, m);
     ref_gemm(f, operand(f.a), operand(f.b), 0.0f, y.data());
     CHECK(rel_err(y, y_ref.to_vector<float>()) < 1e-6);
-    // Backward, with accumulation into an existing dw (beta = 1).
-    Tensor dx_ref = Tensor::empty({n, k}), dw_ref = test::rand_tensor({m, k}, 24), db;
-    std::vector<float> dw = dw_ref.to_vector<float>(), dx(n * k, 0.0f);
-    linear_backward<Cpu>(dx_ref, dw_ref, db, dy, x, w, /*accumulate=*/true);
+    // Backward, with accumulation into an existing dw and db (beta = 1).
+    Tensor dx_ref = Tensor::empty({n, k}), dw_ref = test::rand_tensor({m, k}, 24), db_ref = test::rand_tensor({m}, 25);
+    std::vector<float> dw = dw_ref.to_vector<float>(), db = db_ref.to_vector<float>(), dx(n * k, 0.0f);
+    linear_backward<Cpu>(dx_ref, dw_ref, db_ref, dy, x, w, /*accumulate=*/true);
     const km::GemmCall gx = km::linear_dx_gemm(n, k, m), gw = km::linear_dw_gemm(n, k, m);
+    const km::GemmCall gb = km::linear_db_gemm(n, m);
     ref_gemm(gx, operand(gx.a), operand(gx.b), 0.0f, dx.data());
     ref_gemm(gw, operand(gw.a), operand(gw.b), 1.0f, dw.data());
+    ref_gemm(gb, operand(gb.a), operand(gb.b), 1.0f, db.data());
     CHECK(rel_err(dx, dx_ref.to_vector<float>()) < 1e-6);
     CHECK(rel_err(dw, dw_ref.to_vector<float>()) < 1e-6);
+    CHECK(rel_err(db, db_ref.to_vector<float>()) < 1e-6);
   }
 }
 

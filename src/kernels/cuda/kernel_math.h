@@ -97,7 +97,7 @@ MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, i
 // say which GEMM computes each product of linear (src/kernels/cuda/linear.cu), with
 // x: (N, K), w: (M, K), y and dy: (N, M), all row-major:
 //   C (m x n, column-major, leading dim ldc) = op(A) op(B),  op = transpose when trans_*.
-enum class GemmOperand : uint8_t { x, w, dy };
+enum class GemmOperand : uint8_t { x, w, dy, ones };  // ones: a vector of N ones (the bias gradient)
 struct GemmCall {
   bool trans_a, trans_b;
   int64_t m, n, k;
@@ -117,6 +117,10 @@ inline GemmCall linear_dx_gemm(int64_t n, int64_t k, int64_t m) {
 // dw^T (K, M) = x^T dy:  A = x as (K, N), B = dy as (M, N) transposed.
 inline GemmCall linear_dw_gemm(int64_t n, int64_t k, int64_t m) {
   return {false, true, k, m, n, GemmOperand::x, k, GemmOperand::dy, m, k};
+}
+// db (M, 1) = dy^T 1:  A = dy as (M, N), B = the ones (N, 1).
+inline GemmCall linear_db_gemm(int64_t n, int64_t m) {
+  return {false, false, m, 1, n, GemmOperand::dy, m, GemmOperand::ones, n, m};
 }
 
 // ---- matmul (kernels/matmul.h), one product of a batch: a (M, K) = x, b (K, N) = w -------------

@@ -2,8 +2,8 @@
 //   forward:  y  = x w^T + b                         (=)    GEMM, then the bias kernel
 //   backward: dx = dy w                              (=)    skipped when dx is undefined
 //             dw = dy^T x                            (= or += when accumulate: GEMM beta = 1)
-//             db = sum_n dy[n, :]                    (= or += when accumulate)
-// cuBLAS is column-major: the three GEMMs are described by src/kernels/cuda/kernel_math.h
+//             db = sum_n dy[n, :] = dy^T 1           (= or += when accumulate: GEMM beta = 1)
+// cuBLAS is column-major: the four GEMMs are described by src/kernels/cuda/kernel_math.h
 // (linear_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU.
 // Math mode (Note [cuda math modes], docs/cuda.md): strict FP32 (CUBLAS_COMPUTE_32F on a handle
 // left in CUBLAS_DEFAULT_MATH) unless mg::cuda::set_tf32_matmul(true) (CUBLAS_COMPUTE_32F_FAST_TF32).
@@ -20,41 +20,23 @@ __global__ void add_bias_rows_kernel(float* y, const float* b, int64_t rows, int
     y[i] += b[i % cols];
 }
 
-// db[j] (=|+=) sum_i dy[i, j]: one thread per column, reading rows in turn (coalesced across
-// the warp); 4 threads per column in y, each summing every 4th row, then combined in order.
-__global__ void linear_bias_backward_kernel(float* db, const float* dy, int64_t rows, int64_t cols,
-                                            bool accumulate) {
-  __shared__ float part[4][64];
-  const int64_t j = blockIdx.x * int64_t{64} + threadIdx.x;
-  float s = 0.0f;
-  if (j < cols) {
-    for (int64_t i = threadIdx.y; i < rows; i += 4) s += dy[i * cols + j];
-  }
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < cols) {
-    const float total = (part[0][threadIdx.x] + part[1][threadIdx.x]) + (part[2][threadIdx.x] + part[3][threadIdx.x]);
-    db[j] = accumulate ? db[j] + total : total;
-  }
-}
-
 cublasComputeType_t compute_type() {
   return cuda::tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 // Runs one GEMM of linear: C = op(A) op(B) + beta C, all float32 (see cuda::math::GemmCall).
 void gemm(cublasHandle_t h, const cuda::math::GemmCall& g, const Tensor& x, const Tensor& w, const Tensor& dy,
-          float beta, float* c) {
-  auto operand = [&](cuda::math::GemmOperand o) {
-    return o == cuda::math::GemmOperand::x ? x.data<float>() : o == cuda::math::GemmOperand::w ? w.data<float>()
-                                                                                                 : dy.data<float>();
+          float beta, float* c, const Tensor& ones = Tensor(), cublasComputeType_t compute = compute_type()) {
+  using cuda::math::GemmOperand;
+  auto operand = [&](GemmOperand o) {
+    return (o == GemmOperand::x ? x : o == GemmOperand::w ? w : o == GemmOperand::dy ? dy : ones).data<float>();
   };
   const float alpha = 1.0f;
   MG_CUBLAS_CHECK(cublasGemmEx(h, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha,
                                operand(g.a), CUDA_R_32F, static_cast<int>(g.lda), operand(g.b), CUDA_R_32F,
                                static_cast<int>(g.ldb), &beta, c, CUDA_R_32F, static_cast<int>(g.ldc),
-                               compute_type(), CUBLAS_GEMM_DEFAULT));
+                               compute, CUBLAS_GEMM_DEFAULT));
 }
 
 void check_int_sizes(int64_t n, int64_t k, int64_t m) {
@@ -103,10 +85,13 @@ void linear_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
     }
   }
   if (db.defined() && m > 0) {
-    const dim3 block(64, 4);
-    linear_bias_backward_kernel<<<static_cast<unsigned>((m + 63) / 64), block, 0, ctx.stream>>>(
-        db.data<float>(), dy.data<float>(), n, m, accumulate);
-    MG_CUDA_CHECK_LAUNCH();
+    if (n == 0) {
+      if (!accumulate) MG_CUDA_CHECK(cudaMemsetAsync(db.raw_data(), 0, db.nbytes(), ctx.stream));
+    } else {  // a GEMM against ones, in strict FP32 whatever the math mode, as PyTorch sums it
+      const Tensor ones = Tensor::full({n}, 1.0f, TensorOptions{}.with_device(dy.device()));
+      gemm(ctx.cublas, cuda::math::linear_db_gemm(n, m), x, w, dy, accumulate ? 1.0f : 0.0f, db.data<float>(), ones,
+           CUBLAS_COMPUTE_32F);
+    }
   }
 }
 
