@@ -408,6 +408,39 @@ TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-su
   }
 }
 
+// Scores of -inf (an infinite key) before the first finite one: the one-pass forward must not
+// compute exp(-inf + inf). Rows of (b 0, head 0) from t = 1 on see key 0 at -inf.
+TEST_CASE("kernel math: the attention forward with infinite scores, as the CPU kernel") {
+  const int64_t b = 1, t = 6, c = 8;
+  const int heads = 2;
+  std::vector<float> x = random_values(b * t * 3 * c, 23);
+  for (int64_t s = 0; s < t; ++s) x[static_cast<size_t>(s * 3 * c)] = 1.0f;  // q_s[0] of head 0 > 0
+  x[static_cast<size_t>(c)] = -std::numeric_limits<float>::infinity();     // k_0[0] of head 0
+  const Tensor qkv = Tensor::from_vector(x, {b, t, 3 * c});
+  Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t});
+  attention_forward<Cpu>(y, lse, qkv, heads, AttentionDropout{});
+  const km::AttentionDims s = km::attention_dims(b, t, 3 * c, heads, AttentionDropout{});
+  std::vector<float> ky(static_cast<size_t>(b * t * c)), klse(static_cast<size_t>(b * heads * t));
+  for (int64_t r = 0; r < b * heads * t; ++r) km::attention_forward_row<0>(ky.data(), klse.data(), x.data(), s, r);
+  const std::vector<float> cy = y.to_vector<float>(), clse = lse.to_vector<float>();
+  // Row t = 0 of head 0 has only the -inf score: NaN on both; every other row is finite.
+  CHECK(std::isnan(klse[0]));
+  CHECK(std::isnan(clse[0]));
+  for (size_t i = 1; i < klse.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::isfinite(klse[i]));
+    CHECK(std::abs(klse[i] - clse[i]) <= 1e-6f * std::max(1.0f, std::abs(clse[i])));
+  }
+  for (int64_t s2 = 1; s2 < t; ++s2) {
+    for (int64_t i = 0; i < c; ++i) {
+      const size_t at = static_cast<size_t>(s2 * c + i);
+      CAPTURE(at);
+      CHECK(std::isfinite(ky[at]));
+      CHECK(std::abs(ky[at] - cy[at]) <= 1e-6f * std::max(1.0f, std::abs(cy[at])));
+    }
+  }
+}
+
 TEST_CASE("kernel math: layer_norm's tiled dw and db add each column's rows in order, as the CPU kernel does") {
   // One block of the CUDA kernel per 32 columns: its warps load a tile, then warp 0 adds it.
   auto tiled = [](std::vector<float>& dw, std::vector<float>& db, const std::vector<float>& dy,

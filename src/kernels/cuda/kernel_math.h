@@ -270,18 +270,18 @@ MG_HOST_DEVICE void attention_forward_row(float* y, float* lse, const float* x, 
   for (int64_t j = 0; j <= w.t; ++j) {
     const float* kv = x + qkv_at(s, w.b, w.h, j);
     const float sc = dot(q, kv + s.c, d) * s.scale;
-    if (sc > m) {  // exp(-inf) = 0 rescales the empty sums at the first key
+    if (sc > m) {  // at the first finite score, exp(-inf) = 0 rescales the empty sums
       const float k = expf(m - sc);
       sum *= k;
       MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] *= k;
       m = sc;
     }
-    const float p = expf(sc - m);
+    const float p = sc == -INFINITY ? 0.0f : expf(sc - m);  // -inf before any finite score: not -inf + inf
     sum += p;
     const float pm = p * attention_mask(s, w.b, w.h, w.t, j);
     MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] += pm * kv[2 * s.c + i];
   }
-  lse[r] = m + logf(sum);
+  lse[r] = m == -INFINITY ? NAN : m + logf(sum);  // no finite score: NaN, as the CPU's exp(-inf + inf)
   MG_UNROLL for (int i = 0; i < d; ++i) acc.v[i] /= sum;
   store(out, acc, d);
 }
