@@ -7,8 +7,8 @@
 #                                           # here, once: bundles the build deps into .devkit
 #   bash scripts/gpu_verify.sh build test   # there (carry .devkit): configure, build, ctest + the GPU tests
 #   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer (SANITIZE_TOOLS, default memcheck)
-#   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch
-#   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch
+#   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch; VGG16 --profile
+#   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch; --profile
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
 #
@@ -172,6 +172,16 @@ stage_bench() {
   local rc=$?
   note "bench: exit $rc"
   cat "$log/cuda.md" >>"$log/summary.txt" 2>/dev/null
+  # VGG16's step op by op (minigrad/core/profiler.h), without checkpointing and under sqrt.
+  local plan r
+  for plan in none sqrt; do
+    timeout 60 "$build/bin/vgg_ckpt" --device cuda --batch-size 32 --steps 5 --tf32 conv --checkpoint "$plan" \
+      --profile >"$log/vgg16_profile_$plan.log" 2>&1
+    r=$?
+    note "vgg16 B=32 --checkpoint $plan --profile: exit $r"
+    grep -A11 '^op or scope' "$log/vgg16_profile_$plan.log" >>"$log/summary.txt"
+    [ $r -ne 0 ] && rc=1
+  done
   return $rc
 }
 
@@ -190,6 +200,14 @@ stage_gpt() {
     note "gpt2 B=4 T=1024 plan $plan: exit $r; $(tail -1 "$log/gpt2_bench_$plan.md")"
     [ $r -ne 0 ] && rc=1
   done
+  # Where the step goes, op by op (minigrad/core/profiler.h): the ten longest rows in the summary.
+  timeout 150 "$build/bin/gpt_train" --device cuda --config gpt2 --batch-size 4 --seq-len 1024 --steps 4 --profile \
+    --json "$log/gpt2_profile.json" >"$log/gpt2_profile.log" 2>&1
+  r=$?
+  note "gpt2 B=4 T=1024 --profile: exit $r"
+  grep -A11 '^op or scope' "$log/gpt2_profile.log" >>"$log/summary.txt"
+  grep '^outside the table' "$log/gpt2_profile.log" >>"$log/summary.txt"
+  [ $r -ne 0 ] && rc=1
   return $rc
 }
 

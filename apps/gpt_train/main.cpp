@@ -43,6 +43,7 @@
 #include "common/flags.h"
 #include "common/oom.h"
 #include "common/ranks.h"
+#include "common/profile.h"
 #include "common/timeline.h"
 #include "common/stats.h"
 
@@ -128,6 +129,9 @@ int main(int argc, char** argv) {
   app.add_option("--timeline", timeline_path, "write where each CUDA reduction ran against backward, a trace for "
                  "chrome://tracing (data parallel on CUDA; bench/timeline.py summarises it)")->check(nonempty());
   app.add_option("--save-dir", save_dir, "write final.safetensors here (rank 0)")->check(nonempty());
+  StepProfile prof;
+  app.add_flag("--profile", prof.on, "after training, the time of every op by pass (forward, backward, replay) over "
+               "the steps after the first (minigrad/core/profiler.h)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -299,6 +303,7 @@ int main(int argc, char** argv) {
       opt.set_lr(static_cast<float>(lr_at(step)));
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);
+      prof.begin(step, steps);
       auto t0 = std::chrono::steady_clock::now();
       // On the host; each micro-batch goes to the device when it runs.
       std::vector<mg::data::TokenBatch> window = batches.next_split(micro);
@@ -337,6 +342,7 @@ int main(int argc, char** argv) {
       peak_in_use = std::max(peak_in_use, peak);
       const double loss = info.loss_sum / static_cast<double>(info.samples);
       step_ms.push_back(ms);
+      prof.end(step, steps, ms);
       losses.push_back(loss);
       lrs.push_back(lr_at(step));
       norms.push_back(info.grad_norm);
@@ -352,6 +358,7 @@ int main(int argc, char** argv) {
     LEAD_PRINTF("median step %.1f ms, %.0f tokens/s; peak in use %s (predicted %s)\n", med,
                 static_cast<double>(tokens_per_step) / (med / 1000.0), mg::format_bytes(peak_in_use).c_str(),
                 mg::format_bytes(plan.predicted_peak).c_str());
+    prof.print();
     if (!save_dir.empty() && lead()) mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict());
     if (!json_path.empty() && lead()) {
       nlohmann::ordered_json j;
@@ -381,6 +388,7 @@ int main(int argc, char** argv) {
       j["lr"] = lrs;
       j["grad_norm"] = norms;
       j["threads"] = mg::num_threads();
+      if (prof.on) j["profile"] = prof.json();
       mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
     }
     return 0;

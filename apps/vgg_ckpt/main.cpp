@@ -51,6 +51,7 @@
 #include "common/flags.h"
 #include "common/oom.h"
 #include "common/ranks.h"
+#include "common/profile.h"
 #include "common/timeline.h"
 #include "common/stats.h"
 
@@ -118,6 +119,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_str, "cpu or cuda[:i]")->check(nonempty())->capture_default_str();
   app.add_option("--seed", seed, "seed of weights, data order, flips and dropout")->check(unsigned64())->capture_default_str();
   app.add_option("--save-dir", save_dir, "write epoch_K.safetensors per epoch and final.safetensors here")->check(nonempty());
+  StepProfile prof;
+  app.add_flag("--profile", prof.on, "after training, the time of every op by pass (forward, backward, replay) over "
+               "the steps after the first (minigrad/core/profiler.h)");
   app.add_option("--json", json_path, "write a JSON summary here")->check(nonempty());
   app.add_option("--timeline", timeline_path, "write where each CUDA reduction ran against backward, a trace for "
                  "chrome://tracing (data parallel on CUDA; bench/timeline.py summarises it)")->check(nonempty());
@@ -340,6 +344,7 @@ int main(int argc, char** argv) {
 
       mg::reset_peak_memory_stats(dev);
       mg::synchronize(dev);  // the batch's copy is not timed
+      prof.begin(step, total_steps);
       auto t0 = std::chrono::steady_clock::now();
       std::clock_t c0 = std::clock();
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
@@ -416,6 +421,7 @@ int main(int argc, char** argv) {
       step_cpu_ms.push_back(cpu_ms);
       const mg::MemoryStats st = mg::memory_stats(dev);
       step_ms.push_back(ms);
+      prof.end(step, total_steps, ms + data_ms);  // the profile's steps hold their data
       peak_in_use = std::max(peak_in_use, st.peak_in_use);
       peak_reserved = std::max(peak_reserved, st.peak_reserved);
       LEAD_PRINTF("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
@@ -430,6 +436,7 @@ int main(int argc, char** argv) {
       }
     }
     write_timeline(timeline_path);
+    prof.print();
     if (!save_dir.empty() && lead()) {
       mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict(),
                                {{"steps", std::to_string(total_steps)}});
@@ -499,6 +506,7 @@ int main(int argc, char** argv) {
                               {"saves_output", u.saves_output}, {"fwd_peak", u.fwd_peak},
                               {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9}, {"forward_ms", u.forward_ms}, {"backward_ms", u.backward_ms}});
       }
+      if (prof.on) j["profile"] = prof.json();
       mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
     }
     return 0;

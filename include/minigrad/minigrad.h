@@ -19,6 +19,7 @@
 #include <minigrad/core/dtype.h>
 #include <minigrad/core/error.h>
 #include <minigrad/core/memory.h>
+#include <minigrad/core/profiler.h>
 #include <minigrad/core/rng.h>
 #include <minigrad/core/tensor.h>
 #include <minigrad/core/threads.h>

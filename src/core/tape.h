@@ -137,5 +137,21 @@ void copy_kernel(Tensor& dst, const Tensor& src);          // bytes, any pair of
 void add_into_kernel(Tensor& acc, const Tensor& g);        // acc += g
 Tensor add_kernel(const Tensor& a, const Tensor& b);       // a + b, not recorded
 void synchronize_cuda(int device_index);                   // waits for a CUDA device's work
+// The profiler's marks on a CUDA device (minigrad/core/profiler.h): an event recorded on its stream
+// now; the device's milliseconds between two (waiting for the second); freeing one.
+void* cuda_mark(int device_index);
+double cuda_mark_ms(void* from, void* to);
+void cuda_mark_free(void* mark);
+
+// ---- the profiler's passes (src/core/profiler.cpp) ----------------------------------------------
+// The pass an op's forward counts under: "replay" while a ReplayPass lives on this thread
+// (checkpoint backward running a segment again), else "forward".
+const char* forward_pass();
+struct ReplayPass {
+  ReplayPass();
+  ~ReplayPass();
+  ReplayPass(const ReplayPass&) = delete;
+  ReplayPass& operator=(const ReplayPass&) = delete;
+};
 
 }  // namespace mg

@@ -2,6 +2,7 @@
 // src/core/tape.h).
 #include <string_view>
 
+#include <minigrad/core/profiler.h>
 #include "kernels/elementwise.h"
 #include "ops/op.h"
 
@@ -22,6 +23,13 @@ void check_same_device(const char* op, const std::vector<Tensor>& in) {
                                                 << first->device().str() << " and "
                                                 << t.device().str() << ")");
   }
+}
+
+Device first_device(const std::vector<Tensor>& in) {
+  for (const Tensor& t : in) {
+    if (t.defined()) return t.device();
+  }
+  return Device::cpu();
 }
 }  // namespace
 
@@ -55,7 +63,11 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   const bool record = needs_grad && GradMode::enabled();
   check_same_device(op.name, inputs);
   std::vector<Tensor> saved;
-  Tensor out = op.forward(attrs, inputs, record ? &saved : nullptr);
+  Tensor out;
+  {
+    const profiler::Scope timed(op.name, first_device(inputs), forward_pass());
+    out = op.forward(attrs, inputs, record ? &saved : nullptr);
+  }
   if (!record) return out;
 
   auto node = std::make_shared<Node>();
@@ -85,6 +97,7 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
 }
 
 void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
+  const profiler::Scope timed(n.op->name, gy.defined() ? gy.device() : n.out_device, "backward");
   n.op->backward(n, std::move(gy), grads, accum);
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include <minigrad/core/profiler.h>
 #include <minigrad/dist/dist.h>
 
 #include "core/tape.h"
@@ -219,6 +220,7 @@ StepInfo Accumulator::step_window(bool flushing) {
   double norm_sq = want_norm && !dp ? read[norm_slot] : 0.0;
   bool bad_elsewhere = false;
   if (dp) {  // Note [data parallel step]
+    const profiler::Scope timed("dist.reduce", grads[0].device());
     const std::vector<double> sums = dist::all_reduce(std::vector<double>{
         static_cast<double>(info.samples), static_cast<double>(info.micro_batches), info.loss_sum, bad >= 0 ? 1.0 : 0.0});
     info.samples = static_cast<int64_t>(sums[0]);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <minigrad/core/profiler.h>
+
 #include "kernels/elementwise.h"
 #include "kernels/optim.h"
 
@@ -58,11 +60,13 @@ void Optimizer::step(float grad_scale) {
   MG_CHECK(std::isfinite(grad_scale), "optimizer step: gradient scale is " << grad_scale);
   state_follows_params(*this);
   ++step_count_;
+  const profiler::Scope timed("optimizer.step", params_[0].device());
   update(grad_scale);
 }
 
 void Optimizer::zero_grad() {
   const std::vector<Tensor> g = grads();
+  const profiler::Scope timed("optimizer.zero_grad", g[0].device());
   MG_DISPATCH(g[0].device(), zero_many, g);  // one launch on CUDA
 }
 

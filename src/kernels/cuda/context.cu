@@ -147,4 +147,26 @@ Workspace::~Workspace() {
 
 void synchronize_cuda(int device_index) { cuda::synchronize(device_index); }
 
+void* cuda_mark(int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  cudaEvent_t e = nullptr;
+  MG_CUDA_CHECK(cudaEventCreate(&e));  // with timing: the default flags
+  if (const cudaError_t st = cudaEventRecord(e, cuda::context(device_index).stream); st != cudaSuccess) {
+    cudaEventDestroy(e);
+    MG_CUDA_CHECK(st);
+  }
+  return e;
+}
+
+double cuda_mark_ms(void* from, void* to) {
+  MG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(to)));
+  float ms = 0.0f;
+  MG_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return ms;
+}
+
+void cuda_mark_free(void* mark) {
+  if (mark != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(mark));  // no throw: called while cleaning up
+}
+
 }  // namespace mg

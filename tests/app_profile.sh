@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The apps' --profile (minigrad/core/profiler.h, apps/common/profile.h), on the CPU:
+#   - gpt_train under the sqrt plan: the JSON's profile has every op of a step by pass, the
+#     checkpointed blocks' forwards again as "replay", the optimizer's scopes once per profiled
+#     step, a total within the profiled steps' wall time; and the losses are the bits of a run
+#     without --profile (profiling changes no result);
+#   - vgg_ckpt: the table is printed.
+# Exit 77 (skipped) without python3.
+#   tests/app_profile.sh build/bin/gpt_train build/bin/vgg_ckpt
+set -u
+GPT_TRAIN=${1:?usage: app_profile.sh GPT_TRAIN VGG_CKPT} VGG_CKPT=${2:?usage: app_profile.sh GPT_TRAIN VGG_CKPT}
+T=$(mktemp -d "${TMPDIR:-/tmp}/mg_app_profile.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+export OMP_NUM_THREADS=2
+fail() { echo "app_profile: $*" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "app_profile: skipped: no python3 to read the JSON"; exit 77; }
+
+G="--config tiny --batch-size 4 --steps 4 --accum 2 --checkpoint sqrt"
+timeout 120 "$GPT_TRAIN" $G --json "$T/plain.json" > "$T/plain.log" 2>&1 || fail "gpt_train failed: $(tail -3 "$T/plain.log")"
+timeout 120 "$GPT_TRAIN" $G --profile --json "$T/prof.json" > "$T/prof.log" 2>&1 \
+  || fail "gpt_train --profile failed: $(tail -3 "$T/prof.log")"
+grep -q '^op or scope' "$T/prof.log" || fail "gpt_train --profile printed no table: $(tail -5 "$T/prof.log")"
+python3 - "$T/plain.json" "$T/prof.json" <<'PY' || fail "gpt_train --profile: see above"
+import json, sys
+plain, prof = (json.load(open(p)) for p in sys.argv[1:3])
+errors = []
+if plain["losses"] != prof["losses"]:
+    errors.append(f"losses {prof['losses']} with --profile, {plain['losses']} without")
+p = prof.get("profile", {})
+rows = {(r["name"], r["pass"]): r for r in p.get("rows", [])}
+steps = p.get("steps")
+if steps != 3:
+    errors.append(f"{steps} profiled steps, expected 3 (4 steps, the first left out)")
+micro = 2 * (steps or 0)  # --accum 2
+for key in [("linear", "forward"), ("linear", "backward"), ("linear", "replay"), ("causal_self_attention", "forward"),
+            ("causal_self_attention", "backward"), ("causal_self_attention", "replay"), ("cross_entropy", "forward"),
+            ("cross_entropy", "backward"), ("embedding", "forward"), ("embedding", "backward")]:
+    if key not in rows:
+        errors.append(f"no row for {key}")
+for name, calls in [("optimizer.step", steps), ("optimizer.zero_grad", steps)]:
+    got = rows.get((name, ""), {}).get("calls")
+    if got != calls:
+        errors.append(f"{name}: {got} calls, expected {calls}")
+for name, per_micro in [("cross_entropy", 1), ("embedding", 2)]:  # the loss; the tokens' and positions' tables
+    for pass_ in ["forward", "backward"]:
+        got = rows.get((name, pass_), {}).get("calls")
+        if got != per_micro * micro:
+            errors.append(f"{name} {pass_}: {got} calls, expected {per_micro * micro}")
+# Each block's attention runs once forward and, checkpointed, once again in backward.
+fwd = rows.get(("causal_self_attention", "forward"), {}).get("calls", 0)
+rep = rows.get(("causal_self_attention", "replay"), {}).get("calls", 0)
+if fwd != micro * 2 or rep == 0 or rep > fwd:  # tiny: 2 layers
+    errors.append(f"attention: {fwd} forwards, {rep} replays for {micro} micro-batches of 2 layers")
+total = sum(r["ms"] for r in p.get("rows", []))
+if not 0 < total <= p.get("steps_ms", 0):
+    errors.append(f"the table's total {total} ms is not within the profiled steps' {p.get('steps_ms')} ms")
+for e in errors:
+    print("app_profile:", e, file=sys.stderr)
+print(f"gpt_train --profile: {len(rows)} rows, {total:.1f} of {p.get('steps_ms', 0):.1f} ms; losses unchanged")
+sys.exit(1 if errors else 0)
+PY
+timeout 120 "$VGG_CKPT" --width-div 64 --image-size 32 --batch-size 2 --steps 2 --checkpoint sqrt --profile \
+  > "$T/vgg.log" 2>&1 || fail "vgg_ckpt --profile failed: $(tail -3 "$T/vgg.log")"
+grep -q '^conv2d  *replay' "$T/vgg.log" || fail "vgg_ckpt --profile: no conv2d replay row: $(grep -A30 '^op or scope' "$T/vgg.log")"
+echo "app_profile: gpt_train and vgg_ckpt profiled their steps"
