@@ -16,8 +16,8 @@ fail() { echo "app_profile: $*" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "app_profile: skipped: no python3 to read the JSON"; exit 77; }
 
 G="--config tiny --batch-size 4 --steps 4 --accum 2 --checkpoint sqrt"
-timeout 120 "$GPT_TRAIN" $G --json "$T/plain.json" > "$T/plain.log" 2>&1 || fail "gpt_train failed: $(tail -3 "$T/plain.log")"
-timeout 120 "$GPT_TRAIN" $G --profile --json "$T/prof.json" > "$T/prof.log" 2>&1 \
+timeout 90 "$GPT_TRAIN" $G --json "$T/plain.json" > "$T/plain.log" 2>&1 || fail "gpt_train failed: $(tail -3 "$T/plain.log")"
+timeout 90 "$GPT_TRAIN" $G --profile --json "$T/prof.json" > "$T/prof.log" 2>&1 \
   || fail "gpt_train --profile failed: $(tail -3 "$T/prof.log")"
 grep -q '^op or scope' "$T/prof.log" || fail "gpt_train --profile printed no table: $(tail -5 "$T/prof.log")"
 python3 - "$T/plain.json" "$T/prof.json" <<'PY' || fail "gpt_train --profile: see above"
@@ -59,7 +59,7 @@ for e in errors:
 print(f"gpt_train --profile: {len(rows)} rows, {total:.1f} of {p.get('steps_ms', 0):.1f} ms; losses unchanged")
 sys.exit(1 if errors else 0)
 PY
-timeout 120 "$VGG_CKPT" --width-div 64 --image-size 32 --batch-size 2 --steps 2 --checkpoint sqrt --profile \
+timeout 90 "$VGG_CKPT" --width-div 64 --image-size 32 --batch-size 2 --steps 2 --checkpoint sqrt --profile \
   > "$T/vgg.log" 2>&1 || fail "vgg_ckpt --profile failed: $(tail -3 "$T/vgg.log")"
 grep -q '^conv2d  *replay' "$T/vgg.log" || fail "vgg_ckpt --profile: no conv2d replay row: $(grep -A30 '^op or scope' "$T/vgg.log")"
 echo "app_profile: gpt_train and vgg_ckpt profiled their steps"

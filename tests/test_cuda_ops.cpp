@@ -321,4 +321,23 @@ TEST_CASE("cuda: layer_norm over tiles of rows, columns not a multiple of 32, ac
   }
 }
 
+TEST_CASE("cuda: the profiler times CUDA ops by events on the device's stream") {
+  Tensor x = rand_tensor({64, 128}, 71).to(kGpu), w = rand_tensor({256, 128}, 72).to(kGpu);
+  w.requires_grad_();
+  profiler::start();
+  for (int i = 0; i < 3; ++i) linear(x, w).backward(Tensor::ones({64, 256}, TensorOptions{}.with_device(kGpu)));
+  profiler::stop();
+  const std::vector<profiler::Row> rows = profiler::report();
+  int found = 0;
+  for (const profiler::Row& r : rows) {
+    if (r.name != "linear") continue;
+    CAPTURE(r.pass);
+    CHECK(r.device == "cuda:0");
+    CHECK(r.calls == 3);
+    CHECK(r.ms > 0.0);
+    ++found;
+  }
+  CHECK(found == 2);  // forward and backward
+}
+
 #endif  // MINIGRAD_WITH_CUDA

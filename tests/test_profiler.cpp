@@ -117,3 +117,20 @@ TEST_CASE("profiler: a scope inside a counted one counts for the outer only; one
   CHECK(calls(profiler::report(), "after", "") == 1);  // the depth came back to 0
   profiler::stop();
 }
+
+TEST_CASE("profiler: an op that throws inside a span leaves the depth as it was; a span open at stop() still counts") {
+  profiler::start();
+  CHECK_THROWS_AS(linear(test::rand_tensor({2, 3}, 7), test::rand_tensor({4, 5}, 8)), Error);  // K differs
+  relu(test::rand_tensor({3}, 9));  // counted: the failed op's span closed
+  {
+    const profiler::Scope open("open", Device::cpu());
+    profiler::stop();
+    relu(test::rand_tensor({3}, 10));  // inside "open": not counted apart
+  }
+  const profiler::Scope after_stop("after_stop", Device::cpu());
+  const std::vector<profiler::Row> rows = profiler::report();
+  CHECK(calls(rows, "linear", "forward") == 1);  // the throwing call, timed up to its throw
+  CHECK(calls(rows, "relu", "forward") == 1);
+  CHECK(calls(rows, "open", "") == 1);
+  CHECK(calls(rows, "after_stop", "") == 0);
+}

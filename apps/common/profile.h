@@ -2,8 +2,10 @@
 // pass (minigrad/core/profiler.h), printed after training and written under "profile" in --json.
 //
 //   StepProfile prof{profile_flag};
-//   for (step ...) { prof.begin(step, steps); ... prof.end(step, ms); }
+//   for (step ...) { prof.begin(step, steps); ... [re-plan; prof.restart(step, steps)] ... prof.end(step, steps, ms); }
 //   prof.print();  j["profile"] = prof.json();
+// After an out-of-memory re-plan the profile starts again from the redone step: the failed try's
+// ops and the planner's runs are not the steps' work.
 #pragma once
 
 #include <cstdio>
@@ -21,9 +23,20 @@ struct StepProfile {
   std::vector<mg::profiler::Row> rows;
 
   // The first step warms up (threads, caches, cuDNN's choices) and is left out, unless it is the only one.
+  bool restarted = false;
+  int64_t steps_total = 0;
+
   bool profiled(int64_t step, int64_t total) const { return on && step >= (total > 1 ? 1 : 0); }
   void begin(int64_t step, int64_t total) {
+    steps_total = total;
     if (profiled(step, total) && !mg::profiler::recording()) mg::profiler::start();
+  }
+  void restart(int64_t step, int64_t total) {
+    if (!profiled(step, total)) return;
+    mg::profiler::start();
+    steps_ms = 0;
+    steps = 0;
+    restarted = true;
   }
   void end(int64_t step, int64_t total, double ms) {
     if (!profiled(step, total)) return;
@@ -36,9 +49,11 @@ struct StepProfile {
     rows = mg::profiler::report();
     double in_table = 0;
     for (const mg::profiler::Row& r : rows) in_table += r.ms;
-    LEAD_PRINTF("profile of %lld steps (the first left out), %.1f ms in all:\n%s", static_cast<long long>(steps),
-                steps_ms, mg::profiler::table(rows).c_str());
-    LEAD_PRINTF("outside the table (data, the step's read, the host's own work): %.1f ms (%.1f%% of the steps)\n",
+    const char* which = restarted ? "from the last re-plan on" : steps_total > 1 ? "the first left out" : "the only one";
+    LEAD_PRINTF("profile of %lld steps (%s), %.1f ms in all:\n%s", static_cast<long long>(steps), which, steps_ms,
+                mg::profiler::table(rows).c_str());
+    LEAD_PRINTF("in no op or scope (the step's read of its losses, data read inside the step, the host's own work): "
+                "%.1f ms (%.1f%% of the steps)\n",
                 steps_ms - in_table, steps_ms > 0 ? 100.0 * (steps_ms - in_table) / steps_ms : 0.0);
   }
   nlohmann::ordered_json json() const {

@@ -332,6 +332,7 @@ int main(int argc, char** argv) {
           // nor the old plan's steps before.
           mg::reset_peak_memory_stats(dev);
           peak_in_use = 0;
+          prof.restart(step, steps);
           t0 = std::chrono::steady_clock::now();
         }
       }

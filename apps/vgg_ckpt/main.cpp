@@ -353,6 +353,7 @@ int main(int argc, char** argv) {
       auto restart_step = [&] {
         mg::reset_peak_memory_stats(dev);
         peak_in_use = peak_reserved = 0;
+        prof.restart(step, total_steps);
         t0 = std::chrono::steady_clock::now();
         c0 = std::clock();
         data_ms = data_cpu_ms = 0;

@@ -1,11 +1,14 @@
-// The op profiler (minigrad/core/profiler.h): spans recorded while on, summed by report().
+// The op profiler (minigrad/core/profiler.h): each closed span is added into its row at once (CPU)
+// or when its two CUDA events have been read back.
 #include <minigrad/core/profiler.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <mutex>
+#include <unordered_map>
 
 #include "core/tape.h"
 
@@ -24,33 +27,57 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One call: CPU spans hold two clock readings, CUDA spans two events until report() reads them.
-struct Span {
-  std::string name;
-  const char* pass = "";
-  Device device;
-  Clock::time_point t0, t1;
-  void* e0 = nullptr;
-  void* e1 = nullptr;
-  bool done = false;
-  double ms = -1.0;  // known once read
+// A CUDA span whose end event the device may not have reached yet.
+struct Pending {
+  size_t row;
+  void* e0;
+  void* e1;
 };
+constexpr size_t kPendingBatch = 4096;  // read back the oldest half beyond twice this many
 
+// Guarded by g_mutex.
 std::mutex g_mutex;
-std::vector<Span> g_spans;
-std::atomic<bool> g_on{false};
+std::vector<Row> g_rows;
+std::unordered_map<std::string, size_t> g_row_of;  // Scope's key -> index in g_rows
+std::deque<Pending> g_pending;
 uint64_t g_generation = 0;  // start() begins a new one: a Scope opened before it is not counted
+
+std::atomic<bool> g_on{false};
 thread_local int t_depth = 0;
 
-void free_marks(Span& s) {
-  cuda_mark_free(s.e0);
-  cuda_mark_free(s.e1);
-  s.e0 = s.e1 = nullptr;
+std::string key_of(const char* name, const char* pass, Device device) {
+  return std::string(name) + '\0' + pass + '\0' + device.str();
+}
+
+size_t row_for(const std::string& key) {
+  if (auto it = g_row_of.find(key); it != g_row_of.end()) return it->second;
+  const size_t a = key.find('\0'), b = key.find('\0', a + 1);
+  g_rows.push_back({key.substr(0, a), key.substr(a + 1, b - a - 1), key.substr(b + 1), 0, 0.0});
+  g_row_of.emplace(key, g_rows.size() - 1);
+  return g_rows.size() - 1;
+}
+
+// Reads back the first n pending CUDA spans (waiting for the device where needed) into their rows.
+void resolve(size_t n) {
+  while (n-- > 0 && !g_pending.empty()) {
+    Pending& p = g_pending.front();
+    const double ms = cuda_mark_ms(p.e0, p.e1);  // may throw: the span stays pending
+    cuda_mark_free(p.e0);
+    cuda_mark_free(p.e1);
+    g_rows[p.row].ms += ms;
+    ++g_rows[p.row].calls;
+    g_pending.pop_front();
+  }
 }
 
 void clear() {
-  for (Span& s : g_spans) free_marks(s);
-  g_spans.clear();
+  for (const Pending& p : g_pending) {
+    cuda_mark_free(p.e0);
+    cuda_mark_free(p.e1);
+  }
+  g_pending.clear();
+  g_rows.clear();
+  g_row_of.clear();
 }
 
 }  // namespace
@@ -66,73 +93,72 @@ void stop() { g_on = false; }
 
 bool recording() { return g_on; }
 
-// slot_: -1 when not recording at construction, -2 inside another counted span (the depth was
-// raised, nothing recorded), else the span's index in g_spans of generation_.
 Scope::Scope(const char* name, Device device, const char* pass) {
   if (!g_on.load(std::memory_order_relaxed)) return;
-  if (t_depth++ > 0) {
-    slot_ = -2;
+  if (t_depth++ > 0) {  // inside a counted span: the outer one counts
+    state_ = State::nested;
     return;
   }
   try {
-    Span s;
-    s.name = name;
-    s.pass = pass;
-    s.device = device;
-    if (device.is_cuda()) s.e0 = cuda_mark(device.index);
-    else s.t0 = Clock::now();
-    std::lock_guard<std::mutex> lock(g_mutex);
-    slot_ = static_cast<int64_t>(g_spans.size());
-    generation_ = g_generation;
-    g_spans.push_back(std::move(s));
+    key_ = key_of(name, pass, device);
+    device_ = device;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      generation_ = g_generation;
+    }
+    if (device.is_cuda()) e0_ = cuda_mark(device.index);
+    else t0_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   } catch (...) {
     --t_depth;
     throw;
   }
+  state_ = State::open;
 }
 
 Scope::~Scope() {
-  if (slot_ == -1) return;
+  if (state_ == State::off) return;
   --t_depth;
-  if (slot_ == -2) return;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (generation_ != g_generation || slot_ >= static_cast<int64_t>(g_spans.size())) return;  // start() since
-  Span& s = g_spans[static_cast<size_t>(slot_)];
-  if (s.device.is_cuda()) {
+  if (state_ == State::nested) return;
+  void* e1 = nullptr;
+  double ms = 0.0;
+  if (device_.is_cuda()) {
     try {
-      s.e1 = cuda_mark(s.device.index);
+      e1 = cuda_mark(device_.index);
     } catch (...) {  // a destructor must not throw: the span is dropped
-      free_marks(s);
+      cuda_mark_free(e0_);
       return;
     }
   } else {
-    s.t1 = Clock::now();
+    const int64_t t1 = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    ms = static_cast<double>(t1 - t0_ns_) / 1e6;
   }
-  s.done = true;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (generation_ != g_generation) {  // start() since: this span belongs to no recording
+    cuda_mark_free(e0_);
+    cuda_mark_free(e1);
+    return;
+  }
+  const size_t row = row_for(key_);
+  if (e1 == nullptr) {
+    g_rows[row].ms += ms;
+    ++g_rows[row].calls;
+    return;
+  }
+  g_pending.push_back({row, e0_, e1});
+  if (g_pending.size() >= 2 * kPendingBatch) {
+    try {
+      resolve(kPendingBatch);  // long done, as a rule: the device is rarely that far behind
+    } catch (...) {  // a CUDA error: report() will meet it again
+    }
+  }
 }
 
 std::vector<Row> report() {
   std::lock_guard<std::mutex> lock(g_mutex);
+  resolve(g_pending.size());
   std::vector<Row> rows;
-  for (Span& s : g_spans) {
-    if (!s.done) continue;
-    if (s.ms < 0.0) {
-      if (s.device.is_cuda()) {
-        s.ms = cuda_mark_ms(s.e0, s.e1);
-        free_marks(s);
-      } else {
-        s.ms = std::chrono::duration<double, std::milli>(s.t1 - s.t0).count();
-      }
-    }
-    const std::string device = s.device.str();
-    auto it = std::find_if(rows.begin(), rows.end(),
-                           [&](const Row& r) { return r.name == s.name && r.pass == s.pass && r.device == device; });
-    if (it == rows.end()) {
-      rows.push_back({s.name, s.pass, device, 0, 0.0});
-      it = rows.end() - 1;
-    }
-    ++it->calls;
-    it->ms += s.ms;
+  for (const Row& r : g_rows) {
+    if (r.calls > 0) rows.push_back(r);
   }
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.ms > b.ms; });
   return rows;

@@ -220,7 +220,6 @@ StepInfo Accumulator::step_window(bool flushing) {
   double norm_sq = want_norm && !dp ? read[norm_slot] : 0.0;
   bool bad_elsewhere = false;
   if (dp) {  // Note [data parallel step]
-    const profiler::Scope timed("dist.reduce", grads[0].device());
     const std::vector<double> sums = dist::all_reduce(std::vector<double>{
         static_cast<double>(info.samples), static_cast<double>(info.micro_batches), info.loss_sum, bad >= 0 ? 1.0 : 0.0});
     info.samples = static_cast<int64_t>(sums[0]);
@@ -233,17 +232,21 @@ StepInfo Accumulator::step_window(bool flushing) {
     }
     MG_CHECK(info.samples > 0, "Accumulator::step: no micro-batch since the last step on any of the "
                                    << dist::world_size() << " ranks");
-    if (bucketed()) {  // Note [overlapped reduction]: backward started them all, or none
-      if (!started_in_backward_) {
-        dist::timeline_mark("step starts the buckets");
-        buckets().reset();
-        buckets().launch_rest([&](size_t i) { start_bucket(grads, i); });
+    {  // the gradients' reduction; on CUDA, the device's wait for it (the host's small reduction of
+       // the window's counts above is not timed: device events would not see it)
+      const profiler::Scope timed("dist.reduce", grads[0].device());
+      if (bucketed()) {  // Note [overlapped reduction]: backward started them all, or none
+        if (!started_in_backward_) {
+          dist::timeline_mark("step starts the buckets");
+          buckets().reset();
+          buckets().launch_rest([&](size_t i) { start_bucket(grads, i); });
+        }
+        dist::all_reduce_wait();
+        dist::timeline_mark("reductions waited");
+      } else {
+        std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
+        dist::all_reduce(last_layer_first);
       }
-      dist::all_reduce_wait();
-      dist::timeline_mark("reductions waited");
-    } else {
-      std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
-      dist::all_reduce(last_layer_first);
     }
     if (want_norm) norm_sq = sum_squares(grads);
   }

@@ -16,8 +16,8 @@
 // time between two events recorded on its stream before and after the call's launches, so a
 // kernel is charged to the op that launched it, and report() waits for the device. A call inside
 // another counted one counts for the outer one only. Not recording costs one flag check per call;
-// recording, two clock reads (CPU) or two CUDA events (CUDA) per call. Not for use from two
-// threads at once.
+// recording, two clock reads (CPU) or two CUDA events (CUDA) per call; CUDA's are read back
+// (and freed) in batches as the device finishes them, so a long run holds few.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +45,7 @@ std::vector<Row> report();
 std::string table(const std::vector<Row>& rows);
 
 // A span of one's own, counted as `name` (with no pass) from construction to destruction while
-// recording.
+// recording. One opened before start() counts for nothing, nor does what runs inside it.
 class Scope {
  public:
   Scope(const char* name, Device device, const char* pass = "");
@@ -54,8 +54,13 @@ class Scope {
   Scope& operator=(const Scope&) = delete;
 
  private:
-  int64_t slot_ = -1;
+  enum class State : uint8_t { off, nested, open };
+  State state_ = State::off;
   uint64_t generation_ = 0;
+  std::string key_;  // name, pass and device
+  Device device_;
+  int64_t t0_ns_ = 0;
+  void* e0_ = nullptr;  // CUDA: the event before
 };
 
 }  // namespace mg::profiler
