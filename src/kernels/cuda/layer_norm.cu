@@ -116,9 +116,9 @@ void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
   if (dw.defined() || db.defined()) {  // with no rows too: dw and db are then 0 (or kept, accumulating)
     const int64_t blocks = (c + math::kLnCols - 1) / math::kLnCols;
     MG_CHECK(blocks <= 2147483647, "layer_norm on CUDA: " << c << " columns exceed the grid limit");
-    layer_norm_dwdb_kernel<<<static_cast<unsigned>(blocks), math::kLnWarps * kWarp>>>(maybe_mut(dw), maybe_mut(db), dy.data<float>(),
-                                                                   x.data<float>(), mean.data<float>(),
-                                                                   rstd.data<float>(), m, c, accumulate);
+    layer_norm_dwdb_kernel<<<static_cast<unsigned>(blocks), math::kLnWarps * kWarp>>>(
+        maybe_mut(dw), maybe_mut(db), dy.data<float>(), x.data<float>(), mean.data<float>(), rstd.data<float>(), m, c,
+        accumulate);
     MG_CUDA_CHECK_LAUNCH();
   }
 }
