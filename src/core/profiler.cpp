@@ -38,22 +38,18 @@ constexpr size_t kPendingBatch = 4096;  // read back the oldest half beyond twic
 // Guarded by g_mutex.
 std::mutex g_mutex;
 std::vector<Row> g_rows;
-std::unordered_map<std::string, size_t> g_row_of;  // Scope's key -> index in g_rows
+std::unordered_map<std::string, size_t> g_row_of;  // name, pass and device -> index in g_rows
 std::deque<Pending> g_pending;
 uint64_t g_generation = 0;  // start() begins a new one: a Scope opened before it is not counted
 
 std::atomic<bool> g_on{false};
 thread_local int t_depth = 0;
 
-std::string key_of(const char* name, const char* pass, Device device) {
-  return std::string(name) + '\0' + pass + '\0' + device.str();
-}
-
-size_t row_for(const std::string& key) {
+size_t row_for(const std::string& name, const std::string& pass, Device device) {
+  std::string key = name + '\0' + pass + '\0' + device.str();
   if (auto it = g_row_of.find(key); it != g_row_of.end()) return it->second;
-  const size_t a = key.find('\0'), b = key.find('\0', a + 1);
-  g_rows.push_back({key.substr(0, a), key.substr(a + 1, b - a - 1), key.substr(b + 1), 0, 0.0});
-  g_row_of.emplace(key, g_rows.size() - 1);
+  g_rows.push_back({name, pass, device.str(), 0, 0.0});
+  g_row_of.emplace(std::move(key), g_rows.size() - 1);
   return g_rows.size() - 1;
 }
 
@@ -100,7 +96,8 @@ Scope::Scope(const char* name, Device device, const char* pass) {
     return;
   }
   try {
-    key_ = key_of(name, pass, device);
+    name_ = name;
+    pass_ = pass;
     device_ = device;
     {
       std::lock_guard<std::mutex> lock(g_mutex);
@@ -138,7 +135,7 @@ Scope::~Scope() {
     cuda_mark_free(e1);
     return;
   }
-  const size_t row = row_for(key_);
+  const size_t row = row_for(name_, pass_, device_);
   if (e1 == nullptr) {
     g_rows[row].ms += ms;
     ++g_rows[row].calls;

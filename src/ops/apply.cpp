@@ -14,7 +14,8 @@ std::vector<const OpDef*>& registry() {
   return ops;
 }
 
-void check_same_device(const char* op, const std::vector<Tensor>& in) {
+// The inputs' one device (the CPU when none is defined).
+Device common_device(const char* op, const std::vector<Tensor>& in) {
   const Tensor* first = nullptr;
   for (const Tensor& t : in) {
     if (!t.defined()) continue;
@@ -23,13 +24,7 @@ void check_same_device(const char* op, const std::vector<Tensor>& in) {
                                                 << first->device().str() << " and "
                                                 << t.device().str() << ")");
   }
-}
-
-Device first_device(const std::vector<Tensor>& in) {
-  for (const Tensor& t : in) {
-    if (t.defined()) return t.device();
-  }
-  return Device::cpu();
+  return first ? first->device() : Device::cpu();
 }
 }  // namespace
 
@@ -61,11 +56,11 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   bool needs_grad = false;
   for (const Tensor& t : inputs) needs_grad |= t.defined() && t.requires_grad();
   const bool record = needs_grad && GradMode::enabled();
-  check_same_device(op.name, inputs);
+  const Device device = common_device(op.name, inputs);
   std::vector<Tensor> saved;
   Tensor out;
   {
-    const profiler::Scope timed(op.name, first_device(inputs), forward_pass());
+    const profiler::Scope timed(op.name, device, forward_pass());
     out = op.forward(attrs, inputs, record ? &saved : nullptr);
   }
   if (!record) return out;

@@ -57,7 +57,7 @@ class Scope {
   enum class State : uint8_t { off, nested, open };
   State state_ = State::off;
   uint64_t generation_ = 0;
-  std::string key_;  // name, pass and device
+  std::string name_, pass_;
   Device device_;
   int64_t t0_ns_ = 0;
   void* e0_ = nullptr;  // CUDA: the event before
