@@ -2,6 +2,7 @@
 // against the CPU kernels and naive references, so the index arithmetic and formulas the GPU
 // runs are checked on every machine, GPU or not.
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -10,6 +11,7 @@
 #include "kernels/cuda/kernel_math.h"
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
+#include "kernels/embedding.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/pooling.h"
@@ -505,6 +507,70 @@ TEST_CASE("kernel math: layer_norm's tiled dw and db add each column's rows in o
         // The formula: the CPU kernel's (the same order; its build may fuse the multiply-adds).
         CHECK(rel_err(kdw, dw.to_vector<float>()) < 1e-6);
         CHECK(rel_err(kdb, db.to_vector<float>()) < 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("kernel math: embedding's keys, stable sort and offsets give embedding_buckets' rows, and the CPU's dw") {
+  // The CUDA backward: keys per position, a stable radix sort over the keys' low bits (CUB's; here
+  // std::stable_sort of the masked keys), offsets by binary search, one sum per (row, channel).
+  const int64_t lim = std::numeric_limits<int64_t>::max(), low = std::numeric_limits<int64_t>::min();
+  for (const int64_t rows : {1, 2, 7, 64, 1000, 50257}) {
+    for (const int64_t n : {0, 1, 5, 300}) {
+      for (const bool bad : {false, true}) {
+        CAPTURE(rows);
+        CAPTURE(n);
+        CAPTURE(bad);
+        std::mt19937_64 rng(static_cast<uint64_t>(rows * 1000 + n));
+        std::vector<int64_t> idx(static_cast<size_t>(n));
+        // Few distinct rows, so rows repeat and most of a large table is empty.
+        for (auto& t : idx) t = static_cast<int64_t>(rng() % 5) * (rows / 5) + static_cast<int64_t>(rng() % 2) % rows;
+        if (bad && n >= 5) {
+          idx[0] = -1;
+          idx[2] = rows;
+          idx[3] = lim;
+          idx[4] = low;
+        }
+        const int bits = km::embedding_key_bits(rows);
+        const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+        CHECK(static_cast<uint64_t>(rows) <= mask);            // every key fits the sort's bits
+        CHECK((static_cast<uint64_t>(rows) >> (bits - 1)) == 1);  // and no more bits than that
+        std::vector<std::pair<uint64_t, int64_t>> kp;
+        for (int64_t p = 0; p < n; ++p) kp.emplace_back(km::embedding_key(idx[static_cast<size_t>(p)], rows) & mask, p);
+        std::stable_sort(kp.begin(), kp.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        std::vector<uint64_t> sorted(kp.size());
+        std::vector<int64_t> pos(kp.size());
+        for (size_t k = 0; k < kp.size(); ++k) std::tie(sorted[k], pos[k]) = kp[k];
+        std::vector<int64_t> offset(static_cast<size_t>(rows) + 1);
+        for (int64_t r = 0; r <= rows; ++r) offset[static_cast<size_t>(r)] = km::embedding_offset(sorted.data(), n, r);
+        // Reference: each row's positions in increasing order; out-of-range indices in none.
+        std::vector<int64_t> ref_offset{0}, ref_pos;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t p = 0; p < n; ++p)
+            if (idx[static_cast<size_t>(p)] == r) ref_pos.push_back(p);
+          ref_offset.push_back(static_cast<int64_t>(ref_pos.size()));
+        }
+        CHECK(offset == ref_offset);
+        CHECK(std::vector<int64_t>(pos.begin(), pos.begin() + offset.back()) == ref_pos);
+        if (!bad) {
+          const EmbeddingBuckets b = embedding_buckets(idx.data(), n, rows);
+          CHECK(offset == b.offset);
+          CHECK(pos == b.pos);
+          // dw, accumulating and not: the CPU kernel's bits (the same additions in the same order).
+          const int64_t c = 3;
+          const std::vector<float> hdy = random_values(static_cast<size_t>(n * c), 41), before = random_values(static_cast<size_t>(rows * c), 42);
+          for (const bool accumulate : {false, true}) {
+            Tensor dw = Tensor::from_vector(before, {rows, c});
+            embedding_backward<Cpu>(dw, Tensor::from_vector(hdy, {n, c}), Tensor::from_vector(idx, {n}), accumulate);
+            std::vector<float> kdw(before.size());
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t j = 0; j < c; ++j)
+                kdw[static_cast<size_t>(r * c + j)] = km::embedding_grad(accumulate ? before[static_cast<size_t>(r * c + j)] : 0.0f,
+                                                                         hdy.data(), offset.data(), pos.data(), r, j, c);
+            CHECK(kdw == dw.to_vector<float>());
+          }
+        }
       }
     }
   }

@@ -13,6 +13,7 @@
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/pooling.h"
@@ -297,6 +298,32 @@ TEST_CASE("cuda: causal self-attention, GPT-2's heads of 64 (held in registers) 
       }, {qkv}, kStrict);
     }
   }
+}
+
+TEST_CASE("cuda: embedding's backward sorts on the device: the CPU's bits, accumulating, GPT-2's vocabulary") {
+  // Each row's positions added in increasing order on both devices: adds only, so the same bits.
+  for (const int64_t v : {1, 7, 50257}) {
+    for (const int64_t n : {0, 1, 4096}) {
+      CAPTURE(v);
+      CAPTURE(n);
+      const int64_t c = 24;
+      std::vector<int64_t> hidx(static_cast<size_t>(n));
+      for (int64_t p = 0; p < n; ++p) hidx[static_cast<size_t>(p)] = (p * 7919 % 97) * (v / 97 + 1) % v;  // repeats
+      const Tensor idx = Tensor::from_vector(hidx, {n}), dy = rand_tensor({n, c}, 71);
+      for (const bool accumulate : {false, true}) {
+        Tensor dw = rand_tensor({v, c}, 72), dwg = accumulate ? dw.to(kGpu) : poisoned({v, c}, kGpu);
+        embedding_backward<Cpu>(dw, dy, idx, accumulate);
+        embedding_backward<Cuda>(dwg, dy.to(kGpu), idx.to(kGpu), accumulate);
+        CHECK(dwg.cpu().to_vector<float>() == dw.to_vector<float>());
+      }
+    }
+  }
+  // An index outside the table: flagged by the forward (and by the backward's keys), raised at the
+  // next synchronisation, naming the position; the flag is then cleared.
+  Tensor w = rand_tensor({5, 3}, 73).to(kGpu);
+  Tensor y = embedding(Tensor::from_vector(std::vector<int64_t>{0, 4, 5, 1}, {4}).to(kGpu), w);
+  CHECK_THROWS_WITH_AS(y.cpu(), doctest::Contains("index[2] = 5"), Error);
+  CHECK(embedding(Tensor::from_vector(std::vector<int64_t>{4}, {1}).to(kGpu), w).cpu().numel() == 3);
 }
 
 TEST_CASE("cuda: layer_norm over tiles of rows, columns not a multiple of 32, accumulating") {

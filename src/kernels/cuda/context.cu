@@ -124,7 +124,7 @@ void check_error_flag(int device_index) {
   }
   if (flag[0] == kFlagBadIndex) {
     MG_FAIL("embedding: index[" << flag[1] << "] = " << flag[2] << " is not a row of the table (found on cuda:"
-                                << device_index << " at the next synchronisation after the forward)");
+                                << device_index << " at the next synchronisation after the forward or backward)");
   }
   MG_FAIL("a CUDA kernel on cuda:" << device_index << " raised error code " << flag[0]);
 }

@@ -1,23 +1,32 @@
-// Embedding on CUDA (kernels/embedding.h). Forward: one thread per output element. Backward: the
-// positions are bucketed by row on the host (the indices are copied there: a synchronisation,
-// as llm.c's deterministic encoder backward also buckets on the host), then one thread per
-// (row, channel) adds its row's positions in order: deterministic, no atomics.
+// Embedding on CUDA (kernels/embedding.h). Forward: one thread per output element. Backward, with
+// no wait for the host: the positions are sorted by row on the device (CUB's radix sort, which is
+// stable, so each row's positions stay in increasing order), each row's start is found by a
+// binary search (kernel_math.h), then one thread per (row, channel) adds its row's positions in
+// order: deterministic, no atomics, the CPU kernel's order of additions.
+#include <cub/device/device_radix_sort.cuh>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_math.h"
 #include "kernels/embedding.h"
 
 namespace mg {
 namespace {
+
+// The first bad index a kernel meets is the one synchronize() reports.
+__device__ void flag_bad_index(long long* error_flag, int64_t p, int64_t t) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(error_flag), 0ull,
+                static_cast<unsigned long long>(cuda::kFlagBadIndex)) == 0ull) {
+    error_flag[1] = p;
+    error_flag[2] = t;
+  }
+}
 
 __global__ void embedding_forward_kernel(float* y, const int64_t* idx, const float* w, int64_t n, int64_t v,
                                          int64_t c, long long* error_flag) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * c; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t p = i / c, j = i % c, t = idx[p];
     if (t < 0 || t >= v) {
-      if (atomicCAS(reinterpret_cast<unsigned long long*>(error_flag), 0ull,
-                    static_cast<unsigned long long>(cuda::kFlagBadIndex)) == 0ull) {
-        error_flag[1] = p;
-        error_flag[2] = t;
-      }
+      flag_bad_index(error_flag, p, t);
       y[i] = 0.0f;
       continue;
     }
@@ -29,10 +38,25 @@ __global__ void embedding_backward_kernel(float* dw, const float* dy, const int6
                                           int64_t v, int64_t c, bool accumulate) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < v * c; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / c, j = i % c;
-    float acc = accumulate ? dw[i] : 0.0f;
-    for (int64_t k = offset[r]; k < offset[r + 1]; ++k) acc += dy[pos[k] * c + j];
-    dw[i] = acc;
+    dw[i] = cuda::math::embedding_grad(accumulate ? dw[i] : 0.0f, dy, offset, pos, r, j, c);
   }
+}
+
+// Sort keys (the rows; out-of-range indices flagged and keyed past every row) and positions.
+__global__ void embedding_keys_kernel(uint64_t* key, int64_t* pos, const int64_t* idx, int64_t n, int64_t v,
+                                      long long* error_flag) {
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < n; p += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = idx[p];
+    if (t < 0 || t >= v) flag_bad_index(error_flag, p, t);
+    key[p] = cuda::math::embedding_key(t, v);
+    pos[p] = p;
+  }
+}
+
+// offset[r] for r in [0, v]: where row r's positions start in the sorted keys.
+__global__ void embedding_offsets_kernel(int64_t* offset, const uint64_t* sorted, int64_t n, int64_t v) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r <= v; r += int64_t{gridDim.x} * blockDim.x)
+    offset[r] = cuda::math::embedding_offset(sorted, n, r);
 }
 
 }  // namespace
@@ -49,17 +73,36 @@ template <> void embedding_forward<Cuda>(Tensor& y, const Tensor& idx, const Ten
 }
 
 template <> void embedding_backward<Cuda>(Tensor& dw, const Tensor& dy, const Tensor& idx, bool accumulate) {
-  const int64_t v = dw.size(0), c = dw.size(1);
+  const int64_t n = idx.numel(), v = dw.size(0), c = dw.size(1);
   if (v * c == 0) return;
-  const Tensor idx_host = idx.to(Device::cpu());
-  const EmbeddingBuckets b = embedding_buckets(idx_host.data<int64_t>(), idx_host.numel(), v);
-  const Tensor offset = Tensor::from_vector(b.offset, {static_cast<int64_t>(b.offset.size())}).to(dw.device());
-  const Tensor pos = Tensor::from_vector(b.pos.empty() ? std::vector<int64_t>{0} : b.pos,
-                                         {std::max<int64_t>(1, static_cast<int64_t>(b.pos.size()))})
-                         .to(dw.device());
-  cuda::DeviceGuard guard(cuda::device_of(dw));
-  embedding_backward_kernel<<<cuda::grid_for(v * c), cuda::kThreads>>>(
-      dw.data<float>(), dy.data<float>(), offset.data<int64_t>(), pos.data<int64_t>(), v, c, accumulate);
+  const int dev = cuda::device_of(dw);
+  cuda::DeviceGuard guard(dev);
+  const size_t keys_bytes = static_cast<size_t>(n) * sizeof(uint64_t), pos_bytes = static_cast<size_t>(n) * sizeof(int64_t);
+  cuda::Workspace key_in(dev, keys_bytes), key_out(dev, keys_bytes), pos_in(dev, pos_bytes), pos_out(dev, pos_bytes);
+  cuda::Workspace offset(dev, static_cast<size_t>(v + 1) * sizeof(int64_t));
+  auto* keys = static_cast<uint64_t*>(key_in.get());
+  auto* sorted_keys = static_cast<uint64_t*>(key_out.get());
+  auto* sorted_pos = static_cast<int64_t*>(pos_out.get());
+  if (n > 0) {
+    embedding_keys_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(keys, static_cast<int64_t*>(pos_in.get()),
+                                                                  idx.data<int64_t>(), n, v,
+                                                                  cuda::context(dev).error_flag);
+    MG_CUDA_CHECK_LAUNCH();
+    const int bits = cuda::math::embedding_key_bits(v);
+    size_t temp_bytes = 0;
+    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_keys,
+                                                  static_cast<const int64_t*>(pos_in.get()), sorted_pos, n, 0, bits,
+                                                  cuda::kStream));
+    cuda::Workspace temp(dev, temp_bytes);
+    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys, sorted_keys,
+                                                  static_cast<const int64_t*>(pos_in.get()), sorted_pos, n, 0, bits,
+                                                  cuda::kStream));
+  }
+  auto* off = static_cast<int64_t*>(offset.get());
+  embedding_offsets_kernel<<<cuda::grid_for(v + 1), cuda::kThreads>>>(off, sorted_keys, n, v);
+  MG_CUDA_CHECK_LAUNCH();
+  embedding_backward_kernel<<<cuda::grid_for(v * c), cuda::kThreads>>>(dw.data<float>(), dy.data<float>(), off,
+                                                                        sorted_pos, v, c, accumulate);
   MG_CUDA_CHECK_LAUNCH();
 }
 
