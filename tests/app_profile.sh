@@ -4,11 +4,14 @@
 #     checkpointed blocks' forwards again as "replay", the optimizer's scopes once per profiled
 #     step, a total within the profiled steps' wall time; and the losses are the bits of a run
 #     without --profile (profiling changes no result);
-#   - vgg_ckpt: the table is printed.
+#   - vgg_ckpt: the table is printed;
+#   - mnist_ga over two epochs: the optimizer steps after the first, every micro-batch of them
+#     and no evaluation's forward, the same losses as without --profile.
 # Exit 77 (skipped) without python3.
-#   tests/app_profile.sh build/bin/gpt_train build/bin/vgg_ckpt
+#   tests/app_profile.sh build/bin/gpt_train build/bin/vgg_ckpt build/bin/mnist_ga
 set -u
-GPT_TRAIN=${1:?usage: app_profile.sh GPT_TRAIN VGG_CKPT} VGG_CKPT=${2:?usage: app_profile.sh GPT_TRAIN VGG_CKPT}
+usage="usage: app_profile.sh GPT_TRAIN VGG_CKPT MNIST_GA"
+GPT_TRAIN=${1:?$usage} VGG_CKPT=${2:?$usage} MNIST_GA=${3:?$usage}
 T=$(mktemp -d "${TMPDIR:-/tmp}/mg_app_profile.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export OMP_NUM_THREADS=2
@@ -62,4 +65,36 @@ PY
 timeout 90 "$VGG_CKPT" --width-div 64 --image-size 32 --batch-size 2 --steps 2 --checkpoint sqrt --profile \
   > "$T/vgg.log" 2>&1 || fail "vgg_ckpt --profile failed: $(tail -3 "$T/vgg.log")"
 grep -q '^conv2d  *replay' "$T/vgg.log" || fail "vgg_ckpt --profile: no conv2d replay row: $(grep -A30 '^op or scope' "$T/vgg.log")"
-echo "app_profile: gpt_train and vgg_ckpt profiled their steps"
+
+# 200 samples in micro-batches of 16: 13 a epoch, in 3 windows of 4 and a short one of 1; two
+# epochs are 8 steps, 7 profiled, over 13 - 4 + 13 = 22 micro-batches.
+M="--synthetic --limit-train 200 --limit-test 50 --batch-size 16 --accum 4 --epochs 2"
+timeout 90 "$MNIST_GA" $M --json "$T/mnist_plain.json" > "$T/mnist_plain.log" 2>&1 \
+  || fail "mnist_ga failed: $(tail -3 "$T/mnist_plain.log")"
+timeout 90 "$MNIST_GA" $M --profile --json "$T/mnist_prof.json" > "$T/mnist_prof.log" 2>&1 \
+  || fail "mnist_ga --profile failed: $(tail -3 "$T/mnist_prof.log")"
+grep -q '^op or scope' "$T/mnist_prof.log" || fail "mnist_ga --profile printed no table: $(tail -5 "$T/mnist_prof.log")"
+python3 - "$T/mnist_plain.json" "$T/mnist_prof.json" <<'PY' || fail "mnist_ga --profile: see above"
+import json, sys
+plain, prof = (json.load(open(p)) for p in sys.argv[1:3])
+errors = []
+losses = lambda j: [(e["train_loss"], e["test_loss"]) for e in j["epochs"]]
+if losses(plain) != losses(prof):
+    errors.append(f"losses {losses(prof)} with --profile, {losses(plain)} without")
+p = prof.get("profile", {})
+rows = {(r["name"], r["pass"]): r["calls"] for r in p.get("rows", [])}
+if p.get("steps") != 7:
+    errors.append(f"{p.get('steps')} profiled steps, expected 7 (8 steps, the first left out)")
+# 3 linear layers per micro-batch; an evaluation's forward would add 3 calls an epoch.
+for key, calls in [(("optimizer.step", ""), 7), (("linear", "forward"), 66), (("linear", "backward"), 66),
+                   (("cross_entropy", "forward"), 22)]:
+    if rows.get(key) != calls:
+        errors.append(f"{key}: {rows.get(key)} calls, expected {calls}")
+total = sum(r["ms"] for r in p.get("rows", []))
+if not 0 < total <= p.get("steps_ms", 0):
+    errors.append(f"the table's total {total} ms is not within the profiled steps' {p.get('steps_ms')} ms")
+for e in errors:
+    print("app_profile:", e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+echo "app_profile: gpt_train, vgg_ckpt and mnist_ga profiled their steps"

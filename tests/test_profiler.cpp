@@ -134,3 +134,28 @@ TEST_CASE("profiler: an op that throws inside a span leaves the depth as it was;
   CHECK(calls(rows, "open", "") == 1);
   CHECK(calls(rows, "after_stop", "") == 0);
 }
+
+TEST_CASE("profiler: resume() adds to what was recorded; what ran while stopped is not counted") {
+  profiler::start();
+  relu(test::rand_tensor({3}, 11));
+  profiler::stop();
+  relu(test::rand_tensor({3}, 12));  // stopped: not counted
+  {
+    const profiler::Scope opened_while_stopped("stopped", Device::cpu());
+    profiler::resume();
+    relu(test::rand_tensor({3}, 13));  // counted: the scope opened while stopped holds nothing
+  }
+  profiler::stop();
+  std::vector<profiler::Row> rows = profiler::report();
+  CHECK(calls(rows, "relu", "forward") == 2);
+  CHECK(calls(rows, "stopped", "") == 0);
+  profiler::resume();
+  profiler::resume();  // already recording: nothing changes
+  {
+    const profiler::Scope counted("counted", Device::cpu());
+  }
+  profiler::stop();
+  rows = profiler::report();
+  CHECK(calls(rows, "relu", "forward") == 2);  // kept across stop and resume
+  CHECK(calls(rows, "counted", "") == 1);
+}

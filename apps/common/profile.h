@@ -6,8 +6,14 @@
 //   prof.print();  j["profile"] = prof.json();
 // After an out-of-memory re-plan the profile starts again from the redone step: the failed try's
 // ops and the planner's runs are not the steps' work.
+//
+// Steps that run inside mg::optim::train_epoch (mnist_ga) are timed in windows instead:
+//   after the run's first optimizer step: prof.window_start();   each later step: ++prof.window_steps;
+//   at an epoch's end, before evaluating: prof.window_end();      the next epoch: prof.window_start();
+//   after an out-of-memory re-plan: prof.window_restart();
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <vector>
 
@@ -27,6 +33,7 @@ struct StepProfile {
   int64_t steps_total = 0;
 
   bool profiled(int64_t step, int64_t total) const { return on && step >= (total > 1 ? 1 : 0); }
+  bool first_left_out() const { return steps_total > 1; }
   void begin(int64_t step, int64_t total) {
     steps_total = total;
     if (profiled(step, total) && !mg::profiler::recording()) mg::profiler::start();
@@ -43,13 +50,50 @@ struct StepProfile {
     steps_ms += ms;
     ++steps;
   }
+
+  // Windows of steps (train_epoch's): recording from window_start() to window_end(), the steps
+  // counted by the caller. The first window follows the run's first step, which is left out.
+  using Clock = std::chrono::steady_clock;
+  bool started = false, in_window = false;
+  int64_t window_steps = 0;
+  Clock::time_point window_t0;
+  void window_start() {
+    if (!on || in_window) return;
+    if (started) {
+      mg::profiler::resume();
+    } else {
+      mg::profiler::start();
+      started = true;
+      steps_total = 2;  // the run's first step is left out
+    }
+    in_window = true;
+    window_steps = 0;
+    window_t0 = Clock::now();
+  }
+  void window_end() {
+    if (!in_window) return;
+    mg::profiler::stop();
+    steps_ms += std::chrono::duration<double, std::milli>(Clock::now() - window_t0).count();
+    steps += window_steps;
+    in_window = false;
+  }
+  void window_restart() {
+    if (!in_window) return;
+    mg::profiler::start();
+    steps_ms = 0;
+    steps = 0;
+    restarted = true;
+    window_steps = 0;
+    window_t0 = Clock::now();
+  }
+
   void print() {
     if (!on) return;
     mg::profiler::stop();
     rows = mg::profiler::report();
     double in_table = 0;
     for (const mg::profiler::Row& r : rows) in_table += r.ms;
-    const char* which = restarted ? "from the last re-plan on" : steps_total > 1 ? "the first left out" : "the only one";
+    const char* which = restarted ? "from the last re-plan on" : first_left_out() ? "the first left out" : "the only one";
     LEAD_PRINTF("profile of %lld steps (%s), %.1f ms in all:\n%s", static_cast<long long>(steps), which, steps_ms,
                 mg::profiler::table(rows).c_str());
     LEAD_PRINTF("in no op or scope (the step's read of its losses, data read inside the step, the host's own work): "

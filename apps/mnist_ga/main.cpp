@@ -28,6 +28,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/profile.h"
 #include "common/oom.h"
 #include "common/ranks.h"
 
@@ -42,7 +43,7 @@ struct Config {
   int64_t epochs = 10, batch_size = 64, accum = 1, limit_train = 0, limit_test = 0;
   float lr = 1e-3f, momentum = 0.0f, clip_norm = 0.0f;
   uint64_t seed = 0;
-  bool synthetic = false, divide_by_n = false, skip_non_finite = false;
+  bool synthetic = false, divide_by_n = false, skip_non_finite = false, profile = false;
 };
 
 // The weights --compare names, checked against the model before training: every parameter
@@ -323,14 +324,19 @@ int run(Config c, const char* argv0) {
   json replans = json::array();  // what out-of-memory recovery changed
   const bool tty = isatty(fileno(stdout)) && lead();
   EvalResult last{};
+  // --profile: the optimizer steps after the run's first, evaluation left out (apps/common/profile.h).
+  StepProfile prof{c.profile};
   for (int64_t e = start_epoch; e < c.epochs; ++e) {
     acc.set_steps(sched.steps_for_epoch(e));
     mg::optim::TrainCallbacks cb;
     int64_t seen = 0, seen_samples = 0;
     double loss_sum = 0;
-    if (tty) {
+    if (tty || prof.on) {
       // Per optimizer step: the losses come back once per step (Note [one read per step]).
       cb.on_step = [&](const mg::optim::StepInfo& info) {
+        if (prof.in_window) ++prof.window_steps;
+        else if (!prof.started) prof.window_start();  // the run's first step is done
+        if (!tty) return;
         seen += info.micro_batches;
         seen_samples += info.samples;
         loss_sum += info.loss_sum;
@@ -361,10 +367,13 @@ int run(Config c, const char* argv0) {
                     mg::format_bytes(next.predicted_peak).c_str());
         replans.push_back({{"epoch", e + 1}, {"step", opt->step_count()}, {"memory_bytes", there},
                            {"from_micro_batch", b}, {"to", next.str()}, {"predicted_peak_bytes", next.predicted_peak}});
+        prof.window_restart();  // the failed try and the planner's runs are not the steps' work
         return next.micro_batch;
       };
     }
+    if (prof.started) prof.window_start();
     mg::optim::EpochStats st = mg::optim::train_epoch(planned, loader, acc, e, {}, cb);
+    prof.window_end();
     if (tty) LEAD_PRINTF("\r%*s\r", 80, "");
     if (lead()) last = evaluate_fitting(*model, test, dev, eval_batch);  // the weights are the same on every rank
     const double sps = st.samples / std::max(st.seconds, 1e-9);
@@ -389,6 +398,7 @@ int run(Config c, const char* argv0) {
     LEAD_PRINTF("nothing to train (%lld epochs done, --epochs %lld): test loss %.6f, accuracy %.2f%%\n",
                 static_cast<long long>(start_epoch), static_cast<long long>(c.epochs), last.loss, last.accuracy);
   }
+  prof.print();
   const mg::MemoryStats mem = mg::memory_stats(dev);
   LEAD_PRINTF("peak memory in use on %s: %s; optimizer steps in total: %lld\n", dev.str().c_str(),
               mg::format_bytes(mem.peak_in_use).c_str(), static_cast<long long>(opt->step_count()));
@@ -437,6 +447,7 @@ int run(Config c, const char* argv0) {
     }
     if (limit != 0) j["memory_limit_bytes"] = limit;
     j["replans"] = replans;
+    if (prof.on) j["profile"] = prof.json();
     mg::nn::write_file_atomic(c.json_path, j.dump(2) + "\n");
   }
   return 0;
@@ -478,6 +489,8 @@ int main(int argc, char** argv) {
       ->check(nonempty());
   app.add_flag("--divide-by-n", c.divide_by_n, "the usual recipe, for comparison: mean loss per micro-batch / N (inexact on short windows)");
   app.add_flag("--skip-non-finite", c.skip_non_finite, "drop a window with a NaN/inf loss or gradient instead of stopping");
+  app.add_flag("--profile", c.profile, "after training, the time of every op by pass (forward, backward, replay) over the "
+               "optimizer steps after the first, evaluation left out (minigrad/core/profiler.h)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!c.json_path.empty()) mg::nn::check_writable(c.json_path, "--json");

@@ -87,6 +87,8 @@ void start() {
 
 void stop() { g_on = false; }
 
+void resume() { g_on = true; }
+
 bool recording() { return g_on; }
 
 Scope::Scope(const char* name, Device device, const char* pass) {

@@ -28,8 +28,9 @@
 
 namespace mg::profiler {
 
-void start();  // forgets what was recorded and records from now on
-void stop();   // stops recording; what was recorded stays for report()
+void start();   // forgets what was recorded and records from now on
+void stop();    // stops recording; what was recorded stays for report()
+void resume();  // records again, adding to what was recorded (what ran while stopped is not counted)
 bool recording();
 
 struct Row {
