@@ -18,12 +18,20 @@ export OMP_NUM_THREADS=2
 fail() { echo "app_profile: $*" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "app_profile: skipped: no python3 to read the JSON"; exit 77; }
 
-G="--config tiny --batch-size 4 --steps 4 --accum 2 --checkpoint sqrt"
-timeout 90 "$GPT_TRAIN" $G --json "$T/plain.json" > "$T/plain.log" 2>&1 || fail "gpt_train failed: $(tail -3 "$T/plain.log")"
-timeout 90 "$GPT_TRAIN" $G --profile --json "$T/prof.json" > "$T/prof.log" 2>&1 \
-  || fail "gpt_train --profile failed: $(tail -3 "$T/prof.log")"
-grep -q '^op or scope' "$T/prof.log" || fail "gpt_train --profile printed no table: $(tail -5 "$T/prof.log")"
-python3 - "$T/plain.json" "$T/prof.json" <<'PY' || fail "gpt_train --profile: see above"
+# run_pair NAME BINARY ARGS...: the app without and with --profile, JSON in $T/NAME_plain.json and
+# $T/NAME_prof.json; the second must print the table.
+run_pair() {
+  local name=$1 bin=$2
+  shift 2
+  timeout 90 "$bin" "$@" --json "$T/${name}_plain.json" > "$T/${name}_plain.log" 2>&1 \
+    || fail "$name failed: $(tail -3 "$T/${name}_plain.log")"
+  timeout 90 "$bin" "$@" --profile --json "$T/${name}_prof.json" > "$T/${name}_prof.log" 2>&1 \
+    || fail "$name --profile failed: $(tail -3 "$T/${name}_prof.log")"
+  grep -q '^op or scope' "$T/${name}_prof.log" || fail "$name --profile printed no table: $(tail -5 "$T/${name}_prof.log")"
+}
+
+run_pair gpt_train "$GPT_TRAIN" --config tiny --batch-size 4 --steps 4 --accum 2 --checkpoint sqrt
+python3 - "$T/gpt_train_plain.json" "$T/gpt_train_prof.json" <<'PY' || fail "gpt_train --profile: see above"
 import json, sys
 plain, prof = (json.load(open(p)) for p in sys.argv[1:3])
 errors = []
@@ -68,13 +76,8 @@ grep -q '^conv2d  *replay' "$T/vgg.log" || fail "vgg_ckpt --profile: no conv2d r
 
 # 200 samples in micro-batches of 16: 13 a epoch, in 3 windows of 4 and a short one of 1; two
 # epochs are 8 steps, 7 profiled, over 13 - 4 + 13 = 22 micro-batches.
-M="--synthetic --limit-train 200 --limit-test 50 --batch-size 16 --accum 4 --epochs 2"
-timeout 90 "$MNIST_GA" $M --json "$T/mnist_plain.json" > "$T/mnist_plain.log" 2>&1 \
-  || fail "mnist_ga failed: $(tail -3 "$T/mnist_plain.log")"
-timeout 90 "$MNIST_GA" $M --profile --json "$T/mnist_prof.json" > "$T/mnist_prof.log" 2>&1 \
-  || fail "mnist_ga --profile failed: $(tail -3 "$T/mnist_prof.log")"
-grep -q '^op or scope' "$T/mnist_prof.log" || fail "mnist_ga --profile printed no table: $(tail -5 "$T/mnist_prof.log")"
-python3 - "$T/mnist_plain.json" "$T/mnist_prof.json" <<'PY' || fail "mnist_ga --profile: see above"
+run_pair mnist_ga "$MNIST_GA" --synthetic --limit-train 200 --limit-test 50 --batch-size 16 --accum 4 --epochs 2
+python3 - "$T/mnist_ga_plain.json" "$T/mnist_ga_prof.json" <<'PY' || fail "mnist_ga --profile: see above"
 import json, sys
 plain, prof = (json.load(open(p)) for p in sys.argv[1:3])
 errors = []

@@ -39,7 +39,9 @@ struct StepProfile {
     if (profiled(step, total) && !mg::profiler::recording()) mg::profiler::start();
   }
   void restart(int64_t step, int64_t total) {
-    if (!profiled(step, total)) return;
+    if (profiled(step, total)) forget();
+  }
+  void forget() {  // what was recorded so far is not the steps' work
     mg::profiler::start();
     steps_ms = 0;
     steps = 0;
@@ -79,10 +81,7 @@ struct StepProfile {
   }
   void window_restart() {
     if (!in_window) return;
-    mg::profiler::start();
-    steps_ms = 0;
-    steps = 0;
-    restarted = true;
+    forget();
     window_steps = 0;
     window_t0 = Clock::now();
   }
