@@ -51,6 +51,9 @@ note() { echo "[gpu_verify] $*" | tee -a "$log/summary.txt"; }
 export PATH="/usr/local/cuda/bin:$PATH"
 export PYTHON="$(command -v "$py" || echo "$py")"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# A GPU test that finds no device fails here instead of skipping (tests/cuda_helpers.h, test_ops),
+# and says why: the runtime's error, the driver's and the runtime's CUDA versions.
+export MG_REQUIRE_GPU=1
 wheel_dir() {  # the folder of a wheel's package, e.g. nvidia.nccl
   "$py" -c "import importlib.util as u; s = u.find_spec('$1'); print(list(s.submodule_search_locations)[0] if s else '')" \
     2>/dev/null
@@ -137,6 +140,7 @@ stage_test() {
     timeout 240 "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1
     r=$?
     note "$t alone: exit $r; $(grep -E 'test cases:' "$log/$t.log" | tail -1)"
+    grep -m1 -o 'no CUDA device (.*)' "$log/$t.log" | cut -c1-300 >>"$log/summary.txt"
     [ $r -ne 0 ] && rc=1
   done
   return $rc

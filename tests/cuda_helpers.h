@@ -3,8 +3,8 @@
 //
 // Without the CUDA backend, or without a CUDA device, the executable prints why and exits with
 // 77 before any test runs, which ctest reports as skipped (tests/CMakeLists.txt:
-// SKIP_RETURN_CODE 77). scripts/gpu_verify.sh fails its test stage if one of them skipped, and
-// finds them by this include.
+// SKIP_RETURN_CODE 77); with MG_REQUIRE_GPU=1 in the environment it fails instead (exit 1), as
+// test_ops' CUDA case does. scripts/gpu_verify.sh sets it, and finds these tests by this include.
 //
 // Tolerances: strict FP32 (the default for linear; conv2d after set_tf32_conv(false)) must
 // agree with the CPU to a relative error (2-norm of the difference over 2-norm of the CPU
@@ -14,6 +14,19 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+
+namespace {
+// Exit 77 (skipped), or 1 (failed) where the run requires a GPU (MG_REQUIRE_GPU=1).
+[[noreturn]] inline void exit_without_gpu() {
+  const char* require = std::getenv("MG_REQUIRE_GPU");
+  if (require != nullptr && std::strcmp(require, "1") == 0) {
+    std::printf(MG_TEST_NAME ": MG_REQUIRE_GPU=1: failed instead of skipped.\n");
+    std::exit(1);
+  }
+  std::exit(77);
+}
+}  // namespace
 
 #ifndef MINIGRAD_WITH_CUDA
 // A build without the CUDA backend has no Cuda kernels to call: nothing to test. (A variable
@@ -21,7 +34,7 @@
 namespace {
 const bool kSkipWithoutBackend = [] {
   std::printf(MG_TEST_NAME ": this libminigrad was built without CUDA: skipped.\n");
-  std::exit(77);
+  exit_without_gpu();
   return true;
 }();
 }  // namespace
@@ -36,9 +49,9 @@ const bool kSkipWithoutBackend = [] {
 namespace {
 const bool kSkipWithoutDevice = [] {
   if (!mg::cuda_available()) {
-    std::printf(MG_TEST_NAME ": no CUDA device (cuda_device_count() = %d): skipped. "
-                "Run on a GPU machine, see docs/cuda.md.\n", mg::cuda_device_count());
-    std::exit(77);
+    std::printf(MG_TEST_NAME ": no CUDA device (%s): skipped. Run on a GPU machine, see docs/cuda.md.\n",
+                mg::cuda_unavailable_reason().c_str());
+    exit_without_gpu();
   }
   return true;
 }();

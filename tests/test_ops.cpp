@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -331,7 +332,9 @@ TEST_CASE("ops: finite-difference gradient check of every op and case") {
 
 TEST_CASE("ops: CUDA against CPU, every op and case") {
   if (!cuda_available()) {
-    MESSAGE("no CUDA device: CUDA against CPU not run (the gradient check ran on the CPU)");
+    const char* require = std::getenv("MG_REQUIRE_GPU");
+    if (require != nullptr && std::string(require) == "1") FAIL("MG_REQUIRE_GPU=1, but " << cuda_unavailable_reason());
+    MESSAGE("no CUDA device (" << cuda_unavailable_reason() << "): CUDA against CPU not run (the gradient check ran on the CPU)");
     return;
   }
   StrictFp32 strict;

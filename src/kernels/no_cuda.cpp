@@ -8,6 +8,7 @@ namespace mg {
 
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() { return "this libminigrad was built without CUDA"; }
 
 Allocator& cuda_allocator(int) {
   MG_FAIL("this libminigrad was built without CUDA (configure with -DMINIGRAD_CUDA=ON on a machine "

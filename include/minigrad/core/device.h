@@ -31,5 +31,9 @@ void synchronize(Device d);
 // True when this build has CUDA and a device is present at run time.
 bool cuda_available();
 int cuda_device_count();
+// Why cuda_available() is false ("" when it is true): a build without CUDA, or the CUDA runtime's
+// answer to the device count with the driver's and the runtime's versions (an old driver under a
+// newer toolkit says so here).
+std::string cuda_unavailable_reason();
 
 }  // namespace mg

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <sstream>
 
 #include <minigrad/core/device.h>
 #include "core/tape.h"
@@ -23,6 +24,21 @@ int cuda_device_count() {
     return n;
   }();
   return count;
+}
+
+std::string cuda_unavailable_reason() {
+  if (cuda_available()) return "";
+  int n = 0, driver = 0, runtime = 0;
+  const cudaError_t st = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  (void)cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+  (void)cudaRuntimeGetVersion(&runtime);
+  std::ostringstream os;
+  os << "cudaGetDeviceCount: " << (st == cudaSuccess ? "0 devices" : cudaGetErrorString(st)) << "; ";
+  if (driver == 0) os << "no CUDA driver";
+  else os << "the driver supports CUDA " << driver / 1000 << "." << driver % 1000 / 10;
+  os << ", the runtime is CUDA " << runtime / 1000 << "." << runtime % 1000 / 10;
+  return os.str();
 }
 
 namespace cuda {
