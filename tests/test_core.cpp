@@ -288,6 +288,15 @@ TEST_CASE("device strings") {
   CHECK_THROWS_WITH_AS(Device::parse("gpu"), doctest::Contains("expected cpu, cuda or cuda:N"), Error);
   if (!cuda_available()) {
     CHECK_THROWS_AS(Tensor::zeros({2}).to(Device::cuda()), Error);
+    // Why not: a build without CUDA, or the runtime's answer with the versions.
+#ifdef MINIGRAD_WITH_CUDA
+    CHECK_MESSAGE(cuda_unavailable_reason().find("cudaGetDeviceCount: ") == 0, cuda_unavailable_reason());
+    CHECK_MESSAGE(cuda_unavailable_reason().find("the runtime is CUDA ") != std::string::npos, cuda_unavailable_reason());
+#else
+    CHECK(cuda_unavailable_reason() == "this libminigrad was built without CUDA");
+#endif
+  } else {
+    CHECK(cuda_unavailable_reason().empty());
   }
 }
 
