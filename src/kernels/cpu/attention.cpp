@@ -1,6 +1,8 @@
 // Causal self-attention on the CPU (kernels/attention.h): one piece per (sample, head); within it
 // Eigen products on the strided q, k, v views and T x T scores in a workspace from the allocator
-// (counted in the memory statistics; freed with the piece).
+// (counted in the memory statistics; freed with the piece). The exponentials run in Eigen's
+// packets (kernels/cpu/packet_math.h: the same bits wherever a row lies); glibc's scalar exp was
+// most of the kernel's time at T = 256.
 #include "kernels/attention.h"
 
 #include <cmath>
@@ -9,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/packet_math.h"
 
 namespace mg {
 
@@ -47,13 +50,16 @@ void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads
       float* lrow = pl + p * s.t;
       for (int64_t t = 0; t < s.t; ++t) {
         float* row = sc.data() + t * s.t;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= t; ++j) m = std::max(m, row[j]);
+        // p = e^(s - m) / sum; the sum in double, in order. A NaN score, or an infinite maximum,
+        // makes the row and its log-sum-exp NaN; a score of -inf gives p = 0.
+        const float m = cpu::max_packets(row, t + 1);
+        const cpu::Packet pm = Eigen::internal::pset1<cpu::Packet>(m);
+        cpu::map_packets(row, row, t + 1, [&](cpu::Packet x) { return cpu::exp_or_zero(Eigen::internal::psub(x, pm)); });
         double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(static_cast<double>(row[j] - m));
-        const float l = m + static_cast<float>(std::log(sum));
-        lrow[t] = l;
-        for (int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - l);
+        for (int64_t j = 0; j <= t; ++j) sum += row[j];
+        lrow[t] = m + static_cast<float>(std::log(sum));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
         if (drop.p > 0.0f) {
           for (int64_t j = 0; j <= t; ++j) row[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
         }
@@ -89,7 +95,8 @@ void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, 
       const float* lrow = pl + p * s.t;
       for (int64_t t = 0; t < s.t; ++t) {
         float* row = pm.data() + t * s.t;
-        for (int64_t j = 0; j <= t; ++j) row[j] = std::exp(row[j] - lrow[t]);
+        const cpu::Packet pl = Eigen::internal::pset1<cpu::Packet>(lrow[t]);
+        cpu::map_packets(row, row, t + 1, [&](cpu::Packet x) { return cpu::exp_or_zero(Eigen::internal::psub(x, pl)); });
         for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
       }
       dp.noalias() = g * v.transpose();

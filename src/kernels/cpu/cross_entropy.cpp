@@ -9,10 +9,6 @@
 
 namespace mg {
 
-namespace {
-constexpr float kLogFloatMin = -87.33654f;  // ln(FLT_MIN)
-}  // namespace
-
 template <>
 void cross_entropy_forward<Cpu>(Tensor& loss, Tensor& probs, Tensor& count, const Tensor& logits, const Tensor& target,
                                 Reduction reduction, int64_t ignore_index) {
@@ -36,13 +32,7 @@ void cross_entropy_forward<Cpu>(Tensor& loss, Tensor& probs, Tensor& count, cons
       // scalar expf and the one-by-one sum over a GPT-2 head's 8192 classes were 5% of its step.
       const float mx = cpu::max_packets(row, c);
       const cpu::Packet pmx = Eigen::internal::pset1<cpu::Packet>(mx);
-      cpu::map_packets(prow, row, c, [&](cpu::Packet v) {
-        using namespace Eigen::internal;
-        // Below ln(FLT_MIN) the exponential is 0 here. The AVX2 pexp clamps its argument at
-        // -88.7 and would give a masked class (-inf) a subnormal instead of 0. NaN stays NaN.
-        const cpu::Packet d = psub(v, pmx);
-        return pandnot(pexp(d), pcmp_lt(d, pset1<cpu::Packet>(kLogFloatMin)));
-      });
+      cpu::map_packets(prow, row, c, [&](cpu::Packet v) { return cpu::exp_or_zero(Eigen::internal::psub(v, pmx)); });
       const float sum = cpu::sum_packets(prow, c);
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < c; ++j) prow[j] *= inv;

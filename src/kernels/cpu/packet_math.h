@@ -62,6 +62,14 @@ inline float sum_packets(const float* a, int64_t n) {
   return predux(acc);
 }
 
+// exp(d), and 0 below ln(FLT_MIN): the AVX2 pexp clamps its argument at -88.7, and would give a
+// masked score or class (-inf) a subnormal instead of 0. NaN stays NaN.
+inline Packet exp_or_zero(Packet d) {
+  using namespace Eigen::internal;
+  constexpr float kLogFloatMin = -87.33654f;  // ln(FLT_MIN)
+  return pandnot(pexp(d), pcmp_lt(d, pset1<Packet>(kLogFloatMin)));
+}
+
 // The largest of a[0, n), n > 0 (order does not matter for a maximum).
 inline float max_packets(const float* a, int64_t n) {
   using namespace Eigen::internal;
