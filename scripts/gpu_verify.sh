@@ -38,9 +38,9 @@ pack() {
 }
 trap pack EXIT
 
-# The GPU tests: the executables whose source includes tests/cuda_helpers.h (they skip, exit 77,
-# without a device), and test_ops, which runs CUDA against CPU for every op of the op table when
-# it finds a device and passes without one.
+# The GPU tests: the executables whose source includes tests/cuda_helpers.h, and test_ops, which
+# runs CUDA against CPU for every op of the op table. Without a device they would skip (exit 77;
+# test_ops would pass); MG_REQUIRE_GPU=1 below makes them fail instead, saying why.
 gpu_tests=($(grep -l '^#include "cuda_helpers.h"' tests/test_*.cpp | xargs -n1 basename | sed 's/\.cpp$//') test_ops)
 
 note() { echo "[gpu_verify] $*" | tee -a "$log/summary.txt"; }
@@ -140,7 +140,7 @@ stage_test() {
     timeout 240 "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1
     r=$?
     note "$t alone: exit $r; $(grep -E 'test cases:' "$log/$t.log" | tail -1)"
-    grep -m1 -o 'no CUDA device (.*)' "$log/$t.log" | cut -c1-300 >>"$log/summary.txt"
+    grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$t.log" | cut -c1-300 >>"$log/summary.txt"
     [ $r -ne 0 ] && rc=1
   done
   return $rc

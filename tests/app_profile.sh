@@ -100,4 +100,9 @@ for e in errors:
     print("app_profile:", e, file=sys.stderr)
 sys.exit(1 if errors else 0)
 PY
+# A run of one optimizer step profiles that step (4 micro-batches of 3 linear layers).
+timeout 90 "$MNIST_GA" --synthetic --limit-train 64 --limit-test 16 --batch-size 16 --accum 4 --epochs 1 --profile \
+  > "$T/mnist_one.log" 2>&1 || fail "mnist_ga --profile, one step, failed: $(tail -3 "$T/mnist_one.log")"
+grep -q '^profile of 1 steps (the only one)' "$T/mnist_one.log" && grep -Eq '^linear +forward +cpu +12 ' "$T/mnist_one.log" \
+  || fail "mnist_ga --profile, one step: $(grep -A6 '^profile' "$T/mnist_one.log")"
 echo "app_profile: gpt_train, vgg_ckpt and mnist_ga profiled their steps"

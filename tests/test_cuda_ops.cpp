@@ -328,12 +328,27 @@ TEST_CASE("cuda: embedding's backward sorts on the device: the CPU's bits, accum
       }
     }
   }
-  // An index outside the table: flagged by the forward (and by the backward's keys), raised at the
-  // next synchronisation, naming the position; the flag is then cleared.
+  // An index outside the table: flagged by the forward, raised at the next synchronisation,
+  // naming the position; the flag is then cleared.
   Tensor w = rand_tensor({5, 3}, 73).to(kGpu);
   Tensor y = embedding(Tensor::from_vector(std::vector<int64_t>{0, 4, 5, 1}, {4}).to(kGpu), w);
   CHECK_THROWS_WITH_AS(y.cpu(), doctest::Contains("index[2] = 5"), Error);
   CHECK(embedding(Tensor::from_vector(std::vector<int64_t>{4}, {1}).to(kGpu), w).cpu().numel() == 3);
+  // The backward's keys flag one too (the first met: either bad position), and leave the bad
+  // positions out of every row: dw is the CPU's over the good positions.
+  const Tensor dy = rand_tensor({5, 3}, 74);
+  Tensor dwg = poisoned({5, 3}, kGpu);
+  embedding_backward<Cuda>(dwg, dy.to(kGpu), Tensor::from_vector(std::vector<int64_t>{0, 4, -1, 5, 0}, {5}).to(kGpu),
+                           false);
+  CHECK_THROWS_WITH_AS(synchronize(kGpu), doctest::Contains("is not a row of the table"), Error);
+  const std::vector<float> hdy = dy.to_vector<float>();
+  std::vector<float> good_dy(hdy.begin(), hdy.begin() + 6);  // positions 0 and 1
+  good_dy.insert(good_dy.end(), hdy.begin() + 12, hdy.end());  // position 4
+  Tensor dw = Tensor::empty({5, 3});
+  embedding_backward<Cpu>(dw, Tensor::from_vector(good_dy, {3, 3}), Tensor::from_vector(std::vector<int64_t>{0, 4, 0}, {3}),
+                          false);
+  CHECK(dwg.cpu().to_vector<float>() == dw.to_vector<float>());
+  synchronize(kGpu);  // the flag was cleared
 }
 
 TEST_CASE("cuda: layer_norm over tiles of rows, columns not a multiple of 32, accumulating") {

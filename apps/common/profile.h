@@ -1,4 +1,4 @@
-// --profile, shared by vgg_ckpt and gpt_train: where the steps after the first go, per op and
+// --profile, shared by vgg_ckpt, gpt_train and mnist_ga: where the steps after the first go, per op and
 // pass (minigrad/core/profiler.h), printed after training and written under "profile" in --json.
 //
 //   StepProfile prof{profile_flag};
@@ -8,9 +8,10 @@
 // ops and the planner's runs are not the steps' work.
 //
 // Steps that run inside mg::optim::train_epoch (mnist_ga) are timed in windows instead:
-//   after the run's first optimizer step: prof.window_start();   each later step: ++prof.window_steps;
-//   at an epoch's end, before evaluating: prof.window_end();      the next epoch: prof.window_start();
+//   after the run's first optimizer step: prof.window_start(dev);  each later step: ++prof.window_steps;
+//   at an epoch's end, before evaluating: prof.window_end();        the next epoch: prof.window_start(dev);
 //   after an out-of-memory re-plan: prof.window_restart();
+// A run of one step starts its window before it: prof.window_start(dev, /*only_step=*/true).
 #pragma once
 
 #include <chrono>
@@ -59,14 +60,15 @@ struct StepProfile {
   bool started = false, in_window = false;
   int64_t window_steps = 0;
   Clock::time_point window_t0;
-  void window_start() {
+  void window_start(mg::Device dev, bool only_step = false) {
     if (!on || in_window) return;
     if (started) {
       mg::profiler::resume();
     } else {
+      mg::synchronize(dev);  // the first step's update, still queued on a GPU, is not the profile's
       mg::profiler::start();
       started = true;
-      steps_total = 2;  // the run's first step is left out
+      steps_total = only_step ? 1 : 2;  // the run's first step is left out, unless it is the only one
     }
     in_window = true;
     window_steps = 0;
@@ -89,6 +91,10 @@ struct StepProfile {
   void print() {
     if (!on) return;
     mg::profiler::stop();
+    if (steps == 0) {
+      LEAD_PRINTF("profile: no optimizer step was profiled\n");
+      return;
+    }
     rows = mg::profiler::report();
     double in_table = 0;
     for (const mg::profiler::Row& r : rows) in_table += r.ms;

@@ -324,8 +324,15 @@ int run(Config c, const char* argv0) {
   json replans = json::array();  // what out-of-memory recovery changed
   const bool tty = isatty(fileno(stdout)) && lead();
   EvalResult last{};
-  // --profile: the optimizer steps after the run's first, evaluation left out (apps/common/profile.h).
+  // --profile: the optimizer steps after the run's first (or the only one), evaluation left out
+  // (apps/common/profile.h).
   StepProfile prof{c.profile};
+  int64_t run_steps = 0;
+  for (int64_t e = start_epoch; e < c.epochs; ++e) {
+    const int64_t n = sched.steps_for_epoch(e);
+    run_steps += (loader.num_batches() + n - 1) / n;
+  }
+  if (run_steps == 1) prof.window_start(dev, /*only_step=*/true);
   for (int64_t e = start_epoch; e < c.epochs; ++e) {
     acc.set_steps(sched.steps_for_epoch(e));
     mg::optim::TrainCallbacks cb;
@@ -335,7 +342,7 @@ int run(Config c, const char* argv0) {
       // Per optimizer step: the losses come back once per step (Note [one read per step]).
       cb.on_step = [&](const mg::optim::StepInfo& info) {
         if (prof.in_window) ++prof.window_steps;
-        else if (!prof.started) prof.window_start();  // the run's first step is done
+        else if (!prof.started) prof.window_start(dev);  // the run's first step is done
         if (!tty) return;
         seen += info.micro_batches;
         seen_samples += info.samples;
@@ -371,7 +378,7 @@ int run(Config c, const char* argv0) {
         return next.micro_batch;
       };
     }
-    if (prof.started) prof.window_start();
+    if (prof.started) prof.window_start(dev);
     mg::optim::EpochStats st = mg::optim::train_epoch(planned, loader, acc, e, {}, cb);
     prof.window_end();
     if (tty) LEAD_PRINTF("\r%*s\r", 80, "");

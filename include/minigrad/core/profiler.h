@@ -30,7 +30,8 @@ namespace mg::profiler {
 
 void start();   // forgets what was recorded and records from now on
 void stop();    // stops recording; what was recorded stays for report()
-void resume();  // records again, adding to what was recorded (what ran while stopped is not counted)
+void resume();  // records again, adding to what was recorded: ops run while stopped are not counted,
+                // but a span open across stop() and resume() counts whole
 bool recording();
 
 struct Row {

@@ -77,27 +77,25 @@ template <> void embedding_backward<Cuda>(Tensor& dw, const Tensor& dy, const Te
   if (v * c == 0) return;
   const int dev = cuda::device_of(dw);
   cuda::DeviceGuard guard(dev);
+  // Keys and positions in two buffers each, which the sort uses in turn (CUB's DoubleBuffer: no
+  // copies of its own); the sorted ones are in whichever it names current at the end.
   const size_t keys_bytes = static_cast<size_t>(n) * sizeof(uint64_t), pos_bytes = static_cast<size_t>(n) * sizeof(int64_t);
-  cuda::Workspace key_in(dev, keys_bytes), key_out(dev, keys_bytes), pos_in(dev, pos_bytes), pos_out(dev, pos_bytes);
+  cuda::Workspace key_a(dev, keys_bytes), key_b(dev, keys_bytes), pos_a(dev, pos_bytes), pos_b(dev, pos_bytes);
   cuda::Workspace offset(dev, static_cast<size_t>(v + 1) * sizeof(int64_t));
-  auto* keys = static_cast<uint64_t*>(key_in.get());
-  auto* sorted_keys = static_cast<uint64_t*>(key_out.get());
-  auto* sorted_pos = static_cast<int64_t*>(pos_out.get());
+  cub::DoubleBuffer<uint64_t> keys(static_cast<uint64_t*>(key_a.get()), static_cast<uint64_t*>(key_b.get()));
+  cub::DoubleBuffer<int64_t> pos(static_cast<int64_t*>(pos_a.get()), static_cast<int64_t*>(pos_b.get()));
   if (n > 0) {
-    embedding_keys_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(keys, static_cast<int64_t*>(pos_in.get()),
-                                                                  idx.data<int64_t>(), n, v,
-                                                                  cuda::context(dev).error_flag);
+    embedding_keys_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(keys.Current(), pos.Current(), idx.data<int64_t>(), n,
+                                                                  v, cuda::context(dev).error_flag);
     MG_CUDA_CHECK_LAUNCH();
     const int bits = cuda::math::embedding_key_bits(v);
     size_t temp_bytes = 0;
-    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_keys,
-                                                  static_cast<const int64_t*>(pos_in.get()), sorted_pos, n, 0, bits,
-                                                  cuda::kStream));
+    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, pos, n, 0, bits, cuda::kStream));
     cuda::Workspace temp(dev, temp_bytes);
-    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys, sorted_keys,
-                                                  static_cast<const int64_t*>(pos_in.get()), sorted_pos, n, 0, bits,
-                                                  cuda::kStream));
+    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys, pos, n, 0, bits, cuda::kStream));
   }
+  const uint64_t* sorted_keys = keys.Current();
+  const int64_t* sorted_pos = pos.Current();
   auto* off = static_cast<int64_t*>(offset.get());
   embedding_offsets_kernel<<<cuda::grid_for(v + 1), cuda::kThreads>>>(off, sorted_keys, n, v);
   MG_CUDA_CHECK_LAUNCH();
