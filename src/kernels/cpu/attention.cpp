@@ -5,6 +5,7 @@
 // most of the kernel's time at T = 256.
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -32,6 +33,11 @@ Shape3 dims(const Tensor& qkv, int heads) {
 
 }  // namespace
 
+// Query rows go in blocks of kRows: a block's scores are products with the keys up to its last
+// row only, so the causal half of the T x T products (all zeros) is not computed, and the
+// workspace is kRows x T. Each (sample, head) still runs alone and in a fixed order.
+constexpr int64_t kRows = 64;
+
 template <>
 void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
@@ -39,34 +45,38 @@ void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads
   const float* px = qkv.data<float>();
   float *py = y.data<float>(), *pl = lse.data<float>();
   cpu::parallel_for(s.b * heads, 1, [&](int64_t p0, int64_t p1) {
-    Tensor ws = Tensor::empty({s.t, s.t});
-    cpu::MatMap sc(ws.data<float>(), s.t, s.t);
+    Tensor ws = Tensor::empty({std::min(kRows, s.t), s.t});
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / heads, h = p % heads;
       const float* base = px + b * s.t * 3 * s.c + h * s.d;
       ConstStridedMap q(base, s.t, s.d, Stride(3 * s.c)), k(base + s.c, s.t, s.d, Stride(3 * s.c)),
           v(base + 2 * s.c, s.t, s.d, Stride(3 * s.c));
-      sc.noalias() = (q * k.transpose()) * scale;
-      float* lrow = pl + p * s.t;
-      for (int64_t t = 0; t < s.t; ++t) {
-        float* row = sc.data() + t * s.t;
-        // p = e^(s - m) / sum; the sum in double, in order. A NaN score, or an infinite maximum,
-        // makes the row and its log-sum-exp NaN; a score of -inf gives p = 0.
-        const float m = cpu::max_packets(row, t + 1);
-        const cpu::Packet pm = Eigen::internal::pset1<cpu::Packet>(m);
-        cpu::map_packets(row, row, t + 1, [&](cpu::Packet x) { return cpu::exp_or_zero(Eigen::internal::psub(x, pm)); });
-        double sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += row[j];
-        lrow[t] = m + static_cast<float>(std::log(sum));
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
-        if (drop.p > 0.0f) {
-          for (int64_t j = 0; j <= t; ++j) row[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
-        }
-        for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
-      }
       StridedMap out(py + b * s.t * s.c + h * s.d, s.t, s.d, Stride(s.c));
-      out.noalias() = sc * v;
+      float* lrow = pl + p * s.t;
+      for (int64_t t0 = 0; t0 < s.t; t0 += kRows) {
+        const int64_t rows = std::min(kRows, s.t - t0), keys = t0 + rows;  // rows [t0, keys), keys [0, keys)
+        cpu::MatMap sc(ws.data<float>(), rows, keys);
+        sc.noalias() = (q.middleRows(t0, rows) * k.topRows(keys).transpose()) * scale;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = t0 + r;
+          float* row = sc.data() + r * keys;
+          // p = e^(s - m) / sum; the sum in double, in order. A NaN score, or an infinite maximum,
+          // makes the row and its log-sum-exp NaN; a score of -inf gives p = 0.
+          const float m = cpu::max_packets(row, t + 1);
+          const cpu::Packet pm = Eigen::internal::pset1<cpu::Packet>(m);
+          cpu::map_packets(row, row, t + 1, [&](cpu::Packet x) { return cpu::exp_or_zero(Eigen::internal::psub(x, pm)); });
+          double sum = 0;
+          for (int64_t j = 0; j <= t; ++j) sum += row[j];
+          lrow[t] = m + static_cast<float>(std::log(sum));
+          const float inv = static_cast<float>(1.0 / sum);
+          for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+          if (drop.p > 0.0f) {
+            for (int64_t j = 0; j <= t; ++j) row[j] *= attention_keep(drop, b, h, t, j, heads, s.t);
+          }
+          for (int64_t j = t + 1; j < keys; ++j) row[j] = 0.0f;
+        }
+        out.middleRows(t0, rows).noalias() = sc * v.topRows(keys);
+      }
     }
   });
 }
@@ -79,8 +89,8 @@ void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, 
   const float *px = qkv.data<float>(), *pdy = dy.data<float>(), *pl = lse.data<float>();
   float* pdx = dqkv.data<float>();
   cpu::parallel_for(s.b * heads, 1, [&](int64_t p0, int64_t p1) {
-    Tensor ws = Tensor::empty({2, s.t, s.t});
-    cpu::MatMap pm(ws.data<float>(), s.t, s.t), dp(ws.data<float>() + s.t * s.t, s.t, s.t);
+    const int64_t block = std::min(kRows, s.t);
+    Tensor ws = Tensor::empty({2, block, s.t});
     std::vector<float> keep(drop.p > 0.0f ? static_cast<size_t>(s.t) : 0);  // a row's mask, drawn once
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / heads, h = p % heads;
@@ -90,36 +100,46 @@ void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, 
       ConstStridedMap g(pdy + yoff, s.t, s.d, Stride(s.c));
       StridedMap dq(pdx + off, s.t, s.d, Stride(3 * s.c)), dk(pdx + off + s.c, s.t, s.d, Stride(3 * s.c)),
           dv(pdx + off + 2 * s.c, s.t, s.d, Stride(3 * s.c));
-      // p from the scores and the saved log-sum-exp.
-      pm.noalias() = (q * k.transpose()) * scale;
       const float* lrow = pl + p * s.t;
-      for (int64_t t = 0; t < s.t; ++t) {
-        float* row = pm.data() + t * s.t;
-        const cpu::Packet pl = Eigen::internal::pset1<cpu::Packet>(lrow[t]);
-        cpu::map_packets(row, row, t + 1, [&](cpu::Packet x) { return cpu::exp_or_zero(Eigen::internal::psub(x, pl)); });
-        for (int64_t j = t + 1; j < s.t; ++j) row[j] = 0.0f;
-      }
-      dp.noalias() = g * v.transpose();
-      if (drop.p == 0.0f) dv.noalias() = pm.transpose() * g;
-      for (int64_t t = 0; t < s.t; ++t) {
-        float *prow = pm.data() + t * s.t, *drow = dp.data() + t * s.t;
-        if (drop.p > 0.0f) {  // dp = M dp'; p stays for ds, p' = p M replaces it below for dv
-          for (int64_t j = 0; j <= t; ++j) {
-            keep[static_cast<size_t>(j)] = attention_keep(drop, b, h, t, j, heads, s.t);
-            drow[j] *= keep[static_cast<size_t>(j)];
+      // dk and dv gather every later block's rows: zero, then added block by block, in order.
+      dk.setZero();
+      dv.setZero();
+      for (int64_t t0 = 0; t0 < s.t; t0 += kRows) {
+        const int64_t rows = std::min(kRows, s.t - t0), keys = t0 + rows;
+        cpu::MatMap pm(ws.data<float>(), rows, keys), dp(ws.data<float>() + block * s.t, rows, keys);
+        const auto qb = q.middleRows(t0, rows), gb = g.middleRows(t0, rows);
+        // p from the scores and the saved log-sum-exp.
+        pm.noalias() = (qb * k.topRows(keys).transpose()) * scale;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = t0 + r;
+          float* row = pm.data() + r * keys;
+          const cpu::Packet l = Eigen::internal::pset1<cpu::Packet>(lrow[t]);
+          cpu::map_packets(row, row, t + 1, [&](cpu::Packet x) { return cpu::exp_or_zero(Eigen::internal::psub(x, l)); });
+          for (int64_t j = t + 1; j < keys; ++j) row[j] = 0.0f;
+        }
+        dp.noalias() = gb * v.topRows(keys).transpose();
+        if (drop.p == 0.0f) dv.topRows(keys).noalias() += pm.transpose() * gb;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = t0 + r;
+          float *prow = pm.data() + r * keys, *drow = dp.data() + r * keys;
+          if (drop.p > 0.0f) {  // dp = M dp'; p stays for ds, p' = p M replaces it below for dv
+            for (int64_t j = 0; j <= t; ++j) {
+              keep[static_cast<size_t>(j)] = attention_keep(drop, b, h, t, j, heads, s.t);
+              drow[j] *= keep[static_cast<size_t>(j)];
+            }
+          }
+          double e = 0;  // E_t = sum_j p_tj dp_tj (= dy_t . y_t; this way a row of one term gets ds = 0 exactly)
+          for (int64_t j = 0; j <= t; ++j) e += static_cast<double>(prow[j]) * drow[j];
+          const float ef = static_cast<float>(e);
+          for (int64_t j = 0; j < keys; ++j) drow[j] = prow[j] * (drow[j] - ef) * scale;  // ds / sqrt(D)
+          if (drop.p > 0.0f) {
+            for (int64_t j = 0; j <= t; ++j) prow[j] *= keep[static_cast<size_t>(j)];
           }
         }
-        double e = 0;  // E_t = sum_j p_tj dp_tj (= dy_t . y_t; this way a row of one term gets ds = 0 exactly)
-        for (int64_t j = 0; j <= t; ++j) e += static_cast<double>(prow[j]) * drow[j];
-        const float ef = static_cast<float>(e);
-        for (int64_t j = 0; j < s.t; ++j) drow[j] = prow[j] * (drow[j] - ef) * scale;  // ds / sqrt(D)
-        if (drop.p > 0.0f) {
-          for (int64_t j = 0; j <= t; ++j) prow[j] *= keep[static_cast<size_t>(j)];
-        }
+        if (drop.p > 0.0f) dv.topRows(keys).noalias() += pm.transpose() * gb;
+        dq.middleRows(t0, rows).noalias() = dp * k.topRows(keys);
+        dk.topRows(keys).noalias() += dp.transpose() * qb;
       }
-      if (drop.p > 0.0f) dv.noalias() = pm.transpose() * g;
-      dq.noalias() = dp * k;
-      dk.noalias() = dp.transpose() * q;
     }
   });
 }
