@@ -11,10 +11,15 @@
 #   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch; --profile
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
+#   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
 #
 # The device machine stays warm 30 s after a call: a later call usually starts a fresh one, with
 # the working tree but no build. Every stage therefore builds first when build-gpu/ is missing
-# (a minute or two on 16 cores), so any stage can open a call.
+# (a minute or two on 16 cores), so any stage can open a call; unless the call carries the build
+# of an earlier one: the build stage leaves its programs and libraries in $OUT/gpu-build.tgz
+# (with an id of the sources they were built from); copy it into the repository's root and name
+# gpu-build.tgz in the next calls' carry, and a stage unpacks it instead of building, when the
+# sources are still the same.
 #
 # What comes back: the device tool returns at most 8 files from $OUT. The logs are written to
 # $GPU_VERIFY_LOGS (default /tmp/gpu_verify) and packed at exit into $OUT/logs.tgz, beside
@@ -98,12 +103,57 @@ stage_build() {
   # the same case under mpirun where MPI is there.
   note "nccl: ${NCCL_ROOT:-/usr/local/cuda}; $(grep -o 'libminigrad: MPI [A-Z]*, NCCL [A-Z]*' "$log/build.log" | tail -1)"
   note "mpi: mpirun $(command -v mpirun || echo none); $(ldconfig -p 2>/dev/null | grep -c 'libmpi\.so') libmpi in ldconfig"
+  [ $rc -eq 0 ] && stage_pack
   return $rc
 }
 
-# A stage that needs the build makes it when this machine has none (a fresh machine).
+# The sources a build is made of, as one id (no git on the device machine): every file CMake
+# compiles or reads, by path and content.
+source_id() {
+  find . \( -path './build*' -o -path ./.devkit -o -path ./.git -o -path ./gpu-results \) -prune -o -type f \
+    \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name 'CMakeLists.txt' -o -name '*.cmake' \
+    -o -name '*.in' \) -print | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+}
+
+# $OUT/gpu-build.tgz: the build's programs and libraries (what every stage runs), and source_id.
+stage_pack() {
+  [ -x "$build/bin/test_ops" ] || { note "pack: no build in $build"; return 1; }
+  source_id >"$build/source_id"
+  tar czf "$out/gpu-build.tgz" -C "$build" bin lib source_id || { note "pack: tar failed"; return 1; }
+  local mib=$(($(stat -c %s "$out/gpu-build.tgz") >> 20))
+  if [ $mib -ge 16 ]; then  # the device tool returns files of up to 16 MiB
+    rm -f "$out/gpu-build.tgz"
+    note "pack: $mib MiB, over the 16 MiB a returned file may have: not kept"
+    return 1
+  fi
+  note "pack: gpu-build.tgz ($mib MiB, sources $(cat "$build/source_id")): copy it into the repository's root and carry it"
+}
+
+# A build carried from an earlier call (gpu-build.tgz in the repository's root), when it was made
+# from these sources. Its programs find its libraries through LD_LIBRARY_PATH, wherever it lies now.
+unpack_build() {
+  [ -f gpu-build.tgz ] || return 1
+  local id
+  id=$(tar xzf gpu-build.tgz -O source_id 2>/dev/null)
+  if [ "$id" != "$(source_id)" ]; then
+    note "gpu-build.tgz was built from other sources (${id:-no id}, these are $(source_id)): building instead"
+    return 1
+  fi
+  mkdir -p "$build" && tar xzf gpu-build.tgz -C "$build" || return 1
+  export LD_LIBRARY_PATH="$PWD/$build/lib:$LD_LIBRARY_PATH"
+  if ldd "$build/bin/test_ops" | grep -q 'not found'; then
+    note "gpu-build.tgz: $(ldd "$build/bin/test_ops" | grep 'not found' | head -3 | tr '\n' ' '): building instead"
+    rm -rf "$build"
+    return 1
+  fi
+  note "unpacked the carried build (sources $id) into $build"
+}
+
+# A stage that needs the build makes it when this machine has none (a fresh machine), unless the
+# call carried one of these sources.
 have_build() {
   [ -x "$build/bin/test_ops" ] && return 0
+  unpack_build && return 0
   note "no build in $build on this machine: building first"
   stage_build
 }
@@ -253,8 +303,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | sanitize | bench | gpt | gpt_batch | overlap) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch or overlap)" >&2; exit 2 ;;
+    build | test | sanitize | bench | gpt | gpt_batch | overlap | pack) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch, overlap or pack)" >&2; exit 2 ;;
   esac
 done
 exit $status
