@@ -93,10 +93,15 @@ stage_build() {
   for z in /usr/lib/x86_64-linux-gnu/libz.so.1 /lib/x86_64-linux-gnu/libz.so.1; do
     [ -e "$z" ] && zlib=(-DZLIB_LIBRARY="$z") && break
   done
-  # gpu-build.sh configures, builds and runs ctest; the ctest run is the test stage's job.
+  # gpu-build.sh configures, builds and runs ctest; the ctest run is the test stage's job. The
+  # build is marked with the sources it is made of once it succeeded (have_build, stage_pack).
+  mkdir -p "$build" && rm -f "$build/source_id"
+  local id
+  id=$(source_id)
   CTEST_ARGS="-R ^$" BUILD_DIR="$build" CUDA_ARCH="${CUDA_ARCH:-90}" bash .devkit/gpu-build.sh \
     -DMINIGRAD_CUDA=ON "${zlib[@]}" >"$log/build.log" 2>&1
   local rc=$?
+  [ $rc -eq 0 ] && echo "$id" >"$build/source_id"
   note "build: exit $rc after $((SECONDS - t0)) s ($(head -1 "$log/gpu.txt" 2>/dev/null))"
   [ $rc -ne 0 ] && note "build: $(grep -m3 -E 'error|Error' "$log/build.log" | tr '\n' ' ' | cut -c1-600)"
   # Issue 13: NCCL over one rank needs no MPI (ctest nccl_world_of_one); mpi_training_1rank runs
@@ -108,18 +113,30 @@ stage_build() {
 }
 
 # The sources a build is made of, as one id (no git on the device machine): every file CMake
-# compiles or reads, by path and content.
+# compiles or reads, by path and content, the architecture, and the kit's build script.
 source_id() {
-  find . \( -path './build*' -o -path ./.devkit -o -path ./.git -o -path ./gpu-results \) -prune -o -type f \
-    \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name 'CMakeLists.txt' -o -name '*.cmake' \
-    -o -name '*.in' \) -print | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+  {
+    find . \( -path './build*' -o -path ./.devkit -o -path ./.git -o -path ./.whl -o -path ./gpu-results \) -prune \
+      -o -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name 'CMakeLists.txt' \
+      -o -name '*.cmake' -o -name '*.in' \) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    echo "CUDA_ARCH=${CUDA_ARCH:-90}"
+    sha256sum .devkit/gpu-build.sh 2>/dev/null
+  } | sha256sum | cut -c1-16
 }
 
-# $OUT/gpu-build.tgz: the build's programs and libraries (what every stage runs), and source_id.
+# The build's id, when it was built (or carried) from these sources; else nothing.
+build_is_current() {
+  [ -x "$build/bin/test_ops" ] && [ -f "$build/source_id" ] && [ "$(cat "$build/source_id")" = "$(source_id)" ]
+}
+
+# $OUT/gpu-build.tgz: the build's programs and libraries (what every stage runs) and its id.
 stage_pack() {
-  [ -x "$build/bin/test_ops" ] || { note "pack: no build in $build"; return 1; }
-  source_id >"$build/source_id"
-  tar czf "$out/gpu-build.tgz" -C "$build" bin lib source_id || { note "pack: tar failed"; return 1; }
+  build_is_current || { note "pack: no build of these sources in $build"; return 1; }
+  if ! tar czf "$out/gpu-build.tgz" -C "$build" bin lib source_id; then
+    rm -f "$out/gpu-build.tgz"
+    note "pack: tar failed"
+    return 1
+  fi
   local mib=$(($(stat -c %s "$out/gpu-build.tgz") >> 20))
   if [ $mib -ge 16 ]; then  # the device tool returns files of up to 16 MiB
     rm -f "$out/gpu-build.tgz"
@@ -130,37 +147,51 @@ stage_pack() {
 }
 
 # A build carried from an earlier call (gpu-build.tgz in the repository's root), when it was made
-# from these sources. Its programs find its libraries through LD_LIBRARY_PATH, wherever it lies now.
+# from these sources: unpacked beside, checked, then put in place. Its programs find its libraries
+# through LD_LIBRARY_PATH, wherever it lies now. It has no ctest files (stage_test builds).
 unpack_build() {
   [ -f gpu-build.tgz ] || return 1
-  local id
+  local id tmp missing
   id=$(tar xzf gpu-build.tgz -O source_id 2>/dev/null)
   if [ "$id" != "$(source_id)" ]; then
-    note "gpu-build.tgz was built from other sources (${id:-no id}, these are $(source_id)): building instead"
+    note "gpu-build.tgz was built from other sources (${id:-no id}, these are $(source_id)): not used"
     return 1
   fi
-  mkdir -p "$build" && tar xzf gpu-build.tgz -C "$build" || return 1
-  export LD_LIBRARY_PATH="$PWD/$build/lib:$LD_LIBRARY_PATH"
-  if ldd "$build/bin/test_ops" | grep -q 'not found'; then
-    note "gpu-build.tgz: $(ldd "$build/bin/test_ops" | grep 'not found' | head -3 | tr '\n' ' '): building instead"
-    rm -rf "$build"
+  tmp=$(mktemp -d "${build%/}.unpack.XXXXXX") || return 1
+  if ! tar xzf gpu-build.tgz -C "$tmp"; then
+    rm -rf "$tmp"
+    note "gpu-build.tgz: tar failed: not used"
     return 1
   fi
+  missing=$(LD_LIBRARY_PATH="$(cd "$tmp" && pwd)/lib:$LD_LIBRARY_PATH" ldd "$tmp/bin/test_ops" 2>&1) || missing="ldd failed: $missing"
+  case $missing in
+    *"not found"* | "ldd failed"*)
+      rm -rf "$tmp"
+      note "gpu-build.tgz: $(echo "$missing" | grep -E 'not found|ldd failed' | head -3 | tr '\n' ' '): not used"
+      return 1 ;;
+  esac
+  rm -rf "$build" && mv "$tmp" "$build" || return 1
+  export LD_LIBRARY_PATH="$(cd "$build" && pwd)/lib:$LD_LIBRARY_PATH"
   note "unpacked the carried build (sources $id) into $build"
 }
 
-# A stage that needs the build makes it when this machine has none (a fresh machine), unless the
-# call carried one of these sources.
+# A stage that needs the build makes it when this machine has none of these sources (a fresh
+# machine, or a warm one with an older build), unless the call carried one.
 have_build() {
-  [ -x "$build/bin/test_ops" ] && return 0
+  build_is_current && return 0
   unpack_build && return 0
-  note "no build in $build on this machine: building first"
+  note "no build of these sources in $build on this machine: building first"
   stage_build
 }
 
 stage_test() {
   have_build || return 1
-  (cd "$build" && ctest --output-on-failure --timeout 240) >"$log/ctest.log" 2>&1
+  # A carried build has no ctest files: the suite needs a build made here.
+  if [ ! -f "$build/CTestTestfile.cmake" ]; then
+    note "test: the carried build has no ctest files: building"
+    stage_build || return 1
+  fi
+  (cd "$build" && ctest --output-on-failure --timeout 240 --no-tests=error) >"$log/ctest.log" 2>&1
   local rc=$?
   note "ctest: exit $rc; $(grep -E 'tests passed|tests failed' "$log/ctest.log" | tail -1)"
   # The GPU tests and NCCL's may not skip on a GPU machine: a skip means the GPU was not seen.
