@@ -1,8 +1,11 @@
 // Causal self-attention on the CPU (kernels/attention.h): one piece per (sample, head); within it
-// Eigen products on the strided q, k, v views and T x T scores in a workspace from the allocator
-// (counted in the memory statistics; freed with the piece). The exponentials run in Eigen's
-// packets (kernels/cpu/packet_math.h: the same bits wherever a row lies); glibc's scalar exp was
-// most of the kernel's time at T = 256.
+// Eigen products on the strided q, k, v views, query rows in blocks of kRows, and a block's scores
+// (kRows x T at most) in a workspace from the allocator (counted in the memory statistics; freed
+// with the piece). The exponentials run in Eigen's packets (kernels/cpu/packet_math.h: the same
+// bits wherever a row lies); glibc's scalar exp was most of the kernel's time at T = 256.
+// Within a block, the products multiply the masked scores' zeros by the later rows' v and k: an
+// inf or NaN there reaches the block's earlier rows as NaN (as a masked T x T product would
+// reach every earlier row, PyTorch's composite attention included). Finite inputs are unaffected.
 #include "kernels/attention.h"
 
 #include <algorithm>
