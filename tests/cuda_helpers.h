@@ -14,13 +14,13 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+
+#include "helpers.h"
 
 namespace {
 // Exit 77 (skipped), or 1 (failed) where the run requires a GPU (MG_REQUIRE_GPU=1).
 [[noreturn]] inline void exit_without_gpu() {
-  const char* require = std::getenv("MG_REQUIRE_GPU");
-  if (require != nullptr && std::strcmp(require, "1") == 0) {
+  if (mg::test::gpu_required()) {
     std::printf(MG_TEST_NAME ": MG_REQUIRE_GPU=1: failed instead of skipped.\n");
     std::exit(1);
   }
@@ -43,8 +43,6 @@ const bool kSkipWithoutBackend = [] {
 #include <random>
 
 #include <minigrad/cuda.h>
-
-#include "helpers.h"
 
 namespace {
 const bool kSkipWithoutDevice = [] {

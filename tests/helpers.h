@@ -6,6 +6,7 @@
 #include <cmath>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -15,6 +16,13 @@
 #include <minigrad/minigrad.h>
 
 namespace mg::test {
+
+// MG_REQUIRE_GPU=1 (scripts/gpu_verify.sh): a GPU test that finds no device fails instead of
+// skipping (tests/cuda_helpers.h, test_ops' CUDA case).
+inline bool gpu_required() {
+  const char* v = std::getenv("MG_REQUIRE_GPU");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
 
 // Uniform(-1, 1) of the given shape (never zeros: see STYLE.md).
 inline Tensor rand_tensor(const Shape& s, uint64_t seed, bool requires_grad = false) {

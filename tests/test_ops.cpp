@@ -35,7 +35,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -47,6 +46,7 @@
 #include <doctest/doctest.h>
 #include <minigrad/minigrad.h>
 
+#include "helpers.h"
 #include "ops/op.h"
 
 using namespace mg;
@@ -332,8 +332,7 @@ TEST_CASE("ops: finite-difference gradient check of every op and case") {
 
 TEST_CASE("ops: CUDA against CPU, every op and case") {
   if (!cuda_available()) {
-    const char* require = std::getenv("MG_REQUIRE_GPU");
-    if (require != nullptr && std::string(require) == "1") FAIL("MG_REQUIRE_GPU=1, but " << cuda_unavailable_reason());
+    if (test::gpu_required()) FAIL("MG_REQUIRE_GPU=1, but " << cuda_unavailable_reason());
     MESSAGE("no CUDA device (" << cuda_unavailable_reason() << "): CUDA against CPU not run (the gradient check ran on the CPU)");
     return;
   }

@@ -30,13 +30,11 @@ struct StepProfile {
   std::vector<mg::profiler::Row> rows;
 
   // The first step warms up (threads, caches, cuDNN's choices) and is left out, unless it is the only one.
-  bool restarted = false;
-  int64_t steps_total = 0;
+  bool restarted = false, only_step = false;
 
   bool profiled(int64_t step, int64_t total) const { return on && step >= (total > 1 ? 1 : 0); }
-  bool first_left_out() const { return steps_total > 1; }
   void begin(int64_t step, int64_t total) {
-    steps_total = total;
+    only_step = total <= 1;
     if (profiled(step, total) && !mg::profiler::recording()) mg::profiler::start();
   }
   void restart(int64_t step, int64_t total) {
@@ -60,7 +58,7 @@ struct StepProfile {
   bool started = false, in_window = false;
   int64_t window_steps = 0;
   Clock::time_point window_t0;
-  void window_start(mg::Device dev, bool only_step = false) {
+  void window_start(mg::Device dev, bool only = false) {
     if (!on || in_window) return;
     if (started) {
       mg::profiler::resume();
@@ -68,7 +66,7 @@ struct StepProfile {
       mg::synchronize(dev);  // the first step's update, still queued on a GPU, is not the profile's
       mg::profiler::start();
       started = true;
-      steps_total = only_step ? 1 : 2;  // the run's first step is left out, unless it is the only one
+      only_step = only;  // else the run's first step is left out
     }
     in_window = true;
     window_steps = 0;
@@ -98,7 +96,7 @@ struct StepProfile {
     rows = mg::profiler::report();
     double in_table = 0;
     for (const mg::profiler::Row& r : rows) in_table += r.ms;
-    const char* which = restarted ? "from the last re-plan on" : first_left_out() ? "the first left out" : "the only one";
+    const char* which = restarted ? "from the last re-plan on" : only_step ? "the only one" : "the first left out";
     LEAD_PRINTF("profile of %lld steps (%s), %.1f ms in all:\n%s", static_cast<long long>(steps), which, steps_ms,
                 mg::profiler::table(rows).c_str());
     LEAD_PRINTF("in no op or scope (the step's read of its losses, data read inside the step, the host's own work): "
