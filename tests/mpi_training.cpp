@@ -239,6 +239,108 @@ TEST_CASE("Adam with the global norm clipped once per step") {
   check_equal_to_one_process(d, {.micro_batch = 16, .accum = 2, .adam = true, .clip_norm = 0.5f});
 }
 
+// A small CNN with BatchNorm: conv (28 -> 14), batch norm over 4 channels, relu, the classes.
+std::shared_ptr<nn::Sequential> bn_cnn() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Conv2d>(1, 4, 3, 2, 1);
+  m->add<nn::BatchNorm2d>(4);
+  m->add<nn::ReLU>();
+  m->add<nn::Flatten>();
+  m->add<nn::Linear>(4 * 14 * 14, 10);
+  return m;
+}
+
+std::vector<Tensor> clones(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : named) out.push_back(t.clone());
+  return out;
+}
+
+// PyTorch DDP's semantics for BatchNorm: each rank normalises by its own micro-batches'
+// statistics, the gradients are summed once per step, and after every step every rank takes
+// rank 0's running statistics and counts (train_epoch: dist::broadcast_buffers). One process
+// takes that step when it accumulates the ranks' micro-batches as its own (each normalised
+// alone), and its running statistics are rank 0's when it keeps those its rank-0 part left.
+TEST_CASE("BatchNorm: each rank normalises its own micro-batches, and all hold rank 0's running statistics") {
+  const int k = dist::world_size();
+  const int64_t b = 8, accum = 2;
+  // 161 samples over 2 ranks: shards of 81 and 80, 11 and 10 micro-batches; the last window is
+  // rank 0's single sample. Each rank's own count of batches would differ (11 against 10).
+  const data::IdxDataset d = digits().slice(0, 161);
+  const optim::SGDOptions sgd_opts{.lr = 0.01f, .momentum = 0.9f};
+  const data::LoaderOptions lo{.batch_size = b, .seed = 3};
+
+  manual_seed(11);
+  auto model = bn_cnn();
+  dist::check_same_parameters(model->named_parameters());
+  dist::broadcast(model->parameters());
+  optim::SGD sgd(model->parameters(), sgd_opts);
+  optim::Accumulator acc(sgd, {.steps = accum});
+  data::LoaderOptions shard = lo;
+  shard.shard = dist::rank();
+  shard.num_shards = k;
+  data::DataLoader loader(d, shard);
+  const optim::EpochStats st = optim::train_epoch(*model, loader, acc, 0);
+  CHECK(st.samples == d.size());
+  const std::vector<Tensor> params = clones(model->named_parameters()), buffers = clones(model->named_buffers());
+  REQUIRE(buffers.size() == 3);  // running_mean, running_var, num_batches_tracked
+
+  // Every rank holds rank 0's weights and buffers, to the bit.
+  std::vector<Tensor> from0 = params;
+  for (const Tensor& t : buffers) from0.push_back(t);
+  for (Tensor& t : from0) t = t.clone();
+  dist::broadcast(from0);
+  for (size_t i = 0; i < params.size(); ++i) CHECK(bit_equal(params[i], from0[i]));
+  for (size_t i = 0; i < buffers.size(); ++i) CHECK(bit_equal(buffers[i], from0[params.size() + i]));
+  if (dist::rank() != 0) return;
+
+  // One process: every window's micro-batches of all shards, rank by rank, each normalised alone;
+  // the running statistics as rank 0's part of the window left them.
+  manual_seed(11);
+  auto ref = bn_cnn();
+  ref->train();
+  optim::SGD ref_sgd(ref->parameters(), sgd_opts);
+  optim::Accumulator ref_acc(ref_sgd, {.steps = k * accum, .data_parallel = false});
+  std::vector<std::unique_ptr<data::DataLoader>> shards;
+  int64_t slots = 0;
+  for (int r = 0; r < k; ++r) {
+    data::LoaderOptions o = lo;
+    o.shard = r;
+    o.num_shards = k;
+    shards.push_back(std::make_unique<data::DataLoader>(d, o));
+    shards.back()->start_epoch(0);
+    slots = std::max(slots, shards.back()->num_batches());
+  }
+  std::vector<std::pair<std::string, Tensor>> ref_buffers = ref->named_buffers();
+  int64_t windows = 0;
+  for (int64_t w0 = 0; w0 < slots; w0 += accum, ++windows) {
+    std::vector<Tensor> rank0_left;
+    for (int r = 0; r < k; ++r) {
+      data::Batch mb;
+      for (int64_t slot = w0; slot < std::min(w0 + accum, slots); ++slot) {
+        if (!shards[r]->next(mb)) continue;
+        ref_acc.backward(cross_entropy(ref->forward(mb.x), mb.y, Reduction::sum), mb.size());
+      }
+      if (r == 0) rank0_left = clones(ref_buffers);
+    }
+    ref_acc.step();
+    for (size_t i = 0; i < ref_buffers.size(); ++i) ref_buffers[i].second.copy_(rank0_left[i]);
+  }
+  CHECK(windows == (k == 1 ? 11 : 6));
+  double worst = 0;
+  const std::vector<Tensor> ref_params = ref->parameters();
+  for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, rel_err(params[i], ref_params[i]));
+  const double mean_err = rel_err(buffers[0], ref_buffers[0].second), var_err = rel_err(buffers[1], ref_buffers[1].second);
+  MESSAGE(k << " ranks x " << accum << " x " << b << " with BatchNorm against one process accumulating the ranks' "
+            "micro-batches: weights " << worst << ", running mean " << mean_err << ", running variance " << var_err
+            << ", batches tracked " << buffers[2].to_vector<int64_t>()[0]);
+  CHECK(worst < 1e-5);
+  CHECK(mean_err < 1e-5);
+  CHECK(var_err < 1e-5);
+  CHECK(buffers[2].to_vector<int64_t>()[0] == (k == 1 ? 21 : 11));  // rank 0's micro-batches
+  CHECK(bit_equal(buffers[2], ref_buffers[2].second));
+}
+
 // A data-parallel run's timeline cut into windows (Note [reduction timeline] in
 // minigrad/dist/dist.h): the Accumulator's marks and the buckets started between them.
 struct Window {
@@ -390,6 +492,9 @@ TEST_CASE("mismatched models and loaders are refused on every rank") {
   const data::IdxDataset d = digits().slice(0, 64);
   data::DataLoader whole(d, {.batch_size = 16});
   CHECK_THROWS_WITH_AS(optim::train_epoch(*model, whole, acc, 0), doctest::Contains("reads shard 0 of 1"), Error);
+  // Buffers that differ between ranks are refused before any byte moves.
+  const std::vector<std::pair<std::string, Tensor>> mine = {{"running_mean", Tensor::zeros({3 + dist::rank()})}};
+  CHECK_THROWS_WITH_AS(dist::broadcast_buffers(mine), doctest::Contains("rank 1 differs from rank 0 at line 1"), Error);
 }
 
 int main(int argc, char** argv) {

@@ -201,15 +201,12 @@ int main(int argc, char** argv) {
     model->to(dev);
     mg::dist::check_same_parameters(model->named_parameters());
     mg::dist::broadcast(model->parameters());  // every rank starts from rank 0's weights
-    // BatchNorm's running statistics: each rank updates them from its own samples; after every
-    // step all take rank 0's, as PyTorch's DDP does (broadcast_buffers), so that the ranks
-    // evaluate alike and what rank 0 saves is what every rank has.
-    std::vector<Tensor> float_buffers;
-    for (auto& [name, t] : model->named_buffers()) {
-      if (t.dtype() == mg::DType::f32) float_buffers.push_back(t);
-    }
+    // BatchNorm's running statistics and counts: each rank updates them from its own samples;
+    // after every step all take rank 0's (mg::dist::broadcast_buffers, as PyTorch's DDP), so that
+    // the ranks evaluate alike and what rank 0 saves is what every rank has.
+    const auto buffers = model->named_buffers();
     auto share_buffers = [&] {
-      if (world > 1 && !float_buffers.empty()) mg::dist::broadcast(float_buffers);
+      if (world > 1 && !buffers.empty()) mg::dist::broadcast_buffers(buffers);
     };
     share_buffers();
     model->train();

@@ -407,7 +407,12 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   int64_t slots = dp ? dist::all_reduce_max(loader.num_batches()) : loader.num_batches();
   int64_t window_first = 0;  // the pending window's first sample in the epoch's order
   data::Batch b;
+  // BatchNorm's running statistics: each rank updates them from its own samples; after every step
+  // all take rank 0's (dist::broadcast_buffers, as PyTorch's DDP), so the ranks evaluate alike.
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  if (dp) buffers = model.named_buffers();
   auto after_step = [&](const StepInfo& info) {
+    if (!buffers.empty()) dist::broadcast_buffers(buffers);
     st.loss_sum += info.loss_sum;  // of every rank's samples, under data parallelism
     st.samples += info.samples;
     st.micro_batches += info.micro_batches;

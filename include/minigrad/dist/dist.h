@@ -105,8 +105,16 @@ void all_reduce_wait();
 // Sums host values over all ranks.
 std::vector<double> all_reduce(std::vector<double> values);
 int64_t all_reduce_max(int64_t value);
-// Copies rank `root`'s tensors into every rank's, in place.
+// Copies rank `root`'s tensors into every rank's, in place (any dtype; one device per call).
 void broadcast(const std::vector<Tensor>& tensors, int root = 0);
+// Copies rank `root`'s buffers into every rank's, in place: a model's named_buffers(), BatchNorm's
+// running statistics and batch counts. Each rank updates them from its own samples; sharing rank
+// 0's after every step (PyTorch DDP's broadcast_buffers) makes the ranks evaluate alike and what
+// rank 0 saves what every rank holds. train_epoch does it under data parallelism. The buffers
+// may be on several devices (a CUDA model's running statistics and its host counts): one
+// broadcast per device. Throws on every rank, naming the first difference, unless every rank
+// passes the same names, shapes and dtypes (a cheap fingerprint is compared first).
+void broadcast_buffers(const std::vector<std::pair<std::string, Tensor>>& named, int root = 0);
 void barrier();
 
 // Throws on every rank, naming the ranks that differ, unless `value` is the same on all of them

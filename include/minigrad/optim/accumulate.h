@@ -264,7 +264,9 @@ struct TrainCallbacks {
 
 // One epoch: loader.start_epoch(epoch), a forward/backward per micro-batch, a step per window,
 // a flush at the end. The model is put in training mode. Under data parallelism the loader must
-// read this rank's shard, and every rank steps at the same windows (Note [data parallel step]).
+// read this rank's shard, every rank steps at the same windows (Note [data parallel step]), and
+// after each step every rank takes rank 0's buffers (BatchNorm's running statistics:
+// mg::dist::broadcast_buffers), so that the ranks evaluate alike.
 EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator& acc, int64_t epoch,
                        const LossFn& loss_fn = {}, const TrainCallbacks& callbacks = {});
 
