@@ -136,6 +136,47 @@ TEST_CASE("joint planner: when nothing fits, the error names the least any plan 
                        Error);
 }
 
+TEST_CASE("joint planner: micro-batches the chain cannot train at are skipped, the window's last one too") {
+  // ResNet-18/16 at 32x32: its last stage is 1x1, so one image leaves its BatchNorms one value
+  // per channel, which training refuses. (vgg_ckpt --model resnet18 --image-size 32
+  // --memory-budget ... stopped with that error before, instead of planning at 2 and more.)
+  manual_seed(5);
+  auto m = nn::make_resnet18(10, 16);
+  m->train();
+  std::vector<Tensor> buffers;
+  for (const auto& [name, t] : m->named_buffers()) buffers.push_back(t.clone());
+  const nn::ChainProfile p = nn::profile_chain(*m, {3, 32, 32}, nn::candidate_micro_batches(17));
+  CHECK(p.cannot_train == std::vector<int64_t>{1});
+  CHECK(p.cannot_train_why.find("more than one value per channel") != std::string::npos);
+  CHECK(p.micro_batches == std::vector<int64_t>{2, 3, 5, 9, 17});
+  // The model is left as it was: no gradient buffers, the running statistics untouched.
+  for (const Tensor& w : m->parameters()) CHECK_FALSE(w.grad().defined());
+  const auto after = m->named_buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) CHECK(test::bit_equal(after[i].second, buffers[i]));
+
+  const size_t roomy = size_t{1} << 30;
+  CHECK(nn::plan_training(p, 17, roomy).last_micro_batch >= 2);
+  // Measured 2 and 3: 17 = 8 x 2 + 1 would end on one image, so 3 (5 x 3 + 2) is the plan.
+  nn::ChainProfile small = p;
+  small.micro_batches.resize(2);
+  small.costs.resize(2);
+  const nn::TrainPlan t = nn::plan_training(small, 17, roomy);
+  CHECK(t.micro_batch == 3);
+  CHECK(t.last_micro_batch == 2);
+  CHECK(nn::plan_training(small, 16, roomy).micro_batch >= 2);
+  // Measured 2 only (a budget that stopped there): 17 has no split; the error says why.
+  small.micro_batches.resize(1);
+  small.costs.resize(1);
+  CHECK_THROWS_WITH_AS(nn::plan_training(small, 17, roomy),
+                       doctest::Contains("no measured micro-batch splits the effective batch of 17 into micro-batches the "
+                                         "chain can train at; micro-batches below 2 cannot train (BatchNorm2d"),
+                       Error);
+  CHECK(nn::plan_training(small, 16, roomy).micro_batch == 2);
+  // No size runs (only 1 asked for; or a wrong sample shape): the chain's first error comes out.
+  CHECK_THROWS_WITH_AS(nn::profile_chain(*m, {3, 32, 32}, {1}), doctest::Contains("more than one value per channel"), Error);
+  CHECK_THROWS_WITH_AS(nn::profile_chain(*m, {4, 32, 32}, {2, 4}), doctest::Contains("channels"), Error);
+}
+
 TEST_CASE("joint planner: a real step fits the budget under a memory cap, with the big batch's gradients") {
   const Device cpu = Device::cpu();
   manual_seed(7);

@@ -2,6 +2,7 @@
 // minigrad/nn/train_plan.h): measuring at a few micro-batch sizes, then arithmetic.
 #include <minigrad/nn/train_plan.h>
 
+#include <exception>
 #include <sstream>
 
 #include <minigrad/core/error.h>
@@ -79,16 +80,27 @@ ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const 
              "profile_chain: micro-batch sizes must be >= 1 and increasing; got " << micro_batches[i] << " at position " << i);
   }
   ChainProfile p;
+  std::exception_ptr first_error;
   for (int64_t b : micro_batches) {
     ChainCost cost;
     try {
       // A first pass is slower (threads start, pages are touched for the first time): unmeasured.
-      if (b == micro_batches[0]) measure_chain(seq, make_input(b), opts);
+      if (p.costs.empty()) measure_chain(seq, make_input(b), opts);
       cost = measure_chain(seq, make_input(b), opts);
     } catch (const OutOfMemoryError& e) {
       p.stopped = "micro-batch " + std::to_string(b) + " ran out of memory while measured (" +
                   std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")";
       break;
+    } catch (const Error& e) {
+      // Too few rows for the chain to train at (measure_chain left the model as it was); a larger
+      // size may run. After one has run, an error is not about the size: passed on.
+      if (!p.costs.empty()) throw;
+      if (!first_error) {
+        first_error = std::current_exception();
+        p.cannot_train_why = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+      }
+      p.cannot_train.push_back(b);
+      continue;
     }
     p.micro_batches.push_back(b);
     p.costs.push_back(std::move(cost));
@@ -102,6 +114,7 @@ ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const 
       break;
     }
   }
+  if (p.costs.empty() && p.stopped.empty() && first_error) std::rethrow_exception(first_error);
   return p;
 }
 
@@ -139,16 +152,23 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
   MG_CHECK(!profile.costs.empty(), "plan_training: " << (profile.stopped.empty() ? "the profile holds no measurement"
                                                                                   : "no plan fits a budget of " + format_bytes(budget) +
                                                                                         ": " + profile.stopped));
+  // Why the smallest sizes are missing, for the errors below.
+  const std::string cannot = profile.cannot_train.empty() ? std::string()
+      : "; micro-batches below " + std::to_string(profile.micro_batches.front()) + " cannot train (" +
+            profile.cannot_train_why + ")";
   MG_CHECK(profile.micro_batches.front() <= effective_batch,
            "plan_training: every micro-batch measured (the smallest is " << profile.micro_batches.front()
                << ") is larger than the effective batch of " << effective_batch
-               << "; measure micro-batches of at most " << effective_batch);
+               << "; measure micro-batches of at most " << effective_batch << cannot);
   TrainPlan best;
   size_t least_need = 0;
   int64_t least_at = 0;
   for (size_t i = 0; i < profile.costs.size(); ++i) {
     const int64_t b = profile.micro_batches[i];
     if (b > effective_batch) break;
+    // A window's last micro-batch smaller than every size that ran may not train at all.
+    const int64_t last = effective_batch - (windows(effective_batch, b) - 1) * b;
+    if (!profile.cannot_train.empty() && last < profile.micro_batches.front()) continue;
     ChainCost cost = cost_with_tiles(profile, i);
     if (!opts.tiles) cost.tile_costs.clear();
     const size_t need = min_feasible_peak(cost);
@@ -161,18 +181,22 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
     best.effective_batch = effective_batch;
     best.micro_batch = b;
     best.accumulation = windows(effective_batch, b);
-    best.last_micro_batch = effective_batch - (best.accumulation - 1) * b;
+    best.last_micro_batch = last;
     best.checkpoint = std::move(plan);
     best.budget = budget;
     best.predicted_peak = best.checkpoint.predicted_peak;
     best.predicted_step_ms = ms;
   }
+  MG_CHECK(best.micro_batch != 0 || least_at != 0,
+           "plan_training: no measured micro-batch splits the effective batch of " << effective_batch
+               << " into micro-batches the chain can train at" << cannot
+               << (profile.stopped.empty() ? "" : "; " + profile.stopped));
   MG_CHECK(best.micro_batch != 0,
            "plan_training: no plan fits a budget of " << format_bytes(budget)
                << (usable < budget ? " (" + format_bytes(usable) + " less the headroom)" : std::string())
                << " for an effective batch of " << effective_batch
                << ": the least any plan needs is " << format_bytes(least_need) << " (" << least_need << " bytes: micro-batch "
-               << least_at << " with the 'min' checkpoint plan)" << (profile.stopped.empty() ? "" : "; " + profile.stopped)
+               << least_at << " with the 'min' checkpoint plan)" << (profile.stopped.empty() ? "" : "; " + profile.stopped) << cannot
                << ". Raise the budget, or make the model or the samples smaller");
   return best;
 }

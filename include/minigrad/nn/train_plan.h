@@ -25,7 +25,9 @@
 // r one of the smaller micro-batches measured) at r, times b / r; its peak is the checkpoint plan's predicted peak at b (the
 // last, smaller micro-batch peaks lower). Among the b whose plan fits (the budget less a small
 // headroom, TrainPlanOptions::headroom), the least time per sample wins. Measuring stops at the first b whose smallest feasible peak is over the budget (a larger
-// one needs more), or that runs out of memory while measured.
+// one needs more), or that runs out of memory while measured. The smallest b may be sizes the
+// chain cannot train at (ChainProfile::cannot_train); no window then ends on a micro-batch
+// smaller than the first b that ran.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +45,12 @@ struct ChainProfile {
   std::vector<int64_t> micro_batches;  // increasing
   std::vector<ChainCost> costs;        // costs[i]: measure_chain at micro_batches[i]
   std::string stopped;                 // why measuring stopped before the last candidate, or ""
+  // Sizes below every measured one that the chain cannot train at (an mg::Error other than out
+  // of memory: a BatchNorm left with one value per channel, as ResNet's last stage at 32x32 and
+  // one image), and the first one's error. Plans avoid micro-batches smaller than the first
+  // measured size, the window's last one included.
+  std::vector<int64_t> cannot_train;
+  std::string cannot_train_why;
 };
 
 // A training step: b samples at a time, N micro-batches, one checkpoint plan.
@@ -81,8 +89,9 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch);
 
 // Measures seq (in its current mode, on its parameters' device) at each micro-batch size of
 // `micro_batches` (increasing), from the smallest, and stops before the first one that cannot
-// fit `budget` (0: measure all). Parameter gradients and the default generator are left as they
-// were.
+// fit `budget` (0: measure all). The smallest sizes may fail with mg::Error (the chain cannot
+// train at them: ChainProfile::cannot_train); if no size runs, the first error is thrown.
+// Parameter gradients, buffers and the default generator are left as they were.
 ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
                            size_t budget = 0, const MeasureOptions& opts = {});
 // The same for a chain whose input is not a float tensor of one sample shape (a GPT's int64
