@@ -3,10 +3,11 @@
 # in minigrad/dist/dist.h); with MNIST_GA, a data-parallel run stopped after an epoch and resumed
 # with the same number of ranks ends byte-identical to an uninterrupted one, and one rank (under
 # the launcher, or a world of one) ends byte-identical to one plain process.
-# With GPT_TRAIN, out of memory under data parallelism stops both ranks of gpt_train too.
-# Usage: mpi_faults.sh MPIEXEC MPI_FAULTS_BINARY [MNIST_GA [GPT_TRAIN]]
+# With GPT_TRAIN, out of memory under data parallelism stops both ranks of gpt_train too. With
+# VGG_CKPT, 2 ranks train ResNet-18 (BatchNorm) under a per-rank memory budget.
+# Usage: mpi_faults.sh MPIEXEC MPI_FAULTS_BINARY [MNIST_GA [GPT_TRAIN [VGG_CKPT]]]
 set -uo pipefail
-mpiexec=$1 bin=$2 app=${3:-} gpt=${4:-}
+mpiexec=$1 bin=$2 app=${3:-} gpt=${4:-} vgg=${5:-}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail=0
@@ -101,5 +102,19 @@ if [ -n "$gpt" ]; then
   t0=$SECONDS
   timeout 120 "$mpiexec" -n 2 "$gpt" --config tiny --batch-size 8 --steps 3 --memory-limit 6MB >"$out/gpt_oom.log" 2>&1
   check gpt_oom $? $((SECONDS - t0)) nonzero "rank [01] of 2: under --memory-limit 6MB: cpu out of memory"
+fi
+if [ -n "$vgg" ]; then
+  # The joint plan per rank (--batch-size is the global batch: 8 per rank, 4 x 2 under 900KB;
+  # micro-batch 1 cannot train at 32x32: Note [joint plan]), BatchNorm's running statistics
+  # shared after every step (mg::dist::broadcast_buffers), rank 0 saving.
+  t0=$SECONDS
+  timeout 120 "$mpiexec" -n 2 "$vgg" --model resnet18 --width-div 16 --image-size 32 --batch-size 16 --steps 3 \
+    --memory-budget 900KB --save-dir "$out/vgg" --json "$out/vgg.json" >"$out/vgg_resnet.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && [ -s "$out/vgg/final.safetensors" ]; then
+    grep -q '"world_size": *2' "$out/vgg.json" || { echo "    vgg.json has no world_size 2"; rc=1; }
+    grep -q '"global_batch": *16' "$out/vgg.json" || { echo "    vgg.json has no global_batch 16"; rc=1; }
+  fi
+  check vgg_resnet $rc $((SECONDS - t0)) 0 "data parallel: 2 ranks \(mpi\)"
 fi
 exit $fail
