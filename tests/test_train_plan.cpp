@@ -169,10 +169,11 @@ TEST_CASE("joint planner: micro-batches the chain cannot train at are skipped, t
   small.costs.resize(1);
   CHECK_THROWS_WITH_AS(nn::plan_training(small, 17, roomy),
                        doctest::Contains("no measured micro-batch splits the effective batch of 17 into micro-batches the "
-                                         "chain can train at; micro-batches below 2 cannot train (BatchNorm2d"),
+                                         "chain can train at; micro-batch 1 cannot train (BatchNorm2d"),
                        Error);
   CHECK(nn::plan_training(small, 16, roomy).micro_batch == 2);
-  // No size runs (only 1 asked for; or a wrong sample shape): the chain's first error comes out.
+  // No size runs (only 1 asked for), or a second size fails too (a wrong sample shape): the
+  // chain's first error comes out.
   CHECK_THROWS_WITH_AS(nn::profile_chain(*m, {3, 32, 32}, {1}), doctest::Contains("more than one value per channel"), Error);
   CHECK_THROWS_WITH_AS(nn::profile_chain(*m, {4, 32, 32}, {2, 4}), doctest::Contains("channels"), Error);
 }

@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
     // the ranks evaluate alike and what rank 0 saves is what every rank has.
     const auto buffers = model->named_buffers();
     auto share_buffers = [&] {
-      if (world > 1 && !buffers.empty()) mg::dist::broadcast_buffers(buffers);
+      if (world > 1) mg::dist::broadcast_buffers(buffers);  // a collective, buffers or none (VGG16)
     };
     share_buffers();
     model->train();
@@ -239,6 +239,10 @@ int main(int argc, char** argv) {
     auto plan_jointly = [&](size_t memory) {
       const mg::nn::ChainProfile profile = mg::nn::profile_chain(
           *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), memory);
+      for (int64_t b : profile.cannot_train) {  // Note [joint plan]: a ResNet at 32x32 and one image
+        LEAD_PRINTF("micro-batch %lld cannot train (%s): planning with larger ones\n", static_cast<long long>(b),
+                    profile.cannot_train_why.c_str());
+      }
       tp = mg::nn::plan_training(profile, batch_size, memory, {.tiles = tiles == "on"});
       for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
         if (profile.micro_batches[i] == tp.micro_batch) cost = mg::nn::cost_with_tiles(profile, i);

@@ -440,26 +440,27 @@ void broadcast_buffers(const std::vector<std::pair<std::string, Tensor>>& named,
   MG_CHECK(root >= 0 && root < g_world.size, "mg::dist::broadcast_buffers: root " << root
                                                  << " is not a rank of a world of " << g_world.size);
   if (g_world.size == 1) return;  // rank 0 holds them already
-  // Called every step: compare a 63-bit FNV-1a fingerprint of the list (two small reductions), and only
-  // when it differs gather the lists themselves for check_same's message. Different lists would
-  // otherwise broadcast mismatched bytes.
-  for (const auto& [name, t] : named) MG_CHECK(t.defined(), "mg::dist::broadcast_buffers: buffer " << name << " is undefined");
+  // One broadcast per device type, host buffers first: the same calls on every rank (CUDA
+  // indices differ between ranks; one rank's CUDA buffers share one device, as its NCCL
+  // communicator does).
+  std::vector<Tensor> host, cuda;
+  for (const auto& [name, t] : named) {
+    MG_CHECK(t.defined(), "mg::dist::broadcast_buffers: buffer " << name << " is undefined");
+    (t.is_cuda() ? cuda : host).push_back(t);
+    MG_CHECK(!t.is_cuda() || t.device() == cuda[0].device(),
+             "mg::dist::broadcast_buffers: buffers on " << cuda[0].device().str() << " and " << t.device().str()
+                                                        << " (" << name << "): one CUDA device per rank");
+  }
+  // Called every step: compare a 63-bit FNV-1a fingerprint of the list (two small reductions),
+  // and only when it differs gather the lists themselves for check_same's message. Different
+  // lists would otherwise broadcast mismatched bytes.
   const std::string desc = describe_named(named, true);
   uint64_t h = 1469598103934665603ull;
   for (const unsigned char c : desc) h = (h ^ c) * 1099511628211ull;
   const int64_t fp = static_cast<int64_t>(h >> 1);
   if (all_reduce_max(fp) != -all_reduce_max(-fp)) check_same("model's buffers (names, shapes, dtypes and devices)", desc);
-  std::vector<Device> devices;
-  for (const auto& [name, t] : named) {
-    if (std::find(devices.begin(), devices.end(), t.device()) == devices.end()) devices.push_back(t.device());
-  }
-  for (const Device d : devices) {  // in the order of first use: the same on every rank
-    std::vector<Tensor> group;
-    for (const auto& [name, t] : named) {
-      if (t.device() == d) group.push_back(t);
-    }
-    broadcast(group, root);
-  }
+  broadcast(host, root);
+  broadcast(cuda, root);
 }
 
 void record_timeline(bool on) { detail::nccl_record_timeline(on); }

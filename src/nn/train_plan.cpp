@@ -92,13 +92,13 @@ ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const 
                   std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")";
       break;
     } catch (const Error& e) {
-      // Too few rows for the chain to train at (measure_chain left the model as it was); a larger
-      // size may run. After one has run, an error is not about the size: passed on.
+      // Too few rows for the chain to train at (measure_chain left the model as it was): the
+      // next size may run. Only the smallest size may fail so: an error at a second size, or
+      // after one has run, is not about the size, and is passed on (the first one, if two).
       if (!p.costs.empty()) throw;
-      if (!first_error) {
-        first_error = std::current_exception();
-        p.cannot_train_why = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
-      }
+      if (first_error) std::rethrow_exception(first_error);
+      first_error = std::current_exception();
+      p.cannot_train_why = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
       p.cannot_train.push_back(b);
       continue;
     }
@@ -149,13 +149,12 @@ TrainPlan plan_training(const ChainProfile& profile, int64_t effective_batch, si
   MG_CHECK(profile.costs.size() == profile.micro_batches.size(),
            "plan_training: the profile holds " << profile.costs.size() << " measurements of " << profile.micro_batches.size()
                                                << " micro-batch sizes");
+  // Why the smallest size is missing, for the errors below.
+  const std::string cannot = profile.cannot_train.empty() ? std::string()
+      : "; micro-batch " + std::to_string(profile.cannot_train.back()) + " cannot train (" + profile.cannot_train_why + ")";
   MG_CHECK(!profile.costs.empty(), "plan_training: " << (profile.stopped.empty() ? "the profile holds no measurement"
                                                                                   : "no plan fits a budget of " + format_bytes(budget) +
-                                                                                        ": " + profile.stopped));
-  // Why the smallest sizes are missing, for the errors below.
-  const std::string cannot = profile.cannot_train.empty() ? std::string()
-      : "; micro-batches below " + std::to_string(profile.micro_batches.front()) + " cannot train (" +
-            profile.cannot_train_why + ")";
+                                                                                        ": " + profile.stopped) << cannot);
   MG_CHECK(profile.micro_batches.front() <= effective_batch,
            "plan_training: every micro-batch measured (the smallest is " << profile.micro_batches.front()
                << ") is larger than the effective batch of " << effective_batch

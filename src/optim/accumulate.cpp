@@ -409,10 +409,16 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
   data::Batch b;
   // BatchNorm's running statistics: each rank updates them from its own samples; after every step
   // all take rank 0's (dist::broadcast_buffers, as PyTorch's DDP), so the ranks evaluate alike.
+  // Whether to is decided over all ranks, so that every rank makes the same calls (a rank whose
+  // model lacks the buffers then hears so from broadcast_buffers instead of mismatching them).
   std::vector<std::pair<std::string, Tensor>> buffers;
-  if (dp) buffers = model.named_buffers();
+  bool share_buffers = false;
+  if (dp && dist::world_size() > 1) {
+    buffers = model.named_buffers();
+    share_buffers = dist::all_reduce_max(buffers.empty() ? 0 : 1) == 1;
+  }
   auto after_step = [&](const StepInfo& info) {
-    if (!buffers.empty()) dist::broadcast_buffers(buffers);
+    if (share_buffers) dist::broadcast_buffers(buffers);
     st.loss_sum += info.loss_sum;  // of every rank's samples, under data parallelism
     st.samples += info.samples;
     st.micro_batches += info.micro_batches;

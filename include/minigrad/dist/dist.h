@@ -111,9 +111,10 @@ void broadcast(const std::vector<Tensor>& tensors, int root = 0);
 // running statistics and batch counts. Each rank updates them from its own samples; sharing rank
 // 0's after every step (PyTorch DDP's broadcast_buffers) makes the ranks evaluate alike and what
 // rank 0 saves what every rank holds. train_epoch does it under data parallelism. The buffers
-// may be on several devices (a CUDA model's running statistics and its host counts): one
-// broadcast per device. Throws on every rank, naming the first difference, unless every rank
-// passes the same names, shapes and dtypes (a cheap fingerprint is compared first).
+// may be in host memory and on the rank's CUDA device (a CUDA model's running statistics, its
+// host counts): one broadcast each. Throws on every rank, naming the first difference, unless
+// every rank passes the same names, shapes, dtypes and device types (a fingerprint is compared
+// first: two small reductions). A collective: every rank calls it, with buffers or without.
 void broadcast_buffers(const std::vector<std::pair<std::string, Tensor>>& named, int root = 0);
 void barrier();
 

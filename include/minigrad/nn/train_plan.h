@@ -45,10 +45,10 @@ struct ChainProfile {
   std::vector<int64_t> micro_batches;  // increasing
   std::vector<ChainCost> costs;        // costs[i]: measure_chain at micro_batches[i]
   std::string stopped;                 // why measuring stopped before the last candidate, or ""
-  // Sizes below every measured one that the chain cannot train at (an mg::Error other than out
-  // of memory: a BatchNorm left with one value per channel, as ResNet's last stage at 32x32 and
-  // one image), and the first one's error. Plans avoid micro-batches smaller than the first
-  // measured size, the window's last one included.
+  // The smallest candidate, when the chain cannot train at it (an mg::Error other than out of
+  // memory: a BatchNorm left with one value per channel, as ResNet's last stage at 32x32 and one
+  // image), and its error. Plans avoid micro-batches smaller than the first measured size, the
+  // window's last one included.
   std::vector<int64_t> cannot_train;
   std::string cannot_train_why;
 };
@@ -89,8 +89,9 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch);
 
 // Measures seq (in its current mode, on its parameters' device) at each micro-batch size of
 // `micro_batches` (increasing), from the smallest, and stops before the first one that cannot
-// fit `budget` (0: measure all). The smallest sizes may fail with mg::Error (the chain cannot
-// train at them: ChainProfile::cannot_train); if no size runs, the first error is thrown.
+// fit `budget` (0: measure all). The smallest size may fail with mg::Error (the chain cannot
+// train at it: ChainProfile::cannot_train); an error at any other size is thrown (the first
+// one, if the smallest failed too).
 // Parameter gradients, buffers and the default generator are left as they were.
 ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
                            size_t budget = 0, const MeasureOptions& opts = {});
