@@ -6,6 +6,7 @@
 #   ../shared/tools/offline-kit.sh libjpeg62-turbo-dev libjpeg62-turbo
 #                                           # here, once: bundles the build deps into .devkit
 #   bash scripts/gpu_verify.sh build test   # there (carry .devkit): configure, build, ctest + the GPU tests
+#   bash scripts/gpu_verify.sh quick        # the GPU tests side by side and NCCL over one rank, on a carried build
 #   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer (SANITIZE_TOOLS, default memcheck)
 #   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch; VGG16 --profile
 #   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch; --profile
@@ -177,11 +178,13 @@ unpack_build() {
 
 # A stage that needs the build makes it when this machine has none of these sources (a fresh
 # machine, or a warm one with an older build), unless the call carried one.
+# Its programs find its libraries through LD_LIBRARY_PATH, wherever it was built or carried from.
 have_build() {
-  build_is_current && return 0
-  unpack_build && return 0
-  note "no build of these sources in $build on this machine: building first"
-  stage_build
+  build_is_current || unpack_build || {
+    note "no build of these sources in $build on this machine: building first"
+    stage_build
+  } || return 1
+  export LD_LIBRARY_PATH="$(cd "$build" && pwd)/lib:$LD_LIBRARY_PATH"
 }
 
 stage_test() {
@@ -224,6 +227,48 @@ stage_test() {
     grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$t.log" | cut -c1-300 >>"$log/summary.txt"
     [ $r -ne 0 ] && rc=1
   done
+  return $rc
+}
+
+# The GPU tests and NCCL over one rank, on a build made here or carried (no ctest files needed),
+# for a call that has little device time: the tests that leave the device's memory alone run side
+# by side, test_cuda_allocator (which fills the device on purpose) after them, each under
+# QUICK_TIMEOUT seconds (default 150). The whole CPU suite is CI's.
+stage_quick() {
+  have_build || return 1
+  local rc=0 t r limit=${QUICK_TIMEOUT:-150} t0=$SECONDS
+  local side=() pids=()
+  for t in "${gpu_tests[@]}"; do [ "$t" != test_cuda_allocator ] && side+=("$t"); done
+  for t in "${side[@]}"; do
+    timeout "$limit" "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1 &
+    pids+=($!)
+  done
+  if [ -x "$build/bin/mpi_training" ]; then
+    MG_DIST_WORLD_OF_ONE=1 MG_DIST_TIMEOUT=60 timeout "$limit" "$build/bin/mpi_training" -tc="CUDA*" \
+      >"$log/nccl_world_of_one.log" 2>&1 &
+    pids+=($!)
+    side+=(nccl_world_of_one)
+  fi
+  local i
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    r=$?
+    t=${side[$i]}
+    note "$t: exit $r; $(grep -E 'test cases:' "$log/$t.log" | tail -1)"
+    grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$t.log" | cut -c1-300 | tee -a "$log/summary.txt"
+    # The first failures, for the reply's tail.
+    grep -m6 -E 'ERROR:|error:|FATAL|what\(\)|Segmentation|Aborted' "$log/$t.log" | cut -c1-400 | tee -a "$log/summary.txt"
+    [ $t = nccl_world_of_one ] && grep -E 'relative error|began a reduction' "$log/$t.log" | cut -c1-300 | tee -a "$log/summary.txt"
+    [ $r -ne 0 ] && rc=1
+  done
+  if printf '%s\n' "${gpu_tests[@]}" | grep -qx test_cuda_allocator; then
+    timeout "$limit" "$build/bin/test_cuda_allocator" --duration=true >"$log/test_cuda_allocator.log" 2>&1
+    r=$?
+    note "test_cuda_allocator: exit $r; $(grep -E 'test cases:' "$log/test_cuda_allocator.log" | tail -1)"
+    grep -m6 -E 'ERROR:|error:|FATAL|what\(\)|Segmentation|Aborted' "$log/test_cuda_allocator.log" | cut -c1-400 | tee -a "$log/summary.txt"
+    [ $r -ne 0 ] && rc=1
+  fi
+  note "quick: $((SECONDS - t0)) s"
   return $rc
 }
 
@@ -317,14 +362,14 @@ stage_overlap() {
   for name in vgg16 gpt2; do
     local bin=vgg_ckpt args=("${vgg[@]}")
     [ $name = gpt2 ] && bin=gpt_train args=("${gpt[@]}")
-    timeout 150 env MG_DIST_WORLD_OF_ONE=1 "$build/bin/$bin" "${args[@]}" --timeline "$log/timeline_$name.json" \
+    timeout "${OVERLAP_TIMEOUT:-150}" env MG_DIST_WORLD_OF_ONE=1 "$build/bin/$bin" "${args[@]}" --timeline "$log/timeline_$name.json" \
       >"$log/overlap_$name.log" 2>&1
     r=$?
     note "overlap $name (NCCL, one rank): exit $r; $(grep -E '^median step' "$log/overlap_$name.log" | tail -1)"
     [ $r -ne 0 ] && rc=1 && continue
     "$py" bench/timeline.py "$log/timeline_$name.json" >"$log/timeline_$name.md" 2>&1 || rc=1
     note "  $(tail -1 "$log/timeline_$name.md")"
-    timeout 150 "$build/bin/$bin" "${args[@]}" >"$log/overlap_${name}_plain.log" 2>&1
+    timeout "${OVERLAP_TIMEOUT:-150}" "$build/bin/$bin" "${args[@]}" >"$log/overlap_${name}_plain.log" 2>&1
     note "  without data parallelism: exit $?; $(grep -E '^median step' "$log/overlap_${name}_plain.log" | tail -1)"
   done
   return $rc
@@ -334,8 +379,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | sanitize | bench | gpt | gpt_batch | overlap | pack) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, sanitize, bench, gpt, gpt_batch, overlap or pack)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | overlap | pack) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, overlap or pack)" >&2; exit 2 ;;
   esac
 done
 exit $status
