@@ -12,6 +12,7 @@
 #   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch; --profile
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
+#   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
 #
 # The device machine stays warm 30 s after a call: a later call usually starts a fresh one, with
@@ -287,7 +288,7 @@ stage_sanitize() {
       timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
         "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$log/sanitizer_${tool}_$t.log" 2>&1
       r=$?
-      note "compute-sanitizer $tool $t: exit $r; $(grep -E 'ERROR SUMMARY' "$log/sanitizer_${tool}_$t.log" | tail -1)"
+      note "compute-sanitizer $tool $t: exit $r; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log/sanitizer_${tool}_$t.log" | tail -1)"
       [ $r -ne 0 ] && rc=1
     done
   done
@@ -375,12 +376,23 @@ stage_overlap() {
   return $rc
 }
 
+# Any command with the stages' environment (the build's libraries, NCCL's and cuDNN's, PYTHON),
+# after the build is made or unpacked: GPU_VERIFY_CMD="..." bash scripts/gpu_verify.sh exec.
+# $build and $log name the build and the log folder for it.
+stage_exec() {
+  have_build || return 1
+  build="$build" log="$log" bash -c "${GPU_VERIFY_CMD:?exec: set GPU_VERIFY_CMD}"
+  local r=$?
+  note "exec: exit $r"
+  return $r
+}
+
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | overlap | pack) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, overlap or pack)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | overlap | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, overlap, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status

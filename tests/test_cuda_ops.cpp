@@ -7,9 +7,12 @@
 #include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
 
 #ifdef MINIGRAD_WITH_CUDA
+#include <cstdint>
 #include <cstring>
 #include <functional>
 
+#include "core/tape.h"  // rows_view
+#include "kernels/attention.h"
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -290,15 +293,18 @@ TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run 
   }
 }
 
-TEST_CASE("cuda: causal self-attention, GPT-2's heads of 64 (held in registers) and others, with dropout") {
+TEST_CASE("cuda: causal self-attention, GPT-2's heads of 64 (in tiles) and others (row kernels), with dropout") {
   struct Case {
     int64_t b, t, c;
     int heads;
   };
-  // D = 64 over more than one warp of rows per head (t = 70), D = 4 and D = 12 (read at run time),
-  // and a T that is not a multiple of 32, so that warps span two heads.
-  for (const Case k : {Case{2, 70, 128, 2}, Case{3, 13, 12, 3}, Case{1, 33, 36, 3}}) {
+  // D = 64 over two tiles (t = 70); D = 4 and D = 12 in the row kernels (rows read where they lie),
+  // with a T that is not a multiple of 32, so that warps span two heads.
+  // Heads of 64 take the tiles (Note [attention tiles] in attention.cu): T = 70 (two tiles) and
+  // GPT-2's shape at T = 1024 (sixteen), without dropout there (the CPU's reference is slow).
+  for (const Case k : {Case{2, 70, 128, 2}, Case{3, 13, 12, 3}, Case{1, 33, 36, 3}, Case{1, 1024, 768, 12}}) {
     for (const float p : {0.0f, 0.2f}) {
+      if (k.t == 1024 && p > 0.0f) continue;
       CAPTURE(k.c / k.heads);
       CAPTURE(p);
       Tensor qkv = rand_tensor({k.b, k.t, 3 * k.c}, 51, true);
@@ -308,6 +314,55 @@ TEST_CASE("cuda: causal self-attention, GPT-2's heads of 64 (held in registers) 
       }, {qkv}, kStrict);
     }
   }
+}
+
+TEST_CASE("cuda: attention's tiles write every element of y, lse and dqkv, as the CPU kernels") {
+  // Heads of 64 at T = 200: four tiles, the last of 8 rows; the outputs NaN before the kernels run,
+  // so a row or a slot the tiles leave unwritten fails.
+  const int64_t b = 2, t = 200, c = 192;
+  const int heads = 3;
+  for (const float p : {0.0f, 0.2f}) {
+    CAPTURE(p);
+    const AttentionDropout drop{p, 5, 17, 0};
+    const Tensor qkv = rand_tensor({b, t, 3 * c}, 81), dy = rand_tensor({b, t, c}, 82);
+    Tensor y = poisoned({b, t, c}, Device::cpu()), lse = poisoned({b, heads, t}, Device::cpu()),
+           dqkv = poisoned({b, t, 3 * c}, Device::cpu());
+    attention_forward<Cpu>(y, lse, qkv, heads, drop);
+    attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+    Tensor yg = poisoned({b, t, c}, kGpu), lg = poisoned({b, heads, t}, kGpu), dg = poisoned({b, t, 3 * c}, kGpu);
+    const Tensor qg = qkv.to(kGpu);
+    attention_forward<Cuda>(yg, lg, qg, heads, drop);
+    attention_backward<Cuda>(dg, dy.to(kGpu), qg, lg, heads, drop);
+    CHECK(rel_err(yg, y) < kStrict);
+    CHECK(rel_err(lg, lse) < kStrict);
+    CHECK(rel_err(dg, dqkv) < kStrict);
+    // Deterministic: the same bits again.
+    Tensor dg2 = poisoned({b, t, 3 * c}, kGpu);
+    attention_backward<Cuda>(dg2, dy.to(kGpu), qg, lg, heads, drop);
+    CHECK(test::bit_equal(dg2.cpu(), dg.cpu()));
+  }
+}
+
+TEST_CASE("cuda: attention's row kernels for heads of 64 (rows not 16-byte aligned) as the CPU kernels") {
+  // qkv one float past an aligned block: the tiles' float4 reads cannot take it, so the row kernels
+  // with their rows in registers run (Note [attention tiles]).
+  const int64_t b = 2, t = 70, c = 128, n = b * t * 3 * c;
+  const int heads = 2;
+  const AttentionDropout drop{0.2f, 5, 17, 0};
+  const Tensor qkv = rand_tensor({b, t, 3 * c}, 83), dy = rand_tensor({b, t, c}, 84);
+  Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t}), dqkv = Tensor::empty({b, t, 3 * c});
+  attention_forward<Cpu>(y, lse, qkv, heads, drop);
+  attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+  Tensor qg = rows_view(Tensor::empty({n + 1}, TensorOptions{}.with_device(kGpu)), 1, n);
+  qg.impl().shape = qkv.shape();
+  qg.copy_(qkv);
+  REQUIRE(reinterpret_cast<uintptr_t>(qg.data<float>()) % 16 != 0);
+  Tensor yg = poisoned({b, t, c}, kGpu), lg = poisoned({b, heads, t}, kGpu), dg = poisoned({b, t, 3 * c}, kGpu);
+  attention_forward<Cuda>(yg, lg, qg, heads, drop);
+  attention_backward<Cuda>(dg, dy.to(kGpu), qg, lg, heads, drop);
+  CHECK(rel_err(yg, y) < kStrict);
+  CHECK(rel_err(lg, lse) < kStrict);
+  CHECK(rel_err(dg, dqkv) < kStrict);
 }
 
 TEST_CASE("cuda: embedding's backward sorts on the device: the CPU's bits, accumulating, GPT-2's vocabulary") {

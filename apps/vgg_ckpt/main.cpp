@@ -129,10 +129,13 @@ int main(int argc, char** argv) {
   app.add_option("--image-size", image_size, "square input size")->capture_default_str()->check(CLI::Range(32, 4096));
   app.add_option("--data", data_dir, "class sub-folders of JPEG/PNG images (default: synthetic)")->check(nonempty());
   std::string tf32 = "conv";
-  bool cudnn_benchmark = false;
+  bool cudnn_benchmark = false, cudnn_nondeterministic = false;
   app.add_option("--tf32", tf32, "CUDA TF32: on (matmuls and convolutions) | off (strict FP32) | conv (convolutions only, the default as in PyTorch)")
       ->check(CLI::IsMember({"on", "off", "conv"}))->capture_default_str();
   app.add_flag("--cudnn-benchmark", cudnn_benchmark, "CUDA: time cuDNN's algorithms once per shape (torch.backends.cudnn.benchmark)");
+  app.add_flag("--cudnn-nondeterministic", cudnn_nondeterministic,
+               "CUDA: admit cuDNN's non-deterministic algorithms (atomics), as PyTorch does by default; checkpointed "
+               "gradients then equal plain ones only to rounding (Note [deterministic convolutions])");
   std::string memory_budget, memory_limit, tiles = "on";
   auto* budget_opt = app.add_option("--memory-budget", memory_budget,
                                     "plan micro-batch, accumulation and checkpointing for this many bytes (e.g. 200MB, or "
@@ -149,6 +152,7 @@ int main(int argc, char** argv) {
   mg::cuda::set_tf32_matmul(tf32 == "on");
   mg::cuda::set_tf32_conv(tf32 != "off");
   mg::cuda::set_cudnn_benchmark(cudnn_benchmark);
+  mg::cuda::set_cudnn_deterministic(!cudnn_nondeterministic);
 
   try {
     // Under data parallelism "cuda" means each rank's own GPU on its machine.
@@ -500,6 +504,7 @@ int main(int argc, char** argv) {
       j["device"] = dev.str();
       j["tf32"] = tf32;
       j["cudnn_benchmark"] = cudnn_benchmark;
+      j["cudnn_deterministic"] = !cudnn_nondeterministic;
       j["seed"] = seed;
       j["units"] = nlohmann::json::array();
       for (const auto& u : cost.units) {
