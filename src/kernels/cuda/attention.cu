@@ -65,9 +65,11 @@ __global__ void __launch_bounds__(kAttentionThreads)
 // different banks. Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty .. 4 ty + 3 of the tile
 // it computes and, in a 64 x 64 score tile, columns tx, tx + 16, tx + 32, tx + 48; a row's 16
 // lanes are one half of a warp, so row maxima and sums are four shuffles. The blocks with the most
-// tiles to walk are launched first. A masked score (j > t) counts for nothing, as in the row
-// kernels: an inf or NaN in a later position's k or v reaches no earlier row (on the CPU it reaches
-// earlier rows of the same block of 64 through 0 * NaN).
+// tiles to walk are launched first. A masked score (j > t) has p = 0 and dS = 0, but the tile
+// products still multiply those zeros by the tile's rows: as on the CPU (whose blocks are 64 rows
+// too), an inf or NaN in a later position's v (forward), k (dq) or an earlier position's q or dy
+// (dk, dv) reaches the other rows of its tile as 0 * inf = NaN, and no row outside it. The row
+// kernels visit j <= t only.
 constexpr int kTile = 64, kLd = 68, kTileThreads = 256, kTileFloats = kTile * kLd;
 
 struct Lane {
