@@ -239,6 +239,14 @@ stage_quick() {
   have_build || return 1
   local rc=0 t r limit=${QUICK_TIMEOUT:-150} t0=$SECONDS
   local side=() pids=()
+  # A test's exit, why it saw no device, its first failures (for the reply's tail), NCCL's figures.
+  report() {
+    note "$1: exit $2; $(grep -E 'test cases:' "$log/$1.log" | tail -1)"
+    grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$1.log" | cut -c1-300 | tee -a "$log/summary.txt"
+    grep -m6 -E 'ERROR:|error:|FATAL|what\(\)|Segmentation|Aborted' "$log/$1.log" | cut -c1-400 | tee -a "$log/summary.txt"
+    [ "$1" = nccl_world_of_one ] && grep -E 'relative error|began a reduction' "$log/$1.log" | cut -c1-300 | tee -a "$log/summary.txt"
+    [ "$2" -eq 0 ] || rc=1
+  }
   for t in "${gpu_tests[@]}"; do [ "$t" != test_cuda_allocator ] && side+=("$t"); done
   for t in "${side[@]}"; do
     timeout "$limit" "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1 &
@@ -253,22 +261,10 @@ stage_quick() {
   local i
   for i in "${!pids[@]}"; do
     wait "${pids[$i]}"
-    r=$?
-    t=${side[$i]}
-    note "$t: exit $r; $(grep -E 'test cases:' "$log/$t.log" | tail -1)"
-    grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$t.log" | cut -c1-300 | tee -a "$log/summary.txt"
-    # The first failures, for the reply's tail.
-    grep -m6 -E 'ERROR:|error:|FATAL|what\(\)|Segmentation|Aborted' "$log/$t.log" | cut -c1-400 | tee -a "$log/summary.txt"
-    [ $t = nccl_world_of_one ] && grep -E 'relative error|began a reduction' "$log/$t.log" | cut -c1-300 | tee -a "$log/summary.txt"
-    [ $r -ne 0 ] && rc=1
+    report "${side[$i]}" $?
   done
-  if printf '%s\n' "${gpu_tests[@]}" | grep -qx test_cuda_allocator; then
-    timeout "$limit" "$build/bin/test_cuda_allocator" --duration=true >"$log/test_cuda_allocator.log" 2>&1
-    r=$?
-    note "test_cuda_allocator: exit $r; $(grep -E 'test cases:' "$log/test_cuda_allocator.log" | tail -1)"
-    grep -m6 -E 'ERROR:|error:|FATAL|what\(\)|Segmentation|Aborted' "$log/test_cuda_allocator.log" | cut -c1-400 | tee -a "$log/summary.txt"
-    [ $r -ne 0 ] && rc=1
-  fi
+  timeout "$limit" "$build/bin/test_cuda_allocator" --duration=true >"$log/test_cuda_allocator.log" 2>&1
+  report test_cuda_allocator $?
   note "quick: $((SECONDS - t0)) s"
   return $rc
 }

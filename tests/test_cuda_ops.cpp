@@ -298,10 +298,10 @@ TEST_CASE("cuda: causal self-attention, GPT-2's heads of 64 (in tiles) and other
     int64_t b, t, c;
     int heads;
   };
-  // D = 64 over two tiles (t = 70); D = 4 and D = 12 in the row kernels (rows read where they lie),
-  // with a T that is not a multiple of 32, so that warps span two heads.
   // Heads of 64 take the tiles (Note [attention tiles] in attention.cu): T = 70 (two tiles) and
   // GPT-2's shape at T = 1024 (sixteen), without dropout there (the CPU's reference is slow).
+  // D = 4 and D = 12 take the row kernels (rows read where they lie), with a T that is not a
+  // multiple of 32, so that warps span two heads.
   for (const Case k : {Case{2, 70, 128, 2}, Case{3, 13, 12, 3}, Case{1, 33, 36, 3}, Case{1, 1024, 768, 12}}) {
     for (const float p : {0.0f, 0.2f}) {
       if (k.t == 1024 && p > 0.0f) continue;

@@ -10,7 +10,8 @@
 //   dq (and E):  E_t = sum_j p_tj M_tj (dy_t . v_j) over every key tile, then a second walk:
 //             dS = P o (M o dY V_j^T - E) / sqrt(D),  dQ += dS K_j        (=, dx's q slot)
 //   dk, dv:   per query tile t >= j:  dV += (P o M)^T dY_t,  dK += dS^T Q_t   (=, dx's k and v slots)
-// Other head sizes, and rows that are not 16-byte aligned, take the row kernels: one thread per
+// Other head sizes, rows that are not 16-byte aligned and devices with too little shared memory
+// per block take the row kernels: one thread per
 // (sample, head, position), its own rows in registers, the rows' bodies in kernel_math.h (checked
 // on the CPU against the CPU kernels). Forward: one pass with a running maximum. Backward: E_t and
 // dq per query row, then dk and dv per key row.
@@ -384,15 +385,17 @@ bool device_fits_tiles(int dev) {
 // The tiles need heads of 64, rows whose float4s are aligned (qkv's and dy's rows start at
 // multiples of 4 floats, C = 64 H, so the data pointers decide), and the device's shared memory.
 // Anything else takes the row kernels.
+int64_t tiles_of(const AttentionDims& s) { return (s.t + kTile - 1) / kTile; }
+
 bool tiled(const AttentionDims& s, int dev, std::initializer_list<const float*> ptrs) {
-  if (s.d != kTile || s.b * s.heads > 2147483647 || (s.t + kTile - 1) / kTile > 65535) return false;
+  if (s.d != kTile || s.b * s.heads > 2147483647 || tiles_of(s) > 65535) return false;
   for (const float* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return device_fits_tiles(dev);
 }
 
 dim3 tile_grid(const AttentionDims& s) {
-  return dim3(static_cast<unsigned>(s.b * s.heads), static_cast<unsigned>((s.t + kTile - 1) / kTile));
+  return dim3(static_cast<unsigned>(s.b * s.heads), static_cast<unsigned>(tiles_of(s)));
 }
 
 AttentionDims dims(const Tensor& qkv, int heads, const AttentionDropout& drop) {
