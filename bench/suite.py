@@ -100,9 +100,18 @@ class Suite:
         self.out = None if args.dry_run else open(args.out, "a")
         self.records = []
         self.git = self.git_state()
+        self.gpu_name = self.query_gpu() if args.device == "cuda" else None
         self.env = dict(os.environ)
         if args.device == "cpu":
             self.env["OMP_NUM_THREADS"] = str(args.threads)
+
+    @staticmethod
+    def query_gpu():
+        try:
+            return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            return None
 
     @staticmethod
     def git_state():
@@ -123,6 +132,16 @@ class Suite:
             log("(dry run) " + json.dumps({k: rec.get(k) for k in ("framework", "workload", "plan", "error")}))
             return rec
         rec.setdefault("device", self.args.device)
+        # Issue 40's common fields: precision, peak_bytes, gpu_name, commit, image_size.
+        tf32 = rec.get("tf32")
+        if isinstance(tf32, str) and "precision" not in rec:
+            rec["precision"] = "fp32" if tf32 == "off" or self.args.device == "cpu" else "tf32"
+            if rec["precision"] == "tf32":
+                rec["tf32_scope"] = "all" if tf32 == "on" else "convolutions (matmuls strict FP32)"
+        rec.setdefault("peak_bytes", rec.get("peak_in_use_bytes"))
+        rec.setdefault("image_size", self.args.image_size)
+        rec["gpu_name"] = self.gpu_name
+        rec["commit"] = os.environ.get("MG_COMMIT") or self.git
         rec["suite_time_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         rec["git"] = self.git
         self.records.append(rec)
@@ -290,7 +309,7 @@ class Suite:
             rec["samples_per_s"] = batch / rec["median_step_s"]
         return rec
 
-    def vgg_torch(self, plan, workload, shape, label=None, mirrors=None):
+    def vgg_torch(self, plan, workload, shape, label=None, mirrors=None, bf16=False):
         a = self.args
         wd, size, batch = shape
         base = {"framework": "pytorch", "workload": workload, "plan": label or plan, "batch": batch, "accum": 1,
@@ -304,6 +323,9 @@ class Suite:
                "--seed", str(a.seed), "--tf32", a.tf32, "--cudnn-benchmark", a.cudnn_benchmark]
         if a.device == "cpu":
             cmd += ["--threads", str(a.threads)]
+        if bf16:  # PyTorch's mixed-precision recipe: autocast(bfloat16), channels_last
+            cmd += ["--precision", "bf16", "--channels-last"]
+            base["precision"] = "bf16"
 
         def parse(out):
             j = last_json_line(out)
@@ -336,15 +358,23 @@ class Suite:
     def vgg(self):
         shape = self.vgg_shape()
         workload = f"{self.args.model}_w{shape[0]}_s{shape[1]}_b{shape[2]}"
-        none = self.vgg_ours("none", workload, shape)
-        self.vgg_torch("none", workload, shape)
-        self.vgg_ours("segments=2", workload, shape)
-        self.vgg_torch("segments=2", workload, shape)
-        sqrt = self.vgg_ours("sqrt", workload, shape)
-        self.vgg_torch("sqrt", workload, shape)
-        if self.args.mirror_sqrt and not sqrt.get("error") and self.bounds_of(sqrt):
-            self.vgg_torch(self.bounds_of(sqrt), workload, shape, label="sqrt (ours mirrored)", mirrors="sqrt")
-        self.vgg_budgets(workload, shape, none, sqrt)
+        plans = [p for p in self.args.plans.split(",") if p]
+        none = sqrt = {}
+        if "none" in plans or "budgets" in plans:
+            none = self.vgg_ours("none", workload, shape)
+            self.vgg_torch("none", workload, shape)
+        if "segments=2" in plans:
+            self.vgg_ours("segments=2", workload, shape)
+            self.vgg_torch("segments=2", workload, shape)
+        if "sqrt" in plans or "budgets" in plans:
+            sqrt = self.vgg_ours("sqrt", workload, shape)
+            self.vgg_torch("sqrt", workload, shape)
+            if self.args.mirror_sqrt and not sqrt.get("error") and self.bounds_of(sqrt):
+                self.vgg_torch(self.bounds_of(sqrt), workload, shape, label="sqrt (ours mirrored)", mirrors="sqrt")
+        if "budgets" in plans:
+            self.vgg_budgets(workload, shape, none, sqrt)
+        if self.args.torch_bf16:  # libminigrad has no bf16 yet (issue 35): PyTorch's alone, for the record
+            self.vgg_torch("none", workload, shape, bf16=True)
 
     def budget_values(self, none, sqrt):
         """The budgets to run, in bytes, as --budgets asks (see the module doc)."""
@@ -417,6 +447,10 @@ def parse_args(argv=None):
                          "both libraries' default)")
     ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="off")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plans", default="none,segments=2,sqrt,budgets",
+                    help="the vgg part's plans, a comma list of none, segments=2, sqrt, budgets")
+    ap.add_argument("--torch-bf16", action="store_true",
+                    help="also PyTorch under autocast(bfloat16) with channels_last, plan none")
     ap.add_argument("--torch-python", default=TORCH_PY,
                     help="the Python whose torch runs the references (a CUDA build on a GPU machine)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run and record nothing")

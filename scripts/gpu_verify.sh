@@ -7,10 +7,12 @@
 #                                           # here, once: bundles the build deps into .devkit
 #   bash scripts/gpu_verify.sh build test   # there (carry .devkit): configure, build, ctest + the GPU tests
 #   bash scripts/gpu_verify.sh quick        # the GPU tests side by side and NCCL over one rank, on a carried build
-#   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer (SANITIZE_TOOLS, default memcheck)
+#   bash scripts/gpu_verify.sh sanitize     # compute-sanitizer (SANITIZE_TOOLS, default memcheck; SANITIZE_PARALLEL=1)
 #   bash scripts/gpu_verify.sh bench        # bench/compare.py on cuda: VGG16 and MLP vs PyTorch; VGG16 --profile
 #   bash scripts/gpu_verify.sh gpt          # GPT-2 124M, context 1024: step time and memory vs PyTorch; --profile
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
+#   bash scripts/gpu_verify.sh peers        # GPT-2 against PyTorch and llm.c; losses from the same weights
+#   bash scripts/gpu_verify.sh cnn          # VGG16 and ResNet-50 against PyTorch, every plan and precision
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
 #   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
@@ -29,7 +31,8 @@
 # Environment: CUDA_ARCH (default 90), BUILD_DIR (default build-gpu), PYTHON (default python3:
 # the one with a CUDA PyTorch), SANITIZE_TOOLS (default memcheck; also racecheck, synccheck,
 # initcheck), SANITIZE_TESTS (which GPU test executables, default all), SANITIZE_FILTER (doctest
-# -tc filter for the sanitizer runs).
+# -tc filter for the sanitizer runs), SANITIZE_TIMEOUT (seconds per run, default 150),
+# SANITIZE_PARALLEL (1: every tool and test side by side).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -271,22 +274,38 @@ stage_quick() {
 
 stage_sanitize() {
   have_build || return 1
-  local rc=0 filter=() t r tests tools
+  local rc=0 filter=() t r tests tools limit=${SANITIZE_TIMEOUT:-150}
+  local names=() pids=()
   [ -n "${SANITIZE_FILTER:-}" ] && filter=(-tc="$SANITIZE_FILTER")
   read -r -a tests <<<"${SANITIZE_TESTS:-${gpu_tests[*]}}"
   read -r -a tools <<<"${SANITIZE_TOOLS:-memcheck}"
+  # One run: its exit and the sanitizer's summary line.
+  sanitize_report() {
+    note "compute-sanitizer $1: exit $2; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log/sanitizer_${1/ /_}.log" | tail -1)"
+    [ "$2" -ne 0 ] && rc=1
+  }
   for tool in "${tools[@]}"; do
     for t in "${tests[@]}"; do
       # The allocator's out-of-memory cases make cudaMalloc fail on purpose (and fill the device):
       # the sanitizer would count the refusals as errors, and needs device memory of its own.
       local skip=()
       [ "$t" = test_cuda_allocator ] && skip=(-tce="*out of memory*,*full device*")
-      timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$log/sanitizer_${tool}_$t.log" 2>&1
-      r=$?
-      note "compute-sanitizer $tool $t: exit $r; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log/sanitizer_${tool}_$t.log" | tail -1)"
-      [ $r -ne 0 ] && rc=1
+      # SANITIZE_PARALLEL=1 runs every (tool, test) pair side by side (the device has the memory
+      # and the cores; these are checks, not timings), each under SANITIZE_TIMEOUT seconds.
+      timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$log/sanitizer_${tool}_$t.log" 2>&1 &
+      if [ "${SANITIZE_PARALLEL:-0}" = 1 ]; then
+        pids+=($!) names+=("$tool $t")
+      else
+        wait $!
+        sanitize_report "$tool $t" $?
+      fi
     done
+  done
+  local i
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    sanitize_report "${names[$i]}" $?
   done
   return $rc
 }
@@ -348,6 +367,71 @@ stage_gpt_batch() {
   return $r
 }
 
+# Issue 40, item 4: GPT-2 124M at T = 1024 against PyTorch eager (SDPA; fp32, tf32, autocast bf16)
+# and llm.c (train_gpt2cu bf16, train_gpt2fp32cu with TF32), B = 4 and 16, one after another on
+# the same token files (bench/gpt_peers.py); then our losses against PyTorch's from the same
+# weights over 50 steps (bench/gpt_loss_match.py). llm.c is built here (docs/cuda.md) and carried
+# in LLMC_DIR (default .peers/llmc-bin).
+stage_peers() {
+  have_build || return 1
+  local rc=0 r
+  timeout "${PEERS_TIMEOUT:-300}" "$py" bench/gpt_peers.py --build-dir "$build" --llmc-dir "${LLMC_DIR:-.peers/llmc-bin}" \
+    --torch-python "$py" --batches "${PEERS_BATCHES:-4,16}" --steps "${PEERS_STEPS:-12}" --timeout 100 \
+    --out "$log/gpt2_peers.jsonl" --md "$log/gpt2_peers.md" --logs "$log/gpt2_peers_logs" >"$log/gpt2_peers.out" 2>"$log/gpt2_peers.log"
+  r=$?
+  note "gpt2 against PyTorch and llm.c: exit $r"
+  cat "$log/gpt2_peers.md" >>"$log/summary.txt" 2>/dev/null
+  [ $r -ne 0 ] && rc=1
+  timeout "${LOSS_TIMEOUT:-150}" "$py" bench/gpt_loss_match.py --build-dir "$build" --device cuda --config gpt2 \
+    --batch-size 4 --seq-len 1024 --steps 50 --out "$log/gpt2_loss_match.jsonl" --md "$log/gpt2_loss_match.md" \
+    >"$log/gpt2_loss_match.out" 2>"$log/gpt2_loss_match.log"
+  r=$?
+  note "gpt2 losses against PyTorch's from the same weights: exit $r"
+  cat "$log/gpt2_loss_match.md" >>"$log/summary.txt" 2>/dev/null
+  [ $r -ne 0 ] && rc=1
+  return $rc
+}
+
+# Issue 40, items 3, 6 and 7: VGG16 (224, batch 64) and ResNet-50 (224, batch 128) against PyTorch
+# eager, plans none / segments=2 / sqrt / a budget at 0.6x of none's peak, TF32 convolutions
+# (both libraries' default), PyTorch's autocast(bfloat16) + channels_last beside them; VGG16's
+# none plan in strict FP32 and in TF32 everywhere; vgg_ckpt with both cuDNN flags. Benchmark mode
+# off on both unless said.
+stage_cnn() {
+  have_build || return 1
+  local rc=0 r m steps=${CNN_STEPS:-10}
+  local suite=("$py" bench/suite.py --device cuda --parts vgg --build-dir "$build" --torch-python "$py"
+               --vgg-steps "$steps" --vgg-warmup 2 --timeout 90 --cudnn-benchmark off --out "$log/cnn.jsonl")
+  for m in ${CNN_MODELS:-vgg16:64 resnet50:128}; do
+    timeout 200 "${suite[@]}" --model "${m%%:*}" --batch-size "${m##*:}" --tf32 conv --budgets 0.6x --torch-bf16 \
+      >>"$log/cnn.log" 2>&1
+    r=$?
+    note "cnn ${m%%:*} batch ${m##*:}, TF32 convolutions, every plan: exit $r"
+    [ $r -ne 0 ] && rc=1
+  done
+  for t in off on; do
+    timeout 60 "${suite[@]}" --model vgg16 --batch-size 64 --tf32 $t --plans none >>"$log/cnn.log" 2>&1
+    r=$?
+    note "cnn vgg16 batch 64, --tf32 $t, plan none: exit $r"
+    [ $r -ne 0 ] && rc=1
+  done
+  "$py" - "$log/cnn.jsonl" >>"$log/summary.txt" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    pk = r.get("peak_bytes")
+    print(f"  {r['framework']:11} {r['workload']:22} {r.get('precision', '?'):5} {str(r.get('tf32')):5} {r['plan'][:28]:28} "
+          + (f"{1000 * r['median_step_s']:8.1f} ms {pk / 2**30 if pk else float('nan'):6.2f} GiB" if not r.get("error")
+             else "error: " + r["error"][:150]))
+PY
+  # Item 7: both cuDNN flags at once (cut off by the last call's limit).
+  timeout 60 "$build/bin/vgg_ckpt" --device cuda --batch-size 64 --steps 6 --tf32 conv --cudnn-benchmark \
+    --cudnn-nondeterministic >"$log/vgg16_both_cudnn_flags.log" 2>&1
+  r=$?
+  note "vgg16 B=64 --cudnn-benchmark --cudnn-nondeterministic: exit $r; $(grep -E '^median step' "$log/vgg16_both_cudnn_flags.log" | tail -1)"
+  return $rc
+}
+
 # Issue 13 on one GPU: NCCL over one rank (MG_DIST_WORLD_OF_ONE=1, no MPI needed), VGG16 and
 # GPT-2 124M with a --timeline each (bench/timeline.py: how many buckets began before backward
 # ended), and the step time against the same run without data parallelism (what the buckets cost).
@@ -387,8 +471,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | overlap | pack | exec) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, overlap, pack or exec)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | overlap | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, overlap, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status

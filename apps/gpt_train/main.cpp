@@ -129,10 +129,15 @@ int main(int argc, char** argv) {
   app.add_option("--timeline", timeline_path, "write where each CUDA reduction ran against backward, a trace for "
                  "chrome://tracing (data parallel on CUDA; bench/timeline.py summarises it)")->check(nonempty());
   app.add_option("--save-dir", save_dir, "write final.safetensors here (rank 0)")->check(nonempty());
+  std::string tf32 = "off";
+  app.add_option("--tf32", tf32, "CUDA matrix products in TF32: on | off (strict FP32, the default as in PyTorch)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   StepProfile prof;
   app.add_flag("--profile", prof.on, "after training, the time of every op by pass (forward, backward, replay) over "
                "the steps after the first (minigrad/core/profiler.h)");
   CLI11_PARSE(app, argc, argv);
+  mg::cuda::set_tf32_matmul(tf32 == "on");
 
   try {
     const mg::Device dev = mg::dist::device_for_rank(for_flag("--device", [&] { return mg::Device::parse(device_str); }),
@@ -376,6 +381,7 @@ int main(int argc, char** argv) {
       j["seq_len"] = seq_len;
       j["tokens_per_step"] = tokens_per_step;
       j["plan"] = plan.kind;
+      j["tf32"] = tf32;
       j["segments"] = nlohmann::json::array();
       for (const auto& g : plan.segments) j["segments"].push_back({g.begin, g.end});
       j["predicted_peak_bytes"] = plan.predicted_peak;

@@ -110,7 +110,13 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sdpa", action="store_true", help="torch's fused attention (PyTorch >= 2.0)")
+    ap.add_argument("--tf32", action="store_true", help="CUDA: matrix products in TF32 (allow_tf32)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: forward and loss under torch.autocast(bfloat16), fp32 parameters and optimizer")
     args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.precision == "bf16")
     if args.sdpa:
         if not hasattr(F, "scaled_dot_product_attention"):
             raise SystemExit(f"--sdpa needs PyTorch >= 2.0 (this is {torch.__version__})")
@@ -138,7 +144,8 @@ def main():
             x = stream[pos:pos + span].view(args.batch_size, t).to(dev)
             y = stream[pos + 1:pos + span + 1].view(args.batch_size, t).to(dev)
             pos += span
-            loss = F.cross_entropy(model(x).view(-1, cfg["vocab_size"]), y.view(-1)) / args.accum
+            with autocast:
+                loss = F.cross_entropy(model(x).view(-1, cfg["vocab_size"]), y.view(-1)) / args.accum
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -164,6 +171,7 @@ def main():
                       "workload": f"gpt_{args.config}_b{args.batch_size}_t{t}_a{args.accum}", "device": str(dev),
                       "median_step_s": med, "tokens_per_s": tokens / med, "final_loss": loss,
                       "params": sum(p.numel() for p in model.parameters()), "sdpa": args.sdpa,
+                      "tf32": args.tf32, "precision": args.precision,
                       "peak_cuda_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
 

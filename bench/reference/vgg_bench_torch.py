@@ -155,6 +155,10 @@ def main():
     ap.add_argument("--reentrant", choices=["on", "off"], default="on",
                     help="on: checkpoint_sequential / re-entrant checkpoint (input requires grad); "
                          "off: use_reentrant=False on the same ranges")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: forward and loss under torch.autocast(bfloat16), parameters and SGD in fp32")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="model and inputs in torch.channels_last (NHWC), as PyTorch's mixed-precision recipe has it")
     args = ap.parse_args()
 
     if args.threads:
@@ -169,7 +173,10 @@ def main():
         model = make_vgg16(args.num_classes, args.width_div).to(dev)
     else:
         model = make_resnet(args.model, args.num_classes, args.width_div).to(dev)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     model.train()
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     ranges, k_seq = parse_plan(args.checkpoint, len(model))
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -187,6 +194,8 @@ def main():
         x, y = pool[k % len(pool)]
         k += 1
         x = x.to(dev)
+        if args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         if ranges and args.reentrant == "on":
             x = x.detach().requires_grad_(True)
         batch = (x, y.to(dev))
@@ -194,7 +203,8 @@ def main():
     def step():
         x, y = batch
         opt.zero_grad(set_to_none=False)
-        loss = loss_fn(forward_with_plan(model, x, ranges, k_seq, args.reentrant == "on"), y)
+        with autocast:
+            loss = loss_fn(forward_with_plan(model, x, ranges, k_seq, args.reentrant == "on"), y)
         loss.backward()
         opt.step()
         return loss
@@ -239,6 +249,7 @@ def main():
            "rss_after_setup_bytes": rss_setup,
            "final_loss": loss_value,
            "tf32": args.tf32, "cudnn_benchmark": args.cudnn_benchmark,
+           "precision": args.precision, "channels_last": args.channels_last,
            "reentrant_checkpoint": args.reentrant == "on" if ranges else None}
     if dev.type == "cuda":
         out["peak_in_use_bytes"] = torch.cuda.max_memory_allocated()
