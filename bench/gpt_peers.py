@@ -152,6 +152,8 @@ class Runner:
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.a.timeout, cwd=cwd)
                 rc, out, err = p.returncode, p.stdout, p.stderr
+            except OSError as e:
+                rc, out, err = 127, "", str(e)
             except subprocess.TimeoutExpired as e:
                 rc, out, err = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timed out"
         rec = dict(base, cmd=" ".join(shlex.quote(c) for c in cmd), wall_s=time.time() - t0,
@@ -274,7 +276,7 @@ class Runner:
         for r in self.rows:
             if r.get("error"):
                 lines.append(f"| {r['framework']} | {r['precision']} | {r['batch']} | error: "
-                             f"{r['error'][:120].replace('|', '/')} | | | | |")
+                             f"{r['error'][:120].replace('|', '/').replace(chr(10), ' ')} | | | | |")
                 continue
             lines.append(f"| {r['framework']} | {r['precision']} | {r['batch']} | {1000 * r['median_step_s']:.1f} | "
                          f"{r['tokens_per_s']:.0f} | {mib(r.get('peak_bytes'))} | {mib(r.get('device_used_max_bytes'))} | "
@@ -301,6 +303,7 @@ def main():
     ap.add_argument("--logs", default=None, help="each run's output in this folder")
     a = ap.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
+    a.build_dir, a.llmc_dir = os.path.abspath(a.build_dir), os.path.abspath(a.llmc_dir)
     for k in ("frameworks", "ours_precisions", "torch_precisions", "llmc_precisions"):
         setattr(a, k, [x for x in getattr(a, k).split(",") if x])
     if a.logs:
