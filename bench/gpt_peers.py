@@ -214,7 +214,9 @@ class Runner:
             exe = os.path.join(self.a.llmc_dir, "train_gpt2cu")
             cmd = [exe, "-i", self.train_file, "-j", self.val_file, "-e", "d12", "-b", str(batch), "-t",
                    str(self.a.seq_len), "-d", str(batch * self.a.seq_len), "-x", str(self.a.steps + skip), "-v", "0",
-                   "-s", "0", "-h", "0", "-r", "0", "-z", "0", "-f", "1", "-l", "3e-4", "-u", "0", "-o", ""]
+                   "-s", "0", "-h", "0", "-r", "0", "-z", "0", "-f", "1", "-l", "3e-4", "-u", "0"]
+            # No -o: with -o "" (../shared/peers/README.md's example) it stops before its first step,
+            # "could not create directory: " (H200, 2026-11-27).
             cwd = None
             pat = re.compile(r"step\s+(\d+)/\d+ \| loss ([0-9.naif]+) .*\| ([0-9.]+) ms \|")
         else:

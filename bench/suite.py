@@ -332,6 +332,9 @@ class Suite:
             if j is None:
                 raise ValueError("no JSON line on stdout")
             j["torch_plan"] = j.pop("plan")
+            # The script's precision is its autocast dtype; the record's is the math of the run
+            # (emit derives it from tf32 unless bf16 set it in base).
+            j["autocast"] = j.pop("precision", "fp32")
             j["self_reported_peak_rss_bytes"] = j.pop("peak_rss_bytes", None)
             return j
         return self.run(base, cmd, parse)

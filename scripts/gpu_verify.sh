@@ -121,7 +121,7 @@ stage_build() {
 # compiles or reads, by path and content, the architecture, and the kit's build script.
 source_id() {
   {
-    find . \( -path './build*' -o -path ./.devkit -o -path ./.git -o -path ./.whl -o -path ./gpu-results \) -prune \
+    find . \( -path './build*' -o -path ./.devkit -o -path ./.peers -o -path ./.git -o -path ./.whl -o -path ./gpu-results \) -prune \
       -o -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name 'CMakeLists.txt' \
       -o -name '*.cmake' -o -name '*.in' \) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
     echo "CUDA_ARCH=${CUDA_ARCH:-90}"

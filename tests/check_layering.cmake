@@ -8,7 +8,7 @@
 #   - dist (processes and collectives) includes nothing of nn, optim or data.
 # And the installed headers (include/minigrad) include only each other and the standard
 # library, so a user needs no include path but the package's: no "quoted" include, no Eigen,
-# no CUDA header.
+# no CUDA header. Every header that names a fixed-width integer type includes <cstdint>.
 cmake_minimum_required(VERSION 3.25)
 if(NOT ROOT)
   message(FATAL_ERROR "pass -DROOT=<repository root>")
@@ -49,6 +49,21 @@ forbid(include/minigrad "*.h" "#[ \t]*include[ \t]*\""
        "an installed header includes only <minigrad/...> and standard headers")
 forbid(include/minigrad "*.h" "<(Eigen|eigen3|unsupported/Eigen|cuda|cublas|cudnn|nccl|mpi|nlohmann|zlib|stb)"
        "an installed header must not need a dependency's include path")
+
+# A header that names a fixed-width integer type includes <cstdint> itself. GCC 12 (Debian 12)
+# brings it in through <string> and others; newer ones do not: the GPU machine's compiler stopped
+# at include/minigrad/core/device.h's uint8_t (2026-11-27).
+foreach(dir include src apps tests)
+  file(GLOB_RECURSE headers "${ROOT}/${dir}/*.h" "${ROOT}/${dir}/*.cuh")
+  foreach(f ${headers})
+    file(READ "${f}" text)
+    string(REGEX REPLACE "//[^\n]*" "" code "${text}")  # comments may name the types freely
+    if(code MATCHES "(^|[^A-Za-z0-9_])u?int(8|16|32|64|ptr)_t" AND NOT text MATCHES "#include <cstdint>")
+      file(RELATIVE_PATH rel "${ROOT}" "${f}")
+      set(failures "${failures}\n  ${rel}: names a fixed-width integer type without #include <cstdint>")
+    endif()
+  endforeach()
+endforeach()
 
 if(failures)
   message(FATAL_ERROR "layering violated:${failures}")

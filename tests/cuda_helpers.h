@@ -12,6 +12,7 @@
 // relative error: TF32 results are held to 1e-2.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 

@@ -16,6 +16,8 @@
 // With p = 0 no mask is drawn: the same bits as without dropout.
 #pragma once
 
+#include <cstdint>
+
 #include <minigrad/core/rng.h>
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"

@@ -9,6 +9,8 @@
 // ignore_index throws mg::Error naming the row and value.
 #pragma once
 
+#include <cstdint>
+
 #include <minigrad/core/autograd.h>
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"

@@ -10,6 +10,8 @@
 // raised at the next synchronisation).
 #pragma once
 
+#include <cstdint>
+
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"
 

@@ -6,6 +6,8 @@
 // same bits at any thread count.
 #pragma once
 
+#include <cstdint>
+
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"
 

@@ -4,6 +4,8 @@
 // A row of -inf (everything masked) gives NaN, as in PyTorch. Backward reads y (the tape saves it).
 #pragma once
 
+#include <cstdint>
+
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"
 

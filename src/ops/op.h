@@ -18,6 +18,7 @@
 // the hooks declared there (Note [op layer hooks]), which src/ops/apply.cpp defines.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <span>
 #include <vector>

@@ -51,6 +51,7 @@
 // the plans it makes are predicted right.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 

@@ -1,6 +1,7 @@
 // Where a tensor lives. The CPU is device 0 of kind cpu; CUDA devices are numbered by the driver.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace mg {

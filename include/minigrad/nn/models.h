@@ -6,6 +6,7 @@
 //   auto resnet = mg::nn::make_resnet50(1000);               // torchvision's names: loads its weights
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>

@@ -14,6 +14,7 @@
 // weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for biases, drawn from mg::default_generator().
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>

@@ -7,6 +7,7 @@
 //   loss.backward();
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 

@@ -4,6 +4,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <cstdint>
 
 #include <minigrad/core/tensor.h>
 
