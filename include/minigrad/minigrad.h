@@ -39,4 +39,5 @@
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/optimizer.h>
 #include <minigrad/optim/train_state.h>
+#include <minigrad/train/trainer.h>
 #include <minigrad/util/bytes.h>

@@ -1,0 +1,161 @@
+// One object that trains a chain of layers on a data set: the plan (a memory budget for the joint
+// planner, or an explicit micro-batch and checkpoint plan), exact accumulation, out-of-memory
+// recovery, data parallelism from the launcher's environment, atomic epoch checkpoints with exact
+// resume, progress and a record of the run.
+//
+//   auto model = mg::nn::make_resnet18(10, 8);
+//   mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f, .momentum = 0.9f});
+//   mg::train::Trainer trainer(*model, data, sgd,
+//                              {.batch_size = 256, .memory_budget = "2GiB", .epochs = 3, .save_dir = "runs/a"});
+//   mg::train::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
+//
+// Note [the trainer's step]
+// -------------------------
+// Optimizer step k of epoch e takes the samples [k B, (k + 1) B) of the epoch's order
+// (mg::data::epoch_permutation(n, seed, e), which no batch size changes; under K ranks each takes
+// every K-th of them, Note [shards]) and feeds them in micro-batches of b, the last one what is left,
+// through an mg::optim::Accumulator: one optimizer update per B samples, whatever b is, and the
+// same update to float rounding (on the CPU the same bits: Note [accumulation normalises by
+// samples]). The epoch's last, shorter window is dropped (drop_last), as the apps do. Dropout draws
+// its masks by sample (Note [dropout by sample]), so a split does not change them.
+//
+// The plan is made once, before the first step (Trainer::plan), from the model's measured costs:
+//   - memory_budget set: micro_batch 0 lets the joint planner choose b, N and the checkpoint plan
+//     (minigrad/nn/train_plan.h); micro_batch > 0 keeps that micro-batch and plans only its
+//     checkpoint for the budget (plan_budget), which keeps BatchNorm's statistics those of b
+//     samples whatever the memory;
+//   - no budget: micro_batch (0: B) and the checkpoint spec as given (none, sqrt, segments=K, ...).
+// The pre-flight check measures one sample first and refuses at once a micro-batch whose
+// activations alone would not fit the device (naming what the least plan needs and what the
+// device has), instead of measuring it for minutes.
+//
+// Out of memory inside a window (a full device, or a cap of mg::set_memory_limit lowered by a
+// callback): the window is dropped (Accumulator::discard), its buffers (BatchNorm's running
+// statistics, which the failed try's forward had already moved) are put back as they were at its
+// start, and it is planned again for what the device has now, as above, and redone from its first
+// sample (Note [recovering from out-of-memory]); each re-plan is in FitReport::replans. The copy of
+// the buffers is made once, before planning, so every plan counts its bytes. Not under data parallelism: every rank would have to re-plan at
+// the same window, so the error stands there.
+//
+// Saving (save_dir): after each epoch, rank 0 writes "<save_dir>/epoch_<e>" as a pair (the
+// training state, then the weights: mg::optim::save_checkpoint, atomic). A Trainer whose save_dir
+// holds such a pair resumes after the newest one: the weights, the optimizer's state, its step
+// count and the default generator come back, and the epoch order depends only on (seed, epoch), so
+// the run ends with the bits of one that was never interrupted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <minigrad/data/dataset.h>
+#include <minigrad/nn/module.h>
+#include <minigrad/nn/train_plan.h>
+#include <minigrad/optim/accumulate.h>
+#include <minigrad/optim/optimizer.h>
+
+namespace mg::train {
+
+enum class Progress : uint8_t {
+  automatic,  // a live line on a terminal (stderr), plain lines per epoch otherwise
+  lines,      // plain lines per epoch
+  off,
+};
+
+struct TrainerOptions {
+  int64_t batch_size = 64;         // B: samples per optimizer step, over all ranks
+  std::string memory_budget;       // "" (no budget), "free" (what the device has) or a size: "16GiB", "300MB"
+  int64_t micro_batch = 0;         // b; 0: the planner's (with a budget) or B (without)
+  std::string checkpoint = "none"; // the plan without a budget: none | sqrt | segments=K | budget=SIZE | min
+  int64_t epochs = 1;
+  int64_t max_steps = 0;           // stop after this many optimizer steps in all (0: the epochs decide)
+  float clip_norm = 0.0f;          // max global gradient norm (0: no clipping)
+  optim::NonFinite non_finite = optim::NonFinite::error;
+  std::function<float(int64_t step)> lr;  // the learning rate of optimizer step `step` (from 0); empty: the optimizer's
+  optim::LossFn loss;              // (logits, labels) -> the SUM over the micro-batch; default cross_entropy
+  std::string save_dir;            // epoch checkpoints, and resume from the newest there
+  uint64_t seed = 0;               // the sample order
+  bool tiles = true;               // tiled segments (Note [tiled segments])
+  Progress progress = Progress::automatic;
+};
+
+struct StepReport {
+  int64_t step = 0;           // optimizer steps before this one, in the whole run
+  int64_t epoch = 0;
+  int64_t steps_in_epoch = 0; // windows of the epoch
+  optim::StepInfo info;
+  double ms = 0;              // wall time of the step (the redone window's, after a re-plan)
+  size_t peak_in_use = 0;     // the device's peak bytes in use during the step
+};
+
+struct EpochReport {
+  int64_t epoch = 0;
+  int64_t steps = 0;
+  int64_t samples = 0;        // this rank's
+  double mean_loss = 0;       // per sample, of this rank's windows
+  double seconds = 0;
+  std::string saved;          // the checkpoint written after it ("" if none)
+};
+
+struct Replan {
+  int64_t step = 0;           // the step that ran out of memory (from 0), or -1: while planning
+  size_t memory = 0;          // what the device had then: the new plan's budget
+  std::string from, to;       // the plans
+  std::string cause;          // the first line of the error
+};
+
+struct Callbacks {
+  std::function<void(const StepReport&)> on_step;     // after each optimizer step (may lower a memory cap)
+  std::function<void(const EpochReport&)> on_epoch;   // after each epoch (and its checkpoint)
+};
+
+struct FitReport {
+  nn::TrainPlan plan;                  // the plan of the last step (micro_batch, accumulation, checkpoint)
+  std::vector<Replan> replans;
+  std::vector<EpochReport> epochs;
+  std::vector<double> step_ms;
+  std::vector<double> losses;          // per step: the window's mean loss per sample
+  int64_t steps = 0;                   // optimizer steps taken by this fit (resumed ones not counted)
+  int64_t resumed_from_epoch = 0;      // epochs already done in save_dir when fit started
+  size_t peak_in_use = 0;              // the largest step peak
+  double median_step_ms() const;
+  std::string json() const;            // all of it as one JSON object
+};
+
+class Trainer {
+ public:
+  // The model's parameters already on their device (model.to(dev)); `data` gives (x, y) samples of
+  // one shape, y class indices. The optimizer is over model.parameters().
+  Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> data, optim::Optimizer& opt,
+          TrainerOptions opts = {}, Callbacks callbacks = {});
+
+  // The pre-flight check and the plan, without training (fit() calls it when not called before).
+  // Throws mg::Error when no plan fits, naming the least any plan needs and what the device has.
+  const nn::TrainPlan& plan();
+
+  // Trains (resuming from save_dir when it holds a checkpoint) and reports.
+  FitReport fit();
+
+  const TrainerOptions& options() const { return opts_; }
+  Device device() const { return dev_; }
+
+ private:
+  void plan_for(size_t memory);
+  void print(const std::string& line) const;
+
+  nn::Sequential& model_;
+  std::shared_ptr<const data::Dataset> data_;
+  optim::Optimizer& opt_;
+  TrainerOptions opts_;
+  Callbacks cb_;
+  Device dev_;
+  int64_t rank_batch_ = 0;     // B over the ranks
+  bool planned_ = false;
+  nn::TrainPlan plan_;
+  size_t budget_ = 0;
+  std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
+};
+
+}  // namespace mg::train

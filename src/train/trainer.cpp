@@ -1,0 +1,393 @@
+// mg::train::Trainer (Note [the trainer's step] in minigrad/train/trainer.h).
+#include <minigrad/train/trainer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <span>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <minigrad/dist/dist.h>
+#include <minigrad/minigrad.h>
+#include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/nn/serialize.h>
+#include <minigrad/optim/train_state.h>
+#include <minigrad/util/bytes.h>
+
+namespace mg::train {
+
+namespace {
+
+std::string first_line(const std::exception& e) {
+  const std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+Shape with_rows(int64_t rows, const Shape& sample) {
+  Shape s{rows};
+  s.insert(s.end(), sample.begin(), sample.end());
+  return s;
+}
+
+std::string hms(double seconds) {
+  const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  }
+  return buf;
+}
+
+// The TrainPlan of one micro-batch b of an effective batch B with a given checkpoint plan.
+nn::TrainPlan fixed_split(int64_t batch, int64_t micro, const nn::Plan& plan, size_t budget) {
+  nn::TrainPlan tp;
+  tp.effective_batch = batch;
+  tp.micro_batch = micro;
+  tp.accumulation = (batch + micro - 1) / micro;
+  tp.last_micro_batch = batch - (tp.accumulation - 1) * micro;
+  tp.checkpoint = plan;
+  tp.budget = budget;
+  tp.predicted_peak = plan.predicted_peak;
+  return tp;
+}
+
+}  // namespace
+
+double FitReport::median_step_ms() const {
+  if (step_ms.empty()) return 0;
+  std::vector<double> v = step_ms;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string FitReport::json() const {
+  nlohmann::ordered_json j;
+  j["plan"] = plan.str();
+  j["micro_batch"] = plan.micro_batch;
+  j["accumulation"] = plan.accumulation;
+  j["effective_batch"] = plan.effective_batch;
+  j["checkpoint"] = plan.checkpoint.str();
+  j["predicted_peak_bytes"] = plan.predicted_peak;
+  j["peak_in_use_bytes"] = peak_in_use;
+  j["steps"] = steps;
+  j["resumed_from_epoch"] = resumed_from_epoch;
+  j["median_step_ms"] = median_step_ms();
+  j["step_ms"] = step_ms;
+  j["losses"] = losses;
+  j["replans"] = nlohmann::json::array();
+  for (const Replan& r : replans) {
+    j["replans"].push_back({{"step", r.step}, {"memory_bytes", r.memory}, {"from", r.from}, {"to", r.to}, {"cause", r.cause}});
+  }
+  j["epochs"] = nlohmann::json::array();
+  for (const EpochReport& e : epochs) {
+    j["epochs"].push_back({{"epoch", e.epoch}, {"steps", e.steps}, {"samples", e.samples}, {"mean_loss", e.mean_loss},
+                           {"seconds", e.seconds}, {"saved", e.saved}});
+  }
+  return j.dump();
+}
+
+Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> data, optim::Optimizer& opt,
+                 TrainerOptions opts, Callbacks callbacks)
+    : model_(model), data_(std::move(data)), opt_(opt), opts_(std::move(opts)), cb_(std::move(callbacks)) {
+  MG_CHECK(data_, "Trainer: no data set");
+  const std::vector<Tensor> params = model_.parameters();
+  MG_CHECK(!params.empty(), "Trainer: the model has no parameters");
+  dev_ = params.front().device();
+  MG_CHECK(opts_.batch_size >= 1, "Trainer: batch_size must be >= 1, got " << opts_.batch_size);
+  MG_CHECK(opts_.micro_batch >= 0, "Trainer: micro_batch must be >= 0 (0: chosen), got " << opts_.micro_batch);
+  MG_CHECK(opts_.epochs >= 1, "Trainer: epochs must be >= 1, got " << opts_.epochs);
+  MG_CHECK(opts_.max_steps >= 0, "Trainer: max_steps must be >= 0 (0: no limit), got " << opts_.max_steps);
+  const int64_t world = dist::world_size();
+  MG_CHECK(opts_.batch_size % world == 0, "Trainer: batch_size " << opts_.batch_size << " is split over " << world
+                                                                 << " ranks: it must be a multiple of " << world);
+  rank_batch_ = opts_.batch_size / world;
+  MG_CHECK(opts_.micro_batch <= rank_batch_, "Trainer: micro_batch " << opts_.micro_batch << " is larger than the "
+                                                                      << rank_batch_ << " samples of a step on a rank");
+  MG_CHECK(data_->size() >= opts_.batch_size, "Trainer: the data set has " << data_->size()
+                                                                           << " samples, fewer than one batch of "
+                                                                           << opts_.batch_size);
+  if (opts_.memory_budget.empty()) nn::check_plan_spec(opts_.checkpoint);
+  if (!opts_.memory_budget.empty() && opts_.memory_budget != "free") budget_ = parse_bytes(opts_.memory_budget);
+}
+
+void Trainer::print(const std::string& line) const {
+  if (opts_.progress == Progress::off || dist::rank() != 0) return;
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+// The plan for `memory` bytes (0: no budget): Note [the trainer's step].
+void Trainer::plan_for(size_t memory) {
+  const Shape sample = data_->sample_shape();
+  nn::MeasureOptions measure;
+  if (memory == 0) {  // no budget: the split and the checkpoint spec as given
+    const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : rank_batch_;
+    nn::Plan p;
+    if (opts_.checkpoint == "none") {
+      p.kind = "none";  // nothing to choose: no measuring
+    } else {
+      if (opts_.tiles) measure.tile_rows = nn::tile_rows_below(b);
+      print("measuring the model at micro-batch " + std::to_string(b) + " for the plan '" + opts_.checkpoint + "'");
+      p = nn::make_plan(nn::measure_chain(model_, with_rows(b, sample), measure), opts_.checkpoint);
+    }
+    plan_ = fixed_split(rank_batch_, b, p, 0);
+    return;
+  }
+  if (opts_.micro_batch > 0) {  // the micro-batch kept, its checkpoint plan fitted to the memory
+    const int64_t b = opts_.micro_batch;
+    if (opts_.tiles) measure.tile_rows = nn::tile_rows_below(b);
+    print("measuring the model at micro-batch " + std::to_string(b) + " to fit " + format_bytes(memory));
+    const nn::ChainCost cost = nn::measure_chain(model_, with_rows(b, sample), measure);
+    const size_t room = static_cast<size_t>(static_cast<double>(memory) * (1.0 - 1.0 / 64));
+    plan_ = fixed_split(rank_batch_, b, nn::plan_budget(cost, room), memory);
+    return;
+  }
+  const std::vector<int64_t> sizes = nn::candidate_micro_batches(rank_batch_);
+  print("measuring the model at up to " + std::to_string(sizes.size()) + " micro-batch sizes (1 to " +
+        std::to_string(rank_batch_) + ") to plan for " + format_bytes(memory));
+  const nn::ChainProfile profile = nn::profile_chain(model_, sample, sizes, memory);
+  nn::TrainPlanOptions po;
+  po.tiles = opts_.tiles;
+  plan_ = nn::plan_training(profile, rank_batch_, memory, po);
+}
+
+const nn::TrainPlan& Trainer::plan() {
+  if (planned_) return plan_;
+  const Shape sample = data_->sample_shape();
+  // The copy of the buffers a redone window goes back to (fit), made before anything is measured,
+  // so that every plan counts it. Not under data parallelism, where out of memory is not recovered.
+  if (!dist::active()) {
+    for (const auto& [name, b] : model_.named_buffers()) window_buffers_.push_back(b.clone());
+  }
+  const size_t capacity = memory_capacity(dev_);
+  const size_t memory = opts_.memory_budget.empty() ? 0 : (opts_.memory_budget == "free" ? capacity : budget_);
+  budget_ = memory;
+  // The pre-flight check: one sample measured, the micro-batch's least need extrapolated, so that
+  // a batch that cannot fit is refused in seconds, not after measuring it. A chain that cannot
+  // train on one sample (BatchNorm with one value per channel) skips the check.
+  const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : (memory == 0 ? rank_batch_ : 1);
+  try {
+    const nn::ChainCost one = nn::measure_chain(model_, with_rows(1, sample));
+    const size_t floor1 = nn::min_feasible_peak(one);
+    const double per_sample = static_cast<double>(floor1 - std::min(floor1, one.fixed_bytes));
+    const double need = static_cast<double>(one.fixed_bytes) + per_sample * static_cast<double>(b);
+    const size_t limit = memory ? memory : capacity;
+    if (need > static_cast<double>(limit)) {
+      MG_FAIL("Trainer: a micro-batch of " << b << " sample" << (b == 1 ? "" : "s") << " needs at least about "
+              << format_bytes(static_cast<size_t>(need)) << " with the least memory any checkpoint plan takes ("
+              << format_bytes(one.fixed_bytes) << " fixed and " << format_bytes(static_cast<size_t>(per_sample))
+              << " per sample, measured on one sample), and "
+              << (memory ? "the memory budget is " + format_bytes(memory)
+                         : "the device " + dev_.str() + " has " + format_bytes(capacity))
+              << (memory == 0 ? "; give a memory budget (the joint planner splits the batch) or a smaller micro-batch"
+                              : opts_.micro_batch > 0 ? "; a smaller micro-batch, or none (the planner chooses)" : ""));
+    }
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error& e) {
+    if (std::string(e.what()).rfind("Trainer:", 0) == 0) throw;
+  }
+  plan_for(memory);
+  planned_ = true;
+  print("plan: " + plan_.str() + (plan_.predicted_peak ? ", predicted peak " + format_bytes(plan_.predicted_peak) : ""));
+  return plan_;
+}
+
+FitReport Trainer::fit() {
+  using clock = std::chrono::steady_clock;
+  plan();
+  FitReport report;
+  const int64_t world = dist::world_size(), rank = dist::rank();
+  const bool lead = rank == 0;
+
+  // Resume: the newest complete checkpoint pair in save_dir.
+  int64_t first_epoch = 0, step = 0;
+  if (!opts_.save_dir.empty()) {
+    std::filesystem::create_directories(opts_.save_dir);
+    if (lead) optim::repair_checkpoints(opts_.save_dir);
+    if (world > 1) dist::barrier();
+    const std::string base = optim::latest_checkpoint(opts_.save_dir);
+    if (!base.empty()) {
+      const optim::TrainState st = optim::load_train_state(base + ".state.safetensors", model_, opt_);
+      first_epoch = st.epoch;
+      step = st.step_count;
+      report.resumed_from_epoch = st.epoch;
+      print("resumed from " + base + " (" + std::to_string(st.epoch) + " epoch" + (st.epoch == 1 ? "" : "s") +
+            " done, " + std::to_string(st.step_count) + " optimizer steps)");
+    }
+  }
+  if (dist::active()) {
+    dist::check_same_parameters(model_.named_parameters());
+    dist::broadcast(model_.parameters());
+  }
+  const auto buffers = model_.named_buffers();
+  model_.train();
+
+  optim::Accumulator acc(opt_, {.steps = plan_.accumulation, .clip_norm = opts_.clip_norm, .non_finite = opts_.non_finite});
+  const optim::LossFn loss_fn = opts_.loss ? opts_.loss : [](const Tensor& logits, const Tensor& y) {
+    return cross_entropy(logits, y, Reduction::sum);
+  };
+  // This rank's samples of an epoch (Note [shards]); every rank steps the same number of windows.
+  auto shard_order = [&](int64_t epoch) {
+    const std::vector<int64_t> all = data::epoch_permutation(data_->size(), opts_.seed, epoch);
+    std::vector<int64_t> mine;
+    for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) mine.push_back(all[i]);
+    return mine;
+  };
+  const int64_t windows = data_->size() / opts_.batch_size;
+  const bool tty = opts_.progress == Progress::automatic && isatty(fileno(stderr)) && lead;
+  const bool show = opts_.progress != Progress::off && lead;
+
+  // An out-of-memory error in step `at`: plan for what the device has now (Note [the trainer's step]).
+  auto replan = [&](const OutOfMemoryError& e, int64_t at) {
+    if (dist::active()) throw;  // every rank would have to re-plan at the same window
+    const size_t there = memory_capacity(dev_);
+    Replan r;
+    r.step = at;
+    r.memory = there;
+    r.from = plan_.str();
+    r.cause = first_line(e);
+    print("step " + std::to_string(at + 1) + ": " + r.cause + "\n  the step is dropped and redone under a plan for " +
+          format_bytes(there));
+    try {
+      if (opts_.micro_batch > 0) {
+        try {
+          plan_for(there);  // the micro-batch kept, its checkpoint plan fitted
+        } catch (const OutOfMemoryError&) {
+          throw;
+        } catch (const Error&) {  // no checkpoint plan of this micro-batch fits: let the planner split
+          print("  no checkpoint plan of micro-batch " + std::to_string(opts_.micro_batch) + " fits: planning the split too");
+          opts_.micro_batch = 0;
+          plan_for(there);
+        }
+      } else {
+        plan_for(there);
+      }
+    } catch (const OutOfMemoryError&) {
+      throw;
+    } catch (const Error& no_plan) {
+      throw Error("step " + std::to_string(at + 1) + " ran out of memory (" + r.cause +
+                  "), and no plan fits what the device has, " + format_bytes(there) + ": " + no_plan.what());
+    }
+    budget_ = there;
+    acc.set_steps(plan_.accumulation);
+    r.to = plan_.str();
+    print("  re-planned: " + r.to);
+    report.replans.push_back(r);
+  };
+
+  for (int64_t epoch = first_epoch; epoch < opts_.epochs; ++epoch) {
+    if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
+    const std::vector<int64_t> order = shard_order(epoch);
+    EpochReport er;
+    er.epoch = epoch;
+    double loss_sum = 0;
+    const auto t_epoch = clock::now();
+    for (int64_t w = 0; w < windows; ++w) {
+      if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
+      if (opts_.lr) opt_.set_lr(opts_.lr(step));
+      reset_peak_memory_stats(dev_);
+      auto t0 = clock::now();
+      // A window redone after out of memory must not count its first try in BatchNorm's running
+      // statistics: they are taken back to what they were at the window's start.
+      for (size_t i = 0; i < window_buffers_.size(); ++i) window_buffers_[i].copy_(buffers[i].second);
+      for (int tries = 0;; ++tries) {
+        try {
+          for (int64_t k = 0; k < plan_.accumulation; ++k) {
+            const int64_t first = w * rank_batch_ + k * plan_.micro_batch;
+            const int64_t n = std::min(plan_.micro_batch, (w + 1) * rank_batch_ - first);
+            const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
+            data::Batch mb = data_->get_batch(idx, epoch);
+            const Tensor x = mb.x.to(dev_), y = mb.y.to(dev_);
+            mb = {};
+            Tensor loss;
+            {
+              const SampleWindowGuard window = acc.sample_window();
+              loss = loss_fn(nn::forward_with_plan(model_, plan_.checkpoint, x), y);
+            }
+            acc.backward(loss, n);
+          }
+          break;
+        } catch (const OutOfMemoryError& e) {
+          acc.discard();
+          if (tries == 2) throw;  // a third plan did not fit either: the prediction is off
+          {
+            NoGradGuard no_grad;
+            for (size_t i = 0; i < window_buffers_.size(); ++i) {
+              Tensor b = buffers[i].second;
+              b.copy_(window_buffers_[i]);
+            }
+          }
+          replan(e, step);
+          reset_peak_memory_stats(dev_);
+          t0 = clock::now();
+        }
+      }
+      const optim::StepInfo info = acc.step();
+      if (world > 1 && !buffers.empty()) dist::broadcast_buffers(buffers);
+      synchronize(dev_);
+      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+      const size_t peak = memory_stats(dev_).peak_in_use;
+      const double mean = info.samples > 0 ? info.loss_sum / static_cast<double>(info.samples) : NAN;
+      report.step_ms.push_back(ms);
+      report.losses.push_back(mean);
+      report.peak_in_use = std::max(report.peak_in_use, peak);
+      ++report.steps;
+      ++er.steps;
+      er.samples += info.samples;
+      loss_sum += info.loss_sum;
+      if (cb_.on_step) cb_.on_step({.step = step, .epoch = epoch, .steps_in_epoch = windows, .info = info, .ms = ms,
+                                    .peak_in_use = peak});
+      ++step;
+      if (tty) {
+        const double secs = std::chrono::duration<double>(clock::now() - t_epoch).count();
+        const double frac = static_cast<double>(w + 1) / static_cast<double>(windows);
+        const int width = 24, full = static_cast<int>(frac * width);
+        std::fprintf(stderr, "\r epoch %lld/%lld [%s%s] %lld/%lld  %.0f samples/s  loss %.4f  in use %s  ETA %s   ",
+                     static_cast<long long>(epoch + 1), static_cast<long long>(opts_.epochs),
+                     std::string(static_cast<size_t>(full), '#').c_str(),
+                     std::string(static_cast<size_t>(width - full), '.').c_str(), static_cast<long long>(w + 1),
+                     static_cast<long long>(windows), static_cast<double>(er.samples * world) / std::max(secs, 1e-9),
+                     mean, format_bytes(peak).c_str(), hms(secs / frac - secs).c_str());
+        std::fflush(stderr);
+      }
+    }
+    er.seconds = std::chrono::duration<double>(clock::now() - t_epoch).count();
+    er.mean_loss = er.samples > 0 ? loss_sum / static_cast<double>(er.samples) : NAN;
+    const bool whole = er.steps == windows;  // an epoch cut short by max_steps is not saved as done
+    if (!opts_.save_dir.empty() && whole) {
+      const std::string base = opts_.save_dir + "/epoch_" + std::to_string(epoch + 1);
+      if (lead) {
+        optim::TrainState st;
+        st.epoch = epoch + 1;
+        optim::save_checkpoint(base, model_, opt_, st,
+                               {{"plan", plan_.str()}, {"batch_size", std::to_string(opts_.batch_size)},
+                                {"seed", std::to_string(opts_.seed)}});
+      }
+      if (world > 1) dist::barrier();
+      er.saved = base;
+    }
+    if (tty) std::fprintf(stderr, "\n");
+    if (show) {
+      char line[256];
+      std::snprintf(line, sizeof line, "epoch %lld/%lld: %lld steps, loss %.4f, %.1f s, %.0f samples/s, peak in use %s%s%s",
+                    static_cast<long long>(epoch + 1), static_cast<long long>(opts_.epochs),
+                    static_cast<long long>(er.steps), er.mean_loss, er.seconds,
+                    static_cast<double>(er.samples * world) / std::max(er.seconds, 1e-9),
+                    format_bytes(report.peak_in_use).c_str(), er.saved.empty() ? "" : ", saved ", er.saved.c_str());
+      print(line);
+    }
+    report.epochs.push_back(er);
+    if (cb_.on_epoch) cb_.on_epoch(er);
+  }
+  report.plan = plan_;
+  return report;
+}
+
+}  // namespace mg::train

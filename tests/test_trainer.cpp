@@ -1,0 +1,198 @@
+// mg::train::Trainer (Note [the trainer's step] in minigrad/train/trainer.h): the split does not
+// change the bits, a batch that cannot fit is refused at once, and out of memory mid-epoch plus a
+// resume from the save folder end with the bits of an uninterrupted run.
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
+#include "helpers.h"
+#include <minigrad/nn/models.h>
+#include <minigrad/train/trainer.h>
+
+using namespace mg;
+
+namespace {
+
+std::shared_ptr<const data::Dataset> random_images(int64_t n, const Shape& sample, int64_t classes, uint64_t seed) {
+  Shape s{n};
+  s.insert(s.end(), sample.begin(), sample.end());
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = (i * 7 + static_cast<int64_t>(seed)) % classes;
+  return std::make_shared<data::TensorDataset>(test::rand_tensor(s, seed), Tensor::from_vector(y, {n}));
+}
+
+// Parameters and buffers (BatchNorm's running statistics and counts), as raw bytes.
+std::vector<std::vector<uint8_t>> state_bits(const nn::Module& m) {
+  std::vector<std::vector<uint8_t>> out;
+  auto add = [&](const Tensor& t) {
+    const Tensor c = t.cpu();
+    const auto* p = static_cast<const uint8_t*>(c.raw_data());
+    out.emplace_back(p, p + c.nbytes());
+  };
+  for (const auto& [name, p] : m.named_parameters()) add(p);
+  for (const auto& [name, b] : m.named_buffers()) add(b);
+  return out;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+struct Uncap {
+  ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+};
+
+}  // namespace
+
+TEST_CASE("Trainer: 16 x 4 and one micro-batch of 64 give the same bits over two epochs") {
+  const auto data = random_images(256, {1, 8, 8}, 10, 3);
+  std::vector<std::vector<uint8_t>> ref;
+  for (int64_t micro : {0, 16, 24}) {  // 24: windows of 24, 24, 16
+    manual_seed(11);
+    auto m = nn::make_mlp({64, 32, 10});
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    train::Trainer t(*m, data, opt, {.batch_size = 64, .micro_batch = micro, .epochs = 2, .clip_norm = 1.0f,
+                                     .seed = 5, .progress = train::Progress::off});
+    const train::FitReport r = t.fit();
+    CHECK(r.steps == 2 * (256 / 64));
+    CHECK(r.plan.micro_batch == (micro ? micro : 64));
+    CHECK(r.plan.accumulation == (micro ? (64 + micro - 1) / micro : 1));
+    const auto bits = state_bits(*m);
+    if (ref.empty()) {
+      ref = bits;
+    } else {
+      CHECK_MESSAGE(bits == ref, "micro-batch " << micro);
+    }
+  }
+}
+
+TEST_CASE("Trainer: a batch that cannot fit is refused at once, naming what it needs and what there is") {
+  Uncap uncap;
+  const auto data = random_images(64, {1, 8, 8}, 10, 4);
+  const auto many = random_images(100000, {1, 8, 8}, 10, 4);
+  auto m = nn::make_mlp({64, 256, 10});
+  optim::SGD opt(m->parameters(), {.lr = 0.01f});
+  // 8 MiB more than what the data sets and the model hold.
+  set_memory_limit(Device::cpu(), memory_stats(Device::cpu()).in_use + (size_t{8} << 20));
+  const std::string there = format_bytes(memory_capacity(Device::cpu()));
+  const auto t0 = std::chrono::steady_clock::now();
+  // Without a budget the batch is one micro-batch: 100000 samples' activations are far over 8 MiB.
+  // The check measures one sample and extrapolates: it does not try the batch.
+  train::Trainer big(*m, many, opt, {.batch_size = 100000, .progress = train::Progress::off});
+  try {
+    big.plan();
+    FAIL("a batch of 100000 was planned under 8 MiB");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("a micro-batch of 100000 samples needs at least about") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("has " + there) != std::string::npos, what);
+    CHECK_MESSAGE(what.find("give a memory budget") != std::string::npos, what);
+  }
+  // A budget under what one sample needs.
+  train::Trainer tiny(*m, data, opt, {.batch_size = 64, .memory_budget = "100KB", .progress = train::Progress::off});
+  try {
+    tiny.plan();
+    FAIL("planned under 100 KB");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("the memory budget is") != std::string::npos);
+  }
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 10.0);
+}
+
+TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resume: the bits of a run planned for the "
+          "lower cap") {
+  // Note [the trainer's step]: the micro-batch is fixed, so a re-plan changes only the checkpoint
+  // plan, which changes no bit (checkpointing is exact), and BatchNorm sees the same micro-batches.
+  Uncap uncap;
+  const Device cpu = Device::cpu();
+  const int64_t B = 8, micro = 4;
+  const auto data = random_images(32, {3, 16, 16}, 10, 9);  // 4 steps per epoch
+  auto fresh = [](uint64_t seed) {
+    manual_seed(seed);
+    return nn::make_resnet18(10, 16);
+  };
+
+  // The caps: above the plain step's predicted peak, and a quarter of the way from it down to the least.
+  size_t high = 0, low = 0;
+  {
+    auto m = fresh(1);
+    optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
+    const nn::ChainCost cost = nn::measure_chain(*m, {micro, 3, 16, 16});
+    const size_t floor = nn::min_feasible_peak(cost), full = nn::plan_none(cost).predicted_peak;
+    REQUIRE(floor < full);
+    high = full * 2;
+    low = (floor + 3 * full) / 4;  // room for the trainer's copy of the buffers too
+  }
+  const train::TrainerOptions base{.batch_size = B, .micro_batch = micro, .epochs = 2, .seed = 7,
+                                   .progress = train::Progress::off};
+
+  // U: planned for the low cap from the start, never interrupted.
+  std::vector<std::vector<uint8_t>> u_bits;
+  std::string u_plan;
+  {
+    auto m = fresh(1);
+    optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
+    set_memory_limit(cpu, low);
+    train::TrainerOptions o = base;
+    o.memory_budget = std::to_string(low);
+    train::Trainer t(*m, data, opt, o);
+    const train::FitReport r = t.fit();
+    set_memory_limit(cpu, 0);
+    CHECK(r.replans.empty());
+    CHECK(r.steps == 8);
+    CHECK(r.peak_in_use <= low);
+    CHECK_FALSE(r.plan.checkpoint.segments.empty());  // the low cap needs checkpointing
+    u_plan = r.plan.str();
+    u_bits = state_bits(*m);
+  }
+
+  // A: planned for the high budget; after its second step a callback lowers the cap, the third
+  // runs out of memory, is re-planned and redone; the first epoch is saved, then the run stops.
+  TempDir dir("mg_trainer_resume");
+  {
+    auto m = fresh(1);
+    optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
+    train::TrainerOptions o = base;
+    o.memory_budget = std::to_string(high);
+    o.epochs = 1;
+    o.save_dir = dir.path.string();
+    train::Callbacks cb{.on_step = [&](const train::StepReport& s) {
+      if (s.step == 1) set_memory_limit(cpu, low);
+    }};
+    train::Trainer t(*m, data, opt, o, cb);
+    CHECK(t.plan().checkpoint.segments.empty());  // the high budget: no checkpointing
+    const train::FitReport r = t.fit();
+    REQUIRE(r.replans.size() == 1);
+    CHECK(r.replans[0].step == 2);
+    CHECK(r.replans[0].memory == low);
+    CHECK(r.replans[0].to == u_plan);
+    CHECK(r.steps == 4);
+    REQUIRE(r.epochs.size() == 1);
+    CHECK(std::filesystem::exists(r.epochs[0].saved + ".safetensors"));
+  }
+
+  // A again, in a new process as far as the model knows (other initial weights): it resumes after
+  // epoch 1 from the save folder and trains epoch 2 under the low budget. (No cap: on the CPU the
+  // file's tensors, read while resuming, count in the same allocator as the steps.)
+  set_memory_limit(cpu, 0);
+  {
+    auto m = fresh(99);
+    optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
+    train::TrainerOptions o = base;
+    o.memory_budget = std::to_string(low);
+    o.save_dir = dir.path.string();
+    train::Trainer t(*m, data, opt, o);
+    const train::FitReport r = t.fit();
+    CHECK(r.resumed_from_epoch == 1);
+    CHECK(r.steps == 4);
+    CHECK(r.peak_in_use <= low);
+    CHECK(r.plan.str() == u_plan);
+    CHECK(state_bits(*m) == u_bits);
+  }
+}
