@@ -46,10 +46,10 @@
 #include <minigrad/nn/checkpoint_plan.h>
 #include <minigrad/nn/train_plan.h>
 #include <minigrad/optim/accumulate.h>
+#include <minigrad/train/trainer.h>
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
-#include "common/oom.h"
 #include "common/ranks.h"
 #include "common/profile.h"
 #include "common/timeline.h"
@@ -99,6 +99,21 @@ class SyntheticImages : public mg::data::Dataset {
   uint64_t seed_;
 };
 
+// A data set whose read errors name the flag that gave it (a damaged image under --data).
+class FlagErrors : public mg::data::Dataset {
+ public:
+  FlagErrors(std::shared_ptr<const mg::data::Dataset> inner, std::string flag) : inner_(std::move(inner)), flag_(std::move(flag)) {}
+  int64_t size() const override { return inner_->size(); }
+  mg::Shape sample_shape() const override { return inner_->sample_shape(); }
+
+ private:
+  void read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x, std::span<int64_t> y) const override {
+    for_flag(flag_.c_str(), [&] { inner_->read_batch(indices, epoch, x, y); });
+  }
+  std::shared_ptr<const mg::data::Dataset> inner_;
+  std::string flag_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,7 +133,11 @@ int main(int argc, char** argv) {
   steps_opt->excludes(epochs_opt);
   app.add_option("--device", device_str, "cpu or cuda[:i]")->check(nonempty())->capture_default_str();
   app.add_option("--seed", seed, "seed of weights, data order, flips and dropout")->check(unsigned64())->capture_default_str();
-  app.add_option("--save-dir", save_dir, "write epoch_K.safetensors per epoch and final.safetensors here")->check(nonempty());
+  app.add_option("--save-dir", save_dir, "write epoch_K.safetensors (and its training state) per epoch and "
+                 "final.safetensors here")->check(nonempty());
+  bool resume = false;
+  app.add_flag("--resume", resume, "continue after the newest epoch saved in --save-dir (the same bits as a run "
+               "never stopped)")->needs("--save-dir");
   StepProfile prof;
   app.add_flag("--profile", prof.on, "after training, the time of every op by pass (forward, backward, replay) over "
                "the steps after the first (minigrad/core/profiler.h)");
@@ -160,17 +179,17 @@ int main(int argc, char** argv) {
                                                      device_str.find(':') != std::string::npos);
     // Data parallelism: each rank reads its shard (every K-th sample of each epoch's order) and
     // --batch-size samples per step (with --memory-budget: the global batch, split over the ranks).
-    const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
-    if (!memory_budget.empty()) {
+    const int64_t world = mg::dist::world_size();
+    const bool joint = !memory_budget.empty();
+    if (joint) {
       MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the global batch, "
                                         "split over " << world << " ranks: it must be a multiple of " << world);
       batch_size /= world;
     }
-    size_t limit = 0, budget = 0;
+    size_t limit = 0;
     if (!memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(memory_limit); });
-    if (!memory_budget.empty() && memory_budget != "free") {
-      budget = for_flag("--memory-budget", [&] { return mg::parse_bytes(memory_budget); });
-    }
+    if (joint && memory_budget != "free") for_flag("--memory-budget", [&] { return mg::parse_bytes(memory_budget); });
+    if (!joint) for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
     if (limit != 0) mg::set_memory_limit(dev, limit);
     if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
     check_timeline_flag(timeline_path, dev);
@@ -186,87 +205,63 @@ int main(int argc, char** argv) {
       MG_CHECK(folder->size() >= batch_size * world, "--data: " << folder->size() << " images, fewer than one batch of "
                                                         << batch_size * world << "; use a smaller --batch-size");
       data_str = data_dir + " (" + std::to_string(folder->size()) + " images)";
-      data = folder;
+      data = std::make_shared<FlagErrors>(folder, "--data");  // a damaged image shows up when its batch is read
     } else {
       const int64_t n = std::max(kSyntheticSize, batch_size * world);
       data = std::make_shared<SyntheticImages>(n, image_size, seed);
       data_str = "synthetic (" + std::to_string(n) + " images)";
     }
-    // No prefetch thread: a step's wall and CPU time must not include assembling the next batch.
-    mg::data::DataLoader loader(data, {.batch_size = batch_size, .seed = seed, .drop_last = true, .device = dev,
-                                       .prefetch = 0, .shard = rank, .num_shards = world});
-    // Shards differ by a sample at most, and so (drop_last) can their numbers of batches: every
-    // rank takes the smallest, so that all step together.
-    const int64_t batches_per_epoch = -mg::dist::all_reduce_max(-loader.num_batches());
+    const int64_t batches_per_epoch = data->size() / (batch_size * world);  // the short last batch dropped
     const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
 
     mg::manual_seed(seed);
     auto model = mg::nn::make_model(model_name, kNumClasses, width_div);
     model->to(dev);
-    mg::dist::check_same_parameters(model->named_parameters());
-    mg::dist::broadcast(model->parameters());  // every rank starts from rank 0's weights
-    // BatchNorm's running statistics and counts: each rank updates them from its own samples;
-    // after every step all take rank 0's (mg::dist::broadcast_buffers, as PyTorch's DDP), so that
-    // the ranks evaluate alike and what rank 0 saves is what every rank has.
-    const auto buffers = model->named_buffers();
-    auto share_buffers = [&] {
-      if (world > 1) mg::dist::broadcast_buffers(buffers);  // a collective, buffers or none (VGG16)
-    };
-    share_buffers();
-    model->train();
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
-
-    // The plan: a checkpoint plan at the batch size, or (--memory-budget) the joint plan.
-    bool joint = !memory_budget.empty();
-    nlohmann::ordered_json replans = nlohmann::json::array();  // what out-of-memory recovery changed
-    mg::nn::TrainPlan tp;
-    mg::nn::ChainCost cost;
-    mg::nn::Plan plan;
-    std::string measuring_oom;  // the first line of the error that measuring ran into
-    if (!joint) {
-      // The spelling first: a measuring that runs out of memory replaces the plan (below).
-      for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
-      try {
-        mg::nn::MeasureOptions measure;
-        if (tiles == "on") measure.tile_rows = mg::nn::tile_rows_below(batch_size);
-        cost = mg::nn::measure_chain(*model, {batch_size, 3, image_size, image_size}, measure);
-      } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        // Not under data parallelism: each rank would plan alone, unseen but on rank 0.
-        if (mg::dist::active()) throw;
-        measuring_oom = first_line(e);
-        LEAD_PRINTF("measuring batch %lld: %s\n  planning jointly for what the device has instead (--batch-size is "
-                    "the effective batch)\n", static_cast<long long>(batch_size), measuring_oom.c_str());
-        joint = true;
-      }
+    if (!save_dir.empty()) {
+      for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
+      mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
     }
-    // The joint plan for `memory` bytes: tp, and the checkpoint plan and chain cost at its micro-batch.
-    auto plan_jointly = [&](size_t memory) {
-      const mg::nn::ChainProfile profile = mg::nn::profile_chain(
-          *model, {3, image_size, image_size}, mg::nn::candidate_micro_batches(batch_size), memory);
-      for (int64_t b : profile.cannot_train) {  // Note [joint plan]: a ResNet at 32x32 and one image
-        LEAD_PRINTF("micro-batch %lld cannot train (%s): planning with larger ones\n", static_cast<long long>(b),
-                    profile.cannot_train_why.c_str());
-      }
-      tp = mg::nn::plan_training(profile, batch_size, memory, {.tiles = tiles == "on"});
-      for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
-        if (profile.micro_batches[i] == tp.micro_batch) cost = mg::nn::cost_with_tiles(profile, i);
-      }
-      if (tiles != "on") cost.tile_costs.clear();
-      plan = tp.checkpoint;
+    // Note [the trainer's step] (minigrad/train/trainer.h): the plan (--checkpoint at the batch, or
+    // the joint plan of --memory-budget), exact accumulation, out-of-memory recovery, BatchNorm's
+    // buffers shared over the ranks, the epoch checkpoints.
+    std::vector<double> step_ms;
+    float last_loss = NAN;
+    mg::train::Callbacks cb;
+    cb.on_step_start = [&](int64_t step, bool redo) {
+      redo ? prof.restart(step, total_steps) : prof.begin(step, total_steps);
     };
-    if (joint) {
-      if (budget == 0) budget = mg::memory_capacity(dev);
-      if (memory_budget.empty()) {  // measuring ran out of memory
-        replan_or_explain(measuring_oom, "measuring", budget, memory_limit, [&] { plan_jointly(budget); });
-        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", "batch " + std::to_string(batch_size) + ", checkpoint " + checkpoint + " (measuring ran out of memory)"}, {"to", tp.str()}});
-      } else {
-        for_flag("--memory-budget", [&] { plan_jointly(budget); });
+    cb.on_step = [&](const mg::train::StepReport& r) {
+      last_loss = static_cast<float>(r.info.loss_sum / static_cast<double>(r.info.samples));
+      prof.end(r.step, total_steps, r.ms + r.data_ms);  // the profile's steps hold their data
+      LEAD_PRINTF("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
+                  static_cast<long long>(r.step + 1), static_cast<long long>(total_steps),
+                  static_cast<long long>(r.epoch), last_loss, r.ms, r.cpu_ms, mg::format_bytes(r.peak_in_use).c_str(),
+                  mg::format_bytes(r.peak_reserved).c_str());
+      std::fflush(stdout);
+    };
+    mg::train::Trainer trainer(*model, data, opt,
+                               {.batch_size = batch_size * world, .memory_budget = memory_budget,
+                                .checkpoint = checkpoint, .epochs = (total_steps + batches_per_epoch - 1) / batches_per_epoch,
+                                .max_steps = total_steps, .save_dir = save_dir, .resume = resume, .seed = seed,
+                                .tiles = tiles == "on"},
+                               cb);
+    // A batch that cannot fit is refused before anything is measured at its size (the Trainer's
+    // pre-flight check); the other planning errors are about the plan's flag.
+    const mg::nn::TrainPlan& tp = [&]() -> const mg::nn::TrainPlan& {
+      try {
+        return trainer.plan();
+      } catch (const mg::OutOfMemoryError&) {
+        throw;
+      } catch (const mg::Error& e) {
+        const std::string what = e.what();
+        const bool batch = what.rfind("Trainer: a micro-batch", 0) == 0;
+        throw mg::Error(std::string(batch ? "--batch-size" : joint ? "--memory-budget" : "--checkpoint") + ": " + what);
       }
-    } else {
-      plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
-    }
-    int64_t micro_batch = joint ? tp.micro_batch : batch_size, accumulation = joint ? tp.accumulation : 1;
-    const size_t floor = mg::nn::min_feasible_peak(cost);
+    }();
+    const mg::nn::Plan& plan = tp.checkpoint;
+    const mg::nn::ChainCost& cost = trainer.cost();
+    const size_t floor = mg::nn::min_feasible_peak(cost), budget = trainer.budget();
     mg::nn::ChainCost whole_layers = cost;  // the floor without tiles, for comparison
     whole_layers.tile_costs.clear();
     const size_t floor_whole = mg::nn::min_feasible_peak(whole_layers);
@@ -280,9 +275,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(world), mg::dist::backend_name(dev).c_str(), static_cast<long long>(batch_size),
                   static_cast<long long>(world * batch_size));
     }
-    if (joint) {
+    if (budget) {
       LEAD_PRINTF("memory budget %s%s: %s\n  predicted step %.1f ms (%.2f ms per sample)\n",
-                  mg::format_bytes(budget).c_str(), memory_budget == "free" ? " (what the device has)" : "",
+                  mg::format_bytes(budget).c_str(), memory_budget == "free" || !joint ? " (what the device has)" : "",
                   tp.str().c_str(), tp.predicted_step_ms, tp.ms_per_sample());
     }
     LEAD_PRINTF("plan %s: %s\n  predicted peak %s, recompute %.3g GFLOP; smallest feasible peak %s%s; fixed %s\n",
@@ -293,208 +288,70 @@ int main(int argc, char** argv) {
     if (limit != 0) LEAD_PRINTF("memory limit %s (mg::set_memory_limit)\n", mg::format_bytes(limit).c_str());
     const mg::nn::PeakBreakdown at = mg::nn::explain_peak(cost, plan.segments);
     LEAD_PRINTF("  peak at %s\n", at.where.c_str());
-    if (!save_dir.empty()) {
-      for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
-      mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
-      if (int n = mg::nn::remove_stale_temporaries(save_dir)) {
-        LEAD_PRINTF("%s: removed %d temporary file(s) left by an interrupted save\n", save_dir.c_str(), n);
-      }
-    }
 
-    std::vector<double> step_ms, step_cpu_ms;
-    size_t peak_in_use = 0, peak_reserved = 0;
-    float last_loss = NAN;
-    // Under a joint plan: the same samples as the loader's batch of B, read micro-batch by
-    // micro-batch (a batch of B read at once would hold B inputs, more than the plan has room for).
-    mg::optim::Accumulator acc(opt, {.steps = accumulation});
-    std::vector<int64_t> order;  // this rank's samples of the epoch (Note [shards])
-    auto shard_order = [&](int64_t epoch) {
-      const std::vector<int64_t> all = mg::data::epoch_permutation(data->size(), seed, epoch);
-      std::vector<int64_t> mine;
-      for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) mine.push_back(all[i]);
-      return mine;
-    };
-    // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): after an out-of-memory
-    // error the step is planned again, jointly, for what the device has now (the plain path
-    // switches to the joint one: --batch-size becomes the effective batch), and redone.
-    auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
-      const size_t there = memory_for_redone_step(e, step, dev);
-      const std::string before = joint ? tp.str() : "batch " + std::to_string(batch_size) + ", checkpoint " + plan.str();
-      const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
-      replan_or_explain(first_line(e), "step " + std::to_string(step + 1), there, memory_limit,
-                        [&] { plan_jointly(there); });
-      micro_batch = tp.micro_batch;
-      accumulation = tp.accumulation;
-      acc.set_steps(accumulation);
-      if (!joint) {
-        joint = true;
-        budget = there;
-        order = shard_order(step / batches_per_epoch);
-      }
-      LEAD_PRINTF("  re-planned: %s, predicted peak %s (was %s, predicted peak %s)\n", tp.str().c_str(),
-                  mg::format_bytes(tp.predicted_peak).c_str(), before.c_str(), mg::format_bytes(before_peak).c_str());
-      replans.push_back({{"step", step + 1}, {"memory_bytes", there}, {"from", before}, {"to", tp.str()}});
-    };
     if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
-    for (int64_t step = 0; step < total_steps; ++step) {
-      const int64_t epoch = step / batches_per_epoch, b = step % batches_per_epoch;
-      if (b == 0 && !joint) loader.start_epoch(epoch);
-      if (b == 0 && joint) order = shard_order(epoch);
-      mg::data::Batch batch;
-      if (!joint) {
-        // A damaged image under --data shows up here, when its batch is read.
-        const bool more = data_dir.empty() ? loader.next(batch) : for_flag("--data", [&] { return loader.next(batch); });
-        MG_CHECK(more, "vgg_ckpt: epoch " << epoch << " ended before its batch " << b);
-      }
-
-      mg::reset_peak_memory_stats(dev);
-      mg::synchronize(dev);  // the batch's copy is not timed
-      prof.begin(step, total_steps);
-      auto t0 = std::chrono::steady_clock::now();
-      std::clock_t c0 = std::clock();
-      double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches inside the step: not timed
-      // After a re-plan the step's time and peak are the new plan's: not the failed try's, nor the
-      // profiling's, nor the old plan's steps before.
-      auto restart_step = [&] {
-        mg::reset_peak_memory_stats(dev);
-        peak_in_use = peak_reserved = 0;
-        prof.restart(step, total_steps);
-        t0 = std::chrono::steady_clock::now();
-        c0 = std::clock();
-        data_ms = data_cpu_ms = 0;
-      };
-      if (!joint) {
-        try {
-          // One micro-batch per step through the Accumulator, which sums the step over the ranks
-          // under data parallelism. Dropout by sample (Note [dropout by sample]): the masks a joint
-          // plan's micro-batches draw.
-          Tensor loss;
-          {
-            const mg::SampleWindowGuard window = acc.sample_window();
-            loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, batch.x), batch.y, mg::Reduction::sum);
-          }
-          acc.backward(loss, batch.size());
-          const mg::optim::StepInfo info = acc.step();
-          last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
-        } catch (const mg::OutOfMemoryError& e) {
-          acc.discard();
-          batch = {};
-          replan(e, step);
-          restart_step();
-        }
-      }
-      if (joint) {
-        // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): a window that runs
-        // out of memory is dropped and redone from its first micro-batch under a plan for what the
-        // device has then; dropout by sample keeps the step the planned one.
-        for (int tries = 0;; ++tries) {
-          try {
-            for (int64_t k = 0; k < accumulation; ++k) {
-              const int64_t first = b * batch_size + k * micro_batch, n = std::min(micro_batch, (b + 1) * batch_size - first);
-              const auto d0 = std::chrono::steady_clock::now();
-              const std::clock_t dc0 = std::clock();
-              const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
-              mg::data::Batch mb = data_dir.empty() ? data->get_batch(idx, epoch)
-                                                    : for_flag("--data", [&] { return data->get_batch(idx, epoch); });
-              const Tensor x = mb.x.to(dev), y = mb.y.to(dev);
-              mb = {};
-              data_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
-              data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
-              Tensor loss;
-              {
-                const mg::SampleWindowGuard window = acc.sample_window();
-                loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x), y, mg::Reduction::sum);
-              }
-              acc.backward(loss, n);
-            }
-            break;
-          } catch (const mg::OutOfMemoryError& e) {
-            acc.discard();
-            if (tries == 2) throw;  // a third plan did not fit either: the prediction is off, say so
-            replan(e, step);
-            restart_step();
-          }
-        }
-        const mg::optim::StepInfo info = acc.step();
-        last_loss = static_cast<float>(info.loss_sum / static_cast<double>(info.samples));
-      }
-      share_buffers();
-      mg::synchronize(dev);  // the optimizer's update too: step() queues it after its one read
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - data_ms;
-      // Process CPU time (all threads): the work done, less sensitive than wall time to other
-      // processes sharing the cores.
-      const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC - data_cpu_ms;
-      step_cpu_ms.push_back(cpu_ms);
-      const mg::MemoryStats st = mg::memory_stats(dev);
-      step_ms.push_back(ms);
-      prof.end(step, total_steps, ms + data_ms);  // the profile's steps hold their data
-      peak_in_use = std::max(peak_in_use, st.peak_in_use);
-      peak_reserved = std::max(peak_reserved, st.peak_reserved);
-      LEAD_PRINTF("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(total_steps),
-                  static_cast<long long>(epoch), last_loss, ms, cpu_ms, mg::format_bytes(st.peak_in_use).c_str(),
-                  mg::format_bytes(st.peak_reserved).c_str());
-      std::fflush(stdout);
-      if (!save_dir.empty() && b + 1 == batches_per_epoch && lead()) {
-        mg::nn::save_safetensors(save_dir + "/epoch_" + std::to_string(epoch + 1) + ".safetensors",
-                                 model->state_dict(),
-                                 {{"epoch", std::to_string(epoch + 1)}});
-      }
-    }
+    const mg::train::FitReport r = trainer.fit();
     write_timeline(timeline_path);
     prof.print();
     if (!save_dir.empty() && lead()) {
       mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict(),
                                {{"steps", std::to_string(total_steps)}});
     }
-    const double med = median(step_ms);
-    const double ratio = static_cast<double>(peak_in_use) / static_cast<double>(plan.predicted_peak);
+    const mg::nn::TrainPlan& last = r.plan;  // after any re-plan
+    const double med = r.median_step_ms();
+    const double ratio = static_cast<double>(r.peak_in_use) / static_cast<double>(last.predicted_peak);
     LEAD_PRINTF("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n",
-                med, mg::format_bytes(peak_in_use).c_str(), mg::format_bytes(plan.predicted_peak).c_str(),
-                ratio, mg::format_bytes(peak_reserved).c_str());
-    if (joint) {
+                med, mg::format_bytes(r.peak_in_use).c_str(), mg::format_bytes(last.predicted_peak).c_str(),
+                ratio, mg::format_bytes(r.peak_reserved).c_str());
+    if (last.predicted_step_ms > 0) {
       LEAD_PRINTF("joint plan: step %.1f ms predicted, %.1f ms measured (median; measured/predicted %.3f); peak %s of a "
                   "budget of %s\n",
-                  tp.predicted_step_ms, med, med / tp.predicted_step_ms, mg::format_bytes(peak_in_use).c_str(),
-                  mg::format_bytes(budget).c_str());
+                  last.predicted_step_ms, med, med / last.predicted_step_ms, mg::format_bytes(r.peak_in_use).c_str(),
+                  mg::format_bytes(trainer.budget()).c_str());
     }
 
     if (!json_path.empty() && lead()) {
+      const mg::nn::ChainCost& c = trainer.cost();
       nlohmann::ordered_json j;
       j["world_size"] = world;
       j["global_batch"] = world * batch_size;
-      j["plan"] = plan.kind;
-      j["micro_batch"] = micro_batch;
-      j["accumulation"] = accumulation;
-      if (joint) {
-        j["last_micro_batch"] = tp.last_micro_batch;
-        j["memory_budget_bytes"] = budget;
-        j["predicted_step_ms"] = tp.predicted_step_ms;
+      j["plan"] = last.checkpoint.kind;
+      j["micro_batch"] = last.micro_batch;
+      j["accumulation"] = last.accumulation;
+      if (trainer.budget()) {
+        j["last_micro_batch"] = last.last_micro_batch;
+        j["memory_budget_bytes"] = trainer.budget();
+        j["predicted_step_ms"] = last.predicted_step_ms;
       }
       if (limit != 0) j["memory_limit_bytes"] = limit;
-      j["replans"] = replans;
+      j["replans"] = nlohmann::json::array();
+      for (const mg::train::Replan& p : r.replans) {
+        j["replans"].push_back({{"step", p.step + 1}, {"memory_bytes", p.memory}, {"from", p.from}, {"to", p.to}});
+      }
       j["segments"] = nlohmann::json::array();
-      for (const auto& s : plan.segments) {
+      for (const auto& s : last.checkpoint.segments) {
         nlohmann::ordered_json seg = nlohmann::ordered_json::array({s.begin, s.end});
         if (s.tile_rows) seg.push_back(s.tile_rows);  // run in tiles of that many samples
         j["segments"].push_back(seg);
       }
       j["num_layers"] = model->size();
-      j["predicted_peak_bytes"] = plan.predicted_peak;
-      j["measured_peak_in_use_bytes"] = peak_in_use;
-      j["peak_reserved_bytes"] = peak_reserved;
-      j["min_feasible_peak_bytes"] = floor;
-      j["min_feasible_peak_whole_layers_bytes"] = floor_whole;
+      j["predicted_peak_bytes"] = last.predicted_peak;
+      j["measured_peak_in_use_bytes"] = r.peak_in_use;
+      j["peak_reserved_bytes"] = r.peak_reserved;
+      j["min_feasible_peak_bytes"] = mg::nn::min_feasible_peak(c);
+      mg::nn::ChainCost whole = c;
+      whole.tile_costs.clear();
+      j["min_feasible_peak_whole_layers_bytes"] = mg::nn::min_feasible_peak(whole);
       j["tiles"] = tiles == "on";
-      j["predicted_peak_at"] = at.where;
-      j["min_feasible_plan"] = mg::nn::plan_min_peak(cost).str();
-      j["fixed_bytes"] = cost.fixed_bytes;
-      if (plan.budget) j["budget_bytes"] = plan.budget;
-      j["recompute_gflop"] = plan.recompute_flops / 1e9;
+      j["predicted_peak_at"] = mg::nn::explain_peak(c, last.checkpoint.segments).where;
+      j["min_feasible_plan"] = mg::nn::plan_min_peak(c).str();
+      j["fixed_bytes"] = c.fixed_bytes;
+      if (last.checkpoint.budget) j["budget_bytes"] = last.checkpoint.budget;
+      j["recompute_gflop"] = last.checkpoint.recompute_flops / 1e9;
       j["median_step_ms"] = med;
-      j["step_ms"] = step_ms;
-      j["median_step_cpu_ms"] = median(step_cpu_ms);
-      j["step_cpu_ms"] = step_cpu_ms;
+      j["step_ms"] = r.step_ms;
+      j["median_step_cpu_ms"] = median(r.step_cpu_ms);
+      j["step_cpu_ms"] = r.step_cpu_ms;
       j["final_loss"] = last_loss;
       j["steps"] = total_steps;
       j["batch_size"] = batch_size;
@@ -507,7 +364,7 @@ int main(int argc, char** argv) {
       j["cudnn_deterministic"] = !cudnn_nondeterministic;
       j["seed"] = seed;
       j["units"] = nlohmann::json::array();
-      for (const auto& u : cost.units) {
+      for (const auto& u : c.units) {
         j["units"].push_back({{"layers", {u.begin, u.end}}, {"name", u.name}, {"out_bytes", u.out_bytes},
                               {"extra_bytes", u.extra_bytes}, {"saves_input", u.saves_input},
                               {"saves_output", u.saves_output}, {"fwd_peak", u.fwd_peak},

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <span>
 #include <unistd.h>
@@ -125,36 +126,65 @@ void Trainer::print(const std::string& line) const {
 // The plan for `memory` bytes (0: no budget): Note [the trainer's step].
 void Trainer::plan_for(size_t memory) {
   const Shape sample = data_->sample_shape();
-  nn::MeasureOptions measure;
+  auto measure_at = [&](int64_t b) {
+    nn::MeasureOptions measure;
+    if (opts_.tiles) measure.tile_rows = nn::tile_rows_below(b);
+    return nn::measure_chain(model_, with_rows(b, sample), measure);
+  };
   if (memory == 0) {  // no budget: the split and the checkpoint spec as given
     const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : rank_batch_;
-    nn::Plan p;
-    if (opts_.checkpoint == "none") {
-      p.kind = "none";  // nothing to choose: no measuring
-    } else {
-      if (opts_.tiles) measure.tile_rows = nn::tile_rows_below(b);
-      print("measuring the model at micro-batch " + std::to_string(b) + " for the plan '" + opts_.checkpoint + "'");
-      p = nn::make_plan(nn::measure_chain(model_, with_rows(b, sample), measure), opts_.checkpoint);
+    print("measuring the model at micro-batch " + std::to_string(b) + " for the plan '" + opts_.checkpoint + "'");
+    try {
+      cost_ = measure_at(b);
+    } catch (const OutOfMemoryError& e) {
+      if (dist::active()) throw;  // each rank would plan alone
+      const size_t there = memory_capacity(dev_);
+      Replan r;
+      r.step = -1;
+      r.memory = there;
+      r.from = "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint;
+      r.cause = first_line(e);
+      print("measuring micro-batch " + std::to_string(b) + ": " + r.cause + "\n  planning jointly for what the device "
+            "has instead, " + format_bytes(there));
+      try {
+        plan_for(there == 0 ? 1 : there);
+      } catch (const OutOfMemoryError&) {
+        throw;
+      } catch (const Error& no_plan) {
+        throw Error("measuring ran out of memory (" + r.cause + "), and no plan fits what the device has, " +
+                    format_bytes(there) + ": " + no_plan.what());
+      }
+      budget_ = there;
+      r.to = plan_.str();
+      replans_.push_back(r);
+      return;
     }
-    plan_ = fixed_split(rank_batch_, b, p, 0);
+    plan_ = fixed_split(rank_batch_, b, nn::make_plan(cost_, opts_.checkpoint), 0);
     return;
   }
   if (opts_.micro_batch > 0) {  // the micro-batch kept, its checkpoint plan fitted to the memory
     const int64_t b = opts_.micro_batch;
-    if (opts_.tiles) measure.tile_rows = nn::tile_rows_below(b);
     print("measuring the model at micro-batch " + std::to_string(b) + " to fit " + format_bytes(memory));
-    const nn::ChainCost cost = nn::measure_chain(model_, with_rows(b, sample), measure);
+    cost_ = measure_at(b);
     const size_t room = static_cast<size_t>(static_cast<double>(memory) * (1.0 - 1.0 / 64));
-    plan_ = fixed_split(rank_batch_, b, nn::plan_budget(cost, room), memory);
+    plan_ = fixed_split(rank_batch_, b, nn::plan_budget(cost_, room), memory);
     return;
   }
   const std::vector<int64_t> sizes = nn::candidate_micro_batches(rank_batch_);
   print("measuring the model at up to " + std::to_string(sizes.size()) + " micro-batch sizes (1 to " +
         std::to_string(rank_batch_) + ") to plan for " + format_bytes(memory));
   const nn::ChainProfile profile = nn::profile_chain(model_, sample, sizes, memory);
+  for (int64_t b : profile.cannot_train) {  // Note [joint plan]: a ResNet at 32x32 and one image
+    print("micro-batch " + std::to_string(b) + " cannot train (" + profile.cannot_train_why +
+          "): planning with larger ones");
+  }
   nn::TrainPlanOptions po;
   po.tiles = opts_.tiles;
   plan_ = nn::plan_training(profile, rank_batch_, memory, po);
+  for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
+    if (profile.micro_batches[i] == plan_.micro_batch) cost_ = nn::cost_with_tiles(profile, i);
+  }
+  if (!opts_.tiles) cost_.tile_costs.clear();
 }
 
 const nn::TrainPlan& Trainer::plan() {
@@ -167,7 +197,7 @@ const nn::TrainPlan& Trainer::plan() {
   }
   const size_t capacity = memory_capacity(dev_);
   const size_t memory = opts_.memory_budget.empty() ? 0 : (opts_.memory_budget == "free" ? capacity : budget_);
-  budget_ = memory;
+  budget_ = memory;  // plan_for may change it (measuring ran out of memory)
   // The pre-flight check: one sample measured, the micro-batch's least need extrapolated, so that
   // a batch that cannot fit is refused in seconds, not after measuring it. A chain that cannot
   // train on one sample (BatchNorm with one value per channel) skips the check.
@@ -179,7 +209,8 @@ const nn::TrainPlan& Trainer::plan() {
     const double need = static_cast<double>(one.fixed_bytes) + per_sample * static_cast<double>(b);
     const size_t limit = memory ? memory : capacity;
     if (need > static_cast<double>(limit)) {
-      MG_FAIL("Trainer: a micro-batch of " << b << " sample" << (b == 1 ? "" : "s") << " needs at least about "
+      MG_FAIL("Trainer: " << (memory ? "no plan fits a budget of " + format_bytes(memory) + ": " : "")
+              << "a micro-batch of " << b << " sample" << (b == 1 ? "" : "s") << " needs at least about "
               << format_bytes(static_cast<size_t>(need)) << " with the least memory any checkpoint plan takes ("
               << format_bytes(one.fixed_bytes) << " fixed and " << format_bytes(static_cast<size_t>(per_sample))
               << " per sample, measured on one sample), and "
@@ -203,6 +234,7 @@ FitReport Trainer::fit() {
   using clock = std::chrono::steady_clock;
   plan();
   FitReport report;
+  report.replans = replans_;
   const int64_t world = dist::world_size(), rank = dist::rank();
   const bool lead = rank == 0;
 
@@ -212,7 +244,7 @@ FitReport Trainer::fit() {
     std::filesystem::create_directories(opts_.save_dir);
     if (lead) optim::repair_checkpoints(opts_.save_dir);
     if (world > 1) dist::barrier();
-    const std::string base = optim::latest_checkpoint(opts_.save_dir);
+    const std::string base = opts_.resume ? optim::latest_checkpoint(opts_.save_dir) : std::string();
     if (!base.empty()) {
       const optim::TrainState st = optim::load_train_state(base + ".state.safetensors", model_, opt_);
       first_epoch = st.epoch;
@@ -280,6 +312,7 @@ FitReport Trainer::fit() {
     r.to = plan_.str();
     print("  re-planned: " + r.to);
     report.replans.push_back(r);
+    replans_.push_back(r);
   };
 
   for (int64_t epoch = first_epoch; epoch < opts_.epochs; ++epoch) {
@@ -293,7 +326,11 @@ FitReport Trainer::fit() {
       if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
       if (opts_.lr) opt_.set_lr(opts_.lr(step));
       reset_peak_memory_stats(dev_);
+      synchronize(dev_);  // nothing of the last step is timed in this one
+      if (cb_.on_step_start) cb_.on_step_start(step, false);
       auto t0 = clock::now();
+      std::clock_t c0 = std::clock();
+      double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches: not the step's time
       // A window redone after out of memory must not count its first try in BatchNorm's running
       // statistics: they are taken back to what they were at the window's start.
       for (size_t i = 0; i < window_buffers_.size(); ++i) window_buffers_[i].copy_(buffers[i].second);
@@ -302,10 +339,14 @@ FitReport Trainer::fit() {
           for (int64_t k = 0; k < plan_.accumulation; ++k) {
             const int64_t first = w * rank_batch_ + k * plan_.micro_batch;
             const int64_t n = std::min(plan_.micro_batch, (w + 1) * rank_batch_ - first);
+            const auto d0 = clock::now();
+            const std::clock_t dc0 = std::clock();
             const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
             data::Batch mb = data_->get_batch(idx, epoch);
             const Tensor x = mb.x.to(dev_), y = mb.y.to(dev_);
             mb = {};
+            data_ms += std::chrono::duration<double, std::milli>(clock::now() - d0).count();
+            data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
             Tensor loss;
             {
               const SampleWindowGuard window = acc.sample_window();
@@ -325,25 +366,35 @@ FitReport Trainer::fit() {
             }
           }
           replan(e, step);
+          // The step's time and peak are the new plan's, not the failed try's nor the measuring's.
           reset_peak_memory_stats(dev_);
+          if (cb_.on_step_start) cb_.on_step_start(step, true);
           t0 = clock::now();
+          c0 = std::clock();
+          data_ms = data_cpu_ms = 0;
         }
       }
       const optim::StepInfo info = acc.step();
       if (world > 1 && !buffers.empty()) dist::broadcast_buffers(buffers);
-      synchronize(dev_);
-      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-      const size_t peak = memory_stats(dev_).peak_in_use;
+      synchronize(dev_);  // the optimizer's update too: step() queues it after its one read
+      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count() - data_ms;
+      const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC - data_cpu_ms;
+      const MemoryStats mem = memory_stats(dev_);
+      const size_t peak = mem.peak_in_use;
       const double mean = info.samples > 0 ? info.loss_sum / static_cast<double>(info.samples) : NAN;
       report.step_ms.push_back(ms);
+      report.step_cpu_ms.push_back(cpu_ms);
       report.losses.push_back(mean);
       report.peak_in_use = std::max(report.peak_in_use, peak);
+      report.peak_reserved = std::max(report.peak_reserved, mem.peak_reserved);
       ++report.steps;
       ++er.steps;
       er.samples += info.samples;
       loss_sum += info.loss_sum;
-      if (cb_.on_step) cb_.on_step({.step = step, .epoch = epoch, .steps_in_epoch = windows, .info = info, .ms = ms,
-                                    .peak_in_use = peak});
+      if (cb_.on_step) {
+        cb_.on_step({.step = step, .epoch = epoch, .steps_in_epoch = windows, .info = info, .ms = ms, .cpu_ms = cpu_ms,
+                     .data_ms = data_ms, .peak_in_use = peak, .peak_reserved = mem.peak_reserved});
+      }
       ++step;
       if (tty) {
         const double secs = std::chrono::duration<double>(clock::now() - t_epoch).count();

@@ -24,7 +24,9 @@
 //     (minigrad/nn/train_plan.h); micro_batch > 0 keeps that micro-batch and plans only its
 //     checkpoint for the budget (plan_budget), which keeps BatchNorm's statistics those of b
 //     samples whatever the memory;
-//   - no budget: micro_batch (0: B) and the checkpoint spec as given (none, sqrt, segments=K, ...).
+//   - no budget: micro_batch (0: B) and the checkpoint spec as given (none, sqrt, segments=K, ...);
+//     when measuring that micro-batch runs out of memory, the batch is planned jointly for what
+//     the device has instead (a Replan of step -1).
 // The pre-flight check measures one sample first and refuses at once a micro-batch whose
 // activations alone would not fit the device (naming what the least plan needs and what the
 // device has), instead of measuring it for minutes.
@@ -76,6 +78,7 @@ struct TrainerOptions {
   std::function<float(int64_t step)> lr;  // the learning rate of optimizer step `step` (from 0); empty: the optimizer's
   optim::LossFn loss;              // (logits, labels) -> the SUM over the micro-batch; default cross_entropy
   std::string save_dir;            // epoch checkpoints, and resume from the newest there
+  bool resume = true;              // false: train from the start, over what save_dir holds
   uint64_t seed = 0;               // the sample order
   bool tiles = true;               // tiled segments (Note [tiled segments])
   Progress progress = Progress::automatic;
@@ -86,8 +89,11 @@ struct StepReport {
   int64_t epoch = 0;
   int64_t steps_in_epoch = 0; // windows of the epoch
   optim::StepInfo info;
-  double ms = 0;              // wall time of the step (the redone window's, after a re-plan)
+  double ms = 0;              // wall time of the step, reading its data left out (the redone window's, after a re-plan)
+  double cpu_ms = 0;          // the process's CPU time (all threads) over the same span
+  double data_ms = 0;         // wall time spent reading and copying its micro-batches
   size_t peak_in_use = 0;     // the device's peak bytes in use during the step
+  size_t peak_reserved = 0;
 };
 
 struct EpochReport {
@@ -107,6 +113,9 @@ struct Replan {
 };
 
 struct Callbacks {
+  // Before each optimizer step's first micro-batch, and again (redo = true) when the step is redone
+  // after out of memory (a profiler restarts its step there).
+  std::function<void(int64_t step, bool redo)> on_step_start;
   std::function<void(const StepReport&)> on_step;     // after each optimizer step (may lower a memory cap)
   std::function<void(const EpochReport&)> on_epoch;   // after each epoch (and its checkpoint)
 };
@@ -115,11 +124,13 @@ struct FitReport {
   nn::TrainPlan plan;                  // the plan of the last step (micro_batch, accumulation, checkpoint)
   std::vector<Replan> replans;
   std::vector<EpochReport> epochs;
-  std::vector<double> step_ms;
+  std::vector<double> step_ms;         // StepReport::ms of every step
+  std::vector<double> step_cpu_ms;
   std::vector<double> losses;          // per step: the window's mean loss per sample
   int64_t steps = 0;                   // optimizer steps taken by this fit (resumed ones not counted)
   int64_t resumed_from_epoch = 0;      // epochs already done in save_dir when fit started
   size_t peak_in_use = 0;              // the largest step peak
+  size_t peak_reserved = 0;
   double median_step_ms() const;
   std::string json() const;            // all of it as one JSON object
 };
@@ -138,6 +149,15 @@ class Trainer {
   // Trains (resuming from save_dir when it holds a checkpoint) and reports.
   FitReport fit();
 
+  // The model's measured costs at the plan's micro-batch (with its tile sizes when tiles are on):
+  // what the plan was made from, for reports (minigrad/nn/checkpoint_plan.h: min_feasible_peak,
+  // explain_peak). After plan().
+  const nn::ChainCost& cost() const { return cost_; }
+  // Re-plans so far, the measuring's included (step -1: measuring the micro-batch ran out of memory,
+  // and the batch was planned jointly for what the device has).
+  const std::vector<Replan>& replans() const { return replans_; }
+  size_t budget() const { return budget_; }  // the memory the plan was made for (0: none)
+
   const TrainerOptions& options() const { return opts_; }
   Device device() const { return dev_; }
 
@@ -154,6 +174,8 @@ class Trainer {
   int64_t rank_batch_ = 0;     // B over the ranks
   bool planned_ = false;
   nn::TrainPlan plan_;
+  nn::ChainCost cost_;
+  std::vector<Replan> replans_;
   size_t budget_ = 0;
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
 };
