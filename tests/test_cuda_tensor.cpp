@@ -1,5 +1,7 @@
 // Tensors on the device: copies between host and device, tensors of every dtype, device
 // strings, and what is not supported saying so.
+#include <cstring>
+
 #include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
 
 #ifdef MINIGRAD_WITH_CUDA
@@ -48,6 +50,32 @@ TEST_CASE("cuda: tensors of every dtype on the device; device strings; what is n
   Tensor c = a.clone();
   CHECK(c.is_cuda());
   CHECK(!c.shares_storage(a));
+}
+
+TEST_CASE("cuda: conversions between float32, float64, bfloat16 and float16 give the CPU's bits") {
+  // Note [half conversions]: the same element functions on both devices. Inputs over every
+  // exponent (random bits: NaN, infinities, subnormals, f16's overflow), into poisoned outputs.
+  std::vector<float> v(100003);
+  uint32_t state = 12345;
+  for (float& e : v) {
+    state = state * 1664525u + 1013904223u;
+    std::memcpy(&e, &state, sizeof e);
+  }
+  const Tensor x = Tensor::from_vector(v, {100003});
+  const Tensor gx = x.to(kGpu);
+  for (const DType t : {DType::bf16, DType::f16, DType::f64}) {
+    CAPTURE(dtype_name(t));
+    const Tensor want = x.to(t);
+    Tensor got = Tensor::full(x.shape(), std::nanf(""), TensorOptions{t}).to(kGpu);  // poisoned
+    got.copy_(gx);
+    CHECK(test::bit_equal(got.cpu(), want));
+    CHECK(test::bit_equal(x.to(kGpu, t).cpu(), want));  // host float32 to device t
+    // Back to float32 on the device: the CPU's widening.
+    CHECK(test::bit_equal(got.to(DType::f32).cpu(), want.to(DType::f32)));
+  }
+  CHECK(test::bit_equal(gx.to(DType::f16).to(DType::bf16).cpu(), x.to(DType::f16).to(DType::bf16)));
+  CHECK(Tensor::full({4}, 0.1f, TensorOptions{DType::bf16, kGpu}).cpu().to_vector<float>() ==
+        Tensor::full({4}, 0.1f, TensorOptions{DType::bf16}).to_vector<float>());
 }
 
 #endif  // MINIGRAD_WITH_CUDA

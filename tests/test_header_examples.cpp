@@ -261,7 +261,7 @@ TEST_CASE("util/bytes.h") {
 [[maybe_unused]] static void trainer_example(std::shared_ptr<const mg::data::Dataset> data) {
   auto model = mg::nn::make_resnet18(10, 8);
   mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f, .momentum = 0.9f});
-  mg::train::Trainer trainer(*model, data, sgd,
+  mg::Trainer trainer(*model, data, sgd,
                              {.batch_size = 256, .memory_budget = "2GiB", .epochs = 3, .save_dir = "runs/a"});
-  mg::train::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
+  mg::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
 }

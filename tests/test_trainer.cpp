@@ -1,4 +1,4 @@
-// mg::train::Trainer (Note [the trainer's step] in minigrad/train/trainer.h): the split does not
+// mg::Trainer (Note [the trainer's step] in minigrad/train/trainer.h): the split does not
 // change the bits, a batch that cannot fit is refused at once, and out of memory mid-epoch plus a
 // resume from the save folder end with the bits of an uninterrupted run.
 #include <chrono>
@@ -57,9 +57,9 @@ TEST_CASE("Trainer: 16 x 4 and one micro-batch of 64 give the same bits over two
     manual_seed(11);
     auto m = nn::make_mlp({64, 32, 10});
     optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
-    train::Trainer t(*m, data, opt, {.batch_size = 64, .micro_batch = micro, .epochs = 2, .clip_norm = 1.0f,
-                                     .seed = 5, .progress = train::Progress::off});
-    const train::FitReport r = t.fit();
+    Trainer t(*m, data, opt, {.batch_size = 64, .micro_batch = micro, .epochs = 2, .clip_norm = 1.0f,
+                                     .seed = 5, .progress = Progress::off});
+    const FitReport r = t.fit();
     CHECK(r.steps == 2 * (256 / 64));
     CHECK(r.plan.micro_batch == (micro ? micro : 64));
     CHECK(r.plan.accumulation == (micro ? (64 + micro - 1) / micro : 1));
@@ -84,7 +84,7 @@ TEST_CASE("Trainer: a batch that cannot fit is refused at once, naming what it n
   const auto t0 = std::chrono::steady_clock::now();
   // Without a budget the batch is one micro-batch: 100000 samples' activations are far over 8 MiB.
   // The check measures one sample and extrapolates: it does not try the batch.
-  train::Trainer big(*m, many, opt, {.batch_size = 100000, .progress = train::Progress::off});
+  Trainer big(*m, many, opt, {.batch_size = 100000, .progress = Progress::off});
   try {
     big.plan();
     FAIL("a batch of 100000 was planned under 8 MiB");
@@ -95,7 +95,7 @@ TEST_CASE("Trainer: a batch that cannot fit is refused at once, naming what it n
     CHECK_MESSAGE(what.find("give a memory budget") != std::string::npos, what);
   }
   // A budget under what one sample needs.
-  train::Trainer tiny(*m, data, opt, {.batch_size = 64, .memory_budget = "100KB", .progress = train::Progress::off});
+  Trainer tiny(*m, data, opt, {.batch_size = 64, .memory_budget = "100KB", .progress = Progress::off});
   try {
     tiny.plan();
     FAIL("planned under 100 KB");
@@ -129,8 +129,8 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
     high = full * 2;
     low = (floor + 3 * full) / 4;  // room for the trainer's copy of the buffers too
   }
-  const train::TrainerOptions base{.batch_size = B, .micro_batch = micro, .epochs = 2, .seed = 7,
-                                   .progress = train::Progress::off};
+  const TrainerOptions base{.batch_size = B, .micro_batch = micro, .epochs = 2, .seed = 7,
+                                   .progress = Progress::off};
 
   // U: planned for the low cap from the start, never interrupted.
   std::vector<std::vector<uint8_t>> u_bits;
@@ -139,10 +139,10 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
     auto m = fresh(1);
     optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
     set_memory_limit(cpu, low);
-    train::TrainerOptions o = base;
+    TrainerOptions o = base;
     o.memory_budget = std::to_string(low);
-    train::Trainer t(*m, data, opt, o);
-    const train::FitReport r = t.fit();
+    Trainer t(*m, data, opt, o);
+    const FitReport r = t.fit();
     set_memory_limit(cpu, 0);
     CHECK(r.replans.empty());
     CHECK(r.steps == 8);
@@ -158,16 +158,16 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
   {
     auto m = fresh(1);
     optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
-    train::TrainerOptions o = base;
+    TrainerOptions o = base;
     o.memory_budget = std::to_string(high);
     o.epochs = 1;
     o.save_dir = dir.path.string();
-    train::Callbacks cb{.on_step = [&](const train::StepReport& s) {
+    TrainerCallbacks cb{.on_step = [&](const StepReport& s) {
       if (s.step == 1) set_memory_limit(cpu, low);
     }};
-    train::Trainer t(*m, data, opt, o, cb);
+    Trainer t(*m, data, opt, o, cb);
     CHECK(t.plan().checkpoint.segments.empty());  // the high budget: no checkpointing
-    const train::FitReport r = t.fit();
+    const FitReport r = t.fit();
     REQUIRE(r.replans.size() == 1);
     CHECK(r.replans[0].step == 2);
     CHECK(r.replans[0].memory == low);
@@ -184,11 +184,11 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
   {
     auto m = fresh(99);
     optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
-    train::TrainerOptions o = base;
+    TrainerOptions o = base;
     o.memory_budget = std::to_string(low);
     o.save_dir = dir.path.string();
-    train::Trainer t(*m, data, opt, o);
-    const train::FitReport r = t.fit();
+    Trainer t(*m, data, opt, o);
+    const FitReport r = t.fit();
     CHECK(r.resumed_from_epoch == 1);
     CHECK(r.steps == 4);
     CHECK(r.peak_in_use <= low);

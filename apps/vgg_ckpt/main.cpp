@@ -227,11 +227,11 @@ int main(int argc, char** argv) {
     // buffers shared over the ranks, the epoch checkpoints.
     std::vector<double> step_ms;
     float last_loss = NAN;
-    mg::train::Callbacks cb;
+    mg::TrainerCallbacks cb;
     cb.on_step_start = [&](int64_t step, bool redo) {
       redo ? prof.restart(step, total_steps) : prof.begin(step, total_steps);
     };
-    cb.on_step = [&](const mg::train::StepReport& r) {
+    cb.on_step = [&](const mg::StepReport& r) {
       last_loss = static_cast<float>(r.info.loss_sum / static_cast<double>(r.info.samples));
       prof.end(r.step, total_steps, r.ms + r.data_ms);  // the profile's steps hold their data
       LEAD_PRINTF("step %lld/%lld  epoch %lld  loss %.5f  time %.1f ms (cpu %.1f ms)  peak in use %s  peak reserved %s\n",
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
                   mg::format_bytes(r.peak_reserved).c_str());
       std::fflush(stdout);
     };
-    mg::train::Trainer trainer(*model, data, opt,
+    mg::Trainer trainer(*model, data, opt,
                                {.batch_size = batch_size * world, .memory_budget = memory_budget,
                                 .checkpoint = checkpoint, .epochs = (total_steps + batches_per_epoch - 1) / batches_per_epoch,
                                 .max_steps = total_steps, .save_dir = save_dir, .resume = resume, .seed = seed,
@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
     LEAD_PRINTF("  peak at %s\n", at.where.c_str());
 
     if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
-    const mg::train::FitReport r = trainer.fit();
+    const mg::FitReport r = trainer.fit();
     write_timeline(timeline_path);
     prof.print();
     if (!save_dir.empty() && lead()) {
@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
       }
       if (limit != 0) j["memory_limit_bytes"] = limit;
       j["replans"] = nlohmann::json::array();
-      for (const mg::train::Replan& p : r.replans) {
+      for (const mg::Replan& p : r.replans) {
         j["replans"].push_back({{"step", p.step + 1}, {"memory_bytes", p.memory}, {"from", p.from}, {"to", p.to}});
       }
       j["segments"] = nlohmann::json::array();

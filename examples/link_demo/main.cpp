@@ -18,9 +18,9 @@ int main() {
 
   auto model = mg::nn::make_mlp({64, 512, 512, 512, 2});  // Flatten, Linear, ReLU, ..., Linear
   mg::optim::SGD opt(model->parameters(), {.lr = 0.05f, .momentum = 0.9f});
-  mg::train::Trainer trainer(*model, data, opt, {.batch_size = 512, .memory_budget = "9MB", .epochs = 3});
+  mg::Trainer trainer(*model, data, opt, {.batch_size = 512, .memory_budget = "9MB", .epochs = 3});
   std::printf("plan for 9 MB: %s\n", trainer.plan().str().c_str());
-  mg::train::FitReport r = trainer.fit();
+  mg::FitReport r = trainer.fit();
   std::printf("loss %.4f -> %.4f, peak in use %zu bytes\n", r.losses.front(), r.losses.back(), r.peak_in_use);
   mg::nn::save_safetensors("mlp.safetensors", model->named_parameters());  // PyTorch reads it
   return r.losses.back() < r.losses.front() && r.peak_in_use <= 9'000'000 ? 0 : 1;

@@ -134,6 +134,7 @@ OpAttrs tile_attrs(const Node& n, int64_t recorded, int64_t first, int64_t rows)
 // The device kernels core itself needs.
 void fill_kernel(Tensor& t, float value);                  // t = value
 void copy_kernel(Tensor& dst, const Tensor& src);          // bytes, any pair of devices
+void convert_kernel(Tensor& dst, const Tensor& src);       // between float dtypes, one device
 void add_into_kernel(Tensor& acc, const Tensor& g);        // acc += g
 Tensor add_kernel(const Tensor& a, const Tensor& b);       // a + b, not recorded
 void synchronize_cuda(int device_index);                   // waits for a CUDA device's work

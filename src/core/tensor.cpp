@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <sstream>
+#include <type_traits>
 #include <numbers>
 
 #include <minigrad/core/rng.h>
@@ -140,10 +142,21 @@ Tensor Tensor::to(Device d) const {
   return out;
 }
 
+Tensor Tensor::to(DType t) const { return to(device(), t); }
+
+Tensor Tensor::to(Device d, DType t) const {
+  Tensor out = empty(shape(), TensorOptions{t, d, false});
+  out.copy_(*this);
+  return out;
+}
+
 Tensor Tensor::clone() const { return to(device()); }
 
 template <typename T> std::vector<T> Tensor::to_vector() const {
   Tensor host = device().is_cpu() ? *this : cpu();
+  if constexpr (std::is_same_v<T, float>) {
+    if (dtype() != DType::f32 && is_floating(dtype())) host = host.to(DType::f32);
+  }
   const T* p = host.data<T>();
   return std::vector<T>(p, p + numel());
 }
@@ -155,7 +168,32 @@ float Tensor::item() const {
   MG_CHECK(numel() == 1, "item() needs a tensor with one element, got shape " << shape_str(shape()));
   if (dtype() == DType::i64) return static_cast<float>(to_vector<int64_t>()[0]);
   if (dtype() == DType::f64) return static_cast<float>(to_vector<double>()[0]);
-  return to_vector<float>()[0];
+  return to_vector<float>()[0];  // bf16 and f16 widened
+}
+
+std::string Tensor::str(int64_t edge) const {
+  std::ostringstream os;
+  os << "tensor([";
+  const int64_t n = numel();
+  std::vector<int64_t> shown;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i < edge || i >= n - edge) shown.push_back(i);
+  }
+  if (dtype() == DType::i64) {
+    const std::vector<int64_t> v = to_vector<int64_t>();
+    for (size_t k = 0; k < shown.size(); ++k) {
+      if (k > 0) os << (shown[k] != shown[k - 1] + 1 ? ", ..., " : ", ");
+      os << v[static_cast<size_t>(shown[k])];
+    }
+  } else {
+    const std::vector<float> v = to_vector<float>();
+    for (size_t k = 0; k < shown.size(); ++k) {
+      if (k > 0) os << (shown[k] != shown[k - 1] + 1 ? ", ..., " : ", ");
+      os << v[static_cast<size_t>(shown[k])];
+    }
+  }
+  os << "], shape " << shape_str(shape()) << ", " << dtype_name(dtype()) << ", " << device().str() << ")";
+  return os.str();
 }
 
 Tensor& Tensor::zero_() { return fill_(0.0f); }
@@ -173,16 +211,31 @@ Tensor& Tensor::fill_(float value) {
     for (int64_t i = 0; i < numel(); ++i) p[i] = value;
     return *this;
   }
+  if (dtype() == DType::bf16 || dtype() == DType::f16) {  // the value rounded once, then copied
+    if (numel() == 0) return *this;
+    Tensor one = Tensor::full({1}, value, TensorOptions{DType::f32, Device::cpu(), false}).to(dtype());
+    Tensor host = Tensor::empty(shape(), TensorOptions{dtype(), Device::cpu(), false});
+    const uint16_t bits = *static_cast<const uint16_t*>(one.raw_data());
+    uint16_t* p = static_cast<uint16_t*>(host.raw_data());
+    for (int64_t i = 0; i < numel(); ++i) p[i] = bits;
+    return copy_(host);
+  }
   MG_CHECK(dtype() == DType::f32, "fill_: unsupported dtype " << dtype_name(dtype()));
   fill_kernel(*this, value);
   return *this;
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  MG_CHECK(src.shape() == shape() && src.dtype() == dtype(),
+  MG_CHECK(src.shape() == shape() && (src.dtype() == dtype() || (is_floating(src.dtype()) && is_floating(dtype()))),
            "copy_: source " << shape_str(src.shape()) << " " << dtype_name(src.dtype())
                             << " into destination " << shape_str(shape()) << " "
                             << dtype_name(dtype()));
+  if (src.dtype() != dtype()) {  // convert on the destination's device (Note [half conversions])
+    if (numel() == 0) return *this;
+    Tensor there = src.device() == device() ? src : src.to(device());
+    convert_kernel(*this, there);
+    return *this;
+  }
   if (nbytes() == 0 || raw_data() == src.raw_data()) return *this;
   if (device().is_cpu() && src.device().is_cpu()) {
     std::memcpy(raw_data(), src.raw_data(), nbytes());

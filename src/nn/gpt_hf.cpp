@@ -41,17 +41,11 @@ std::vector<float> as_floats(const Tensor& t, const std::string& name, const std
       for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(d[i]);
       break;
     }
-    case DType::bf16: {
-      const uint16_t* h = static_cast<const uint16_t*>(t.raw_data());
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
-        std::memcpy(&v[i], &bits, sizeof(float));
-      }
-      break;
-    }
+    case DType::bf16:
+    case DType::f16: v = t.to_vector<float>(); break;  // widened exactly
     default:
       MG_FAIL("load_gpt2_hf_weights: '" << path << "': tensor '" << name << "' is " << dtype_name(t.dtype())
-                                         << "; expected floating point (F32, BF16 or F64)");
+                                         << "; expected floating point (F32, BF16, F16 or F64)");
   }
   return v;
 }

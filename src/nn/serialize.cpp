@@ -53,6 +53,7 @@ const char* st_dtype_name(DType t) {
     case DType::bf16: return "BF16";
     case DType::i64: return "I64";
     case DType::f64: return "F64";
+    case DType::f16: return "F16";
   }
   return "?";
 }
@@ -62,6 +63,7 @@ bool st_dtype_from_name(const std::string& s, DType* out) {
   else if (s == "BF16") *out = DType::bf16;
   else if (s == "I64") *out = DType::i64;
   else if (s == "F64") *out = DType::f64;
+  else if (s == "F16") *out = DType::f16;
   else return false;
   return true;
 }
@@ -327,7 +329,7 @@ SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
     e.name = name;
     const std::string dt = info["dtype"].get<std::string>();
     MG_CHECK(st_dtype_from_name(dt, &e.dtype),
-             tw << ": dtype '" << dt << "' is not supported (this library reads F32, F64, BF16, I64)");
+             tw << ": dtype '" << dt << "' is not supported (this library reads F32, F64, BF16, F16, I64)");
     uint64_t numel = 1;
     bool overflow = false;
     for (const auto& d : info["shape"]) {

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include <minigrad/core/profiler.h>
+#include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "ops/op.h"
 
@@ -105,6 +106,8 @@ OpAttrs tile_attrs(const Node& n, int64_t recorded, int64_t first, int64_t rows)
 void fill_kernel(Tensor& t, float value) { MG_DISPATCH(t.device(), fill, t, value); }
 
 void copy_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(Device::cuda(), copy_bytes, dst, src); }
+
+void convert_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(dst.device(), convert, dst, src); }
 
 void add_into_kernel(Tensor& acc, const Tensor& g) { MG_DISPATCH(acc.device(), add_inplace, acc, g); }
 

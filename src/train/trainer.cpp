@@ -1,4 +1,4 @@
-// mg::train::Trainer (Note [the trainer's step] in minigrad/train/trainer.h).
+// mg::Trainer (Note [the trainer's step] in minigrad/train/trainer.h).
 #include <minigrad/train/trainer.h>
 
 #include <algorithm>
@@ -19,7 +19,7 @@
 #include <minigrad/optim/train_state.h>
 #include <minigrad/util/bytes.h>
 
-namespace mg::train {
+namespace mg {
 
 namespace {
 
@@ -95,7 +95,7 @@ std::string FitReport::json() const {
 }
 
 Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> data, optim::Optimizer& opt,
-                 TrainerOptions opts, Callbacks callbacks)
+                 TrainerOptions opts, TrainerCallbacks callbacks)
     : model_(model), data_(std::move(data)), opt_(opt), opts_(std::move(opts)), cb_(std::move(callbacks)) {
   MG_CHECK(data_, "Trainer: no data set");
   const std::vector<Tensor> params = model_.parameters();
@@ -441,4 +441,4 @@ FitReport Trainer::fit() {
   return report;
 }
 
-}  // namespace mg::train
+}  // namespace mg

@@ -104,17 +104,26 @@ class Tensor {
   }
   void* raw_data() const;
 
-  // Copies (never aliasing, never recorded on the tape).
+  // Copies (never aliasing, never recorded on the tape). to(DType) converts between the float
+  // dtypes (f32, f64, bf16, f16), rounding to nearest even (Note [half conversions] in
+  // src/kernels/convert.h): the same bits on every device.
   Tensor to(Device d) const;
+  Tensor to(DType t) const;
+  Tensor to(Device d, DType t) const;
   Tensor cpu() const { return to(Device::cpu()); }
   Tensor clone() const;  // same device, new storage, detached
+  // The elements as T (a copy to the host first for a device tensor); T = float also reads the
+  // other float dtypes, converted.
   template <typename T = float> std::vector<T> to_vector() const;
   float item() const;  // the single element, as float
+  // "tensor([0.5, -1.25, ..., 3], shape [2, 3], bfloat16, cuda:0)": at most `edge` elements at
+  // each end, the values as float (int64 as integers).
+  std::string str(int64_t edge = 3) const;
 
   // In place, not recorded on the tape.
   Tensor& zero_();
   Tensor& fill_(float value);
-  Tensor& copy_(const Tensor& src);  // same shape and dtype; any devices
+  Tensor& copy_(const Tensor& src);  // same shape; any devices; float dtypes convert (as to(DType))
 
   // A tensor sharing this storage, with no history and requires_grad = false.
   Tensor detach() const;

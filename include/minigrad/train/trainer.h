@@ -5,9 +5,9 @@
 //
 //   auto model = mg::nn::make_resnet18(10, 8);
 //   mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f, .momentum = 0.9f});
-//   mg::train::Trainer trainer(*model, data, sgd,
+//   mg::Trainer trainer(*model, data, sgd,
 //                              {.batch_size = 256, .memory_budget = "2GiB", .epochs = 3, .save_dir = "runs/a"});
-//   mg::train::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
+//   mg::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
 //
 // Note [the trainer's step]
 // -------------------------
@@ -58,7 +58,7 @@
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/optimizer.h>
 
-namespace mg::train {
+namespace mg {
 
 enum class Progress : uint8_t {
   automatic,  // a live line on a terminal (stderr), plain lines per epoch otherwise
@@ -112,7 +112,7 @@ struct Replan {
   std::string cause;          // the first line of the error
 };
 
-struct Callbacks {
+struct TrainerCallbacks {
   // Before each optimizer step's first micro-batch, and again (redo = true) when the step is redone
   // after out of memory (a profiler restarts its step there).
   std::function<void(int64_t step, bool redo)> on_step_start;
@@ -140,7 +140,7 @@ class Trainer {
   // The model's parameters already on their device (model.to(dev)); `data` gives (x, y) samples of
   // one shape, y class indices. The optimizer is over model.parameters().
   Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> data, optim::Optimizer& opt,
-          TrainerOptions opts = {}, Callbacks callbacks = {});
+          TrainerOptions opts = {}, TrainerCallbacks callbacks = {});
 
   // The pre-flight check and the plan, without training (fit() calls it when not called before).
   // Throws mg::Error when no plan fits, naming the least any plan needs and what the device has.
@@ -169,7 +169,7 @@ class Trainer {
   std::shared_ptr<const data::Dataset> data_;
   optim::Optimizer& opt_;
   TrainerOptions opts_;
-  Callbacks cb_;
+  TrainerCallbacks cb_;
   Device dev_;
   int64_t rank_batch_ = 0;     // B over the ranks
   bool planned_ = false;
@@ -180,4 +180,4 @@ class Trainer {
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
 };
 
-}  // namespace mg::train
+}  // namespace mg
