@@ -272,7 +272,7 @@ void add_safetensors_rows(Table& t, const std::string& scratch) {
   // Each field of an entry replaced by each bad value.
   const std::string ok_shape = "[2,3]", ok_offsets = "[0,24]", ok_dtype = R"("F32")";
   const std::vector<std::pair<std::string, const char*>> dtypes = {
-      {R"("F16")", "is not supported"},  {R"("f32")", "is not supported"},   {R"("F32 ")", "is not supported"},
+      {R"("I16")", "is not supported"},  {R"("f32")", "is not supported"},   {R"("F32 ")", "is not supported"},
       {R"("U8")", "is not supported"},   {R"("I32")", "is not supported"},   {R"("BOOL")", "is not supported"},
       {R"("F8_E4M3")", "is not supported"}, {R"("C64")", "is not supported"}, {R"("")", "is not supported"},
       {"32", "missing string field 'dtype'"}, {"null", "missing string field 'dtype'"},
