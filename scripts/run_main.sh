@@ -10,6 +10,11 @@
 # Over many more steps, float rounding can eventually flip a ReLU whose input is within rounding
 # of 0, after which any two summation orders drift apart (docs/accumulation.md); one epoch is
 # the demonstration the tutorials make.
+# Then the two other techniques, on a scaled VGG16 (width / 8, 64x64 images, generated data,
+# apps/vgg_ckpt through mg::Trainer): checkpointing (plan sqrt against none: less memory, the same
+# bits), and an effective batch of 64 that does not fit a memory budget of half its plain peak,
+# planned jointly (micro-batch, accumulation and checkpoint plan chosen together): the predicted
+# and measured peak, and the same bits as the plain batch. One table sums it all up at the end.
 # Environment: EPOCHS (default 1), DEVICE (default auto), OUT (default runs/main).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +33,44 @@ echo "== batch 16 x 4 accumulated (normalised by samples) =="
 echo "== batch 16 x 4, the usual recipe: mean loss / N =="
 "$bin/mnist_ga" "${common[@]}" --batch-size 16 --accum 4 --divide-by-n --json "$out/b16x4_divn.json" \
   --compare "$out/b64/epoch_${epochs}.safetensors"
+
+vgg=(--width-div 8 --image-size 64 --steps 4 --seed 1 --device "${DEVICE_VGG:-cpu}")
+echo "== VGG16 / 8, 64x64, batch 16: no checkpointing, then the sqrt plan =="
+"$bin/vgg_ckpt" "${vgg[@]}" --batch-size 16 --checkpoint none --save-dir "$out/vgg_none" --json "$out/vgg_none.json"
+"$bin/vgg_ckpt" "${vgg[@]}" --batch-size 16 --checkpoint sqrt --save-dir "$out/vgg_sqrt" --json "$out/vgg_sqrt.json"
+echo "== VGG16 / 8, batch 64: plain, then under a budget of half its peak, planned jointly =="
+"$bin/vgg_ckpt" "${vgg[@]}" --batch-size 64 --checkpoint none --save-dir "$out/vgg64" --json "$out/vgg64.json"
+half=$(python3 -c "import json; print(json.load(open('$out/vgg64.json'))['measured_peak_in_use_bytes'] // 2)")
+"$bin/vgg_ckpt" "${vgg[@]}" --batch-size 64 --memory-budget "$half" --save-dir "$out/vgg64_budget" \
+  --json "$out/vgg64_budget.json"
+
+python3 - "$out" <<'PY'
+import filecmp, json, os, sys
+out = sys.argv[1]
+j = lambda name: json.load(open(os.path.join(out, name + ".json")))
+same = lambda a, b: filecmp.cmp(os.path.join(out, a, "final.safetensors"), os.path.join(out, b, "final.safetensors"),
+                                shallow=False)
+mib = lambda b: f"{b / 2**20:.1f} MiB"
+b64, acc, divn = j("b64"), j("b16x4"), j("b16x4_divn")
+none, sqrt, plain, budget = j("vgg_none"), j("vgg_sqrt"), j("vgg64"), j("vgg64_budget")
+def diff(r):
+    return f"{r['compare_max_abs_diff']:.3g}"
+rows = [
+    ("MNIST MLP, batch 16 x 4 accumulated against 64", f"max |w - w64| = {diff(acc)}", "exact (0 or float rounding)"),
+    ("  the usual recipe (mean loss / N)", f"max |w - w64| = {diff(divn)}", "off: short windows weighted wrong"),
+    ("VGG16/8 batch 16, sqrt plan against none",
+     f"peak {mib(sqrt['measured_peak_in_use_bytes'])} vs {mib(none['measured_peak_in_use_bytes'])}, "
+     f"step {sqrt['median_step_ms']:.0f} vs {none['median_step_ms']:.0f} ms",
+     "same bits" if same("vgg_sqrt", "vgg_none") else "WEIGHTS DIFFER"),
+    ("VGG16/8 batch 64 under a budget of " + mib(budget.get("memory_budget_bytes", 0)),
+     f"{budget['micro_batch']} x {budget['accumulation']}, plan {budget['plan']}; peak predicted "
+     f"{mib(budget['predicted_peak_bytes'])}, measured {mib(budget['measured_peak_in_use_bytes'])} "
+     f"(plain batch 64: {mib(plain['measured_peak_in_use_bytes'])})",
+     "same bits as plain" if same("vgg64_budget", "vgg64") else "WEIGHTS DIFFER"),
+]
+w = max(len(r[0]) for r in rows)
+print("\n== summary ==")
+for name, what, verdict in rows:
+    print(f"{name:<{w}}  {what}  [{verdict}]")
+PY
 echo "summaries: $out/*.json"
