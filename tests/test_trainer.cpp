@@ -82,18 +82,35 @@ TEST_CASE("Trainer: a batch that cannot fit is refused at once, naming what it n
   set_memory_limit(Device::cpu(), memory_stats(Device::cpu()).in_use + (size_t{8} << 20));
   const std::string there = format_bytes(memory_capacity(Device::cpu()));
   const auto t0 = std::chrono::steady_clock::now();
-  // Without a budget the batch is one micro-batch: 100000 samples' activations are far over 8 MiB.
+  // A micro-batch of 100000 fixed under a budget of 8 MiB: its activations alone are far over it.
   // The check measures one sample and extrapolates: it does not try the batch.
-  Trainer big(*m, many, opt, {.batch_size = 100000, .progress = Progress::off});
+  Trainer big(*m, many, opt, {.batch_size = 100000, .memory_budget = "8MiB", .micro_batch = 100000,
+                              .progress = Progress::off});
   try {
     big.plan();
-    FAIL("a batch of 100000 was planned under 8 MiB");
+    FAIL("a micro-batch of 100000 was planned under 8 MiB");
   } catch (const Error& e) {
     const std::string what = e.what();
-    CHECK_MESSAGE(what.find("a micro-batch of 100000 samples needs at least about") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("has " + there) != std::string::npos, what);
-    CHECK_MESSAGE(what.find("give a memory budget") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("no plan fits a budget of 8.00 MiB: a micro-batch of 100000 samples needs at least about") !=
+                      std::string::npos, what);
+    CHECK_MESSAGE(what.find("a smaller micro-batch") != std::string::npos, what);
   }
+  // Without a budget the same batch is planned jointly for what the device has (the cap), in
+  // micro-batches: the samples of a step kept.
+  Trainer split(*m, many, opt, {.batch_size = 100000, .progress = Progress::off});
+  const nn::TrainPlan& p = split.plan();
+  CHECK(p.effective_batch == 100000);
+  CHECK(p.micro_batch < 100000);
+  CHECK(p.predicted_peak <= memory_capacity(Device::cpu()));
+  REQUIRE(split.replans().size() == 1);
+  CHECK(split.replans()[0].step == -1);
+  CHECK(split.replans()[0].cause.find("a micro-batch of 100000 samples needs at least about") != std::string::npos);
+  CHECK(split.replans()[0].cause.find("has " + there) != std::string::npos);
+  // A cap under what one sample needs: nothing fits, and the error says what there is.
+  set_memory_limit(Device::cpu(), memory_stats(Device::cpu()).in_use + (size_t{64} << 10));
+  Trainer none(*m, data, opt, {.batch_size = 64, .progress = Progress::off});
+  CHECK_THROWS_WITH_AS(none.plan(), doctest::Contains("no plan fits what the device has"), Error);
+  set_memory_limit(Device::cpu(), memory_stats(Device::cpu()).in_use + (size_t{8} << 20));
   // A budget under what one sample needs.
   Trainer tiny(*m, data, opt, {.batch_size = 64, .memory_budget = "100KB", .progress = Progress::off});
   try {

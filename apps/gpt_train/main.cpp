@@ -38,10 +38,10 @@
 #include <minigrad/nn/checkpoint_plan.h>
 #include <minigrad/nn/train_plan.h>
 #include <minigrad/optim/accumulate.h>
+#include <minigrad/train/trainer.h>
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
-#include "common/oom.h"
 #include "common/ranks.h"
 #include "common/profile.h"
 #include "common/timeline.h"
@@ -200,169 +200,100 @@ int main(int argc, char** argv) {
                                                .weight_decay = static_cast<float>(weight_decay),
                                                .decay_matrices_only = true});
 
-    // The plan: checkpointing at the micro-batch, or jointly for the budget.
-    int64_t micro = batch_size, n_micro = accum;
-    mg::nn::Plan plan;
-    mg::nn::ChainCost cost;
-    mg::nn::TrainPlan tp;
-    auto tokens_of = [&](int64_t b) {
-      std::vector<int64_t> v(static_cast<size_t>(b * seq_len));
-      for (size_t i = 0; i < v.size(); ++i) v[i] = tokens[i % tokens.size()];
-      return Tensor::from_vector(v, {b, seq_len}).to(dev);
-    };
-    // The joint plan of `per_rank` sequences a step for `memory` bytes: tp, and the checkpoint
-    // plan, chain cost and micro-batches it picks.
-    auto plan_jointly = [&](size_t memory, int64_t per_rank) {
-      const mg::nn::ChainProfile profile =
-          mg::nn::profile_chain(*model, tokens_of, mg::nn::candidate_micro_batches(per_rank), memory);
-      tp = mg::nn::plan_training(profile, per_rank, memory, {.tiles = false});
-      for (size_t i = 0; i < profile.micro_batches.size(); ++i) {
-        if (profile.micro_batches[i] == tp.micro_batch) cost = profile.costs[i];
-      }
-      plan = tp.checkpoint;
-      micro = tp.micro_batch;
-      n_micro = tp.accumulation;
-    };
-    nlohmann::ordered_json replans = nlohmann::json::array();  // what out-of-memory recovery changed
-    bool joint = !memory_budget.empty();
-    if (!joint) {
-      // The spelling first: a measuring that runs out of memory replaces the plan (below).
-      for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
-      try {
-        cost = mg::nn::measure_chain(*model, tokens_of(micro));
-      } catch (const mg::OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        // Not under data parallelism: each rank would plan alone, unseen but on rank 0.
-        if (mg::dist::active()) throw;
-        LEAD_PRINTF("measuring %lld sequences: %s\n  planning jointly for what the device has instead: the %lld "
-                    "sequences of a step kept, --accum %lld and --checkpoint %s replaced by the plan\n",
-                    static_cast<long long>(micro), first_line(e).c_str(), static_cast<long long>(micro * n_micro),
-                    static_cast<long long>(n_micro), checkpoint.c_str());
-        const std::string before = std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + checkpoint;
-        joint = true;
-        budget = mg::memory_capacity(dev);
-        replan_or_explain(first_line(e), "measuring", budget, memory_limit, [&] { plan_jointly(budget, micro * n_micro); });
-        replans.push_back({{"step", 0}, {"memory_bytes", budget}, {"from", before + " (measuring ran out of memory)"},
-                           {"to", tp.str()}});
-      }
-      if (!joint) plan = for_flag("--checkpoint", [&] { return mg::nn::make_plan(cost, checkpoint); });
-    } else {
-      if (budget == 0) budget = mg::memory_capacity(dev);
+    // The windows (llm.c's reading: Note in minigrad/data/tokens.h), the plan (a checkpoint plan at
+    // the micro-batch, or jointly for the budget), the loop, out-of-memory recovery: mg::Trainer
+    // (Note [the trainer's step] in minigrad/train/trainer.h).
+    const bool joint = !memory_budget.empty();
+    if (joint) {
       MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the sequences per step "
                                                         "over all " << world << " ranks: it must be a multiple of " << world);
-      for_flag("--memory-budget", [&] { plan_jointly(budget, batch_size / world); });
+    } else {
+      for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
     }
-
-    // Each step reads one window of the rank's sequences and runs it as micro-batches of `micro`,
-    // the last one the remainder when the planner's micro-batch does not divide them.
-    const int64_t per_step = joint ? tp.effective_batch : micro * n_micro;
-    auto last_micro_of = [&] { return per_step - (n_micro - 1) * micro; };
-    int64_t last_micro = last_micro_of();
-    mg::optim::Accumulator acc(opt, {.steps = static_cast<int>(n_micro), .clip_norm = static_cast<float>(clip)});
-    mg::data::TokenBatches batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
-      return mg::data::TokenBatches(tokens, per_step, seq_len, rank, world, cfg.vocab_size);
+    const int64_t per_step = joint ? batch_size / world : batch_size * accum;  // sequences per step on a rank
+    auto batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
+      return std::make_shared<mg::data::TokenBatches>(tokens, per_step, seq_len, rank, world, cfg.vocab_size);
     });
-    const int64_t tokens_per_step = world * per_step * seq_len;
-    LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
-                config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
-                static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),
-                static_cast<long long>(cfg.block_size), static_cast<long long>(model->parameter_count()),
-                dev.str().c_str());
-    LEAD_PRINTF("data: %s\n", data_str.c_str());
-    const std::string last_str = last_micro == micro ? "" : " (the last " + std::to_string(last_micro) + ")";
-    LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences%s x %lld tokens = %lld tokens\n",
-                static_cast<long long>(world), static_cast<long long>(n_micro), static_cast<long long>(micro),
-                last_str.c_str(), static_cast<long long>(seq_len), static_cast<long long>(tokens_per_step));
-    if (joint) LEAD_PRINTF("memory budget %s: %s\n", mg::format_bytes(budget).c_str(), tp.str().c_str());
-    LEAD_PRINTF("plan %s: %s; predicted peak %s; smallest feasible %s\n", plan.kind.c_str(), plan.str().c_str(),
-                mg::format_bytes(plan.predicted_peak).c_str(), mg::format_bytes(mg::nn::min_feasible_peak(cost)).c_str());
-
     auto lr_at = [&](int64_t step) {  // warm-up, then cosine to min_lr_frac * lr at the last step
       if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
       const double span = std::max<double>(1.0, static_cast<double>(steps - warmup - 1));
       const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
       return lr * (min_lr_frac + (1.0 - min_lr_frac) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
     };
-    // Note [recovering from out-of-memory] (minigrad/optim/accumulate.h): a window that runs out of
-    // memory is dropped and redone from its first micro-batch under a joint plan for what the
-    // device has then; dropout by sequence keeps the step the one planned. Under data parallelism
-    // the error stands: every rank would have to re-plan at the same window (the others stop,
-    // Note [collectives never hang]).
-    auto replan = [&](const mg::OutOfMemoryError& e, int64_t step) {
-      const size_t there = memory_for_redone_step(e, step, dev);
-      const std::string before = joint ? tp.str() : std::to_string(n_micro) + " x " + std::to_string(micro) + ", checkpoint " + plan.str();
-      const size_t before_peak = joint ? tp.predicted_peak : plan.predicted_peak;
-      replan_or_explain(first_line(e), "step " + std::to_string(step + 1), there, memory_limit,
-                        [&] { plan_jointly(there, per_step); });
-      joint = true;
-      budget = there;
-      acc.set_steps(n_micro);
-      last_micro = last_micro_of();
-      LEAD_PRINTF("  re-planned: %s, predicted peak %s (was %s, predicted peak %s)\n", tp.str().c_str(),
-                  mg::format_bytes(tp.predicted_peak).c_str(), before.c_str(), mg::format_bytes(before_peak).c_str());
-      replans.push_back({{"step", step + 1}, {"memory_bytes", there}, {"from", before}, {"to", tp.str()}});
-    };
+    const int64_t tokens_per_step = world * per_step * seq_len;
     std::vector<double> step_ms, losses, lrs, norms;
-    size_t peak_in_use = 0;
-    if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
-    for (int64_t step = 0; step < steps; ++step) {
-      opt.set_lr(static_cast<float>(lr_at(step)));
-      mg::reset_peak_memory_stats(dev);
-      mg::synchronize(dev);
-      prof.begin(step, steps);
-      auto t0 = std::chrono::steady_clock::now();
-      // On the host; each micro-batch goes to the device when it runs.
-      std::vector<mg::data::TokenBatch> window = batches.next_split(micro);
-      for (int tries = 0;; ++tries) {
-        try {
-          int64_t rows = 0;
-          for (const mg::data::TokenBatch& host : window) {
-            const Tensor x = dev.is_cuda() ? host.x.to(dev) : host.x, y = dev.is_cuda() ? host.y.to(dev) : host.y;
-            Tensor loss;
-            {  // dropout masks by sequence, whatever the split (Note [dropout by sample])
-              const mg::SampleWindowGuard guard = acc.sample_window(rows);
-              // The logits are not held past the loss (the loss keeps what backward needs).
-              loss = mg::cross_entropy(mg::nn::forward_with_plan(*model, plan, x).reshape({-1, cfg.vocab_size}),
-                                       y.reshape({-1}), mg::Reduction::sum);
-            }
-            acc.backward(loss, x.numel());
-            rows += x.size(0);
-          }
-          break;
-        } catch (const mg::OutOfMemoryError& e) {
-          acc.discard();
-          if (tries == 2) throw;  // a third plan did not fit either: the prediction is off, say so
-          replan(e, step);
-          window = batches.split_last(micro);
-          // The step's time and peak are the new plan's: not the failed try's, nor the profiling's,
-          // nor the old plan's steps before.
-          mg::reset_peak_memory_stats(dev);
-          peak_in_use = 0;
-          prof.restart(step, steps);
-          t0 = std::chrono::steady_clock::now();
-        }
-      }
-      const mg::optim::StepInfo info = acc.step();
-      mg::synchronize(dev);  // the optimizer's update too: step() queues it after its one read
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      const size_t peak = mg::memory_stats(dev).peak_in_use;
-      peak_in_use = std::max(peak_in_use, peak);
-      const double loss = info.loss_sum / static_cast<double>(info.samples);
+    mg::TrainerCallbacks cb;
+    cb.on_step_start = [&](int64_t step, bool redo) { redo ? prof.restart(step, steps) : prof.begin(step, steps); };
+    cb.on_step = [&](const mg::StepReport& r) {
+      const double loss = r.info.loss_sum / static_cast<double>(r.info.samples), ms = r.ms + r.data_ms;
       step_ms.push_back(ms);
-      prof.end(step, steps, ms);
+      prof.end(r.step, steps, ms);
       losses.push_back(loss);
-      lrs.push_back(lr_at(step));
-      norms.push_back(info.grad_norm);
+      lrs.push_back(lr_at(r.step));
+      norms.push_back(r.info.grad_norm);
       LEAD_PRINTF("step %lld/%lld  loss %.5f  lr %.3g  norm %.3f  time %.1f ms  %.0f tokens/s  peak in use %s\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(steps), loss, lr_at(step), info.grad_norm, ms,
-                  static_cast<double>(tokens_per_step) / (ms / 1000.0), mg::format_bytes(peak).c_str());
+                  static_cast<long long>(r.step + 1), static_cast<long long>(steps), loss, lr_at(r.step),
+                  r.info.grad_norm, ms, static_cast<double>(tokens_per_step) / (ms / 1000.0),
+                  mg::format_bytes(r.peak_in_use).c_str());
       std::fflush(stdout);
-    }
+    };
+    const int64_t V = cfg.vocab_size;
+    mg::Trainer trainer(*model, batches, opt,
+                        {.batch_size = world * per_step, .memory_budget = memory_budget,
+                         .micro_batch = joint ? 0 : batch_size, .checkpoint = checkpoint, .epochs = 1,
+                         .max_steps = steps, .clip_norm = static_cast<float>(clip),
+                         .lr = [&](int64_t step) { return static_cast<float>(lr_at(step)); },
+                         .loss = [V](const Tensor& logits, const Tensor& y) {
+                           // The logits are not held past the loss (the loss keeps what backward needs).
+                           return mg::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), mg::Reduction::sum);
+                         },
+                         .seed = seed, .tiles = false},
+                        cb);
+    // A batch that cannot fit is refused before it is measured (the Trainer's pre-flight check);
+    // an error of planning again after running out of memory names the cap.
+    const mg::nn::TrainPlan& tp = [&]() -> const mg::nn::TrainPlan& {
+      try {
+        return trainer.plan();
+      } catch (const mg::OutOfMemoryError&) {
+        throw;
+      } catch (const mg::Error& e) {
+        const std::string what = e.what();
+        if (!memory_limit.empty() && what.find("no plan fits what the device") != std::string::npos) {
+          throw mg::Error("under --memory-limit " + memory_limit + ": " + what);
+        }
+        if (what.rfind("Trainer: a micro-batch", 0) == 0 || what.rfind("Trainer: no plan fits what", 0) == 0) {
+          throw mg::Error("--batch-size: " + what);
+        }
+        throw mg::Error(std::string(joint ? "--memory-budget" : "--checkpoint") + ": " + what);
+      }
+    }();
+    LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
+                config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
+                static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),
+                static_cast<long long>(cfg.block_size), static_cast<long long>(model->parameter_count()),
+                dev.str().c_str());
+    LEAD_PRINTF("data: %s\n", data_str.c_str());
+    const std::string last_str =
+        tp.last_micro_batch == tp.micro_batch ? "" : " (the last " + std::to_string(tp.last_micro_batch) + ")";
+    LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences%s x %lld tokens = %lld tokens\n",
+                static_cast<long long>(world), static_cast<long long>(tp.accumulation),
+                static_cast<long long>(tp.micro_batch), last_str.c_str(), static_cast<long long>(seq_len),
+                static_cast<long long>(tokens_per_step));
+    if (trainer.budget()) LEAD_PRINTF("memory budget %s: %s\n", mg::format_bytes(trainer.budget()).c_str(), tp.str().c_str());
+    LEAD_PRINTF("plan %s: %s; predicted peak %s; smallest feasible %s\n", tp.checkpoint.kind.c_str(),
+                tp.checkpoint.str().c_str(), mg::format_bytes(tp.checkpoint.predicted_peak).c_str(),
+                mg::format_bytes(mg::nn::min_feasible_peak(trainer.cost())).c_str());
+
+    if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
+    const mg::FitReport r = trainer.fit();
     write_timeline(timeline_path);
+    const mg::nn::TrainPlan& last = r.plan;  // after any re-plan
+    const mg::nn::Plan& plan = last.checkpoint;
     // Steady state: the first step warms up threads and caches.
     std::vector<double> timed(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
     const double med = median(timed);
     LEAD_PRINTF("median step %.1f ms, %.0f tokens/s; peak in use %s (predicted %s)\n", med,
-                static_cast<double>(tokens_per_step) / (med / 1000.0), mg::format_bytes(peak_in_use).c_str(),
+                static_cast<double>(tokens_per_step) / (med / 1000.0), mg::format_bytes(r.peak_in_use).c_str(),
                 mg::format_bytes(plan.predicted_peak).c_str());
     prof.print();
     if (!save_dir.empty() && lead()) mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict());
@@ -375,9 +306,9 @@ int main(int argc, char** argv) {
       j["device"] = dev.str();
       j["ranks"] = world;
       j["dropout"] = dropout;
-      j["micro_batch"] = micro;
-      j["last_micro_batch"] = last_micro;
-      j["accumulation"] = n_micro;
+      j["micro_batch"] = last.micro_batch;
+      j["last_micro_batch"] = last.last_micro_batch;
+      j["accumulation"] = last.accumulation;
       j["seq_len"] = seq_len;
       j["tokens_per_step"] = tokens_per_step;
       j["plan"] = plan.kind;
@@ -385,9 +316,12 @@ int main(int argc, char** argv) {
       j["segments"] = nlohmann::json::array();
       for (const auto& g : plan.segments) j["segments"].push_back({g.begin, g.end});
       j["predicted_peak_bytes"] = plan.predicted_peak;
-      j["peak_in_use_bytes"] = peak_in_use;
-      if (joint) j["memory_budget_bytes"] = budget;
-      j["replans"] = replans;
+      j["peak_in_use_bytes"] = r.peak_in_use;
+      if (trainer.budget()) j["memory_budget_bytes"] = trainer.budget();
+      j["replans"] = nlohmann::json::array();
+      for (const mg::Replan& p : r.replans) {
+        j["replans"].push_back({{"step", p.step + 1}, {"memory_bytes", p.memory}, {"from", p.from}, {"to", p.to}});
+      }
       j["step_ms"] = step_ms;
       j["median_step_ms"] = med;
       j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);

@@ -255,8 +255,13 @@ int main(int argc, char** argv) {
         throw;
       } catch (const mg::Error& e) {
         const std::string what = e.what();
-        const bool batch = what.rfind("Trainer: a micro-batch", 0) == 0;
-        throw mg::Error(std::string(batch ? "--batch-size" : joint ? "--memory-budget" : "--checkpoint") + ": " + what);
+        if (!memory_limit.empty() && what.find("no plan fits what the device") != std::string::npos) {
+          throw mg::Error("under --memory-limit " + memory_limit + ": " + what);
+        }
+        if (what.rfind("Trainer: a micro-batch", 0) == 0 || what.rfind("Trainer: no plan fits what", 0) == 0) {
+          throw mg::Error("--batch-size: " + what);
+        }
+        throw mg::Error(std::string(joint ? "--memory-budget" : "--checkpoint") + ": " + what);
       }
     }();
     const mg::nn::Plan& plan = tp.checkpoint;

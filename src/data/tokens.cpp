@@ -92,6 +92,22 @@ int64_t TokenBatches::next_start() {
 
 TokenBatch TokenBatches::next(Device device) { return rows(next_start(), b_, device); }
 
+int64_t TokenBatches::windows_per_epoch() const {
+  return (static_cast<int64_t>(tokens_.size()) - 1) / (shards_ * b_ * t_);
+}
+
+Batch TokenBatches::window_rows(int64_t step, int64_t first, int64_t count) const {
+  MG_CHECK(step >= 0 && first >= 0 && count >= 1 && first + count <= b_,
+           "TokenBatches::window_rows: rows [" << first << ", " << first + count << ") of step " << step
+                                               << "'s window of " << b_);
+  const int64_t span = b_ * t_, window = step % windows_per_epoch();
+  const TokenBatch tb = rows((window * shards_ + shard_) * span + first * t_, count, Device::cpu());
+  Batch out;
+  out.x = tb.x;
+  out.y = tb.y;
+  return out;
+}
+
 std::vector<TokenBatch> TokenBatches::next_split(int64_t micro, Device device) {
   MG_CHECK(micro >= 1, "TokenBatches::next_split: the micro-batch must be >= 1 sequence, got " << micro);
   next_start();

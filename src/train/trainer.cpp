@@ -98,6 +98,25 @@ Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> dat
                  TrainerOptions opts, TrainerCallbacks callbacks)
     : model_(model), data_(std::move(data)), opt_(opt), opts_(std::move(opts)), cb_(std::move(callbacks)) {
   MG_CHECK(data_, "Trainer: no data set");
+  check_options();
+  MG_CHECK(data_->size() >= opts_.batch_size, "Trainer: the data set has " << data_->size()
+                                                                           << " samples, fewer than one batch of "
+                                                                           << opts_.batch_size);
+}
+
+Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::WindowData> windows, optim::Optimizer& opt,
+                 TrainerOptions opts, TrainerCallbacks callbacks)
+    : model_(model), windows_(std::move(windows)), opt_(opt), opts_(std::move(opts)), cb_(std::move(callbacks)) {
+  MG_CHECK(windows_, "Trainer: no data");
+  check_options();
+  MG_CHECK(windows_->rows_per_window() == rank_batch_,
+           "Trainer: the data's windows hold " << windows_->rows_per_window() << " rows on each rank, the batch "
+                                               << opts_.batch_size << " over " << dist::world_size() << " rank(s) "
+                                               << rank_batch_);
+  MG_CHECK(opts_.max_steps > 0, "Trainer: data read in windows needs max_steps (the steps of an epoch)");
+}
+
+void Trainer::check_options() {
   const std::vector<Tensor> params = model_.parameters();
   MG_CHECK(!params.empty(), "Trainer: the model has no parameters");
   dev_ = params.front().device();
@@ -111,11 +130,15 @@ Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> dat
   rank_batch_ = opts_.batch_size / world;
   MG_CHECK(opts_.micro_batch <= rank_batch_, "Trainer: micro_batch " << opts_.micro_batch << " is larger than the "
                                                                       << rank_batch_ << " samples of a step on a rank");
-  MG_CHECK(data_->size() >= opts_.batch_size, "Trainer: the data set has " << data_->size()
-                                                                           << " samples, fewer than one batch of "
-                                                                           << opts_.batch_size);
   if (opts_.memory_budget.empty()) nn::check_plan_spec(opts_.checkpoint);
   if (!opts_.memory_budget.empty() && opts_.memory_budget != "free") budget_ = parse_bytes(opts_.memory_budget);
+}
+
+Tensor Trainer::example(int64_t rows) const { return windows_->window_rows(0, 0, rows).x.to(dev_); }
+
+nn::ChainCost Trainer::measure(int64_t rows, const nn::MeasureOptions& opts) {
+  if (windows_) return nn::measure_chain(model_, example(rows), opts);
+  return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), opts);
 }
 
 void Trainer::print(const std::string& line) const {
@@ -125,11 +148,10 @@ void Trainer::print(const std::string& line) const {
 
 // The plan for `memory` bytes (0: no budget): Note [the trainer's step].
 void Trainer::plan_for(size_t memory) {
-  const Shape sample = data_->sample_shape();
   auto measure_at = [&](int64_t b) {
-    nn::MeasureOptions measure;
-    if (opts_.tiles) measure.tile_rows = nn::tile_rows_below(b);
-    return nn::measure_chain(model_, with_rows(b, sample), measure);
+    nn::MeasureOptions mo;
+    if (opts_.tiles) mo.tile_rows = nn::tile_rows_below(b);
+    return measure(b, mo);
   };
   if (memory == 0) {  // no budget: the split and the checkpoint spec as given
     const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : rank_batch_;
@@ -138,25 +160,8 @@ void Trainer::plan_for(size_t memory) {
       cost_ = measure_at(b);
     } catch (const OutOfMemoryError& e) {
       if (dist::active()) throw;  // each rank would plan alone
-      const size_t there = memory_capacity(dev_);
-      Replan r;
-      r.step = -1;
-      r.memory = there;
-      r.from = "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint;
-      r.cause = first_line(e);
-      print("measuring micro-batch " + std::to_string(b) + ": " + r.cause + "\n  planning jointly for what the device "
-            "has instead, " + format_bytes(there));
-      try {
-        plan_for(there == 0 ? 1 : there);
-      } catch (const OutOfMemoryError&) {
-        throw;
-      } catch (const Error& no_plan) {
-        throw Error("measuring ran out of memory (" + r.cause + "), and no plan fits what the device has, " +
-                    format_bytes(there) + ": " + no_plan.what());
-      }
-      budget_ = there;
-      r.to = plan_.str();
-      replans_.push_back(r);
+      plan_split(memory_capacity(dev_), -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint,
+                 "measuring ran out of memory (" + first_line(e) + ")");
       return;
     }
     plan_ = fixed_split(rank_batch_, b, nn::make_plan(cost_, opts_.checkpoint), 0);
@@ -173,7 +178,9 @@ void Trainer::plan_for(size_t memory) {
   const std::vector<int64_t> sizes = nn::candidate_micro_batches(rank_batch_);
   print("measuring the model at up to " + std::to_string(sizes.size()) + " micro-batch sizes (1 to " +
         std::to_string(rank_batch_) + ") to plan for " + format_bytes(memory));
-  const nn::ChainProfile profile = nn::profile_chain(model_, sample, sizes, memory);
+  const nn::ChainProfile profile =
+      windows_ ? nn::profile_chain(model_, [&](int64_t rows) { return example(rows); }, sizes, memory)
+               : nn::profile_chain(model_, data_->sample_shape(), sizes, memory);
   for (int64_t b : profile.cannot_train) {  // Note [joint plan]: a ResNet at 32x32 and one image
     print("micro-batch " + std::to_string(b) + " cannot train (" + profile.cannot_train_why +
           "): planning with larger ones");
@@ -187,9 +194,32 @@ void Trainer::plan_for(size_t memory) {
   if (!opts_.tiles) cost_.tile_costs.clear();
 }
 
+// The batch planned jointly for `memory` (what the device has) in place of the given micro-batch
+// and checkpoint plan, `cause` saying why: a Replan of step `step` (-1: before training).
+void Trainer::plan_split(size_t memory, int64_t step, const std::string& from, const std::string& cause) {
+  print(cause + "\n  planning jointly for what the device has instead, " + format_bytes(memory) +
+        " (the " + std::to_string(rank_batch_) + " samples of a step kept)");
+  opts_.micro_batch = 0;
+  try {
+    plan_for(memory == 0 ? 1 : memory);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error& no_plan) {
+    throw Error(cause + ", and no plan fits what the device has, " + format_bytes(memory) + ": " + no_plan.what());
+  }
+  budget_ = memory;
+  print("plan: " + plan_.str() + ", predicted peak " + format_bytes(plan_.predicted_peak));
+  Replan r;
+  r.step = step;
+  r.memory = memory;
+  r.from = from;
+  r.to = plan_.str();
+  r.cause = cause;
+  replans_.push_back(r);
+}
+
 const nn::TrainPlan& Trainer::plan() {
   if (planned_) return plan_;
-  const Shape sample = data_->sample_shape();
   // The copy of the buffers a redone window goes back to (fit), made before anything is measured,
   // so that every plan counts it. Not under data parallelism, where out of memory is not recovered.
   if (!dist::active()) {
@@ -199,30 +229,53 @@ const nn::TrainPlan& Trainer::plan() {
   const size_t memory = opts_.memory_budget.empty() ? 0 : (opts_.memory_budget == "free" ? capacity : budget_);
   budget_ = memory;  // plan_for may change it (measuring ran out of memory)
   // The pre-flight check: one sample measured, the micro-batch's least need extrapolated, so that
-  // a batch that cannot fit is refused in seconds, not after measuring it. A chain that cannot
-  // train on one sample (BatchNorm with one value per channel) skips the check.
+  // a batch that cannot fit is known in seconds, not after measuring it. Under a budget it is
+  // refused; without one, a micro-batch over what the device has is planned jointly for the
+  // device instead (the samples of a step kept), as when measuring it runs out of memory, unless
+  // one sample cannot fit either. A chain that cannot train on one sample (BatchNorm with one
+  // value per channel) skips the check.
   const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : (memory == 0 ? rank_batch_ : 1);
+  std::string over_device;  // why the given micro-batch is planned jointly instead
   try {
-    const nn::ChainCost one = nn::measure_chain(model_, with_rows(1, sample));
+    const nn::ChainCost one = measure(1, {});
     const size_t floor1 = nn::min_feasible_peak(one);
     const double per_sample = static_cast<double>(floor1 - std::min(floor1, one.fixed_bytes));
-    const double need = static_cast<double>(one.fixed_bytes) + per_sample * static_cast<double>(b);
+    auto need_at = [&](int64_t rows) { return static_cast<double>(one.fixed_bytes) + per_sample * static_cast<double>(rows); };
     const size_t limit = memory ? memory : capacity;
-    if (need > static_cast<double>(limit)) {
-      MG_FAIL("Trainer: " << (memory ? "no plan fits a budget of " + format_bytes(memory) + ": " : "")
-              << "a micro-batch of " << b << " sample" << (b == 1 ? "" : "s") << " needs at least about "
-              << format_bytes(static_cast<size_t>(need)) << " with the least memory any checkpoint plan takes ("
+    const bool can_split = memory == 0 && !dist::active() && need_at(1) <= static_cast<double>(capacity);
+    if (need_at(b) > static_cast<double>(limit) && can_split) {
+      over_device = "a micro-batch of " + std::to_string(b) + " samples needs at least about " +
+                    format_bytes(static_cast<size_t>(need_at(b))) + ", the device " + dev_.str() + " has " +
+                    format_bytes(capacity);
+    } else if (need_at(b) > static_cast<double>(limit)) {
+      const int64_t least = can_split || memory || dist::active() ? b : 1;
+      MG_FAIL("Trainer: " << (memory ? "no plan fits a budget of " + format_bytes(memory) + ": "
+                                     : dist::active() ? std::string()
+                                                      : "no plan fits what the device " + dev_.str() + " has, " +
+                                                            format_bytes(capacity) + ": ")
+              << "a micro-batch of " << least << " sample" << (least == 1 ? "" : "s") << " needs at least about "
+              << format_bytes(static_cast<size_t>(need_at(least))) << " with the least memory any checkpoint plan takes ("
               << format_bytes(one.fixed_bytes) << " fixed and " << format_bytes(static_cast<size_t>(per_sample))
               << " per sample, measured on one sample), and "
               << (memory ? "the memory budget is " + format_bytes(memory)
                          : "the device " + dev_.str() + " has " + format_bytes(capacity))
-              << (memory == 0 ? "; give a memory budget (the joint planner splits the batch) or a smaller micro-batch"
+              << (memory == 0 ? (dist::active() ? "; give a memory budget (the joint planner splits the batch) or a "
+                                                  "smaller micro-batch"
+                                                : "; no plan of any micro-batch fits")
                               : opts_.micro_batch > 0 ? "; a smaller micro-batch, or none (the planner chooses)" : ""));
     }
-  } catch (const OutOfMemoryError&) {
-    throw;
+  } catch (const OutOfMemoryError& e) {
+    // One sample does not fit what is left: without a budget the joint planner says what any
+    // plan needs (it fails too); under a budget, or several ranks, the error stands.
+    if (memory != 0 || dist::active()) throw;
+    over_device = "measuring one sample ran out of memory (" + first_line(e) + ")";
   } catch (const Error& e) {
     if (std::string(e.what()).rfind("Trainer:", 0) == 0) throw;
+  }
+  if (!over_device.empty()) {
+    plan_split(capacity, -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint, over_device);
+    planned_ = true;
+    return plan_;
   }
   plan_for(memory);
   planned_ = true;
@@ -267,12 +320,13 @@ FitReport Trainer::fit() {
   };
   // This rank's samples of an epoch (Note [shards]); every rank steps the same number of windows.
   auto shard_order = [&](int64_t epoch) {
+    if (windows_) return std::vector<int64_t>();  // windows are read in order
     const std::vector<int64_t> all = data::epoch_permutation(data_->size(), opts_.seed, epoch);
     std::vector<int64_t> mine;
     for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) mine.push_back(all[i]);
     return mine;
   };
-  const int64_t windows = data_->size() / opts_.batch_size;
+  const int64_t windows = windows_ ? opts_.max_steps : data_->size() / opts_.batch_size;
   const bool tty = opts_.progress == Progress::automatic && isatty(fileno(stderr)) && lead;
   const bool show = opts_.progress != Progress::off && lead;
 
@@ -288,6 +342,9 @@ FitReport Trainer::fit() {
     print("step " + std::to_string(at + 1) + ": " + r.cause + "\n  the step is dropped and redone under a plan for " +
           format_bytes(there));
     try {
+      // A micro-batch fixed under a budget is kept (its checkpoint plan fitted to what is there);
+      // a plan given without a budget is replaced by the joint plan, as when measuring failed.
+      if (opts_.micro_batch > 0 && opts_.memory_budget.empty()) opts_.micro_batch = 0;
       if (opts_.micro_batch > 0) {
         try {
           plan_for(there);  // the micro-batch kept, its checkpoint plan fitted
@@ -341,18 +398,23 @@ FitReport Trainer::fit() {
             const int64_t n = std::min(plan_.micro_batch, (w + 1) * rank_batch_ - first);
             const auto d0 = clock::now();
             const std::clock_t dc0 = std::clock();
-            const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
-            data::Batch mb = data_->get_batch(idx, epoch);
-            const Tensor x = mb.x.to(dev_), y = mb.y.to(dev_);
+            data::Batch mb;
+            if (windows_) {
+              mb = windows_->window_rows(step, first - w * rank_batch_, n);
+            } else {
+              const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
+              mb = data_->get_batch(idx, epoch);
+            }
+            const Tensor x = dev_.is_cpu() ? mb.x : mb.x.to(dev_), y = dev_.is_cpu() ? mb.y : mb.y.to(dev_);
             mb = {};
             data_ms += std::chrono::duration<double, std::milli>(clock::now() - d0).count();
             data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
             Tensor loss;
-            {
-              const SampleWindowGuard window = acc.sample_window();
+            {  // dropout masks by sample (row), whatever the split (Note [dropout by sample])
+              const SampleWindowGuard window = acc.sample_window(k * plan_.micro_batch);
               loss = loss_fn(nn::forward_with_plan(model_, plan_.checkpoint, x), y);
             }
-            acc.backward(loss, n);
+            acc.backward(loss, y.numel());  // the loss is a sum over y's elements (samples, or tokens)
           }
           break;
         } catch (const OutOfMemoryError& e) {

@@ -58,6 +58,17 @@ class Dataset {
 
 // Samples already in tensors: sample i is (inputs[i], targets[i]). CPU tensors are shared, not
 // copied (changing them changes what the loader delivers); tensors on a GPU are copied to the CPU.
+// Data read in windows, one per optimizer step, in order rather than by shuffled samples: a token
+// stream read as llm.c reads it (mg::data::TokenBatches). mg::Trainer reads rows [first, first +
+// count) of step `step`'s window of this rank; x and y on the host, y of any shape (a GPT's
+// (rows, T) next tokens), the step's loss normalised by y's elements.
+class WindowData {
+ public:
+  virtual ~WindowData() = default;
+  virtual int64_t rows_per_window() const = 0;  // rows (sequences) of a window, on this rank
+  virtual Batch window_rows(int64_t step, int64_t first, int64_t count) const = 0;
+};
+
 class TensorDataset : public Dataset {
  public:
   // inputs: (N, ...) float32 with at least one dimension; targets: (N) int64. Throws mg::Error

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <minigrad/core/tensor.h>
+#include <minigrad/data/dataset.h>
 
 namespace mg::data {
 
@@ -39,7 +40,7 @@ struct TokenBatch {
 // (k * shards + shard) * B * T; a window that would run past the end starts over from the first
 // (a new epoch). With shards > 1 (data parallelism, one shard per rank) the ranks read disjoint
 // windows of the same stream. Tokens are checked against vocab_size (when > 0) as they are read.
-class TokenBatches {
+class TokenBatches : public WindowData {
  public:
   TokenBatches(const std::vector<uint16_t>& tokens, int64_t batch, int64_t seq_len, int64_t shard = 0,
                int64_t shards = 1, int64_t vocab_size = 0);
@@ -52,6 +53,11 @@ class TokenBatches {
   // out-of-memory error redoes its window under a new plan (Note [recovering from out-of-memory]
   // in minigrad/optim/accumulate.h). Throws before the first window.
   std::vector<TokenBatch> split_last(int64_t micro, Device device = Device::cpu()) const;
+  // WindowData: the rows of the window step `step` reads (the windows of an epoch in turn, as
+  // next() reads them), without moving this reader. On the host.
+  int64_t rows_per_window() const override { return b_; }
+  Batch window_rows(int64_t step, int64_t first, int64_t count) const override;
+  int64_t windows_per_epoch() const;
   int64_t epoch() const { return epoch_; }
   int64_t batch() const { return b_; }
   int64_t seq_len() const { return t_; }

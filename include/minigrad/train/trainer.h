@@ -27,9 +27,11 @@
 //   - no budget: micro_batch (0: B) and the checkpoint spec as given (none, sqrt, segments=K, ...);
 //     when measuring that micro-batch runs out of memory, the batch is planned jointly for what
 //     the device has instead (a Replan of step -1).
-// The pre-flight check measures one sample first and refuses at once a micro-batch whose
-// activations alone would not fit the device (naming what the least plan needs and what the
-// device has), instead of measuring it for minutes.
+// The pre-flight check measures one sample first and extrapolates what the micro-batch needs at
+// least. Under a budget, a micro-batch that cannot fit is refused at once (naming what the least
+// plan needs and the budget), instead of measuring it for minutes; without one, a micro-batch over
+// what the device has is planned jointly for the device instead, and only a model of which one
+// sample cannot fit is refused.
 //
 // Out of memory inside a window (a full device, or a cap of mg::set_memory_limit lowered by a
 // callback): the window is dropped (Accumulator::discard), its buffers (BatchNorm's running
@@ -141,6 +143,12 @@ class Trainer {
   // one shape, y class indices. The optimizer is over model.parameters().
   Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> data, optim::Optimizer& opt,
           TrainerOptions opts = {}, TrainerCallbacks callbacks = {});
+  // Data read in windows, one per optimizer step, in order (a token stream: mg::data::TokenBatches):
+  // batch_size is the rows of a window over all ranks (rows_per_window() on each), max_steps the
+  // steps of an epoch (the windows start over from the first when the stream runs out), and the
+  // loss is normalised by the targets' elements (a GPT's tokens).
+  Trainer(nn::Sequential& model, std::shared_ptr<const data::WindowData> windows, optim::Optimizer& opt,
+          TrainerOptions opts = {}, TrainerCallbacks callbacks = {});
 
   // The pre-flight check and the plan, without training (fit() calls it when not called before).
   // Throws mg::Error when no plan fits, naming the least any plan needs and what the device has.
@@ -163,10 +171,15 @@ class Trainer {
 
  private:
   void plan_for(size_t memory);
+  void plan_split(size_t memory, int64_t step, const std::string& from, const std::string& cause);
   void print(const std::string& line) const;
+  void check_options();
+  nn::ChainCost measure(int64_t rows, const nn::MeasureOptions& opts);  // the model at `rows` rows
+  Tensor example(int64_t rows) const;  // window data: the first window's first rows, on the device
 
   nn::Sequential& model_;
-  std::shared_ptr<const data::Dataset> data_;
+  std::shared_ptr<const data::Dataset> data_;         // samples, or
+  std::shared_ptr<const data::WindowData> windows_;  // windows
   optim::Optimizer& opt_;
   TrainerOptions opts_;
   TrainerCallbacks cb_;
