@@ -42,6 +42,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/plan.h"
 #include "common/ranks.h"
 #include "common/profile.h"
 #include "common/timeline.h"
@@ -249,24 +250,7 @@ int main(int argc, char** argv) {
                          },
                          .seed = seed, .tiles = false},
                         cb);
-    // A batch that cannot fit is refused before it is measured (the Trainer's pre-flight check);
-    // an error of planning again after running out of memory names the cap.
-    const mg::nn::TrainPlan& tp = [&]() -> const mg::nn::TrainPlan& {
-      try {
-        return trainer.plan();
-      } catch (const mg::OutOfMemoryError&) {
-        throw;
-      } catch (const mg::Error& e) {
-        const std::string what = e.what();
-        if (!memory_limit.empty() && what.find("no plan fits what the device") != std::string::npos) {
-          throw mg::Error("under --memory-limit " + memory_limit + ": " + what);
-        }
-        if (what.rfind("Trainer: a micro-batch", 0) == 0 || what.rfind("Trainer: no plan fits what", 0) == 0) {
-          throw mg::Error("--batch-size: " + what);
-        }
-        throw mg::Error(std::string(joint ? "--memory-budget" : "--checkpoint") + ": " + what);
-      }
-    }();
+    const mg::nn::TrainPlan& tp = plan_naming_flags(trainer, joint, memory_limit);
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
                 config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
                 static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),

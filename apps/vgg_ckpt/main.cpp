@@ -50,6 +50,7 @@
 #include <minigrad/util/bytes.h>
 
 #include "common/flags.h"
+#include "common/plan.h"
 #include "common/ranks.h"
 #include "common/profile.h"
 #include "common/timeline.h"
@@ -246,24 +247,7 @@ int main(int argc, char** argv) {
                                 .max_steps = total_steps, .save_dir = save_dir, .resume = resume, .seed = seed,
                                 .tiles = tiles == "on"},
                                cb);
-    // A batch that cannot fit is refused before anything is measured at its size (the Trainer's
-    // pre-flight check); the other planning errors are about the plan's flag.
-    const mg::nn::TrainPlan& tp = [&]() -> const mg::nn::TrainPlan& {
-      try {
-        return trainer.plan();
-      } catch (const mg::OutOfMemoryError&) {
-        throw;
-      } catch (const mg::Error& e) {
-        const std::string what = e.what();
-        if (!memory_limit.empty() && what.find("no plan fits what the device") != std::string::npos) {
-          throw mg::Error("under --memory-limit " + memory_limit + ": " + what);
-        }
-        if (what.rfind("Trainer: a micro-batch", 0) == 0 || what.rfind("Trainer: no plan fits what", 0) == 0) {
-          throw mg::Error("--batch-size: " + what);
-        }
-        throw mg::Error(std::string(joint ? "--memory-budget" : "--checkpoint") + ": " + what);
-      }
-    }();
+    const mg::nn::TrainPlan& tp = plan_naming_flags(trainer, joint, memory_limit);
     const mg::nn::Plan& plan = tp.checkpoint;
     const mg::nn::ChainCost& cost = trainer.cost();
     const size_t floor = mg::nn::min_feasible_peak(cost), budget = trainer.budget();
