@@ -83,6 +83,7 @@ ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const 
   std::exception_ptr first_error;
   for (int64_t b : micro_batches) {
     ChainCost cost;
+    if (opts.on_measure) opts.on_measure(b);
     try {
       // A first pass is slower (threads start, pages are touched for the first time): unmeasured.
       if (p.costs.empty()) measure_chain(seq, make_input(b), opts);

@@ -175,12 +175,25 @@ void Trainer::plan_for(size_t memory) {
     plan_ = fixed_split(rank_batch_, b, nn::plan_budget(cost_, room), memory);
     return;
   }
-  const std::vector<int64_t> sizes = nn::candidate_micro_batches(rank_batch_);
-  print("measuring the model at up to " + std::to_string(sizes.size()) + " micro-batch sizes (1 to " +
-        std::to_string(rank_batch_) + ") to plan for " + format_bytes(memory));
+  // The candidates, less those the pre-flight check's one sample says cannot fit, with a margin
+  // (measuring them would take long and could only show that).
+  std::vector<int64_t> sizes;
+  for (int64_t b : nn::candidate_micro_batches(rank_batch_)) {
+    if (sizes.empty() || per_sample_ <= 0 ||
+        static_cast<double>(fixed1_) + per_sample_ * static_cast<double>(b) <= 1.25 * static_cast<double>(memory)) {
+      sizes.push_back(b);
+    }
+  }
+  print("measuring the model at " + std::to_string(sizes.size()) + " micro-batch sizes (" + std::to_string(sizes.front()) +
+        " to " + std::to_string(sizes.back()) + ") to plan " + std::to_string(rank_batch_) + " samples a step for " +
+        format_bytes(memory));
+  nn::MeasureOptions mo;
+  if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show
+    mo.on_measure = [&](int64_t b) { print("  measuring micro-batch " + std::to_string(b)); };
+  }
   const nn::ChainProfile profile =
-      windows_ ? nn::profile_chain(model_, [&](int64_t rows) { return example(rows); }, sizes, memory)
-               : nn::profile_chain(model_, data_->sample_shape(), sizes, memory);
+      windows_ ? nn::profile_chain(model_, [&](int64_t rows) { return example(rows); }, sizes, memory, mo)
+               : nn::profile_chain(model_, data_->sample_shape(), sizes, memory, mo);
   for (int64_t b : profile.cannot_train) {  // Note [joint plan]: a ResNet at 32x32 and one image
     print("micro-batch " + std::to_string(b) + " cannot train (" + profile.cannot_train_why +
           "): planning with larger ones");
@@ -240,6 +253,8 @@ const nn::TrainPlan& Trainer::plan() {
     const nn::ChainCost one = measure(1, {});
     const size_t floor1 = nn::min_feasible_peak(one);
     const double per_sample = static_cast<double>(floor1 - std::min(floor1, one.fixed_bytes));
+    per_sample_ = per_sample;
+    fixed1_ = one.fixed_bytes;
     auto need_at = [&](int64_t rows) { return static_cast<double>(one.fixed_bytes) + per_sample * static_cast<double>(rows); };
     const size_t limit = memory ? memory : capacity;
     const bool can_split = memory == 0 && !dist::active() && need_at(1) <= static_cast<double>(capacity);
@@ -387,6 +402,7 @@ FitReport Trainer::fit() {
       if (cb_.on_step_start) cb_.on_step_start(step, false);
       auto t0 = clock::now();
       std::clock_t c0 = std::clock();
+      auto last_note = t0;
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches: not the step's time
       // A window redone after out of memory must not count its first try in BatchNorm's running
       // statistics: they are taken back to what they were at the window's start.
@@ -415,6 +431,15 @@ FitReport Trainer::fit() {
               loss = loss_fn(nn::forward_with_plan(model_, plan_.checkpoint, x), y);
             }
             acc.backward(loss, y.numel());  // the loss is a sum over y's elements (samples, or tokens)
+            // A long step says how far it got (a batch split into many large micro-batches).
+            if (show && k + 1 < plan_.accumulation &&
+                std::chrono::duration<double>(clock::now() - last_note).count() > 5.0) {
+              last_note = clock::now();
+              print("  step " + std::to_string(step + 1) + ": micro-batch " + std::to_string(k + 1) + " of " +
+                    std::to_string(plan_.accumulation) + " done, " +
+                    std::to_string(static_cast<int64_t>(std::chrono::duration<double>(clock::now() - t0).count())) +
+                    " s");
+            }
           }
           break;
         } catch (const OutOfMemoryError& e) {

@@ -45,6 +45,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,9 @@ struct MeasureOptions {
   bool cross_entropy_head = true;
   // Also measure the chain at these numbers of rows (those below the batch), for tiled segments.
   std::vector<int64_t> tile_rows;
+  // profile_chain (minigrad/nn/train_plan.h) calls this before measuring each micro-batch size
+  // (progress: measuring a large one can take a while).
+  std::function<void(int64_t rows)> on_measure;
 };
 
 // 1, 2, 4, ... below `rows`: the tile sizes measure_chain is asked for by the apps.

@@ -190,6 +190,8 @@ class Trainer {
   nn::ChainCost cost_;
   std::vector<Replan> replans_;
   size_t budget_ = 0;
+  double per_sample_ = 0;  // the pre-flight check's least bytes per sample, and its fixed bytes
+  size_t fixed1_ = 0;
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
 };
 
