@@ -499,6 +499,50 @@ TEST_CASE("train_epoch: out of memory mid-epoch, re-planned by on_out_of_memory,
                        doctest::Contains("returned micro-batch 5, which does not divide the window of 32 samples"), Error);
 }
 
+TEST_CASE("train_epoch: a window redone after out of memory counts once in BatchNorm's running statistics") {
+  // The failed try's forward had already moved the running statistics (and the batch count):
+  // train_epoch puts them back to the window's start before it is redone.
+  const Device cpu = Device::cpu();
+  const int64_t n = 96, B = 32;
+  std::vector<int64_t> ys(n);
+  for (int64_t i = 0; i < n; ++i) ys[static_cast<size_t>(i)] = (i * 3) % 10;
+  data::TensorDataset set(mg::test::rand_tensor({n, 64}, 17), Tensor::from_vector(ys, {n}));
+  struct Uncap {
+    ~Uncap() { set_memory_limit(Device::cpu(), 0); }
+  } uncap;
+  manual_seed(5);
+  nn::Sequential m;
+  m.add<nn::Linear>(64, 1024);
+  m.add<nn::BatchNorm>(1024, 2);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(1024, 1024);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(1024, 10);
+  m.train();
+  optim::SGD opt(m.parameters(), {.lr = 0.05f});
+  optim::Accumulator acc(opt, {.steps = 1});
+  data::DataLoader loader(set, {.batch_size = B, .seed = 4});
+  const nn::ChainCost c = nn::measure_chain(m, {B, 64});
+  // The cap: 90% of what a step needs beyond what is held between steps, so that the second
+  // window runs out of memory late, after its BatchNorm ran.
+  const size_t step_bytes = nn::plan_none(c).predicted_peak - c.fixed_bytes;
+  optim::TrainCallbacks cb;
+  int64_t steps = 0, ran_out = 0;
+  cb.on_step = [&](const optim::StepInfo&) {
+    if (++steps == 1) set_memory_limit(cpu, memory_stats(cpu).in_use + step_bytes * 9 / 10);
+  };
+  cb.on_out_of_memory = [&](const OutOfMemoryError&, int64_t) {
+    ++ran_out;
+    set_memory_limit(cpu, 0);
+    return int64_t{8};
+  };
+  optim::train_epoch(m, loader, acc, 0, {}, cb);
+  REQUIRE(ran_out == 1);
+  const auto* bn = dynamic_cast<const nn::BatchNorm*>(&m[1]);
+  REQUIRE(bn != nullptr);
+  CHECK(bn->num_batches_tracked() == 1 + 2 * (B / 8));  // window 1 in one batch, windows 2 and 3 in four
+}
+
 TEST_CASE("joint planner: at a budget of exactly the least it names, measuring and the step fit under a cap") {
   // Measuring holds no more than the step it measures (the unit's output waits in host memory
   // during its backward, an input nothing keeps is dropped, the input gradient is not copied), so

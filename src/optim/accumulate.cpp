@@ -425,7 +425,16 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
     if (!info.skipped) ++st.optimizer_steps;
     if (callbacks.on_step) callbacks.on_step(info);
   };
+  // A window redone after out of memory must not count its failed try in BatchNorm's running
+  // statistics: they go back to what they were at the window's start.
+  const std::vector<std::pair<std::string, Tensor>> own_buffers =
+      callbacks.on_out_of_memory ? model.named_buffers() : std::vector<std::pair<std::string, Tensor>>();
+  std::vector<Tensor> window_buffers;
+  for (const auto& [name, t] : own_buffers) window_buffers.push_back(t.clone());
   for (int64_t slot = 0; slot < slots; ++slot) {
+    if (slot % acc.steps() == 0) {
+      for (size_t i = 0; i < window_buffers.size(); ++i) window_buffers[i].copy_(own_buffers[i].second);
+    }
     if (loader.next(b)) {
       try {
         Tensor loss;
@@ -441,6 +450,10 @@ EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator&
         // its first sample in micro-batches of the new size.
         const int64_t old_b = loader.options().batch_size, window = acc.steps() * old_b;
         acc.discard();
+        for (size_t i = 0; i < window_buffers.size(); ++i) {
+          Tensor t = own_buffers[i].second;
+          t.copy_(window_buffers[i]);
+        }
         const int64_t new_b = callbacks.on_out_of_memory(e, old_b);
         if (new_b == old_b) throw;
         MG_CHECK(new_b >= 1 && window % new_b == 0,

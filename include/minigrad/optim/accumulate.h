@@ -253,7 +253,8 @@ struct TrainCallbacks {
   std::function<void(const StepInfo&)> on_step;
   // Recovery from out-of-memory (opt-in; Note [recovering from out-of-memory]): when a
   // micro-batch's forward or backward throws mg::OutOfMemoryError, train_epoch drops the window
-  // and calls this with the error and the micro-batch size. It re-plans (the model's checkpoint
+  // (the model's buffers, BatchNorm's running statistics, go back to the window's start: its
+  // failed try had moved them) and calls this with the error and the micro-batch size. It re-plans (the model's checkpoint
   // plan, say) and returns the new micro-batch size, which must divide the window's samples;
   // train_epoch then redoes the window from its first sample in micro-batches of that size, and
   // keeps them for the rest of the epoch and after (the loader's batch size and the accumulator's
