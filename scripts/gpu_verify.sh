@@ -13,6 +13,7 @@
 #   bash scripts/gpu_verify.sh gpt_batch    # its largest batch with and without the planner
 #   bash scripts/gpu_verify.sh peers        # GPT-2 against PyTorch and llm.c; losses from the same weights
 #   bash scripts/gpu_verify.sh cnn          # VGG16 and ResNet-50 against PyTorch, every plan and precision
+#   bash scripts/gpu_verify.sh memory_record  # the largest batch that trains, PyTorch and ours (MEMREC_MODELS)
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
 #   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
@@ -432,6 +433,21 @@ PY
   return $rc
 }
 
+# Issue 40, item 5: the memory record (bench/memory_record.py): the largest batch that trains and
+# its time per sample, PyTorch (none, checkpoint_sequential(2)) and ours (none, sqrt, the joint
+# planner), at the card's memory and under 16 GiB. One model per call: MEMREC_MODELS (default
+# vgg16), MEMREC_CAPS (default full,16GiB), MEMREC_TIMEOUT (default 540 s).
+stage_memory_record() {
+  have_build || return 1
+  timeout "${MEMREC_TIMEOUT:-540}" "$py" bench/memory_record.py --build-dir "$build" --models "${MEMREC_MODELS:-vgg16}" \
+    --caps "${MEMREC_CAPS:-full,16GiB}" --torch-python "$py" --out "$log/memory_record.jsonl" \
+    --png "$log/memory_record.png" >"$log/memory_record.out" 2>"$log/memory_record.log"
+  local r=$?
+  note "memory record ${MEMREC_MODELS:-vgg16}: exit $r"
+  cat "$log/memory_record.out" >>"$log/summary.txt" 2>/dev/null
+  return $r
+}
+
 # Issue 13 on one GPU: NCCL over one rank (MG_DIST_WORLD_OF_ONE=1, no MPI needed), VGG16 and
 # GPT-2 124M with a --timeline each (bench/timeline.py: how many buckets began before backward
 # ended), and the step time against the same run without data parallelism (what the buckets cost).
@@ -471,8 +487,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | overlap | pack | exec) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, overlap, pack or exec)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status

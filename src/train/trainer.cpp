@@ -250,34 +250,45 @@ const nn::TrainPlan& Trainer::plan() {
   const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : (memory == 0 ? rank_batch_ : 1);
   std::string over_device;  // why the given micro-batch is planned jointly instead
   try {
+    // The least peak of any plan at 1 and 2 samples: its growth per sample and what does not grow
+    // (a one-sample peak alone holds workspaces that do not scale, and would overstate it).
     const nn::ChainCost one = measure(1, {});
-    const size_t floor1 = nn::min_feasible_peak(one);
-    const double per_sample = static_cast<double>(floor1 - std::min(floor1, one.fixed_bytes));
+    const double floor1 = static_cast<double>(nn::min_feasible_peak(one));
+    double per_sample = floor1 - static_cast<double>(std::min(nn::min_feasible_peak(one), one.fixed_bytes));
+    if (rank_batch_ >= 2) per_sample = std::max(0.0, static_cast<double>(nn::min_feasible_peak(measure(2, {}))) - floor1);
+    const double base = floor1 - per_sample;
     per_sample_ = per_sample;
-    fixed1_ = one.fixed_bytes;
-    auto need_at = [&](int64_t rows) { return static_cast<double>(one.fixed_bytes) + per_sample * static_cast<double>(rows); };
+    fixed1_ = static_cast<size_t>(std::max(0.0, base));
+    auto need_at = [&](int64_t rows) { return base + per_sample * static_cast<double>(rows); };
+    // An estimate: a micro-batch counts as over only when over by a quarter; nearer the limit the
+    // plan is made from its own measuring (and, without a budget, a measuring that runs out of
+    // memory plans jointly too).
+    const double slack = 1.25;
+    const bool single = dist::active();  // several ranks: no joint planning on its own
     const size_t limit = memory ? memory : capacity;
-    const bool can_split = memory == 0 && !dist::active() && need_at(1) <= static_cast<double>(capacity);
-    if (need_at(b) > static_cast<double>(limit) && can_split) {
-      over_device = "a micro-batch of " + std::to_string(b) + " samples needs at least about " +
-                    format_bytes(static_cast<size_t>(need_at(b))) + ", the device " + dev_.str() + " has " +
-                    format_bytes(capacity);
-    } else if (need_at(b) > static_cast<double>(limit)) {
-      const int64_t least = can_split || memory || dist::active() ? b : 1;
+    // Under a budget: the micro-batch (1 for the joint planner). Without one: one sample, unless a
+    // split is not allowed (several ranks), then the micro-batch.
+    const int64_t least = memory || single ? b : 1;
+    if (need_at(least) > slack * static_cast<double>(limit)) {
       MG_FAIL("Trainer: " << (memory ? "no plan fits a budget of " + format_bytes(memory) + ": "
-                                     : dist::active() ? std::string()
-                                                      : "no plan fits what the device " + dev_.str() + " has, " +
-                                                            format_bytes(capacity) + ": ")
-              << "a micro-batch of " << least << " sample" << (least == 1 ? "" : "s") << " needs at least about "
+                                     : single ? std::string()
+                                              : "no plan fits what the device " + dev_.str() + " has, " +
+                                                    format_bytes(capacity) + ": ")
+              << "a micro-batch of " << least << " sample" << (least == 1 ? "" : "s") << " needs about "
               << format_bytes(static_cast<size_t>(need_at(least))) << " with the least memory any checkpoint plan takes ("
-              << format_bytes(one.fixed_bytes) << " fixed and " << format_bytes(static_cast<size_t>(per_sample))
-              << " per sample, measured on one sample), and "
+              << format_bytes(static_cast<size_t>(std::max(0.0, base))) << " and "
+              << format_bytes(static_cast<size_t>(per_sample)) << " per sample, measured at one and two samples), and "
               << (memory ? "the memory budget is " + format_bytes(memory)
                          : "the device " + dev_.str() + " has " + format_bytes(capacity))
-              << (memory == 0 ? (dist::active() ? "; give a memory budget (the joint planner splits the batch) or a "
-                                                  "smaller micro-batch"
-                                                : "; no plan of any micro-batch fits")
+              << (memory == 0 ? (single ? "; give a memory budget (the joint planner splits the batch) or a "
+                                          "smaller micro-batch"
+                                        : "; no plan of any micro-batch fits")
                               : opts_.micro_batch > 0 ? "; a smaller micro-batch, or none (the planner chooses)" : ""));
+    }
+    if (memory == 0 && !single && need_at(b) > slack * static_cast<double>(capacity)) {
+      over_device = "a micro-batch of " + std::to_string(b) + " samples needs about " +
+                    format_bytes(static_cast<size_t>(need_at(b))) + ", the device " + dev_.str() + " has " +
+                    format_bytes(capacity);
     }
   } catch (const OutOfMemoryError& e) {
     // One sample does not fit what is left: without a budget the joint planner says what any
