@@ -1,12 +1,13 @@
-// One object that trains a chain of layers on a data set: the plan (a memory budget for the joint
-// planner, or an explicit micro-batch and checkpoint plan), exact accumulation, out-of-memory
+// One object that trains a chain of layers on a data set (or on windows of a stream, a GPT's
+// tokens): the plan (a memory budget for the joint planner, or an explicit micro-batch and
+// checkpoint plan), exact accumulation, out-of-memory
 // recovery, data parallelism from the launcher's environment, atomic epoch checkpoints with exact
 // resume, progress and a record of the run.
 //
 //   auto model = mg::nn::make_resnet18(10, 8);
 //   mg::optim::SGD sgd(model->parameters(), {.lr = 0.01f, .momentum = 0.9f});
 //   mg::Trainer trainer(*model, data, sgd,
-//                              {.batch_size = 256, .memory_budget = "2GiB", .epochs = 3, .save_dir = "runs/a"});
+//                       {.batch_size = 256, .memory_budget = "2GiB", .epochs = 3, .save_dir = "runs/a"});
 //   mg::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
 //
 // Note [the trainer's step]
@@ -27,23 +28,26 @@
 //   - no budget: micro_batch (0: B) and the checkpoint spec as given (none, sqrt, segments=K, ...);
 //     when measuring that micro-batch runs out of memory, the batch is planned jointly for what
 //     the device has instead (a Replan of step -1).
-// The pre-flight check measures one sample first and extrapolates what the micro-batch needs at
-// least. Under a budget, a micro-batch that cannot fit is refused at once (naming what the least
-// plan needs and the budget), instead of measuring it for minutes; without one, a micro-batch over
-// what the device has is planned jointly for the device instead, and only a model of which one
-// sample cannot fit is refused.
+// The pre-flight check measures one and two samples first and extrapolates what the micro-batch
+// needs with the least memory any plan takes (an estimate: over the limit by a quarter counts as
+// over; nearer, the micro-batch's own measuring decides). Under a budget, a micro-batch that cannot
+// fit is refused at once (naming what it needs and the budget), instead of measuring it for
+// minutes; without one, a micro-batch over what the device has is planned jointly for the device
+// instead, and only a model of which one sample cannot fit is refused.
 //
 // Out of memory inside a window (a full device, or a cap of mg::set_memory_limit lowered by a
 // callback): the window is dropped (Accumulator::discard), its buffers (BatchNorm's running
 // statistics, which the failed try's forward had already moved) are put back as they were at its
-// start, and it is planned again for what the device has now, as above, and redone from its first
-// sample (Note [recovering from out-of-memory]); each re-plan is in FitReport::replans. The copy of
-// the buffers is made once, before planning, so every plan counts its bytes. Not under data parallelism: every rank would have to re-plan at
-// the same window, so the error stands there.
+// start, and it is planned again for what the device has now (a micro-batch fixed under a budget
+// keeps its size and gets a new checkpoint plan; a plan given without a budget becomes the joint
+// plan), and redone from its first sample (Note [recovering from out-of-memory]); each re-plan is
+// in FitReport::replans. The copy of the buffers is made once, before planning, so every plan
+// counts its bytes. Not under data parallelism: every rank would have to re-plan at the same
+// window, so the error stands there.
 //
 // Saving (save_dir): after each epoch, rank 0 writes "<save_dir>/epoch_<e>" as a pair (the
 // training state, then the weights: mg::optim::save_checkpoint, atomic). A Trainer whose save_dir
-// holds such a pair resumes after the newest one: the weights, the optimizer's state, its step
+// holds such a pair resumes after the newest one (unless TrainerOptions::resume is false): the weights, the optimizer's state, its step
 // count and the default generator come back, and the epoch order depends only on (seed, epoch), so
 // the run ends with the bits of one that was never interrupted.
 #pragma once
