@@ -100,5 +100,30 @@ MG_HOST_DEVICE float float_from_f16(uint16_t h) {
   return float_of(sign | ((113u - shift) << 23) | ((mm & 0x03ffu) << 13));
 }
 
+// Element i of src (dtype `from`) into element i of dst (dtype `to`), both float dtypes: the body
+// of both devices' kernels. Through float, but f64 to f64 is copied, and f32 or a half type to f64
+// is exact.
+MG_HOST_DEVICE void convert_element(void* dst, DType to, const void* src, DType from, int64_t i) {
+  if (from == DType::f64 && to == DType::f64) {
+    static_cast<double*>(dst)[i] = static_cast<const double*>(src)[i];
+    return;
+  }
+  float v = 0.0f;
+  switch (from) {
+    case DType::f32: v = static_cast<const float*>(src)[i]; break;
+    case DType::f64: v = static_cast<float>(static_cast<const double*>(src)[i]); break;
+    case DType::bf16: v = float_from_bf16(static_cast<const uint16_t*>(src)[i]); break;
+    case DType::f16: v = float_from_f16(static_cast<const uint16_t*>(src)[i]); break;
+    default: break;
+  }
+  switch (to) {
+    case DType::f32: static_cast<float*>(dst)[i] = v; break;
+    case DType::f64: static_cast<double*>(dst)[i] = v; break;
+    case DType::bf16: static_cast<uint16_t*>(dst)[i] = bf16_from_float(v); break;
+    case DType::f16: static_cast<uint16_t*>(dst)[i] = f16_from_float(v); break;
+    default: break;
+  }
+}
+
 }  // namespace half
 }  // namespace mg
