@@ -179,19 +179,14 @@ std::string Tensor::str(int64_t edge) const {
   for (int64_t i = 0; i < n; ++i) {
     if (i < edge || i >= n - edge) shown.push_back(i);
   }
-  if (dtype() == DType::i64) {
-    const std::vector<int64_t> v = to_vector<int64_t>();
+  auto put = [&](const auto& v) {
     for (size_t k = 0; k < shown.size(); ++k) {
       if (k > 0) os << (shown[k] != shown[k - 1] + 1 ? ", ..., " : ", ");
       os << v[static_cast<size_t>(shown[k])];
     }
-  } else {
-    const std::vector<float> v = to_vector<float>();
-    for (size_t k = 0; k < shown.size(); ++k) {
-      if (k > 0) os << (shown[k] != shown[k - 1] + 1 ? ", ..., " : ", ");
-      os << v[static_cast<size_t>(shown[k])];
-    }
-  }
+  };
+  if (dtype() == DType::i64) put(to_vector<int64_t>());
+  else put(to_vector<float>());
   os << "], shape " << shape_str(shape()) << ", " << dtype_name(dtype()) << ", " << device().str() << ")";
   return os.str();
 }

@@ -78,12 +78,11 @@ TokenBatches::TokenBatches(const std::vector<uint16_t>& tokens, int64_t batch, i
 
 // Where the next window starts in the stream; a window that would run past the end starts a new epoch.
 int64_t TokenBatches::next_start() {
-  const int64_t n = static_cast<int64_t>(tokens_.size()), span = b_ * t_;
-  int64_t start = (window_ * shards_ + shard_) * span;
-  if ((window_ * shards_ + shards_) * span + 1 > n) {  // this step's windows would run past the end
+  int64_t start = start_of(window_);
+  if (window_ >= windows_per_epoch()) {  // this step's windows would run past the end
     window_ = 0;
     ++epoch_;
-    start = shard_ * span;
+    start = start_of(0);
   }
   ++window_;
   last_start_ = start;
@@ -91,6 +90,8 @@ int64_t TokenBatches::next_start() {
 }
 
 TokenBatch TokenBatches::next(Device device) { return rows(next_start(), b_, device); }
+
+int64_t TokenBatches::start_of(int64_t window) const { return (window * shards_ + shard_) * b_ * t_; }
 
 int64_t TokenBatches::windows_per_epoch() const {
   return (static_cast<int64_t>(tokens_.size()) - 1) / (shards_ * b_ * t_);
@@ -100,8 +101,7 @@ Batch TokenBatches::window_rows(int64_t step, int64_t first, int64_t count) cons
   MG_CHECK(step >= 0 && first >= 0 && count >= 1 && first + count <= b_,
            "TokenBatches::window_rows: rows [" << first << ", " << first + count << ") of step " << step
                                                << "'s window of " << b_);
-  const int64_t span = b_ * t_, window = step % windows_per_epoch();
-  const TokenBatch tb = rows((window * shards_ + shard_) * span + first * t_, count, Device::cpu());
+  const TokenBatch tb = rows(start_of(step % windows_per_epoch()) + first * t_, count, Device::cpu());
   Batch out;
   out.x = tb.x;
   out.y = tb.y;

@@ -160,7 +160,7 @@ void Trainer::plan_for(size_t memory) {
       cost_ = measure_at(b);
     } catch (const OutOfMemoryError& e) {
       if (dist::active()) throw;  // each rank would plan alone
-      plan_split(memory_capacity(dev_), -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint,
+      replan(memory_capacity(dev_), -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint,
                  "measuring ran out of memory (" + first_line(e) + ")");
       return;
     }
@@ -207,21 +207,35 @@ void Trainer::plan_for(size_t memory) {
   if (!opts_.tiles) cost_.tile_costs.clear();
 }
 
-// The batch planned jointly for `memory` (what the device has) in place of the given micro-batch
-// and checkpoint plan, `cause` saying why: a Replan of step `step` (-1: before training).
-void Trainer::plan_split(size_t memory, int64_t step, const std::string& from, const std::string& cause) {
-  print(cause + "\n  planning jointly for what the device has instead, " + format_bytes(memory) +
-        " (the " + std::to_string(rank_batch_) + " samples of a step kept)");
-  opts_.micro_batch = 0;
-  try {
-    plan_for(memory == 0 ? 1 : memory);
-  } catch (const OutOfMemoryError&) {
-    throw;
-  } catch (const Error& no_plan) {
-    throw Error(cause + ", and no plan fits what the device has, " + format_bytes(memory) + ": " + no_plan.what());
+// Plans again for `memory` (what the device has) in place of the plan `from`, `cause` saying why:
+// a Replan of step `step` (-1: before training). A micro-batch fixed under a budget keeps its size
+// and gets a new checkpoint plan when one fits; otherwise the joint planner splits the batch (the
+// samples of a step kept).
+void Trainer::replan(size_t memory, int64_t step, const std::string& from, const std::string& cause) {
+  print(cause + "\n  planning again for what the device has, " + format_bytes(memory));
+  bool planned = false;
+  if (opts_.micro_batch > 0 && !opts_.memory_budget.empty()) {
+    try {
+      plan_for(memory);
+      planned = true;
+    } catch (const OutOfMemoryError&) {
+      throw;
+    } catch (const Error&) {
+      print("  no checkpoint plan of micro-batch " + std::to_string(opts_.micro_batch) + " fits: planning the split too");
+    }
+  }
+  if (!planned) {
+    opts_.micro_batch = 0;
+    try {
+      plan_for(memory == 0 ? 1 : memory);
+    } catch (const OutOfMemoryError&) {
+      throw;
+    } catch (const Error& no_plan) {
+      throw Error(cause + ", and no plan fits what the device has, " + format_bytes(memory) + ": " + no_plan.what());
+    }
   }
   budget_ = memory;
-  print("plan: " + plan_.str() + ", predicted peak " + format_bytes(plan_.predicted_peak));
+  print("  re-planned: " + plan_.str() + ", predicted peak " + format_bytes(plan_.predicted_peak));
   Replan r;
   r.step = step;
   r.memory = memory;
@@ -299,7 +313,7 @@ const nn::TrainPlan& Trainer::plan() {
     if (std::string(e.what()).rfind("Trainer:", 0) == 0) throw;
   }
   if (!over_device.empty()) {
-    plan_split(capacity, -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint, over_device);
+    replan(capacity, -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint, over_device);
     planned_ = true;
     return plan_;
   }
@@ -357,47 +371,15 @@ FitReport Trainer::fit() {
   const bool show = opts_.progress != Progress::off && lead;
 
   // An out-of-memory error in step `at`: plan for what the device has now (Note [the trainer's step]).
-  auto replan = [&](const OutOfMemoryError& e, int64_t at) {
+  auto replan_step = [&](const OutOfMemoryError& e, int64_t at) {
     if (dist::active()) throw;  // every rank would have to re-plan at the same window
-    const size_t there = memory_capacity(dev_);
-    Replan r;
-    r.step = at;
-    r.memory = there;
-    r.from = plan_.str();
-    r.cause = first_line(e);
-    print("step " + std::to_string(at + 1) + ": " + r.cause + "\n  the step is dropped and redone under a plan for " +
-          format_bytes(there));
-    try {
-      // A micro-batch fixed under a budget is kept (its checkpoint plan fitted to what is there);
-      // a plan given without a budget is replaced by the joint plan, as when measuring failed.
-      if (opts_.micro_batch > 0 && opts_.memory_budget.empty()) opts_.micro_batch = 0;
-      if (opts_.micro_batch > 0) {
-        try {
-          plan_for(there);  // the micro-batch kept, its checkpoint plan fitted
-        } catch (const OutOfMemoryError&) {
-          throw;
-        } catch (const Error&) {  // no checkpoint plan of this micro-batch fits: let the planner split
-          print("  no checkpoint plan of micro-batch " + std::to_string(opts_.micro_batch) + " fits: planning the split too");
-          opts_.micro_batch = 0;
-          plan_for(there);
-        }
-      } else {
-        plan_for(there);
-      }
-    } catch (const OutOfMemoryError&) {
-      throw;
-    } catch (const Error& no_plan) {
-      throw Error("step " + std::to_string(at + 1) + " ran out of memory (" + r.cause +
-                  "), and no plan fits what the device has, " + format_bytes(there) + ": " + no_plan.what());
-    }
-    budget_ = there;
+    replan(memory_capacity(dev_), at, plan_.str(),
+           "step " + std::to_string(at + 1) + " ran out of memory (" + first_line(e) + ")");
     acc.set_steps(plan_.accumulation);
-    r.to = plan_.str();
-    print("  re-planned: " + r.to);
-    report.replans.push_back(r);
-    replans_.push_back(r);
+    report.replans.push_back(replans_.back());
   };
 
+  synchronize(dev_);  // the planning's and the resume's work is not the first step's time
   for (int64_t epoch = first_epoch; epoch < opts_.epochs; ++epoch) {
     if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
     const std::vector<int64_t> order = shard_order(epoch);
@@ -408,8 +390,7 @@ FitReport Trainer::fit() {
     for (int64_t w = 0; w < windows; ++w) {
       if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
       if (opts_.lr) opt_.set_lr(opts_.lr(step));
-      reset_peak_memory_stats(dev_);
-      synchronize(dev_);  // nothing of the last step is timed in this one
+      reset_peak_memory_stats(dev_);  // the last step ended with a synchronisation
       if (cb_.on_step_start) cb_.on_step_start(step, false);
       auto t0 = clock::now();
       std::clock_t c0 = std::clock();
@@ -463,7 +444,7 @@ FitReport Trainer::fit() {
               b.copy_(window_buffers_[i]);
             }
           }
-          replan(e, step);
+          replan_step(e, step);
           // The step's time and peak are the new plan's, not the failed try's nor the measuring's.
           reset_peak_memory_stats(dev_);
           if (cb_.on_step_start) cb_.on_step_start(step, true);

@@ -64,6 +64,7 @@ class TokenBatches : public WindowData {
 
  private:
   int64_t next_start();
+  int64_t start_of(int64_t window) const;  // where this shard's window `window` of an epoch starts
   TokenBatch rows(int64_t start, int64_t count, Device device) const;
   const std::vector<uint16_t>& tokens_;
   int64_t b_, t_, shard_, shards_, vocab_;

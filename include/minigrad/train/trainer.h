@@ -175,7 +175,7 @@ class Trainer {
 
  private:
   void plan_for(size_t memory);
-  void plan_split(size_t memory, int64_t step, const std::string& from, const std::string& cause);
+  void replan(size_t memory, int64_t step, const std::string& from, const std::string& cause);
   void print(const std::string& line) const;
   void check_options();
   nn::ChainCost measure(int64_t rows, const nn::MeasureOptions& opts);  // the model at `rows` rows
