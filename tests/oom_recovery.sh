@@ -2,7 +2,7 @@
 # Out-of-memory recovery in the apps (Note [recovering from out-of-memory] in
 # minigrad/optim/accumulate.h), on the CPU under a memory cap (mg::set_memory_limit):
 #   - gpt_train capped at 6 MB: its plan measures, its first step runs out of memory, and the step
-#     is dropped and redone under a joint plan (micro-batches) for what the cap leaves;
+#     is dropped and redone under a joint plan (micro-batches, checkpoints) for what the cap leaves;
 #   - gpt_train capped at 3 MB: measuring runs out of memory, and the run plans jointly from the
 #     start, the sequences of a step kept.
 # Each must finish, record the re-plan in its JSON, reach a peak within 3% of the new plan's
@@ -35,8 +35,14 @@ if len(replans) != 1 or replans[0]["step"] != step:
 peak, predicted = capped["peak_in_use_bytes"], capped["predicted_peak_bytes"]
 if not abs(peak - predicted) <= 0.03 * predicted:
     errors.append(f"peak in use {peak} vs the new plan's predicted {predicted}")
-if capped["micro_batch"] >= free["micro_batch"]:
-    errors.append(f"micro-batch {capped['micro_batch']}: the plan did not change")
+# The joint planner picks the fastest plan that fits, by measured time: smaller micro-batches on one
+# machine, checkpointed segments on another (CI chose micro-batch 8 with [1,2) [2,3)). Either is a
+# re-plan; what must hold is that the plan changed and that its prediction fits the cap.
+plan = lambda j: (j["micro_batch"], j["segments"])
+if plan(capped) == plan(free):
+    errors.append(f"micro-batch {capped['micro_batch']}, segments {capped['segments']}: the plan did not change")
+if predicted > cap:
+    errors.append(f"the new plan predicts {predicted} bytes, over the cap of {cap}")
 for k, (a, b) in enumerate(zip(free["losses"], capped["losses"])):
     if not abs(a - b) <= 1e-5 * abs(a):  # NaN fails too
         errors.append(f"step {k + 1}: loss {b!r} capped vs {a!r} uncapped")
