@@ -2,19 +2,15 @@
 // pass (minigrad/core/profiler.h), printed after training and written under "profile" in --json.
 //
 //   StepProfile prof{profile_flag};
-//   for (step ...) { prof.begin(step, steps); ... [re-plan; prof.restart(step, steps)] ... prof.end(step, steps, ms); }
+//   mg::TrainerCallbacks cb{.on_step_start = [&](int64_t step, bool redo) { redo ? prof.restart(step, steps)
+//                                                                                 : prof.begin(step, steps); },
+//                           .on_step = [&](const mg::StepReport& r) { prof.end(r.step, steps, r.ms + r.data_ms); }};
 //   prof.print();  j["profile"] = prof.json();
-// After an out-of-memory re-plan the profile starts again from the redone step: the failed try's
-// ops and the planner's runs are not the steps' work.
-//
-// Steps that run inside mg::optim::train_epoch (mnist_ga) are timed in windows instead:
-//   after the run's first optimizer step: prof.window_start(dev);  each later step: ++prof.window_steps;
-//   at an epoch's end, before evaluating: prof.window_end();        the next epoch: prof.window_start(dev);
-//   after an out-of-memory re-plan: prof.window_restart();
-// A run of one step starts its window before it: prof.window_start(dev, /*only_step=*/true).
+// Recording stops between steps (an evaluation after an epoch is not the steps' work). After an
+// out-of-memory re-plan the profile starts again from the redone step: the failed try's ops and
+// the planner's runs are not the steps' work.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -34,57 +30,28 @@ struct StepProfile {
   bool restarted = false, only_step = false;
 
   bool profiled(int64_t step, int64_t total) const { return on && step >= (total > 1 ? 1 : 0); }
+  bool started = false;
   void begin(int64_t step, int64_t total) {
     only_step = total <= 1;
-    if (profiled(step, total) && !mg::profiler::recording()) mg::profiler::start();
+    if (!profiled(step, total)) return;
+    started ? mg::profiler::resume() : mg::profiler::start();
+    started = true;
   }
   void restart(int64_t step, int64_t total) {
     if (profiled(step, total)) forget();
   }
   void forget() {  // what was recorded so far is not the steps' work
     mg::profiler::start();
+    started = true;
     steps_ms = 0;
     steps = 0;
     restarted = true;
   }
   void end(int64_t step, int64_t total, double ms) {
     if (!profiled(step, total)) return;
+    mg::profiler::stop();
     steps_ms += ms;
     ++steps;
-  }
-
-  // Windows of steps (train_epoch's): recording from window_start() to window_end(), the steps
-  // counted by the caller. The first window follows the run's first step, which is left out.
-  using Clock = std::chrono::steady_clock;
-  bool started = false, in_window = false;
-  int64_t window_steps = 0;
-  Clock::time_point window_t0;
-  void window_start(mg::Device dev, bool only = false) {
-    if (!on || in_window) return;
-    if (started) {
-      mg::profiler::resume();
-    } else {
-      mg::synchronize(dev);  // the first step's update, still queued on a GPU, is not the profile's
-      mg::profiler::start();
-      started = true;
-      only_step = only;  // else the run's first step is left out
-    }
-    in_window = true;
-    window_steps = 0;
-    window_t0 = Clock::now();
-  }
-  void window_end() {
-    if (!in_window) return;
-    mg::profiler::stop();
-    steps_ms += std::chrono::duration<double, std::milli>(Clock::now() - window_t0).count();
-    steps += window_steps;
-    in_window = false;
-  }
-  void window_restart() {
-    if (!in_window) return;
-    forget();
-    window_steps = 0;
-    window_t0 = Clock::now();
   }
 
   void print() {

@@ -102,6 +102,12 @@ Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::Dataset> dat
   MG_CHECK(data_->size() >= opts_.batch_size, "Trainer: the data set has " << data_->size()
                                                                            << " samples, fewer than one batch of "
                                                                            << opts_.batch_size);
+  for (const auto& [epoch, n] : opts_.accumulation.table()) {
+    MG_CHECK(!opts_.drop_last || data_->size() >= n * opts_.batch_size,
+             "Trainer: the accumulation schedule's N = " << n << " from epoch " << epoch << " makes a step of "
+                                                          << n * opts_.batch_size << " samples, more than the data set's "
+                                                          << data_->size() << " (with drop_last no step would run)");
+  }
 }
 
 Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::WindowData> windows, optim::Optimizer& opt,
@@ -114,6 +120,9 @@ Trainer::Trainer(nn::Sequential& model, std::shared_ptr<const data::WindowData> 
                                                << opts_.batch_size << " over " << dist::world_size() << " rank(s) "
                                                << rank_batch_);
   MG_CHECK(opts_.max_steps > 0, "Trainer: data read in windows needs max_steps (the steps of an epoch)");
+  MG_CHECK(opts_.accumulation.str() == optim::AccumulationSchedule(1).str(),
+           "Trainer: data read in windows takes one window a step: no accumulation schedule (got "
+               << opts_.accumulation.str() << "); the plan's micro-batches split the window");
 }
 
 void Trainer::check_options() {
@@ -143,6 +152,7 @@ nn::ChainCost Trainer::measure(int64_t rows, const nn::MeasureOptions& opts) {
 
 void Trainer::print(const std::string& line) const {
   if (opts_.progress == Progress::off || dist::rank() != 0) return;
+  std::fflush(stdout);  // after what the caller printed before, in a log of both
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
@@ -323,6 +333,53 @@ const nn::TrainPlan& Trainer::plan() {
   return plan_;
 }
 
+// The save folder, made and tidied after a crash (Note [a pair of files as one unit] in
+// src/optim/train_state.cpp): dead writers' temporaries go, a state left without its weights gets
+// them. Once, before anything is resumed from it or written to it.
+void Trainer::tidy_save_dir() {
+  if (tidied_ || opts_.save_dir.empty()) return;
+  tidied_ = true;
+  std::filesystem::create_directories(opts_.save_dir);
+  if (dist::rank() == 0) {
+    const optim::CheckpointRepair r = optim::repair_checkpoints(opts_.save_dir);
+    if (r.temporaries_removed > 0) {
+      print(opts_.save_dir + ": removed " + std::to_string(r.temporaries_removed) +
+            " temporary file(s) left by an interrupted save");
+    }
+    for (const std::string& w : r.completed) print(w + ": written from its training state (a save was interrupted)");
+  }
+  if (dist::world_size() > 1) dist::barrier();
+}
+
+std::string Trainer::resume(const std::string& path) {
+  plan();  // measuring after the generator came back would move it
+  tidy_save_dir();  // a state the last run left alone gets its weights first
+  std::string state = path;
+  if (std::filesystem::is_directory(path)) {
+    const std::string base = optim::latest_checkpoint(path);
+    MG_CHECK(!base.empty(), path << ": the folder holds no complete epoch_K.state.safetensors + epoch_K.safetensors pair");
+    state = base + ".state.safetensors";
+  } else if (path.ends_with(".safetensors") && !path.ends_with(".state.safetensors")) {
+    state = path.substr(0, path.size() - 12) + ".state.safetensors";  // epoch_K.safetensors: its state
+  }
+  const optim::TrainState st = optim::load_train_state(state, model_, opt_);
+  for (const auto& [key, value] : opts_.signature) {
+    const auto it = st.extra.find(key);
+    if (it == st.extra.end() || it->second != value) {
+      print("warning: resuming: " + key + " was \"" + (it == st.extra.end() ? "?" : it->second) + "\", now \"" + value +
+            "\": the result will not match an uninterrupted run");
+    }
+  }
+  first_epoch_ = st.epoch;
+  resumed_ = true;
+  if (dist::rank() == 0) {  // on stdout, as the apps' lines (a script finds the file there)
+    std::printf("resumed from %s: %lld epoch%s done, %lld optimizer steps\n", state.c_str(),
+                static_cast<long long>(st.epoch), st.epoch == 1 ? "" : "s", static_cast<long long>(st.step_count));
+    std::fflush(stdout);
+  }
+  return state;
+}
+
 FitReport Trainer::fit() {
   using clock = std::chrono::steady_clock;
   plan();
@@ -331,22 +388,14 @@ FitReport Trainer::fit() {
   const int64_t world = dist::world_size(), rank = dist::rank();
   const bool lead = rank == 0;
 
-  // Resume: the newest complete checkpoint pair in save_dir.
-  int64_t first_epoch = 0, step = 0;
+  // Saving: the folder tidied after a crash (Note [a pair of files as one unit]); resume from the
+  // newest complete checkpoint pair there, unless resume() was called or resume is off.
   if (!opts_.save_dir.empty()) {
-    std::filesystem::create_directories(opts_.save_dir);
-    if (lead) optim::repair_checkpoints(opts_.save_dir);
-    if (world > 1) dist::barrier();
-    const std::string base = opts_.resume ? optim::latest_checkpoint(opts_.save_dir) : std::string();
-    if (!base.empty()) {
-      const optim::TrainState st = optim::load_train_state(base + ".state.safetensors", model_, opt_);
-      first_epoch = st.epoch;
-      step = st.step_count;
-      report.resumed_from_epoch = st.epoch;
-      print("resumed from " + base + " (" + std::to_string(st.epoch) + " epoch" + (st.epoch == 1 ? "" : "s") +
-            " done, " + std::to_string(st.step_count) + " optimizer steps)");
-    }
+    tidy_save_dir();
+    if (!resumed_ && opts_.resume && !optim::latest_checkpoint(opts_.save_dir).empty()) resume(opts_.save_dir);
   }
+  report.resumed_from_epoch = first_epoch_;
+  int64_t step = opt_.step_count();
   if (dist::active()) {
     dist::check_same_parameters(model_.named_parameters());
     dist::broadcast(model_.parameters());
@@ -354,19 +403,23 @@ FitReport Trainer::fit() {
   const auto buffers = model_.named_buffers();
   model_.train();
 
-  optim::Accumulator acc(opt_, {.steps = plan_.accumulation, .clip_norm = opts_.clip_norm, .non_finite = opts_.non_finite});
-  const optim::LossFn loss_fn = opts_.loss ? opts_.loss : [](const Tensor& logits, const Tensor& y) {
-    return cross_entropy(logits, y, Reduction::sum);
+  optim::Accumulator acc(opt_, {.steps = plan_.accumulation, .clip_norm = opts_.clip_norm,
+                                .non_finite = opts_.non_finite, .normalize = opts_.normalize});
+  // The default loss: the sum over the micro-batch, or its mean under Normalize::micro_batches.
+  const Reduction reduction = opts_.normalize == optim::Normalize::samples ? Reduction::sum : Reduction::mean;
+  const optim::LossFn loss_fn = opts_.loss ? opts_.loss : [reduction](const Tensor& logits, const Tensor& y) {
+    return cross_entropy(logits, y, reduction);
   };
-  // This rank's samples of an epoch (Note [shards]); every rank steps the same number of windows.
+  // This rank's samples of an epoch (Note [shards]): every K-th of the epoch's order, n / K of them
+  // on every rank.
+  const int64_t shard = windows_ ? 0 : data_->size() / world;
   auto shard_order = [&](int64_t epoch) {
     if (windows_) return std::vector<int64_t>();  // windows are read in order
     const std::vector<int64_t> all = data::epoch_permutation(data_->size(), opts_.seed, epoch);
-    std::vector<int64_t> mine;
-    for (size_t i = static_cast<size_t>(rank); i < all.size(); i += static_cast<size_t>(world)) mine.push_back(all[i]);
+    std::vector<int64_t> mine(static_cast<size_t>(shard));
+    for (int64_t j = 0; j < shard; ++j) mine[static_cast<size_t>(j)] = all[static_cast<size_t>(rank + j * world)];
     return mine;
   };
-  const int64_t windows = windows_ ? opts_.max_steps : data_->size() / opts_.batch_size;
   const bool tty = opts_.progress == Progress::automatic && isatty(fileno(stderr)) && lead;
   const bool show = opts_.progress != Progress::off && lead;
 
@@ -375,16 +428,30 @@ FitReport Trainer::fit() {
     if (dist::active()) throw;  // every rank would have to re-plan at the same window
     replan(memory_capacity(dev_), at, plan_.str(),
            "step " + std::to_string(at + 1) + " ran out of memory (" + first_line(e) + ")");
-    acc.set_steps(plan_.accumulation);
     report.replans.push_back(replans_.back());
+  };
+  // The micro-batches of a window of `m` samples on this rank: groups of the batch (N(e) of them),
+  // each split as the plan says. {first sample, rows}, from the window's start.
+  auto split_window = [&](int64_t m) {
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    for (int64_t g = 0; g < m; g += rank_batch_) {
+      const int64_t group = std::min(rank_batch_, m - g);
+      for (int64_t j = 0; j < group; j += plan_.micro_batch) parts.emplace_back(g + j, std::min(plan_.micro_batch, group - j));
+    }
+    return parts;
   };
 
   synchronize(dev_);  // the planning's and the resume's work is not the first step's time
-  for (int64_t epoch = first_epoch; epoch < opts_.epochs; ++epoch) {
+  for (int64_t epoch = first_epoch_; epoch < opts_.epochs; ++epoch) {
     if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
     const std::vector<int64_t> order = shard_order(epoch);
+    const int64_t n_acc = windows_ ? 1 : opts_.accumulation.steps_for_epoch(epoch);
+    const int64_t window_rows = n_acc * rank_batch_;  // a window's samples on this rank
+    const int64_t windows = windows_ ? opts_.max_steps
+                                     : (opts_.drop_last ? shard / window_rows : (shard + window_rows - 1) / window_rows);
     EpochReport er;
     er.epoch = epoch;
+    er.accumulation = n_acc;
     double loss_sum = 0;
     const auto t_epoch = clock::now();
     for (int64_t w = 0; w < windows; ++w) {
@@ -396,21 +463,24 @@ FitReport Trainer::fit() {
       std::clock_t c0 = std::clock();
       auto last_note = t0;
       double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches: not the step's time
+      const int64_t start = w * window_rows, rows = windows_ ? rank_batch_ : std::min(window_rows, shard - start);
       // A window redone after out of memory must not count its first try in BatchNorm's running
       // statistics: they are taken back to what they were at the window's start.
       for (size_t i = 0; i < window_buffers_.size(); ++i) window_buffers_[i].copy_(buffers[i].second);
+      std::vector<std::pair<int64_t, int64_t>> parts;
       for (int tries = 0;; ++tries) {
+        parts = split_window(rows);
+        acc.set_steps(static_cast<int64_t>(parts.size()));
         try {
-          for (int64_t k = 0; k < plan_.accumulation; ++k) {
-            const int64_t first = w * rank_batch_ + k * plan_.micro_batch;
-            const int64_t n = std::min(plan_.micro_batch, (w + 1) * rank_batch_ - first);
+          for (size_t k = 0; k < parts.size(); ++k) {
+            const auto [first, n] = parts[k];
             const auto d0 = clock::now();
             const std::clock_t dc0 = std::clock();
             data::Batch mb;
             if (windows_) {
-              mb = windows_->window_rows(step, first - w * rank_batch_, n);
+              mb = windows_->window_rows(step, first, n);
             } else {
-              const std::span<const int64_t> idx(order.data() + first, static_cast<size_t>(n));
+              const std::span<const int64_t> idx(order.data() + start + first, static_cast<size_t>(n));
               mb = data_->get_batch(idx, epoch);
             }
             const Tensor x = dev_.is_cpu() ? mb.x : mb.x.to(dev_), y = dev_.is_cpu() ? mb.y : mb.y.to(dev_);
@@ -419,16 +489,15 @@ FitReport Trainer::fit() {
             data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
             Tensor loss;
             {  // dropout masks by sample (row), whatever the split (Note [dropout by sample])
-              const SampleWindowGuard window = acc.sample_window(k * plan_.micro_batch);
+              const SampleWindowGuard window = acc.sample_window(first);
               loss = loss_fn(nn::forward_with_plan(model_, plan_.checkpoint, x), y);
             }
             acc.backward(loss, y.numel());  // the loss is a sum over y's elements (samples, or tokens)
             // A long step says how far it got (a batch split into many large micro-batches).
-            if (show && k + 1 < plan_.accumulation &&
-                std::chrono::duration<double>(clock::now() - last_note).count() > 5.0) {
+            if (show && k + 1 < parts.size() && std::chrono::duration<double>(clock::now() - last_note).count() > 5.0) {
               last_note = clock::now();
               print("  step " + std::to_string(step + 1) + ": micro-batch " + std::to_string(k + 1) + " of " +
-                    std::to_string(plan_.accumulation) + " done, " +
+                    std::to_string(parts.size()) + " done, " +
                     std::to_string(static_cast<int64_t>(std::chrono::duration<double>(clock::now() - t0).count())) +
                     " s");
             }
@@ -468,6 +537,8 @@ FitReport Trainer::fit() {
       report.peak_reserved = std::max(report.peak_reserved, mem.peak_reserved);
       ++report.steps;
       ++er.steps;
+      er.skipped_steps += info.skipped;
+      er.micro_batches += info.micro_batches;
       er.samples += info.samples;
       loss_sum += info.loss_sum;
       if (cb_.on_step) {
@@ -483,7 +554,7 @@ FitReport Trainer::fit() {
                      static_cast<long long>(epoch + 1), static_cast<long long>(opts_.epochs),
                      std::string(static_cast<size_t>(full), '#').c_str(),
                      std::string(static_cast<size_t>(width - full), '.').c_str(), static_cast<long long>(w + 1),
-                     static_cast<long long>(windows), static_cast<double>(er.samples * world) / std::max(secs, 1e-9),
+                     static_cast<long long>(windows), static_cast<double>(er.samples) / std::max(secs, 1e-9),
                      mean, format_bytes(peak).c_str(), hms(secs / frac - secs).c_str());
         std::fflush(stderr);
       }
@@ -496,6 +567,7 @@ FitReport Trainer::fit() {
       if (lead) {
         optim::TrainState st;
         st.epoch = epoch + 1;
+        st.extra = opts_.signature;
         optim::save_checkpoint(base, model_, opt_, st,
                                {{"plan", plan_.str()}, {"batch_size", std::to_string(opts_.batch_size)},
                                 {"seed", std::to_string(opts_.seed)}});
@@ -509,7 +581,7 @@ FitReport Trainer::fit() {
       std::snprintf(line, sizeof line, "epoch %lld/%lld: %lld steps, loss %.4f, %.1f s, %.0f samples/s, peak in use %s%s%s",
                     static_cast<long long>(epoch + 1), static_cast<long long>(opts_.epochs),
                     static_cast<long long>(er.steps), er.mean_loss, er.seconds,
-                    static_cast<double>(er.samples * world) / std::max(er.seconds, 1e-9),
+                    static_cast<double>(er.samples) / std::max(er.seconds, 1e-9),
                     format_bytes(report.peak_in_use).c_str(), er.saved.empty() ? "" : ", saved ", er.saved.c_str());
       print(line);
     }

@@ -17,8 +17,12 @@
 // every K-th of them, Note [shards]) and feeds them in micro-batches of b, the last one what is left,
 // through an mg::optim::Accumulator: one optimizer update per B samples, whatever b is, and the
 // same update to float rounding (on the CPU the same bits: Note [accumulation normalises by
-// samples]). The epoch's last, shorter window is dropped (drop_last), as the apps do. Dropout draws
-// its masks by sample (Note [dropout by sample]), so a split does not change them.
+// samples]). The epoch's last, shorter window is dropped (drop_last), or trained with the samples
+// left (in the same micro-batches, the last one shorter). Under an accumulation schedule a step of
+// epoch e holds N(e) such batches, one after the other: N(e) B samples. Under K ranks every rank
+// reads the same number of samples an epoch (n / K, the last n % K samples of the order left out),
+// so that all step the same windows. Dropout draws its masks by sample (Note [dropout by sample]),
+// so a split does not change them.
 //
 // The plan is made once, before the first step (Trainer::plan), from the model's measured costs:
 //   - memory_budget set: micro_batch 0 lets the joint planner choose b, N and the checkpoint plan
@@ -60,6 +64,7 @@
 
 #include <minigrad/data/dataset.h>
 #include <minigrad/nn/module.h>
+#include <minigrad/nn/serialize.h>
 #include <minigrad/nn/train_plan.h>
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/optimizer.h>
@@ -83,8 +88,14 @@ struct TrainerOptions {
   optim::NonFinite non_finite = optim::NonFinite::error;
   std::function<float(int64_t step)> lr;  // the learning rate of optimizer step `step` (from 0); empty: the optimizer's
   optim::LossFn loss;              // (logits, labels) -> the SUM over the micro-batch; default cross_entropy
+  // N by epoch (0:8,4:2, minigrad/optim/accumulate.h): epoch e's optimizer step takes N(e) groups of
+  // batch_size samples, each fed as the plan splits batch_size; the plan is made for batch_size.
+  optim::AccumulationSchedule accumulation{1};
+  bool drop_last = true;           // false: the epoch's last, shorter window is trained too (data sets)
+  optim::Normalize normalize = optim::Normalize::samples;  // micro_batches: the usual, inexact recipe
   std::string save_dir;            // epoch checkpoints, and resume from the newest there
   bool resume = true;              // false: train from the start, over what save_dir holds
+  nn::Metadata signature;          // saved in each training state; a resume that differs is warned of
   uint64_t seed = 0;               // the sample order
   bool tiles = true;               // tiled segments (Note [tiled segments])
   Progress progress = Progress::automatic;
@@ -105,8 +116,11 @@ struct StepReport {
 struct EpochReport {
   int64_t epoch = 0;
   int64_t steps = 0;
-  int64_t samples = 0;        // this rank's
-  double mean_loss = 0;       // per sample, of this rank's windows
+  int64_t skipped_steps = 0;  // windows dropped for a non-finite loss (NonFinite::skip)
+  int64_t micro_batches = 0;
+  int64_t accumulation = 0;   // N of the epoch's schedule
+  int64_t samples = 0;        // of all ranks
+  double mean_loss = 0;       // per sample
   double seconds = 0;
   std::string saved;          // the checkpoint written after it ("" if none)
 };
@@ -158,7 +172,13 @@ class Trainer {
   // Throws mg::Error when no plan fits, naming the least any plan needs and what the device has.
   const nn::TrainPlan& plan();
 
-  // Trains (resuming from save_dir when it holds a checkpoint) and reports.
+  // Resumes from a training state now (plan() first, so that measuring draws nothing after it):
+  // `path` is an epoch_K.state.safetensors, the epoch_K.safetensors beside it, or a folder (its
+  // newest complete pair). fit() then starts after that epoch. Returns the state's file. Throws
+  // mg::Error naming what is wrong with the file; a signature that differs is only warned of.
+  std::string resume(const std::string& path);
+
+  // Trains (resuming from save_dir when it holds a checkpoint, unless resume() was called) and reports.
   FitReport fit();
 
   // The model's measured costs at the plan's micro-batch (with its tile sizes when tiles are on):
@@ -177,6 +197,7 @@ class Trainer {
   void plan_for(size_t memory);
   void replan(size_t memory, int64_t step, const std::string& from, const std::string& cause);
   void print(const std::string& line) const;
+  void tidy_save_dir();
   void check_options();
   nn::ChainCost measure(int64_t rows, const nn::MeasureOptions& opts);  // the model at `rows` rows
   Tensor example(int64_t rows) const;  // window data: the first window's first rows, on the device
@@ -197,6 +218,8 @@ class Trainer {
   double per_sample_ = 0;  // the pre-flight check's least bytes per sample, and its fixed bytes
   size_t fixed1_ = 0;
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
+  bool resumed_ = false, tidied_ = false;
+  int64_t first_epoch_ = 0;    // epochs done before fit(), by resume()
 };
 
 }  // namespace mg
