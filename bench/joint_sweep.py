@@ -128,7 +128,7 @@ def main():
     if ref is None:
         sys.exit(f"reference run failed: {cmd}\n{out}")
     log.write(json.dumps({"run": "reference", "cmd": cmd, **ref}) + "\n")
-    top = ref["measured_peak_in_use_bytes"]
+    top = ref["peak_in_use_bytes"]
     # The least any plan needs: from the joint planner's refusal of a budget of 1 kB.
     _, out, _ = run(a.app, common + ["--memory-budget", "1kB"], os.path.join(a.out, "floor.json"))
     m = re.search(r"the least any plan needs is [^(]*\((\d+) bytes\)", out) or re.search(r"the least any plan needs is ([\d.]+) (KiB|MiB|GiB)", out)
@@ -155,10 +155,10 @@ def main():
         log.write(json.dumps({"run": "fixed", "cmd": fcmd, **(f or {"error": fout[-400:]})}) + "\n")
         r = {"budget": X, "micro_batch": j["micro_batch"], "accumulation": j["accumulation"],
              "last_micro_batch": j["last_micro_batch"], "segments": j["segments"],
-             "joint_predicted_peak": j["predicted_peak_bytes"], "joint_measured_peak": j["measured_peak_in_use_bytes"],
+             "joint_predicted_peak": j["predicted_peak_bytes"], "joint_measured_peak": j["peak_in_use_bytes"],
              "joint_predicted_ms": j["predicted_step_ms"], "joint_median_ms": j["median_step_ms"],
              "weights_rel_diff": rel_diff(jdir, ref_dir),
-             "fixed_segments": f["segments"] if f else None, "fixed_measured_peak": f["measured_peak_in_use_bytes"] if f else None,
+             "fixed_segments": f["segments"] if f else None, "fixed_measured_peak": f["peak_in_use_bytes"] if f else None,
              "fixed_median_ms": f["median_step_ms"] if f else None}
         rows.append(r)
         print(f"budget {X / 2**20:7.2f} MiB: b {r['micro_batch']:>2} x {r['accumulation']:>2}, {len(r['segments'])} segments; "

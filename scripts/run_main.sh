@@ -40,7 +40,7 @@ echo "== VGG16 / 8, 64x64, batch 16: no checkpointing, then the sqrt plan =="
 "$bin/vgg_ckpt" "${vgg[@]}" --batch-size 16 --checkpoint sqrt --save-dir "$out/vgg_sqrt" --json "$out/vgg_sqrt.json"
 echo "== VGG16 / 8, batch 64: plain, then under a budget of half its peak, planned jointly =="
 "$bin/vgg_ckpt" "${vgg[@]}" --batch-size 64 --checkpoint none --save-dir "$out/vgg64" --json "$out/vgg64.json"
-half=$(python3 -c "import json; print(json.load(open('$out/vgg64.json'))['measured_peak_in_use_bytes'] // 2)")
+half=$(python3 -c "import json; print(json.load(open('$out/vgg64.json'))['peak_in_use_bytes'] // 2)")
 "$bin/vgg_ckpt" "${vgg[@]}" --batch-size 64 --memory-budget "$half" --save-dir "$out/vgg64_budget" \
   --json "$out/vgg64_budget.json"
 
@@ -59,13 +59,13 @@ rows = [
     ("MNIST MLP, batch 16 x 4 accumulated against 64", f"max |w - w64| = {diff(acc)}", "exact (0 or float rounding)"),
     ("  the usual recipe (mean loss / N)", f"max |w - w64| = {diff(divn)}", "off: short windows weighted wrong"),
     ("VGG16/8 batch 16, sqrt plan against none",
-     f"peak {mib(sqrt['measured_peak_in_use_bytes'])} vs {mib(none['measured_peak_in_use_bytes'])}, "
+     f"peak {mib(sqrt['peak_in_use_bytes'])} vs {mib(none['peak_in_use_bytes'])}, "
      f"step {sqrt['median_step_ms']:.0f} vs {none['median_step_ms']:.0f} ms",
      "same bits" if same("vgg_sqrt", "vgg_none") else "WEIGHTS DIFFER"),
     ("VGG16/8 batch 64 under a budget of " + mib(budget.get("memory_budget_bytes", 0)),
      f"{budget['micro_batch']} x {budget['accumulation']}, plan {budget['plan']}; peak predicted "
-     f"{mib(budget['predicted_peak_bytes'])}, measured {mib(budget['measured_peak_in_use_bytes'])} "
-     f"(plain batch 64: {mib(plain['measured_peak_in_use_bytes'])})",
+     f"{mib(budget['predicted_peak_bytes'])}, measured {mib(budget['peak_in_use_bytes'])} "
+     f"(plain batch 64: {mib(plain['peak_in_use_bytes'])})",
      "same bits as plain" if same("vgg64_budget", "vgg64") else "WEIGHTS DIFFER"),
 ]
 w = max(len(r[0]) for r in rows)

@@ -101,7 +101,7 @@ if [ -n "$gpt" ]; then
   # alone: under 6 MB its first step runs out on both ranks, and both stop with the error.
   t0=$SECONDS
   timeout 120 "$mpiexec" -n 2 "$gpt" --config tiny --batch-size 8 --steps 3 --memory-limit 6MB >"$out/gpt_oom.log" 2>&1
-  check gpt_oom $? $((SECONDS - t0)) nonzero "rank [01] of 2: under --memory-limit 6MB: cpu out of memory"
+  check gpt_oom $? $((SECONDS - t0)) nonzero "rank [01] of 2: error: under --memory-limit 6MB: cpu out of memory"
 fi
 if [ -n "$vgg" ]; then
   # The joint plan per rank (--batch-size is the global batch: 8 per rank, 4 x 2 under 900KB;

@@ -33,6 +33,7 @@
 #include "common/plan.h"
 #include "common/profile.h"
 #include "common/ranks.h"
+#include "common/stats.h"
 #include "common/timeline.h"
 
 struct RunFlags {
@@ -142,7 +143,26 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
     if (s.tile_rows) seg.push_back(s.tile_rows);
     j["segments"].push_back(seg);
   }
+  const mg::nn::ChainCost& c = trainer.cost();  // what the plan was made from
+  j["num_layers"] = c.units.empty() ? 0 : c.units.back().end;
   j["predicted_peak_bytes"] = last.predicted_peak;
+  j["predicted_peak_at"] = mg::nn::explain_peak(c, last.checkpoint.segments).where;
+  if (last.checkpoint.budget) j["budget_bytes"] = last.checkpoint.budget;
+  j["recompute_gflop"] = last.checkpoint.recompute_flops / 1e9;
+  j["min_feasible_peak_bytes"] = mg::nn::min_feasible_peak(c);
+  mg::nn::ChainCost whole = c;
+  whole.tile_costs.clear();
+  j["min_feasible_peak_whole_layers_bytes"] = mg::nn::min_feasible_peak(whole);
+  j["min_feasible_plan"] = mg::nn::plan_min_peak(c).str();
+  j["fixed_bytes"] = c.fixed_bytes;
+  j["tiles"] = f.tiles == "on";
+  j["units"] = nlohmann::json::array();
+  for (const auto& u : c.units) {
+    j["units"].push_back({{"layers", {u.begin, u.end}}, {"name", u.name}, {"out_bytes", u.out_bytes},
+                          {"extra_bytes", u.extra_bytes}, {"saves_input", u.saves_input}, {"saves_output", u.saves_output},
+                          {"fwd_peak", u.fwd_peak}, {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9},
+                          {"forward_ms", u.forward_ms}, {"backward_ms", u.backward_ms}});
+  }
   j["peak_in_use_bytes"] = r.peak_in_use;
   j["peak_reserved_bytes"] = r.peak_reserved;
   if (trainer.budget()) {
@@ -158,6 +178,9 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["resumed_from_epoch"] = r.resumed_from_epoch;
   j["median_step_ms"] = r.median_step_ms();
   j["step_ms"] = r.step_ms;
+  j["median_step_cpu_ms"] = median(r.step_cpu_ms);
+  j["step_cpu_ms"] = r.step_cpu_ms;
+  j["losses"] = r.losses;
   j["seed"] = f.seed;
   j["threads"] = mg::num_threads();
   if (f.prof.on) j["profile"] = f.prof.json();

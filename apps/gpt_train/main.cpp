@@ -24,130 +24,60 @@
 // out-of-memory] in minigrad/optim/accumulate.h).
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <nlohmann/json.hpp>
 #include <numbers>
 
 #include <minigrad/cuda.h>
-#include <minigrad/data/tokens.h>
 #include <minigrad/minigrad.h>
-#include <minigrad/nn/checkpoint_plan.h>
-#include <minigrad/nn/train_plan.h>
-#include <minigrad/optim/accumulate.h>
-#include <minigrad/train/trainer.h>
-#include <minigrad/util/bytes.h>
 
-#include "common/flags.h"
-#include "common/plan.h"
-#include "common/ranks.h"
-#include "common/profile.h"
-#include "common/timeline.h"
-#include "common/stats.h"
-
-namespace {
-
-using mg::Tensor;
-
-// The synthetic stream: token i+1 is succ[token i] with probability 0.9, else uniform; succ is a
-// fixed random map. A model that learns succ gets the loss down to about 0.9 * 0 + the noise's
-// share, far below ln(vocab).
-std::vector<uint16_t> synthetic_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  auto draw = [vocab](float u) { return static_cast<uint16_t>(std::min<int64_t>(vocab - 1, static_cast<int64_t>(u * static_cast<float>(vocab)))); };
-  std::vector<uint16_t> succ(static_cast<size_t>(vocab)), out(static_cast<size_t>(n));
-  for (int64_t v = 0; v < vocab; ++v) succ[static_cast<size_t>(v)] = draw(mg::philox_uniform(seed, static_cast<uint64_t>(v)));
-  uint16_t t = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    out[static_cast<size_t>(i)] = t;
-    const uint64_t k = 2 * static_cast<uint64_t>(i);
-    t = mg::philox_uniform(seed ^ 0x5EEDull, k) < 0.9f ? succ[t] : draw(mg::philox_uniform(seed ^ 0x5EEDull, k + 1));
-  }
-  return out;
-}
-
-mg::nn::GPTConfig preset(const std::string& name) {
-  if (name == "gpt2") return {};  // 124M
-  if (name == "small") return {.vocab_size = 8192, .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 128};
-  return {.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};  // tiny
-}
-
-}  // namespace
+#include "common/run.h"
+#include "gpt_train/tokens.h"
 
 int main(int argc, char** argv) {
-  const auto session = start_session("gpt_train", &argc, &argv);
+  const auto session = start_session("gpt_train", &argc, &argv);  // under mpirun: one rank of the run
   CLI::App app{"Train a GPT-2 on a token stream with a checkpoint plan or a memory budget; report loss, tokens/s "
                "and memory."};
-  std::string config = "tiny", init_from, data_path, checkpoint = "none", device_str = "cpu", json_path, timeline_path, save_dir, memory_budget,
-              memory_limit;
-  int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0,
-          vocab = 0;
+  RunFlags f{.tiles = "off", .timeline = true};
+  std::string config = "tiny", init_from, data_path, tf32 = "off";
+  int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;
   double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0, dropout = 0.0;
-  uint64_t seed = 0;
   app.add_option("--config", config, "tiny (2 layers, 4 heads, 64 wide, vocab 512, context 64) | small (4, 4, 128, "
                                      "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024)")
-      ->check(CLI::IsMember({"tiny", "small", "gpt2"}))
-      ->capture_default_str();
+      ->check(CLI::IsMember({"tiny", "small", "gpt2"}))->capture_default_str();
   auto* sizes = app.add_option_group("sizes");
   sizes->add_option("--n-layer", n_layer, "override the preset's layers")->check(CLI::Range(int64_t{1}, int64_t{1024}));
   sizes->add_option("--n-head", n_head, "override the preset's heads")->check(CLI::Range(int64_t{1}, int64_t{1024}));
   sizes->add_option("--n-embd", n_embd, "override the preset's width")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   sizes->add_option("--vocab-size", vocab, "override the preset's vocabulary")->check(CLI::Range(int64_t{2}, int64_t{65536}));
-  auto* init_opt = app.add_option("--init-from", init_from,
-                                  "start from Hugging Face GPT-2 weights: a folder with config.json and model.safetensors "
-                                  "(the hub's gpt2, or save_pretrained's); its sizes replace --config's")
-                       ->check(nonempty());
-  init_opt->excludes(app.get_option("--config"));
+  auto* init_opt = app.add_option("--init-from", init_from, "start from Hugging Face GPT-2 weights: a folder with config.json "
+                                  "and model.safetensors (the hub's gpt2, or save_pretrained's); its sizes replace --config's")
+                       ->check(nonempty())->excludes(app.get_option("--config"));
   sizes->excludes(init_opt);
   app.add_option("--data", data_path, "token file in llm.c's .bin format (default: synthetic tokens)")->check(nonempty());
   app.add_option("--batch-size", batch_size, "sequences per micro-batch (with --memory-budget: per step)")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--seq-len", seq_len, "tokens per sequence (default: the context)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  auto* accum_opt = app.add_option("--accum", accum, "micro-batches per optimizer step")
-                        ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  auto* accum_opt = app.add_option("--accum", accum, "micro-batches per optimizer step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--lr", lr, "peak learning rate")->capture_default_str()->check(finite_in(0, 10, "[0, 10]"));
   app.add_option("--warmup-steps", warmup, "linear warm-up steps")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--min-lr-frac", min_lr_frac, "the cosine ends at this fraction of --lr")->capture_default_str()->check(finite_in(0, 1, "[0, 1]"));
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay on 2-D parameters")->capture_default_str()->check(finite_in(0, 10, "[0, 10]"));
   app.add_option("--dropout", dropout, "dropout after the embeddings, on the attention probabilities and after each "
-                                       "c_proj (nanoGPT's one rate)")
-      ->capture_default_str()->check(finite_in(0, 0.99, "[0, 0.99]"));
+                                       "c_proj (nanoGPT's one rate)")->capture_default_str()->check(finite_in(0, 0.99, "[0, 0.99]"));
   app.add_option("--clip", clip, "max global gradient norm (0: no clipping)")->capture_default_str()->check(finite_in(0, 1e30, "[0, 1e30]"));
-  app.add_option("--checkpoint", checkpoint, "none | sqrt | min | segments=K | budget=SIZE")->check(nonempty())->capture_default_str();
-  auto* budget_opt = app.add_option("--memory-budget", memory_budget,
-                                    "plan micro-batch, accumulation and checkpointing for this many bytes (or 'free'); "
-                                    "--batch-size is then the sequences per step")
-                         ->check(nonempty());
-  app.get_option("--checkpoint")->excludes(budget_opt);
-  accum_opt->excludes(budget_opt);
-  app.add_option("--memory-limit", memory_limit, "cap the device's allocator (mg::set_memory_limit)")->check(nonempty());
-  app.add_option("--device", device_str, "cpu or cuda[:i]")->check(nonempty())->capture_default_str();
-  app.add_option("--seed", seed, "seed of weights and synthetic data")->check(unsigned64())->capture_default_str();
-  app.add_option("--json", json_path, "write a JSON summary here")->check(nonempty());
-  app.add_option("--timeline", timeline_path, "write where each CUDA reduction ran against backward, a trace for "
-                 "chrome://tracing (data parallel on CUDA; bench/timeline.py summarises it)")->check(nonempty());
-  app.add_option("--save-dir", save_dir, "write final.safetensors here (rank 0)")->check(nonempty());
-  std::string tf32 = "off";
   app.add_option("--tf32", tf32, "CUDA matrix products in TF32: on | off (strict FP32, the default as in PyTorch)")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  StepProfile prof;
-  app.add_flag("--profile", prof.on, "after training, the time of every op by pass (forward, backward, replay) over "
-               "the steps after the first (minigrad/core/profiler.h)");
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  add_run_flags(app, f, "the sequences per step");
+  accum_opt->excludes(app.get_option("--memory-budget"));
   CLI11_PARSE(app, argc, argv);
   mg::cuda::set_tf32_matmul(tf32 == "on");
-
-  try {
-    const mg::Device dev = mg::dist::device_for_rank(for_flag("--device", [&] { return mg::Device::parse(device_str); }),
-                                                     device_str.find(':') != std::string::npos);
+  return run_main("gpt_train", f, [&] {
     const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
-    mg::nn::GPTConfig cfg = init_from.empty() ? preset(config)
-                                              : for_flag("--init-from", [&] {
-                                                  return mg::nn::read_gpt2_hf_config(init_from + "/config.json");
-                                                });
+    mg::nn::GPTConfig cfg = init_from.empty() ? gpt::preset(config) : for_flag("--init-from", [&] {
+      return mg::nn::read_gpt2_hf_config(init_from + "/config.json");
+    });
     if (n_layer) cfg.n_layer = n_layer;
     if (n_head) cfg.n_head = n_head;
     if (n_embd) cfg.n_embd = n_embd;
@@ -157,63 +87,29 @@ int main(int argc, char** argv) {
     cfg.dropout = static_cast<float>(dropout);
     if (seq_len == 0) seq_len = cfg.block_size;
     MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
-    size_t limit = 0, budget = 0;
-    if (!memory_limit.empty()) limit = for_flag("--memory-limit", [&] { return mg::parse_bytes(memory_limit); });
-    if (!memory_budget.empty() && memory_budget != "free") {
-      budget = for_flag("--memory-budget", [&] { return mg::parse_bytes(memory_budget); });
-    }
-    if (limit != 0) mg::set_memory_limit(dev, limit);
-    if (!json_path.empty()) mg::nn::check_writable(json_path, "--json");
-    check_timeline_flag(timeline_path, dev);
-    if (!save_dir.empty()) {
-      for_flag("--save-dir", [&] { return std::filesystem::create_directories(save_dir); });
-      mg::nn::check_writable(save_dir + "/final.safetensors", "--save-dir");
-    }
+    const RunSetup run = setup_run(f, "final.safetensors");
+    const gpt::Tokens data = gpt::load(data_path, cfg.vocab_size,
+                                       std::max<int64_t>(1 << 16, 4 * world * batch_size * seq_len * accum + 1), f.seed);
 
-    // The token stream.
-    std::vector<uint16_t> tokens;
-    std::string data_str;
-    if (!data_path.empty()) {
-      mg::data::TokenFile f = for_flag("--data", [&] { return mg::data::load_token_file(data_path); });
-      MG_CHECK(f.max_token() < cfg.vocab_size, "--data: token " << f.max_token() << " is outside the vocabulary of "
-                                                                  << cfg.vocab_size << " (--config/--vocab-size)");
-      tokens = std::move(f.tokens);
-      data_str = data_path + " (" + std::to_string(tokens.size()) + " tokens)";
-    } else {
-      const int64_t n = std::max<int64_t>(1 << 16, 4 * world * batch_size * seq_len * accum + 1);
-      tokens = synthetic_tokens(n, cfg.vocab_size, seed);
-      data_str = "synthetic (" + std::to_string(n) + " tokens, successor rule with p 0.9)";
-    }
-
-    mg::manual_seed(seed);
+    mg::manual_seed(f.seed);
     auto model = mg::nn::make_gpt2(cfg);
     if (!init_from.empty()) {
       for_flag("--init-from", [&] { mg::nn::load_gpt2_hf_weights(*model, init_from + "/model.safetensors"); });
       config = "from " + init_from;
     }
-    model->to(dev);
-    mg::dist::check_same_parameters(model->named_parameters());
-    mg::dist::broadcast(model->parameters());
-    model->train();
-
-    // The optimizer first: its state is part of what the plan must fit.
+    model->to(run.dev);
     mg::optim::AdamW opt(model->parameters(), {.lr = static_cast<float>(lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                               .weight_decay = static_cast<float>(weight_decay),
-                                               .decay_matrices_only = true});
+                                               .weight_decay = static_cast<float>(weight_decay), .decay_matrices_only = true});
 
     // The windows (llm.c's reading: Note in minigrad/data/tokens.h), the plan (a checkpoint plan at
     // the micro-batch, or jointly for the budget), the loop, out-of-memory recovery: mg::Trainer
     // (Note [the trainer's step] in minigrad/train/trainer.h).
-    const bool joint = !memory_budget.empty();
-    if (joint) {
-      MG_CHECK(batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the sequences per step "
-                                                        "over all " << world << " ranks: it must be a multiple of " << world);
-    } else {
-      for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(checkpoint); });
-    }
+    const bool joint = !f.memory_budget.empty();
+    MG_CHECK(!joint || batch_size % world == 0, "--batch-size " << batch_size << " with --memory-budget is the sequences "
+                                                "per step over all " << world << " ranks: it must be a multiple of " << world);
     const int64_t per_step = joint ? batch_size / world : batch_size * accum;  // sequences per step on a rank
     auto batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
-      return std::make_shared<mg::data::TokenBatches>(tokens, per_step, seq_len, rank, world, cfg.vocab_size);
+      return std::make_shared<mg::data::TokenBatches>(data.tokens, per_step, seq_len, rank, world, cfg.vocab_size);
     });
     auto lr_at = [&](int64_t step) {  // warm-up, then cosine to min_lr_frac * lr at the last step
       if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
@@ -222,109 +118,72 @@ int main(int argc, char** argv) {
       return lr * (min_lr_frac + (1.0 - min_lr_frac) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
     };
     const int64_t tokens_per_step = world * per_step * seq_len;
-    std::vector<double> step_ms, losses, lrs, norms;
+    std::vector<double> step_ms, lrs, norms;  // a step's time holds its data's reading
     mg::TrainerCallbacks cb;
-    cb.on_step_start = [&](int64_t step, bool redo) { redo ? prof.restart(step, steps) : prof.begin(step, steps); };
+    cb.on_step_start = [&](int64_t step, bool redo) { redo ? f.prof.restart(step, steps) : f.prof.begin(step, steps); };
     cb.on_step = [&](const mg::StepReport& r) {
       const double loss = r.info.loss_sum / static_cast<double>(r.info.samples), ms = r.ms + r.data_ms;
+      f.prof.end(r.step, steps, ms);
       step_ms.push_back(ms);
-      prof.end(r.step, steps, ms);
-      losses.push_back(loss);
       lrs.push_back(lr_at(r.step));
       norms.push_back(r.info.grad_norm);
       LEAD_PRINTF("step %lld/%lld  loss %.5f  lr %.3g  norm %.3f  time %.1f ms  %.0f tokens/s  peak in use %s\n",
-                  static_cast<long long>(r.step + 1), static_cast<long long>(steps), loss, lr_at(r.step),
-                  r.info.grad_norm, ms, static_cast<double>(tokens_per_step) / (ms / 1000.0),
-                  mg::format_bytes(r.peak_in_use).c_str());
+                  static_cast<long long>(r.step + 1), static_cast<long long>(steps), loss, lr_at(r.step), r.info.grad_norm, ms,
+                  static_cast<double>(tokens_per_step) / (ms / 1000.0), mg::format_bytes(r.peak_in_use).c_str());
       std::fflush(stdout);
     };
     const int64_t V = cfg.vocab_size;
     mg::Trainer trainer(*model, batches, opt,
-                        {.batch_size = world * per_step, .memory_budget = memory_budget,
-                         .micro_batch = joint ? 0 : batch_size, .checkpoint = checkpoint, .epochs = 1,
+                        {.batch_size = world * per_step, .memory_budget = f.memory_budget,
+                         .micro_batch = joint ? 0 : batch_size, .checkpoint = f.checkpoint, .epochs = 1,
                          .max_steps = steps, .clip_norm = static_cast<float>(clip),
                          .lr = [&](int64_t step) { return static_cast<float>(lr_at(step)); },
-                         .loss = [V](const Tensor& logits, const Tensor& y) {
+                         .loss = [V](const mg::Tensor& logits, const mg::Tensor& y) {
                            // The logits are not held past the loss (the loss keeps what backward needs).
                            return mg::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), mg::Reduction::sum);
                          },
-                         .seed = seed, .tiles = false},
+                         .seed = f.seed, .tiles = f.tiles == "on"},
                         cb);
-    const mg::nn::TrainPlan& tp = plan_naming_flags(trainer, joint, memory_limit);
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
                 config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
-                static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size),
-                static_cast<long long>(cfg.block_size), static_cast<long long>(model->parameter_count()),
-                dev.str().c_str());
-    LEAD_PRINTF("data: %s\n", data_str.c_str());
-    const std::string last_str =
-        tp.last_micro_batch == tp.micro_batch ? "" : " (the last " + std::to_string(tp.last_micro_batch) + ")";
+                static_cast<long long>(cfg.n_embd), static_cast<long long>(cfg.vocab_size), static_cast<long long>(cfg.block_size),
+                static_cast<long long>(model->parameter_count()), run.dev.str().c_str());
+    LEAD_PRINTF("data: %s\n", data.description.c_str());
+    const mg::nn::TrainPlan& tp = print_plan(trainer, f);
+    const std::string last_str = tp.last_micro_batch == tp.micro_batch ? "" : " (the last " + std::to_string(tp.last_micro_batch) + ")";
     LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences%s x %lld tokens = %lld tokens\n",
-                static_cast<long long>(world), static_cast<long long>(tp.accumulation),
-                static_cast<long long>(tp.micro_batch), last_str.c_str(), static_cast<long long>(seq_len),
-                static_cast<long long>(tokens_per_step));
-    if (trainer.budget()) LEAD_PRINTF("memory budget %s: %s\n", mg::format_bytes(trainer.budget()).c_str(), tp.str().c_str());
-    LEAD_PRINTF("plan %s: %s; predicted peak %s; smallest feasible %s\n", tp.checkpoint.kind.c_str(),
-                tp.checkpoint.str().c_str(), mg::format_bytes(tp.checkpoint.predicted_peak).c_str(),
-                mg::format_bytes(mg::nn::min_feasible_peak(trainer.cost())).c_str());
+                static_cast<long long>(world), static_cast<long long>(tp.accumulation), static_cast<long long>(tp.micro_batch),
+                last_str.c_str(), static_cast<long long>(seq_len), static_cast<long long>(tokens_per_step));
 
-    if (!timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
+    if (!f.timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
     const mg::FitReport r = trainer.fit();
-    write_timeline(timeline_path);
-    const mg::nn::TrainPlan& last = r.plan;  // after any re-plan
-    const mg::nn::Plan& plan = last.checkpoint;
+    write_timeline(f.timeline_path);
     // Steady state: the first step warms up threads and caches.
     std::vector<double> timed(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
     const double med = median(timed);
     LEAD_PRINTF("median step %.1f ms, %.0f tokens/s; peak in use %s (predicted %s)\n", med,
                 static_cast<double>(tokens_per_step) / (med / 1000.0), mg::format_bytes(r.peak_in_use).c_str(),
-                mg::format_bytes(plan.predicted_peak).c_str());
-    prof.print();
-    if (!save_dir.empty() && lead()) mg::nn::save_safetensors(save_dir + "/final.safetensors", model->state_dict());
-    if (!json_path.empty() && lead()) {
-      nlohmann::ordered_json j;
+                mg::format_bytes(r.plan.checkpoint.predicted_peak).c_str());
+    f.prof.print();
+    if (!f.save_dir.empty() && lead()) mg::nn::save_safetensors(f.save_dir + "/final.safetensors", model->state_dict());
+    if (!f.json_path.empty() && lead()) {
+      nlohmann::ordered_json j = plan_json(trainer, r, f);
       j["config"] = {{"name", config}, {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size},
                      {"n_layer", cfg.n_layer}, {"n_head", cfg.n_head}, {"n_embd", cfg.n_embd}};
       j["params"] = model->parameter_count();
-      j["data"] = data_str;
-      j["device"] = dev.str();
+      j["data"] = data.description;
       j["ranks"] = world;
       j["dropout"] = dropout;
-      j["micro_batch"] = last.micro_batch;
-      j["last_micro_batch"] = last.last_micro_batch;
-      j["accumulation"] = last.accumulation;
       j["seq_len"] = seq_len;
       j["tokens_per_step"] = tokens_per_step;
-      j["plan"] = plan.kind;
       j["tf32"] = tf32;
-      j["segments"] = nlohmann::json::array();
-      for (const auto& g : plan.segments) j["segments"].push_back({g.begin, g.end});
-      j["predicted_peak_bytes"] = plan.predicted_peak;
-      j["peak_in_use_bytes"] = r.peak_in_use;
-      if (trainer.budget()) j["memory_budget_bytes"] = trainer.budget();
-      j["replans"] = nlohmann::json::array();
-      for (const mg::Replan& p : r.replans) {
-        j["replans"].push_back({{"step", p.step + 1}, {"memory_bytes", p.memory}, {"from", p.from}, {"to", p.to}});
-      }
       j["step_ms"] = step_ms;
-      j["median_step_ms"] = med;
+      j["median_step_ms"] = med;  // the first step left out
       j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);
-      j["losses"] = losses;
       j["lr"] = lrs;
       j["grad_norm"] = norms;
-      j["threads"] = mg::num_threads();
-      if (prof.on) j["profile"] = prof.json();
-      mg::nn::write_file_atomic(json_path, j.dump(2) + "\n");
+      mg::nn::write_file_atomic(f.json_path, j.dump(2) + "\n");
     }
     return 0;
-  } catch (const mg::OutOfMemoryError& e) {
-    std::fprintf(stderr, "gpt_train: %s%s%s\n", rank_prefix().c_str(),
-                 memory_limit.empty() ? "" : ("under --memory-limit " + memory_limit + ": ").c_str(), e.what());
-    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);  // Note [collectives never hang]
-    return 1;
-  } catch (const mg::Error& e) {
-    std::fprintf(stderr, "gpt_train: %s%s\n", rank_prefix().c_str(), e.what());
-    if (mg::dist::world_size() > 1) mg::dist::abort_all(1);
-    return 1;
-  }
+  });
 }
