@@ -97,9 +97,21 @@ template <> void sum_squares_into<Cpu>(const std::vector<Tensor>& xs, Tensor& ou
     partial.assign(static_cast<size_t>((n + grain - 1) / grain), 0.0);
     cpu::parallel_pieces(static_cast<int64_t>(partial.size()), [&](int64_t piece, int) {
       const int64_t i0 = piece * grain, i1 = std::min(i0 + grain, n);
+      // 16 running sums in a fixed order, which the compiler keeps in vector registers: with one
+      // (omp simd reduction) GCC 12 loaded px through gathers, and the gradient norm took a fifth
+      // of an MLP step (perf, mnist_ga batch 64).
+      constexpr int kLanes = 16;
+      double lane[kLanes] = {};
+      int64_t i = i0;
+      for (; i + kLanes <= i1; i += kLanes) {
+        for (int k = 0; k < kLanes; ++k) {
+          const double v = px[i + k];
+          lane[k] += v * v;
+        }
+      }
       double s = 0.0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(px[i]) * px[i];
+      for (int k = 0; k < kLanes; ++k) s += lane[k];
+      for (; i < i1; ++i) s += static_cast<double>(px[i]) * px[i];
       partial[static_cast<size_t>(piece)] = s;
     });
     for (double s : partial) total += s;
