@@ -322,6 +322,34 @@ void run_window(nn::Sequential& m, optim::Accumulator& acc, const Tensor& x, con
 
 }  // namespace
 
+TEST_CASE("joint planner: stop_when_flat measures no size past the first one no faster per sample") {
+  manual_seed(8);
+  auto m = nn::make_mlp({64, 256, 256, 10});
+  const std::vector<int64_t> sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048};
+  const nn::ChainProfile p = nn::profile_chain(*m, {64}, sizes, 0, {.stop_when_flat = true});
+  auto per_sample = [&](size_t i) {
+    double ms = 0;
+    for (const nn::UnitCost& u : p.costs[i].units) ms += u.forward_ms + u.backward_ms;
+    return ms / static_cast<double>(p.micro_batches[i]);
+  };
+  REQUIRE(!p.micro_batches.empty());
+  CHECK(std::equal(p.micro_batches.begin(), p.micro_batches.end(), sizes.begin()));  // a prefix, in order
+  // Every size it went on from was either below 64 or at least 3% faster per sample than the
+  // best before it; where it stopped, the last size was neither.
+  double best = per_sample(0);
+  for (size_t i = 1; i + 1 < p.micro_batches.size(); ++i) {
+    CHECK((p.micro_batches[i] < 64 || per_sample(i) <= 0.97 * best));
+    best = std::min(best, per_sample(i));
+  }
+  if (p.micro_batches.size() < sizes.size()) {
+    CHECK(p.stopped.find("is no faster per sample than smaller ones") != std::string::npos);
+    CHECK(p.micro_batches.back() >= 64);
+    CHECK(per_sample(p.micro_batches.size() - 1) > 0.97 * best);
+  } else {
+    CHECK(p.stopped.empty());
+  }
+}
+
 TEST_CASE("joint planner: out of memory in a window, discard, re-plan for what is there, redo: the planned step") {
   // Note [recovering from out-of-memory] in minigrad/optim/accumulate.h.
   const Device cpu = Device::cpu();

@@ -3,6 +3,7 @@
 #include <minigrad/nn/train_plan.h>
 
 #include <exception>
+#include <limits>
 #include <sstream>
 
 #include <minigrad/core/error.h>
@@ -81,6 +82,7 @@ ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const 
   }
   ChainProfile p;
   std::exception_ptr first_error;
+  double best_per_sample = std::numeric_limits<double>::infinity();
   for (int64_t b : micro_batches) {
     ChainCost cost;
     if (opts.on_measure) opts.on_measure(b);
@@ -103,8 +105,16 @@ ChainProfile profile_chain(Sequential& seq, const InputMaker& make_input, const 
       p.cannot_train.push_back(b);
       continue;
     }
+    double ms = 0;
+    for (const UnitCost& u : cost.units) ms += u.forward_ms + u.backward_ms;
+    const double per_sample = ms / static_cast<double>(b);
     p.micro_batches.push_back(b);
     p.costs.push_back(std::move(cost));
+    if (opts.stop_when_flat && b >= 64 && b != micro_batches.back() && per_sample > 0.97 * best_per_sample) {
+      p.stopped = "micro-batch " + std::to_string(b) + " is no faster per sample than smaller ones; larger ones were not measured";
+      break;
+    }
+    best_per_sample = std::min(best_per_sample, per_sample);
     // The least it needs, in tiles of the smaller micro-batches where that is less.
     const size_t need = min_feasible_peak(cost_with_tiles(p, p.costs.size() - 1));
     if (budget != 0 && need > budget) {

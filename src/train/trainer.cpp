@@ -198,6 +198,7 @@ void Trainer::plan_for(size_t memory) {
         " to " + std::to_string(sizes.back()) + ") to plan " + std::to_string(rank_batch_) + " samples a step for " +
         format_bytes(memory));
   nn::MeasureOptions mo;
+  mo.stop_when_flat = true;
   if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show
     mo.on_measure = [&](int64_t b) { print("  measuring micro-batch " + std::to_string(b)); };
   }
@@ -496,10 +497,10 @@ FitReport Trainer::fit() {
             // A long step says how far it got (a batch split into many large micro-batches).
             if (show && k + 1 < parts.size() && std::chrono::duration<double>(clock::now() - last_note).count() > 5.0) {
               last_note = clock::now();
+              const double secs = std::chrono::duration<double>(last_note - t0).count();
               print("  step " + std::to_string(step + 1) + ": micro-batch " + std::to_string(k + 1) + " of " +
-                    std::to_string(parts.size()) + " done, " +
-                    std::to_string(static_cast<int64_t>(std::chrono::duration<double>(clock::now() - t0).count())) +
-                    " s");
+                    std::to_string(parts.size()) + " done in " + hms(secs) + ", the step's ETA " +
+                    hms(secs / static_cast<double>(k + 1) * static_cast<double>(parts.size() - k - 1)));
             }
           }
           break;

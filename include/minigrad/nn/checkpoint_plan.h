@@ -127,6 +127,11 @@ struct MeasureOptions {
   // profile_chain (minigrad/nn/train_plan.h) calls this before measuring each micro-batch size
   // (progress: measuring a large one can take a while).
   std::function<void(int64_t rows)> on_measure;
+  // profile_chain: stop after a micro-batch of at least 64 rows whose forward and backward take,
+  // per sample, more than 97% of the best smaller size's (larger ones would only be slower to
+  // measure and hold more; mg::Trainer sets it, so that a batch of a million samples is planned in
+  // seconds).
+  bool stop_when_flat = false;
 };
 
 // 1, 2, 4, ... below `rows`: the tile sizes measure_chain is asked for by the apps.
