@@ -1,12 +1,15 @@
 // mg::Trainer (Note [the trainer's step] in minigrad/train/trainer.h): the split does not
 // change the bits, a batch that cannot fit is refused at once, and out of memory mid-epoch plus a
-// resume from the save folder end with the bits of an uninterrupted run.
+// resume from the save folder end with the bits of an uninterrupted run; an accumulation schedule
+// with the epoch's short window kept is train_epoch's loop, bit for bit, across a resume.
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <unistd.h>
 
 #include "helpers.h"
+#include <minigrad/data/loader.h>
 #include <minigrad/nn/models.h>
 #include <minigrad/train/trainer.h>
 
@@ -212,4 +215,73 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
     CHECK(r.plan.str() == u_plan);
     CHECK(state_bits(*m) == u_bits);
   }
+}
+
+TEST_CASE("Trainer: an accumulation schedule with the short last window kept equals train_epoch's epochs") {
+  // 200 samples, micro-batches of 16 (the last of an epoch 8), N = 4 in epoch 0 and 2 from epoch 1:
+  // the Trainer's windows are train_epoch's over a DataLoader with the same seed, to the bit.
+  const auto data = random_images(200, {1, 8, 8}, 10, 5);
+  const optim::AccumulationSchedule sched = optim::AccumulationSchedule::parse("0:4,1:2");
+  std::vector<std::vector<uint8_t>> ref;
+  {
+    manual_seed(3);
+    auto m = nn::make_mlp({64, 32, 10});
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    data::DataLoader loader(*data, {.batch_size = 16, .seed = 9});
+    optim::Accumulator acc(opt, {.steps = 4});
+    for (int64_t e = 0; e < 3; ++e) {
+      acc.set_steps(sched.steps_for_epoch(e));
+      optim::train_epoch(*m, loader, acc, e);
+    }
+    ref = state_bits(*m);
+  }
+  TempDir dir("mg_trainer_schedule");
+  for (const bool split : {false, true}) {  // split: two epochs, then a fresh Trainer resumes from the file
+    manual_seed(3);
+    auto m = nn::make_mlp({64, 32, 10});
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    TrainerOptions o{.batch_size = 16, .epochs = split ? 2 : 3, .accumulation = sched, .drop_last = false,
+                     .seed = 9, .progress = Progress::off};
+    o.signature = {{"config.lr", "0.05"}};
+    if (split) o.save_dir = dir.path.string();
+    FitReport r = Trainer(*m, data, opt, o).fit();
+    CHECK(r.epochs[0].accumulation == 4);
+    CHECK(r.epochs[0].steps == 4);   // 13 micro-batches: 4 + 4 + 4 + 1
+    CHECK(r.epochs[0].micro_batches == 13);
+    CHECK(r.epochs[0].samples == 200);
+    CHECK(r.epochs[1].steps == 7);   // 13 micro-batches in windows of 2
+    if (split) {
+      auto m2 = nn::make_mlp({64, 32, 10});
+      optim::SGD opt2(m2->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+      o.epochs = 3;
+      o.save_dir.clear();
+      Trainer t(*m2, data, opt2, o);
+      CHECK(t.resume((dir.path / "epoch_2.safetensors").string()) == (dir.path / "epoch_2.state.safetensors").string());
+      r = t.fit();
+      CHECK(r.resumed_from_epoch == 2);
+      CHECK(r.steps == 7);
+      m = std::move(m2);
+    }
+    CHECK(state_bits(*m) == ref);
+  }
+  // A folder with no checkpoint, and a file that is not there, are errors naming them.
+  auto m = nn::make_mlp({64, 32, 10});
+  optim::SGD opt(m->parameters(), {.lr = 0.05f});
+  Trainer t(*m, data, opt, {.batch_size = 16, .progress = Progress::off});
+  std::filesystem::create_directories(dir.path / "empty");
+  CHECK_THROWS_WITH_AS(t.resume((dir.path / "empty").string()), doctest::Contains("holds no complete epoch_K"), Error);
+  CHECK_THROWS_AS(t.resume((dir.path / "epoch_9.safetensors").string()), Error);
+}
+
+TEST_CASE("Trainer: Normalize::micro_batches is the usual recipe, and a schedule longer than the data is refused") {
+  const auto data = random_images(64, {1, 8, 8}, 10, 5);
+  auto m = nn::make_mlp({64, 32, 10});
+  optim::SGD opt(m->parameters(), {.lr = 0.05f});
+  const FitReport r = Trainer(*m, data, opt, {.batch_size = 16, .micro_batch = 8, .normalize = optim::Normalize::micro_batches,
+                                              .progress = Progress::off}).fit();
+  CHECK(r.steps == 4);
+  CHECK(std::isfinite(r.losses.back()));
+  CHECK_THROWS_WITH_AS(Trainer(*m, data, opt, {.batch_size = 16, .accumulation = optim::AccumulationSchedule(8),
+                                               .progress = Progress::off}),
+                       doctest::Contains("makes a step of 128 samples, more than the data set's 64"), Error);
 }

@@ -373,7 +373,7 @@ std::string Trainer::resume(const std::string& path) {
   }
   first_epoch_ = st.epoch;
   resumed_ = true;
-  if (dist::rank() == 0) {  // on stdout, as the apps' lines (a script finds the file there)
+  if (dist::rank() == 0 && opts_.progress != Progress::off) {  // on stdout, as the apps' lines (a script finds the file there)
     std::printf("resumed from %s: %lld epoch%s done, %lld optimizer steps\n", state.c_str(),
                 static_cast<long long>(st.epoch), st.epoch == 1 ? "" : "s", static_cast<long long>(st.step_count));
     std::fflush(stdout);
