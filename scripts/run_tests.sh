@@ -9,7 +9,7 @@
 # (FUZZ_SECONDS and the rest of scripts/fuzz.sh's settings pass through).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+MG_TEST_DEPS=1 bash scripts/setup.sh
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure -j 2 --timeout 1800)
 if [ "${MG_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== the tests under AddressSanitizer + UndefinedBehaviorSanitizer =="
