@@ -2,7 +2,8 @@
 # Downloads MNIST and FashionMNIST (the four standard IDX files each) where the internet is
 # reachable; otherwise says where to put the files and what mnist_ga does without them.
 #
-#   scripts/get_data.sh [DEST]        # default DEST: ${XDG_CACHE_HOME:-~/.cache}/minigrad-data
+#   scripts/get_data.sh [DEST [SETS]]  # default DEST: ${XDG_CACHE_HOME:-~/.cache}/minigrad-data,
+#                                      # SETS: "mnist fashion" (scripts/run_main.sh asks for mnist)
 #   build/bin/mnist_ga --data DEST/mnist ...
 #   build/bin/mnist_ga --data DEST/fashion --dataset fashion ...
 #
@@ -26,7 +27,7 @@ fetch() {  # url out
 }
 
 missing=0
-for set in mnist fashion; do
+for set in ${2:-mnist fashion}; do
   mkdir -p "$dest/$set" 2>/dev/null || { echo "cannot create $dest/$set" >&2; exit 2; }
   mirrors=$mirrors_mnist
   [ "$set" = fashion ] && mirrors=$mirrors_fashion

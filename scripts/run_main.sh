@@ -5,7 +5,8 @@
 # with the same weights (up to float rounding); the usual "divide each loss by N" recipe does not
 # (its last, shorter window of each epoch is weighted wrongly).
 # Real digits are used when ../shared/data/mnist is present (first 8,000 train, last 2,000 held
-# out); otherwise generated MNIST-like data, and the output says which. Training uses 7,992
+# out), else MNIST is fetched first where the internet is reachable (scripts/get_data.sh, into
+# DATA_DIR); otherwise generated MNIST-like data, and the output says which. Training uses 7,992
 # samples, not a multiple of 64, so each epoch ends with a short window (16+16+16+8 samples).
 # Over many more steps, float rounding can eventually flip a ReLU whose input is within rounding
 # of 0, after which any two summation orders drift apart (docs/accumulation.md); one epoch is
@@ -24,6 +25,18 @@ out=${OUT:-runs/main}
 epochs=${EPOCHS:-1}
 mkdir -p "$out"
 common=(--epochs "$epochs" --limit-train 7992 --lr 0.01 --momentum 0.9 --seed 1 --device "${DEVICE:-auto}")
+# The data: the shared copy (mnist_ga finds it), else MNIST from the internet, else generated.
+if ! [ -e ../shared/data/mnist/t10k-images-idx3-ubyte.gz ]; then
+  data_dir=${DATA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/minigrad-data}
+  if [ -s "$data_dir/mnist/t10k-labels-idx1-ubyte.gz" ] ||
+     { command -v curl >/dev/null && curl -fsI --connect-timeout 3 --max-time 6 \
+         https://ossci-datasets.s3.amazonaws.com/mnist/t10k-labels-idx1-ubyte.gz >/dev/null 2>&1 &&
+       echo "== fetching MNIST into $data_dir (scripts/get_data.sh) ==" && bash scripts/get_data.sh "$data_dir" mnist; }; then
+    common+=(--data "$data_dir/mnist")
+  else
+    echo "== no MNIST here (../shared/data/mnist) and no internet: mnist_ga trains on generated MNIST-like data =="
+  fi
+fi
 
 echo "== batch 64 =="
 "$bin/mnist_ga" "${common[@]}" --batch-size 64 --accum 1 --save-dir "$out/b64" --json "$out/b64.json"
@@ -70,6 +83,7 @@ rows = [
 ]
 w = max(len(r[0]) for r in rows)
 print("\n== summary ==")
+print(f"MNIST data: {b64['data']}; used {b64['train_samples']} to train, {b64['test_samples']} to test")
 for name, what, verdict in rows:
     print(f"{name:<{w}}  {what}  [{verdict}]")
 PY
