@@ -74,6 +74,13 @@ inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_ste
   }
 }
 
+// A float flag's value as a string that reads back to the same float (a run's signature).
+inline std::string exact_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
 struct RunSetup {
   mg::Device dev;
   size_t limit = 0;  // --memory-limit's bytes (0: none)

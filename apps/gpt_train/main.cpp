@@ -24,36 +24,24 @@
 // out-of-memory] in minigrad/optim/accumulate.h).
 #include <CLI/CLI.hpp>
 
-#include <cmath>
 #include <cstdio>
-#include <numbers>
 
 #include <minigrad/cuda.h>
 #include <minigrad/minigrad.h>
 
 #include "common/run.h"
-#include "gpt_train/tokens.h"
+#include "gpt_train/gpt.h"
 
 int main(int argc, char** argv) {
   const auto session = start_session("gpt_train", &argc, &argv);  // under mpirun: one rank of the run
   CLI::App app{"Train a GPT-2 on a token stream with a checkpoint plan or a memory budget; report loss, tokens/s "
                "and memory."};
   RunFlags f{.tiles = "off", .timeline = true};
-  std::string config = "tiny", init_from, data_path, tf32 = "off";
-  int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0, n_layer = 0, n_head = 0, n_embd = 0, vocab = 0;
-  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0, dropout = 0.0;
-  app.add_option("--config", config, "tiny (2 layers, 4 heads, 64 wide, vocab 512, context 64) | small (4, 4, 128, "
-                                     "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024)")
-      ->check(CLI::IsMember({"tiny", "small", "gpt2"}))->capture_default_str();
-  auto* sizes = app.add_option_group("sizes");
-  sizes->add_option("--n-layer", n_layer, "override the preset's layers")->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  sizes->add_option("--n-head", n_head, "override the preset's heads")->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  sizes->add_option("--n-embd", n_embd, "override the preset's width")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  sizes->add_option("--vocab-size", vocab, "override the preset's vocabulary")->check(CLI::Range(int64_t{2}, int64_t{65536}));
-  auto* init_opt = app.add_option("--init-from", init_from, "start from Hugging Face GPT-2 weights: a folder with config.json "
-                                  "and model.safetensors (the hub's gpt2, or save_pretrained's); its sizes replace --config's")
-                       ->check(nonempty())->excludes(app.get_option("--config"));
-  sizes->excludes(init_opt);
+  gpt::ModelFlags m;
+  std::string data_path, tf32 = "off";
+  int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0;
+  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0;
+  gpt::add_model_flags(app, m);
   app.add_option("--data", data_path, "token file in llm.c's .bin format (default: synthetic tokens)")->check(nonempty());
   app.add_option("--batch-size", batch_size, "sequences per micro-batch (with --memory-budget: per step)")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -64,8 +52,6 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-steps", warmup, "linear warm-up steps")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--min-lr-frac", min_lr_frac, "the cosine ends at this fraction of --lr")->capture_default_str()->check(finite_in(0, 1, "[0, 1]"));
   app.add_option("--weight-decay", weight_decay, "AdamW weight decay on 2-D parameters")->capture_default_str()->check(finite_in(0, 10, "[0, 10]"));
-  app.add_option("--dropout", dropout, "dropout after the embeddings, on the attention probabilities and after each "
-                                       "c_proj (nanoGPT's one rate)")->capture_default_str()->check(finite_in(0, 0.99, "[0, 0.99]"));
   app.add_option("--clip", clip, "max global gradient norm (0: no clipping)")->capture_default_str()->check(finite_in(0, 1e30, "[0, 1e30]"));
   app.add_option("--tf32", tf32, "CUDA matrix products in TF32: on | off (strict FP32, the default as in PyTorch)")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
@@ -75,16 +61,7 @@ int main(int argc, char** argv) {
   mg::cuda::set_tf32_matmul(tf32 == "on");
   return run_main("gpt_train", f, [&] {
     const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
-    mg::nn::GPTConfig cfg = init_from.empty() ? gpt::preset(config) : for_flag("--init-from", [&] {
-      return mg::nn::read_gpt2_hf_config(init_from + "/config.json");
-    });
-    if (n_layer) cfg.n_layer = n_layer;
-    if (n_head) cfg.n_head = n_head;
-    if (n_embd) cfg.n_embd = n_embd;
-    if (vocab) cfg.vocab_size = vocab;
-    MG_CHECK(cfg.n_embd % cfg.n_head == 0, "--n-head " << cfg.n_head << " must divide the width " << cfg.n_embd
-                                                          << " (--n-embd or the preset's)");
-    cfg.dropout = static_cast<float>(dropout);
+    const mg::nn::GPTConfig cfg = gpt::model_config(m);
     if (seq_len == 0) seq_len = cfg.block_size;
     MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
     const RunSetup run = setup_run(f, "final.safetensors");
@@ -93,10 +70,10 @@ int main(int argc, char** argv) {
 
     mg::manual_seed(f.seed);
     auto model = mg::nn::make_gpt2(cfg);
-    if (!init_from.empty()) {
-      for_flag("--init-from", [&] { mg::nn::load_gpt2_hf_weights(*model, init_from + "/model.safetensors"); });
-      config = "from " + init_from;
+    if (!m.init_from.empty()) {
+      for_flag("--init-from", [&] { mg::nn::load_gpt2_hf_weights(*model, m.init_from + "/model.safetensors"); });
     }
+    const std::string config = m.init_from.empty() ? m.config : "from " + m.init_from;
     model->to(run.dev);
     mg::optim::AdamW opt(model->parameters(), {.lr = static_cast<float>(lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                                .weight_decay = static_cast<float>(weight_decay), .decay_matrices_only = true});
@@ -111,12 +88,7 @@ int main(int argc, char** argv) {
     auto batches = for_flag(data_path.empty() ? "--batch-size" : "--data", [&] {
       return std::make_shared<mg::data::TokenBatches>(data.tokens, per_step, seq_len, rank, world, cfg.vocab_size);
     });
-    auto lr_at = [&](int64_t step) {  // warm-up, then cosine to min_lr_frac * lr at the last step
-      if (step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-      const double span = std::max<double>(1.0, static_cast<double>(steps - warmup - 1));
-      const double progress = std::min(1.0, static_cast<double>(step - warmup) / span);
-      return lr * (min_lr_frac + (1.0 - min_lr_frac) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
-    };
+    auto lr_at = [&](int64_t step) { return gpt::cosine_lr(step, lr, warmup, steps, min_lr_frac); };
     const int64_t tokens_per_step = world * per_step * seq_len;
     std::vector<double> step_ms, lrs, norms;  // a step's time holds its data's reading
     mg::TrainerCallbacks cb;
@@ -173,7 +145,7 @@ int main(int argc, char** argv) {
       j["params"] = model->parameter_count();
       j["data"] = data.description;
       j["ranks"] = world;
-      j["dropout"] = dropout;
+      j["dropout"] = m.dropout;
       j["seq_len"] = seq_len;
       j["tokens_per_step"] = tokens_per_step;
       j["tf32"] = tf32;

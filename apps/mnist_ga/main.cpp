@@ -70,19 +70,12 @@ int main(int argc, char** argv) {
 
     // A step: N micro-batches of --batch-size on every rank; under --memory-budget --batch-size is
     // the global batch, split as the joint planner chooses. What must agree for an exact resume:
-    char num[3][32];
-    std::snprintf(num[0], sizeof num[0], "%.9g", lr);
-    std::snprintf(num[1], sizeof num[1], "%.9g", momentum);
-    std::snprintf(num[2], sizeof num[2], "%.9g", clip_norm);
     const mg::nn::Metadata signature = {
         {"config.data", splits.description + " limit " + std::to_string(splits.train.size())},
-        {"config.optimizer", optimizer}, {"config.lr", num[0]}, {"config.momentum", num[1]}, {"config.clip_norm", num[2]},
-        {"config.batch_size", std::to_string(batch_size)}, {"config.accum_schedule", sched.str()},
-        {"config.seed", std::to_string(f.seed)}, {"config.normalize", divide_by_n ? "micro_batches" : "samples"},
-        {"config.world_size", std::to_string(world)}};
-    std::string all;
-    for (auto& [k, v] : signature) all += k + "=" + v + "\n";
-    mg::dist::check_same("configuration (flags and data)", all);
+        {"config.optimizer", optimizer}, {"config.lr", exact_str(lr)}, {"config.momentum", exact_str(momentum)},
+        {"config.clip_norm", exact_str(clip_norm)}, {"config.batch_size", std::to_string(batch_size)},
+        {"config.accum_schedule", sched.str()}, {"config.seed", std::to_string(f.seed)},
+        {"config.normalize", divide_by_n ? "micro_batches" : "samples"}, {"config.world_size", std::to_string(world)}};
 
     auto train = std::make_shared<mg::data::IdxDataset>(splits.train);
     int64_t total_steps = 0;  // of the run from epoch 0, the short last window of each epoch counted (--profile)

@@ -398,6 +398,9 @@ FitReport Trainer::fit() {
   report.resumed_from_epoch = first_epoch_;
   int64_t step = opt_.step_count();
   if (dist::active()) {
+    std::string signature;  // every rank runs the same configuration
+    for (const auto& [key, value] : opts_.signature) signature += key + "=" + value + "\n";
+    if (!signature.empty()) dist::check_same("the run's signature (TrainerOptions::signature)", signature);
     dist::check_same_parameters(model_.named_parameters());
     dist::broadcast(model_.parameters());
   }

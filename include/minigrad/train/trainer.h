@@ -95,7 +95,7 @@ struct TrainerOptions {
   optim::Normalize normalize = optim::Normalize::samples;  // micro_batches: the usual, inexact recipe
   std::string save_dir;            // epoch checkpoints, and resume from the newest there
   bool resume = true;              // false: train from the start, over what save_dir holds
-  nn::Metadata signature;          // saved in each training state; a resume that differs is warned of
+  nn::Metadata signature;          // saved in each training state, a resume that differs warned of; the same on every rank
   uint64_t seed = 0;               // the sample order
   bool tiles = true;               // tiled segments (Note [tiled segments])
   Progress progress = Progress::automatic;
