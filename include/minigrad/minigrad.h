@@ -13,6 +13,7 @@
 // library: an outside project needs no Eigen, CUDA or other include path.
 #pragma once
 
+#include <minigrad/core/autocast.h>
 #include <minigrad/core/autograd.h>
 #include <minigrad/core/checkpoint.h>
 #include <minigrad/core/device.h>

@@ -1,4 +1,5 @@
 #include <minigrad/core/checkpoint.h>
+#include <minigrad/core/autocast.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -74,7 +75,11 @@ Tensor replay(const CheckpointSegment& seg, const std::vector<Tensor>& leaves, i
       for (auto [input, b] : it->second) in[input] = leaves[b];
     }
     const OpAttrs attrs = tiled ? tile_attrs(*n, seg.tile_rows, first, rows) : n->attrs;
-    Tensor out = apply(*n->op, attrs, std::move(in));
+    Tensor out;
+    {
+      const AutocastGuard cast(n->cast);  // the dtype it first ran in (Note [autocast])
+      out = apply(*n->op, attrs, std::move(in));
+    }
     const Shape expected = tiled ? with_rows(n->out_shape, rows) : n->out_shape;
     MG_CHECK(out.shape() == expected, "checkpoint replay: " << node_name(*n) << " produced shape "
                                                             << shape_str(out.shape()) << " but the first pass produced "

@@ -51,6 +51,7 @@ struct NodeInput {
   Tensor leaf;       // the input itself when it has no producer and is needed (grad or replay)
   bool requires_grad = false;
   Shape shape;       // the input's shape, for rules that need only that and for replay checks
+  DType dtype = DType::f32;  // the input's dtype: its gradient's (Note [autocast])
 };
 
 struct Node {
@@ -61,6 +62,7 @@ struct Node {
   std::vector<Tensor> saved;  // what backward needs; released after use
   Shape out_shape;
   DType out_dtype = DType::f32;
+  DType cast = DType::f32;    // the autocast dtype it ran under (f32: none), for replay (Note [autocast])
   Device out_device;
   bool released = false;      // saved tensors were freed by a backward without retain_graph
   std::shared_ptr<CheckpointSegment> segment;  // checkpoint nodes only

@@ -259,7 +259,8 @@ Tensor rows_view(const Tensor& t, int64_t first, int64_t rows) {
 }
 
 Tensor& Tensor::requires_grad_(bool r) {
-  MG_CHECK(!r || dtype() == DType::f32, "requires_grad_: only float32 tensors can require grad");
+  MG_CHECK(!r || dtype() == DType::f32 || dtype() == DType::bf16 || dtype() == DType::f16,
+           "requires_grad_: only float32, bfloat16 and float16 tensors can require grad, got " << dtype_name(dtype()));
   MG_CHECK(is_leaf(), "requires_grad_ can only be changed on a leaf tensor (this one was produced by "
                           << node_name(*grad_fn()) << ")");
   impl().requires_grad = r;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <unordered_set>
 
+#include <minigrad/core/autocast.h>
 #include <minigrad/core/memory.h>
 #include <minigrad/core/rng.h>
 
@@ -52,6 +53,12 @@ void wake_workers(Device d) {
 ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
   MG_CHECK(seq.size() > 0, "measure_chain: empty Sequential");
   MG_CHECK(x_in.defined() && x_in.dim() >= 1, "measure_chain: the input must be a defined tensor with a batch dimension");
+  // Under autocast the parameters' low-precision copies are made inside the measured pass, as in
+  // a step's first micro-batch, and not left behind (Note [autocast]).
+  struct FreshCopies {
+    FreshCopies() { clear_autocast_cache(); }
+    ~FreshCopies() { clear_autocast_cache(); }
+  } fresh_copies;
   const Device dev = x_in.device();
   const size_t in_use_at_start = in_use(dev);
   // Host clocks read device time only once the device is done.

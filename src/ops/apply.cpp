@@ -2,6 +2,7 @@
 // src/core/tape.h).
 #include <string_view>
 
+#include <minigrad/core/autocast.h>
 #include <minigrad/core/profiler.h>
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -53,16 +54,85 @@ void check_float(const char* op, const char* what, const Tensor& t) {
 
 const char* op_name(const OpDef& op) { return op.name; }
 
+namespace {
+
+bool low(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// Note [autocast] (minigrad/core/autocast.h): what an op's inputs become before its float32 kernels
+// run, and the dtype of its output. `cast` is the autocast dtype (f32: off).
+struct Casting {
+  bool active = false;              // some input or the output is not float32
+  DType out = DType::f32;           // the output's dtype
+  std::vector<Tensor> stored;       // input i as saved and differentiated: rounded where the table says
+  std::vector<Tensor> wide;         // input i as the kernel reads it: float32
+};
+
+Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast) {
+  Casting c;
+  DType seen = DType::f32;  // a low dtype among the inputs
+  for (const Tensor& t : in) {
+    if (t.defined() && low(t.dtype())) seen = t.dtype();
+  }
+  const DType run = cast != DType::f32 ? cast : seen;
+  if (run == DType::f32 || op.kind == OpKind::view) return c;  // views keep the dtype they are given
+  c.active = true;
+  c.stored = in;
+  for (Tensor& t : c.stored) {
+    if (!t.defined() || t.dtype() != DType::f32 || op.precision != OpPrecision::low || cast == DType::f32) continue;
+    // A parameter's copy is made once per optimizer step; an activation's each time.
+    t = t.is_leaf() && t.requires_grad() ? autocast_param(t, cast) : t.detach().to(cast);
+  }
+  bool any_low = false;
+  for (const Tensor& t : c.stored) any_low |= t.defined() && low(t.dtype());
+  if (op.kind == OpKind::loss) c.out = DType::f32;
+  else if (op.precision != OpPrecision::follow && cast != DType::f32) c.out = cast;
+  else c.out = any_low ? run : DType::f32;
+  c.wide.resize(c.stored.size());
+  for (size_t i = 0; i < c.stored.size(); ++i) {
+    const Tensor& t = c.stored[i];
+    c.wide[i] = t.defined() && low(t.dtype()) ? t.to(DType::f32) : t;
+  }
+  return c;
+}
+
+// What forward saved, in the dtypes backward gets them in: a widened input saved as its rounded
+// original, the float32 output as the stored one.
+void save_rounded(std::vector<Tensor>& saved, const Casting& c, const Tensor& wide_out, const Tensor& out) {
+  for (Tensor& t : saved) {
+    if (!t.defined()) continue;
+    if (t.impl_ptr() == wide_out.impl_ptr()) {
+      t = out;
+      continue;
+    }
+    for (size_t i = 0; i < c.wide.size(); ++i) {
+      if (c.wide[i].defined() && t.impl_ptr() == c.wide[i].impl_ptr()) {
+        t = c.stored[i];
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) {
   bool needs_grad = false;
   for (const Tensor& t : inputs) needs_grad |= t.defined() && t.requires_grad();
   const bool record = needs_grad && GradMode::enabled();
   const Device device = common_device(op.name, inputs);
+  const DType cast = autocast_dtype();
+  Casting c = plan_casting(op, inputs, cast);
   std::vector<Tensor> saved;
   Tensor out;
   {
     const profiler::Scope timed(op.name, device, forward_pass());
-    out = op.forward(attrs, inputs, record ? &saved : nullptr);
+    if (!c.active) {
+      out = op.forward(attrs, inputs, record ? &saved : nullptr);
+    } else {
+      const Tensor wide_out = op.forward(attrs, c.wide, record ? &saved : nullptr);
+      out = c.out == DType::f32 ? wide_out : wide_out.to(c.out);
+      if (record) save_rounded(saved, c, wide_out, out);
+    }
   }
   if (!record) return out;
 
@@ -73,6 +143,7 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   node->saved = std::move(saved);
   node->out_shape = out.shape();
   node->out_dtype = out.dtype();
+  node->cast = cast;
   node->out_device = out.device();
   // Inputs without history are kept when a gradient goes to them, and inside a checkpoint
   // segment, whose replay re-runs the op on them (Note [checkpoint replay]).
@@ -84,6 +155,7 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
     if (!t.defined()) continue;
     ni.requires_grad = t.requires_grad();
     ni.shape = t.shape();
+    ni.dtype = t.dtype();
     ni.fn = t.grad_fn();
     if (!ni.fn && (ni.requires_grad || keep_all)) ni.leaf = t;
   }
@@ -94,7 +166,28 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
 
 void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const profiler::Scope timed(n.op->name, gy.defined() ? gy.device() : n.out_device, "backward");
-  n.op->backward(n, std::move(gy), grads, accum);
+  bool active = gy.defined() && low(gy.dtype());
+  for (const Tensor& t : n.saved) active |= t.defined() && low(t.dtype());
+  for (const NodeInput& in : n.inputs) active |= low(in.dtype);
+  if (!active) {
+    n.op->backward(n, std::move(gy), grads, accum);
+    return;
+  }
+  // Note [autocast]: the rule runs in float32 on widened copies; a gradient goes to its input in
+  // that input's dtype, and a float32 buffer (a parameter's) takes its sum in place.
+  std::vector<Tensor> rounded = n.saved;
+  for (Tensor& t : n.saved) {
+    if (t.defined() && low(t.dtype())) t = t.to(DType::f32);
+  }
+  std::vector<Tensor> acc = accum;
+  for (Tensor& a : acc) {
+    if (a.defined() && a.dtype() != DType::f32) a = Tensor();
+  }
+  n.op->backward(n, low(gy.dtype()) ? gy.to(DType::f32) : std::move(gy), grads, acc);
+  n.saved = std::move(rounded);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined() && grads[i].dtype() != n.inputs[i].dtype) grads[i] = grads[i].to(n.inputs[i].dtype);
+  }
 }
 
 bool op_tiles(const OpDef& op) { return op.tile != nullptr; }
@@ -109,9 +202,25 @@ void copy_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(Device::cuda(), c
 
 void convert_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(dst.device(), convert, dst, src); }
 
-void add_into_kernel(Tensor& acc, const Tensor& g) { MG_DISPATCH(acc.device(), add_inplace, acc, g); }
+// Gradient sums (a leaf's, a node's output used twice) in float32, stored in the sum's dtype.
+void add_into_kernel(Tensor& acc, const Tensor& g) {
+  if (acc.dtype() == DType::f32 && g.dtype() == DType::f32) {
+    MG_DISPATCH(acc.device(), add_inplace, acc, g);
+    return;
+  }
+  Tensor wide = acc.to(DType::f32);
+  const Tensor gw = g.dtype() == DType::f32 ? g : g.to(DType::f32);
+  MG_DISPATCH(acc.device(), add_inplace, wide, gw);
+  acc.copy_(wide);
+}
 
 Tensor add_kernel(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32) {
+    const Tensor wa = a.to(DType::f32), wb = b.to(DType::f32);
+    Tensor sum = Tensor::empty(a.shape(), like(a));
+    MG_DISPATCH(sum.device(), add_forward, sum, wa, wb);
+    return sum.to(a.dtype());
+  }
   Tensor sum = Tensor::empty(a.shape(), like(a));
   MG_DISPATCH(sum.device(), add_forward, sum, a, b);
   return sum;

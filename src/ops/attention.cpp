@@ -64,7 +64,7 @@ OpAttrs attention_tile(const Node& n, int64_t, int64_t first, int64_t) {
 }
 
 const OpDef kAttention{"causal_self_attention", OpKind::attention, attention_fwd, attention_bwd, attention_flops,
-                       attention_cases, attention_tile};
+                       attention_cases, attention_tile, OpPrecision::low};
 MG_REGISTER_OP(kAttention);
 
 }  // namespace

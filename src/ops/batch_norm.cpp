@@ -72,7 +72,7 @@ std::vector<OpCase> batch_norm_cases() {
 
 // No tiles: with batch statistics every sample's output depends on the whole batch.
 const OpDef kBatchNorm{"batch_norm", OpKind::normalization, batch_norm_fwd, batch_norm_bwd, batch_norm_flops,
-                       batch_norm_cases, /*tile*/ nullptr};
+                       batch_norm_cases, /*tile*/ nullptr, OpPrecision::fp32};
 MG_REGISTER_OP(kBatchNorm);
 
 }  // namespace

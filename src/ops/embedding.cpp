@@ -36,7 +36,7 @@ std::vector<OpCase> embedding_cases() {
 }
 
 const OpDef kEmbedding{"embedding", OpKind::lookup, embedding_fwd, embedding_bwd, no_flops, embedding_cases,
-                       rows_apart};
+                       rows_apart, OpPrecision::fp32};
 MG_REGISTER_OP(kEmbedding);
 
 }  // namespace

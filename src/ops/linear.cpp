@@ -47,7 +47,8 @@ std::vector<OpCase> linear_cases() {
 }
 
 const OpDef kLinear{"linear", OpKind::contraction, linear_fwd, linear_bwd, linear_flops, linear_cases,
-                    /*tile: its SGEMM rounds differently for another number of rows (Note [tiled segments])*/ nullptr};
+                    /*tile: its SGEMM rounds differently for another number of rows (Note [tiled segments])*/ nullptr,
+                    OpPrecision::low};
 MG_REGISTER_OP(kLinear);
 
 }  // namespace

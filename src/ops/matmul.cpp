@@ -60,7 +60,8 @@ std::vector<OpCase> matmul_cases() {
 
 // Tiles (Note [tiled segments]) would cut the batch of products, but a 2-D product mixes rows with
 // a shared b: not tiled.
-const OpDef kMatmul{"matmul", OpKind::contraction, matmul_fwd, matmul_bwd, matmul_flops, matmul_cases, nullptr};
+const OpDef kMatmul{"matmul", OpKind::contraction, matmul_fwd, matmul_bwd, matmul_flops, matmul_cases, nullptr,
+                    OpPrecision::low};
 MG_REGISTER_OP(kMatmul);
 
 }  // namespace

@@ -41,6 +41,13 @@ enum class OpKind : uint8_t {
   loss,         // a scalar from (prediction, target), with a Reduction
 };
 
+// An op's row of the precision table (Note [autocast] in minigrad/core/autocast.h): under an
+// AutocastGuard of a low dtype, `low` rounds its float32 inputs to it first (products: linear,
+// matmul, conv2d, attention); `fp32` takes its inputs as they come and stores its output low
+// (statistics and lookups: softmax, layer_norm, batch_norm, embedding); `follow` stores its
+// output low when an input is. Every op computes in float32; a loss returns float32.
+enum class OpPrecision : uint8_t { follow, low, fp32 };
+
 // One input of a test case. `real` inputs are float32 with distinct values spaced well apart and
 // away from zero (so relu's kink and max-pool's ties are never within a finite-difference step);
 // `index` inputs are int64 in [0, classes); `none` is an undefined (optional) input.
@@ -70,6 +77,7 @@ struct OpDef {
   // attributes that run node n, recorded on rows [0, recorded) of a batch, on rows
   // [first, first + rows) instead. Null when the op mixes samples and cannot run in tiles.
   OpAttrs (*tile)(const Node& n, int64_t recorded, int64_t first, int64_t rows);
+  OpPrecision precision = OpPrecision::follow;
 };
 
 // Every registered op, in registration order.

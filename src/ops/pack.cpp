@@ -34,10 +34,12 @@ Tensor pack_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tenso
   int64_t total = 0;
   for (size_t i = 0; i < in.size(); ++i) {
     MG_CHECK(in[i].defined(), "pack: tensor " << i << " is undefined");
-    check_float("pack", "every tensor", in[i]);
+    MG_CHECK(is_floating(in[i].dtype()) && in[i].dtype() == in[0].dtype(),
+             "pack: every tensor must have the first one's float dtype " << dtype_name(in[0].dtype()) << ", tensor " << i
+                                                                      << " is " << dtype_name(in[i].dtype()));
     total += in[i].numel();
   }
-  Tensor out = Tensor::empty({total}, like(in[0]));
+  Tensor out = Tensor::empty({total}, TensorOptions{in[0].dtype(), in[0].device()});
   int64_t first = 0;
   for (const Tensor& t : in) {
     piece_view(out, first, t.shape()).copy_(t);
@@ -63,7 +65,7 @@ Tensor unpack_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
 }
 
 void unpack_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
-  Tensor g = Tensor::zeros(n.inputs[0].shape, TensorOptions{DType::f32, gy.device()});
+  Tensor g = Tensor::zeros(n.inputs[0].shape, TensorOptions{gy.dtype(), gy.device()});
   piece_view(g, static_cast<int64_t>(n.attrs.offset), n.attrs.shape).copy_(gy);
   grads[0] = g;
 }

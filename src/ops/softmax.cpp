@@ -29,7 +29,7 @@ std::vector<OpCase> softmax_cases() { return {{{{.shape = {3, 5, 7}}}, {}}, {{{.
 
 // Rows are independent: a tile of samples is rows of its own (when the last dimension is not the batch's).
 const OpDef kSoftmax{"softmax", OpKind::normalization, softmax_fwd, softmax_bwd, softmax_flops, softmax_cases,
-                     rows_apart};
+                     rows_apart, OpPrecision::fp32};
 MG_REGISTER_OP(kSoftmax);
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <minigrad/cuda.h>
 #include <minigrad/dist/dist.h>
 #include <minigrad/minigrad.h>
 #include <minigrad/nn/checkpoint_plan.h>
@@ -258,6 +259,7 @@ void Trainer::replan(size_t memory, int64_t step, const std::string& from, const
 
 const nn::TrainPlan& Trainer::plan() {
   if (planned_) return plan_;
+  const AutocastGuard cast(opts_.precision);  // measured in the dtypes the steps run in
   // The copy of the buffers a redone window goes back to (fit), made before anything is measured,
   // so that every plan counts it. Not under data parallelism, where out of memory is not recovered.
   if (!dist::active()) {
@@ -445,6 +447,11 @@ FitReport Trainer::fit() {
     return parts;
   };
 
+  if (opts_.precision == Precision::tf32) {
+    cuda::set_tf32_matmul(true);
+    cuda::set_tf32_conv(true);
+  }
+  const AutocastGuard cast(opts_.precision);  // every step's forward and backward (Note [autocast])
   synchronize(dev_);  // the planning's and the resume's work is not the first step's time
   for (int64_t epoch = first_epoch_; epoch < opts_.epochs; ++epoch) {
     if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;

@@ -62,6 +62,7 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/core/autocast.h>
 #include <minigrad/data/dataset.h>
 #include <minigrad/nn/module.h>
 #include <minigrad/nn/serialize.h>
@@ -98,6 +99,10 @@ struct TrainerOptions {
   nn::Metadata signature;          // saved in each training state, a resume that differs warned of; the same on every rank
   uint64_t seed = 0;               // the sample order
   bool tiles = true;               // tiled segments (Note [tiled segments])
+  // fp32 | tf32 (CUDA's TF32 products, set on for the run) | bf16 | fp16: the forward and backward
+  // of every step, and the measuring, run under an AutocastGuard of it (Note [autocast] in
+  // minigrad/core/autocast.h); the parameters, gradient buffers and optimizer state stay float32.
+  Precision precision = Precision::fp32;
   Progress progress = Progress::automatic;
 };
 

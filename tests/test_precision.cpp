@@ -1,0 +1,108 @@
+// Mixed precision on the CPU (Note [autocast] in minigrad/core/autocast.h): the per-op table's
+// dtypes, float32 masters and gradient buffers, and the exactness the float32 path has, kept in
+// bf16: accumulation, checkpointing and the thread count change no bit.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "helpers.h"
+#include <minigrad/core/threads.h>
+#include <minigrad/nn/models.h>
+#include <minigrad/train/trainer.h>
+
+using namespace mg;
+
+namespace {
+
+std::shared_ptr<const data::Dataset> random_set(int64_t n, const Shape& sample, int64_t classes, uint64_t seed) {
+  Shape s{n};
+  s.insert(s.end(), sample.begin(), sample.end());
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = (i * 7 + static_cast<int64_t>(seed)) % classes;
+  return std::make_shared<data::TensorDataset>(test::rand_tensor(s, seed), Tensor::from_vector(y, {n}));
+}
+
+std::vector<std::vector<uint8_t>> state_bits(const nn::Module& m) {
+  std::vector<std::vector<uint8_t>> out;
+  auto add = [&](const Tensor& t) {
+    const Tensor c = t.cpu();
+    const auto* p = static_cast<const uint8_t*>(c.raw_data());
+    out.emplace_back(p, p + c.nbytes());
+  };
+  for (const auto& [name, p] : m.named_parameters()) add(p);
+  for (const auto& [name, b] : m.named_buffers()) add(b);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("autocast bf16: products and statistics store bf16, the loss and the gradient buffers float32") {
+  manual_seed(1);
+  auto m = nn::make_mlp({16, 32, 10});
+  const Tensor x = test::rand_tensor({8, 16}, 2);
+  const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  Tensor h, loss;
+  {
+    AutocastGuard cast(Precision::bf16);
+    CHECK(autocast_dtype() == DType::bf16);
+    h = linear(x, m->parameters()[0], m->parameters()[1]);
+    CHECK(h.dtype() == DType::bf16);
+    CHECK(relu(h).dtype() == DType::bf16);                     // follows its input
+    CHECK(softmax(h).dtype() == DType::bf16);                  // float32 math, stored low
+    loss = cross_entropy(m->forward(x), y, Reduction::sum);
+    CHECK(loss.dtype() == DType::f32);
+    CHECK(autocast_cache_bytes() == static_cast<size_t>(16 * 32 + 32 + 32 * 10 + 10) * 2);  // one copy per parameter
+    loss.backward();
+  }
+  CHECK(autocast_dtype() == DType::f32);
+  CHECK(autocast_cache_bytes() == 0);  // dropped with the outermost guard
+  for (const Tensor& p : m->parameters()) {
+    REQUIRE(p.grad().defined());
+    CHECK(p.dtype() == DType::f32);
+    CHECK(p.grad().dtype() == DType::f32);
+  }
+  // The first layer's output rounded to bf16 is what float32 math on rounded inputs gives.
+  const Tensor xr = x.to(DType::bf16).to(DType::f32), wr = m->parameters()[0].to(DType::bf16).to(DType::f32),
+               br = m->parameters()[1].to(DType::bf16).to(DType::f32);
+  Tensor want;
+  {
+    NoGradGuard ng;
+    want = linear(xr, wr, br).to(DType::bf16);
+  }
+  CHECK(h.to_vector<float>() == want.to_vector<float>());
+  // Outside autocast, bf16 inputs give a bf16 output and their gradient in bf16.
+  Tensor xb = linear(x, m->parameters()[0]).detach().to(DType::bf16).requires_grad_();
+  Tensor out = relu(xb);
+  CHECK(out.dtype() == DType::bf16);
+  cross_entropy(out, y, Reduction::sum).backward();
+  REQUIRE(xb.grad().defined());
+  CHECK(xb.grad().dtype() == DType::bf16);
+}
+
+TEST_CASE("bf16 through the Trainer: 16 x 4 equals 64, checkpointed equals plain, and 1, 2, 3 threads agree") {
+  const auto data = random_set(128, {3, 32, 32}, 10, 4);
+  auto train = [&](int64_t micro, const std::string& checkpoint, int threads) {
+    set_num_threads(threads);
+    manual_seed(5);
+    auto m = nn::make_vgg16(10, 16);
+    optim::SGD opt(m->parameters(), {.lr = 0.01f, .momentum = 0.9f});
+    Trainer(*m, data, opt, {.batch_size = 64, .micro_batch = micro, .checkpoint = checkpoint, .epochs = 1,
+                            .seed = 2, .precision = Precision::bf16, .progress = Progress::off})
+        .fit();
+    return state_bits(*m);
+  };
+  const int threads = num_threads();
+  const auto ref = train(0, "none", 2);
+  CHECK(train(16, "none", 2) == ref);
+  CHECK(train(0, "sqrt", 2) == ref);
+  CHECK(train(0, "none", 1) == ref);
+  CHECK(train(0, "none", 3) == ref);
+  set_num_threads(threads);
+  // And bf16 is not fp32: the same run in float32 ends elsewhere.
+  manual_seed(5);
+  auto m = nn::make_vgg16(10, 16);
+  optim::SGD opt(m->parameters(), {.lr = 0.01f, .momentum = 0.9f});
+  Trainer(*m, data, opt, {.batch_size = 64, .epochs = 1, .seed = 2, .progress = Progress::off}).fit();
+  CHECK(state_bits(*m) != ref);
+}
