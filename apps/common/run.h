@@ -40,7 +40,7 @@
 struct RunFlags {
   std::string device = "cpu";
   uint64_t seed = 0;
-  std::string memory_budget, memory_limit, checkpoint = "none", tiles = "on";
+  std::string memory_budget, memory_limit, checkpoint = "none", tiles = "on", precision = "fp32";
   std::string save_dir, json_path, timeline_path;
   StepProfile prof;
   bool timeline = false;  // offer --timeline (the apps that train data-parallel on CUDA)
@@ -64,6 +64,9 @@ inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_ste
   app.add_option("--tiles", f.tiles, "on: plans may run checkpointed segments in tiles of the batch (min, budget=, "
                  "--memory-budget) | off: whole layers only")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_option("--precision", f.precision, "fp32 | tf32 (CUDA's TF32 products) | bf16 | fp16: what the steps compute "
+                 "in; parameters, gradients and optimizer state stay float32 (Note [autocast])")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--save-dir", f.save_dir, "write epoch_K.safetensors and its training state after each epoch")->check(nonempty());
   app.add_option("--json", f.json_path, "write a JSON summary here")->check(nonempty());
   app.add_flag("--profile", f.prof.on, "after training, the time of every op by pass (forward, backward, replay) over "
@@ -189,6 +192,7 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["median_step_cpu_ms"] = median(r.step_cpu_ms);
   j["step_cpu_ms"] = r.step_cpu_ms;
   j["losses"] = r.losses;
+  j["precision"] = f.precision;
   j["seed"] = f.seed;
   j["threads"] = mg::num_threads();
   if (f.prof.on) j["profile"] = f.prof.json();
