@@ -1,6 +1,7 @@
 // Mixed precision on the CPU (Note [autocast] in minigrad/core/autocast.h): the per-op table's
 // dtypes, float32 masters and gradient buffers, and the exactness the float32 path has, kept in
 // bf16: accumulation, checkpointing and the thread count change no bit.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -105,4 +106,98 @@ TEST_CASE("bf16 through the Trainer: 16 x 4 equals 64, checkpointed equals plain
   optim::SGD opt(m->parameters(), {.lr = 0.01f, .momentum = 0.9f});
   Trainer(*m, data, opt, {.batch_size = 64, .epochs = 1, .seed = 2, .progress = Progress::off}).fit();
   CHECK(state_bits(*m) != ref);
+}
+
+TEST_CASE("loss scaling: an overflowing window is dropped atomically and the scale lowered") {
+  manual_seed(3);
+  auto m = nn::make_mlp({16, 32, 10});
+  optim::Adam opt(m->parameters(), {.lr = 0.01f});
+  const Tensor x = test::rand_tensor({8, 16}, 9);
+  const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  auto window = [&](optim::Accumulator& acc) {
+    for (int k = 0; k < 2; ++k) {
+      AutocastGuard cast(Precision::fp16);
+      acc.backward(cross_entropy(m->forward(x), y, Reduction::sum), 8);
+    }
+    return acc.step();
+  };
+  // One good step first, so that the optimizer has state to keep.
+  optim::Accumulator warm(opt, {.steps = 2, .loss_scaling = {.on = true, .init = 1024.0f}});
+  REQUIRE_FALSE(window(warm).skipped);
+  const auto before = state_bits(*m);
+  std::vector<std::vector<float>> state_before;
+  for (const auto& [name, t] : opt.state_tensors()) state_before.push_back(t.to_vector<float>());
+  const int64_t steps_before = opt.step_count();
+  // A scale of 3e38: loss x scale is inf in float32, so every gradient is.
+  optim::Accumulator acc(opt, {.steps = 2, .loss_scaling = {.on = true, .init = 3e38f, .interval = 2}});
+  const optim::StepInfo bad = window(acc);
+  CHECK(bad.skipped);
+  CHECK(bad.overflow);
+  CHECK(bad.loss_scale == 3e38f);
+  CHECK(acc.loss_scale() == 1.5e38f);
+  CHECK(std::isfinite(bad.loss_sum));  // the loss itself was fine
+  CHECK(state_bits(*m) == before);
+  CHECK(opt.step_count() == steps_before);
+  std::vector<std::vector<float>> state_after;
+  for (const auto& [name, t] : opt.state_tensors()) state_after.push_back(t.to_vector<float>());
+  CHECK(state_after == state_before);
+  for (const Tensor& g : opt.grads()) {  // the next window starts from zero
+    const auto v = g.to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [](float e) { return e == 0.0f; }));
+  }
+  // Halved until it fits: then steps, and after `interval` good steps it grows again.
+  int skipped = 1;
+  optim::StepInfo s = bad;
+  while (s.skipped && skipped < 200) {
+    s = window(acc);
+    skipped += s.skipped;
+  }
+  REQUIRE_FALSE(s.skipped);
+  const float fitted = acc.loss_scale();
+  CHECK(std::isfinite(s.grad_norm));
+  CHECK(opt.step_count() == steps_before + 1);
+  CHECK_FALSE(window(acc).skipped);
+  CHECK(acc.loss_scale() == fitted * 2.0f);
+  // Scaling changes only the float32 sums' rounding: one step at scale 1024 against one unscaled
+  // (fp32 throughout) moves the weights the same to float rounding.
+  manual_seed(3);
+  auto a = nn::make_mlp({16, 32, 10});
+  manual_seed(3);
+  auto b = nn::make_mlp({16, 32, 10});
+  optim::SGD sa(a->parameters(), {.lr = 0.1f}), sb(b->parameters(), {.lr = 0.1f});
+  optim::Accumulator aa(sa, {.loss_scaling = {.on = true, .init = 1024.0f}}), ab(sb, {});
+  aa.backward(cross_entropy(a->forward(x), y, Reduction::sum), 8);
+  ab.backward(cross_entropy(b->forward(x), y, Reduction::sum), 8);
+  CHECK(aa.step().grad_norm == doctest::Approx(ab.step().grad_norm).epsilon(1e-6));
+  const auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto va = pa[i].to_vector<float>(), vb = pb[i].to_vector<float>();
+    for (size_t k = 0; k < va.size(); ++k) CHECK(va[k] == doctest::Approx(vb[k]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("fp16 through the Trainer: loss scaling on, each step's loss within 1e-2 of the fp32 run's") {
+  const auto data = random_set(64, {16}, 10, 6);
+  auto run = [&](Precision p, std::vector<optim::StepInfo>* infos) {
+    manual_seed(4);
+    auto m = nn::make_mlp({16, 64, 10});
+    optim::SGD opt(m->parameters(), {.lr = 0.05f});
+    TrainerCallbacks cb{.on_step = [&](const StepReport& r) {
+      if (infos) infos->push_back(r.info);
+    }};
+    return Trainer(*m, data, opt, {.batch_size = 16, .epochs = 3, .seed = 1, .precision = p, .progress = Progress::off}, cb)
+        .fit();
+  };
+  std::vector<optim::StepInfo> infos;
+  const FitReport half = run(Precision::fp16, &infos), full = run(Precision::fp32, nullptr);
+  REQUIRE(infos.size() == 12);
+  for (const optim::StepInfo& i : infos) {
+    CHECK(i.loss_scale == 65536.0f);  // GradScaler's start; no overflow in this run
+    CHECK_FALSE(i.skipped);
+  }
+  REQUIRE(half.losses.size() == full.losses.size());
+  for (size_t i = 0; i < full.losses.size(); ++i) {
+    CHECK(half.losses[i] == doctest::Approx(full.losses[i]).epsilon(1e-2));
+    if (i > 0) CHECK(half.losses[i] != full.losses[i]);  // fp16 did round
+  }
 }

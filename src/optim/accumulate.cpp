@@ -36,6 +36,12 @@ Accumulator::Accumulator(Optimizer& opt, AccumulateOptions opts) : opt_(opt), op
   MG_CHECK(opts.clip_norm >= 0.0f && std::isfinite(opts.clip_norm),
            "Accumulator: clip_norm must be >= 0 (0 = off), got " << opts.clip_norm);
   MG_CHECK(opts.bucket_bytes >= 1, "Accumulator: bucket_bytes must be >= 1, got " << opts.bucket_bytes);
+  const LossScaling& ls = opts.loss_scaling;
+  MG_CHECK(!ls.on || (std::isfinite(ls.init) && ls.init > 0.0f && std::isfinite(ls.growth) && ls.growth >= 1.0f &&
+                      ls.backoff > 0.0f && ls.backoff < 1.0f && ls.interval >= 1),
+           "Accumulator: loss scaling needs a finite init > 0, growth >= 1, 0 < backoff < 1 and interval >= 1; got init "
+               << ls.init << ", growth " << ls.growth << ", backoff " << ls.backoff << ", interval " << ls.interval);
+  scale_ = ls.on ? ls.init : 1.0f;
 }
 
 namespace {
@@ -123,7 +129,7 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     dist::timeline_mark("backward begins");  // Note [reduction timeline] (minigrad/dist/dist.h)
     try {
       const GradReadyHook hook([&](const Tensor& p) { b.ready(p, launch); });
-      loss.backward();
+      backward_scaled(loss);
     } catch (...) {
       // Buckets already started still read and write their gradients on NCCL's stream: wait for
       // them (their own error, if any, gives way to this one), so that discard() can zero them.
@@ -138,10 +144,19 @@ void Accumulator::backward(const Tensor& loss, int64_t samples) {
     b.launch_rest(launch);  // parameters this backward did not reach
     started_in_backward_ = true;
   } else {
-    loss.backward();
+    backward_scaled(loss);
   }
   pending_samples_ += samples;
   ++pending_micro_batches_;
+}
+
+// loss.backward(), on loss x scale under loss scaling (Note [loss scaling]).
+void Accumulator::backward_scaled(const Tensor& loss) {
+  if (!opts_.loss_scaling.on) {
+    loss.backward();
+    return;
+  }
+  scale(loss, scale_).backward();
 }
 
 bool Accumulator::bucketed() const {
@@ -201,7 +216,8 @@ StepInfo Accumulator::step_window(bool flushing) {
   info.micro_batches = pending_micro_batches_;
   // The step's one read: the window's losses and, when needed, the squared gradient norm (under
   // data parallelism the norm is that of the reduced gradients, read after the reduction).
-  const bool want_norm = opts_.clip_norm > 0.0f || opts_.check_finite;
+  const bool want_norm = opts_.clip_norm > 0.0f || opts_.check_finite || opts_.loss_scaling.on;
+  info.loss_scale = scale_;
   const std::vector<Tensor> grads = opt_.grads();
   const int64_t norm_slot = stats_.defined() ? stats_.numel() - 1 : 0;
   if (want_norm && !dp) MG_DISPATCH(stats_.device(), sum_squares_into, grads, stats_, norm_slot);
@@ -254,7 +270,17 @@ StepInfo Accumulator::step_window(bool flushing) {
   const double base = opts_.normalize == Normalize::samples
                           ? 1.0 / static_cast<double>(info.samples)
                           : 1.0 / static_cast<double>(opts_.steps * (dp ? dist::world_size() : 1));
-  info.grad_norm = want_norm ? std::sqrt(norm_sq) * base : std::numeric_limits<double>::quiet_NaN();
+  info.grad_norm = want_norm ? std::sqrt(norm_sq) * base / scale_ : std::numeric_limits<double>::quiet_NaN();
+  if (opts_.loss_scaling.on && bad < 0 && !bad_elsewhere && !std::isfinite(info.grad_norm)) {
+    // Note [loss scaling]: an overflow, not a bad window: dropped, and the scale lowered.
+    drop_window();
+    info.skipped = info.overflow = true;
+    ++skipped_steps_;
+    scale_ *= opts_.loss_scaling.backoff;
+    good_steps_ = 0;
+    last_ = info;
+    return info;
+  }
   if (bad >= 0 || bad_elsewhere || (want_norm && !std::isfinite(info.grad_norm))) {
     std::ostringstream what;
     if (bad >= 0) {
@@ -279,9 +305,13 @@ StepInfo Accumulator::step_window(bool flushing) {
   if (opts_.clip_norm > 0.0f && info.grad_norm > opts_.clip_norm) {
     info.clip_coef = static_cast<float>(opts_.clip_norm / (info.grad_norm + 1e-6));  // torch's clip_grad_norm_
   }
-  info.grad_scale = static_cast<float>(base * info.clip_coef);
+  info.grad_scale = static_cast<float>(base * info.clip_coef / scale_);
   opt_.step(info.grad_scale);
   ++steps_taken_;
+  if (opts_.loss_scaling.on && ++good_steps_ == opts_.loss_scaling.interval) {
+    scale_ *= opts_.loss_scaling.growth;
+    good_steps_ = 0;
+  }
   drop_window();
   last_ = info;
   return info;

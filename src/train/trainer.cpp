@@ -410,7 +410,8 @@ FitReport Trainer::fit() {
   model_.train();
 
   optim::Accumulator acc(opt_, {.steps = plan_.accumulation, .clip_norm = opts_.clip_norm,
-                                .non_finite = opts_.non_finite, .normalize = opts_.normalize});
+                                .non_finite = opts_.non_finite, .normalize = opts_.normalize,
+                                .loss_scaling = {.on = opts_.precision == Precision::fp16}});
   // The default loss: the sum over the micro-batch, or its mean under Normalize::micro_batches.
   const Reduction reduction = opts_.normalize == optim::Normalize::samples ? Reduction::sum : Reduction::mean;
   const optim::LossFn loss_fn = opts_.loss ? opts_.loss : [reduction](const Tensor& logits, const Tensor& y) {

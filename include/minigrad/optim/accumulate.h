@@ -102,6 +102,24 @@ enum class NonFinite : uint8_t {
   skip,   // drop the window: zero the gradients, do not step, count it in skipped_steps()
 };
 
+// Note [loss scaling]
+// -------------------
+// fp16's smallest normal is 6.1e-5, so small output gradients flush to zero; its largest is 65504.
+// With scaling on, each micro-batch's backward runs on loss x S, and the step's one grad_scale
+// (Note [accumulation normalises by samples]) divides S out again, after accumulation, so the
+// float32 buffers hold S times the gradient and nothing else changes (accelerate#641). A window
+// whose gradient norm is not finite (an overflow somewhere in it) is dropped atomically: no
+// update, the weights, the optimizer's state and its step count as they were, and S is halved
+// (StepInfo::skipped and overflow). After `interval` steps in a row without overflow S doubles.
+// These are PyTorch's GradScaler rules; the Trainer turns them on for fp16.
+struct LossScaling {
+  bool on = false;
+  float init = 65536.0f;
+  float growth = 2.0f;
+  float backoff = 0.5f;
+  int64_t interval = 2000;
+};
+
 struct AccumulateOptions {
   int64_t steps = 1;        // micro-batches per optimizer step (N)
   float clip_norm = 0.0f;   // max global norm of the mean gradient; 0 = no clipping
@@ -118,6 +136,7 @@ struct AccumulateOptions {
   // larger gradient is a bucket of its own). Smaller buckets start earlier in backward, larger
   // ones cost fewer calls. The same on every rank.
   int64_t bucket_bytes = int64_t{4} << 20;
+  LossScaling loss_scaling;  // Note [loss scaling]
 };
 
 struct StepInfo {
@@ -127,7 +146,9 @@ struct StepInfo {
   double grad_norm = 0.0;     // global norm of the step's gradient before clipping (NaN if not computed)
   float clip_coef = 1.0f;     // 1 when not clipped
   float grad_scale = 1.0f;    // what the optimizer multiplied the summed gradients by
-  bool skipped = false;       // non-finite window dropped (NonFinite::skip)
+  bool skipped = false;       // non-finite window dropped (NonFinite::skip, or an overflow under loss scaling)
+  bool overflow = false;      // loss scaling: the gradients overflowed, the window was dropped, the scale lowered
+  float loss_scale = 1.0f;    // the scale this window's backward ran at (1 without loss scaling)
 };
 
 class Accumulator {
@@ -187,8 +208,10 @@ class Accumulator {
   int64_t steps_taken() const { return steps_taken_; }  // real optimizer steps by this wrapper
   int64_t skipped_steps() const { return skipped_steps_; }
   const StepInfo& last_step() const { return last_; }
+  float loss_scale() const { return scale_; }  // the next window's (Note [loss scaling])
 
  private:
+  void backward_scaled(const Tensor& loss);
   StepInfo step_window(bool flushing);
   void record_loss(const Tensor& loss, int64_t samples);
   void spill_losses();
@@ -207,6 +230,8 @@ class Accumulator {
   std::vector<int64_t> window_samples_;  // samples of each micro-batch of the window
   int64_t steps_taken_ = 0, skipped_steps_ = 0;
   StepInfo last_;
+  float scale_ = 1.0f;        // Note [loss scaling]
+  int64_t good_steps_ = 0;    // steps since the scale last changed
   std::shared_ptr<GradBuckets> buckets_;  // made at the first bucketed window
   bool started_in_backward_ = false;      // this window's buckets were started by backward()
 };
