@@ -366,3 +366,46 @@ TEST_CASE("ops: CUDA against CPU, every op and case") {
     }
   }
 }
+
+// Note [autocast]: every op takes bfloat16 and float16 inputs (widened on load, its output and the
+// gradients rounded on store). Its output and every input's gradient against the float32 run of
+// the same case: per element within tol * max |float32|, tol a few units of the dtype's rounding
+// (2^-8 for bf16, 2^-11 for f16) over the case's rounding steps.
+TEST_CASE("ops: every op and case in bf16 and f16 against float32") {
+  for (const auto& [dtype, tol] : {std::pair{DType::bf16, 3e-2}, std::pair{DType::f16, 4e-3}}) {
+    for (const OpDef* op : all_ops()) {
+      const std::vector<OpCase> cases = op->cases();
+      for (size_t ci = 0; ci < cases.size(); ++ci) {
+        const OpCase& c = cases[ci];
+        CaseInputs full = make_inputs(*op, ci, c);
+        std::vector<Tensor> low;
+        for (size_t k = 0; k < full.tensors.size(); ++k) {  // the inputs with a gradient in the low dtype
+          const Tensor& t = full.tensors[k];
+          low.push_back(full.step[k] != 0 ? t.detach().to(dtype).requires_grad_() : t);
+        }
+        Tensor y = apply(*op, c.attrs, full.tensors), yl = apply(*op, c.attrs, low);
+        const std::string what = std::string(dtype_name(dtype)) + " " + where(*op, ci, "output");
+        CHECK_MESSAGE(yl.dtype() == (op->kind == OpKind::loss ? DType::f32 : dtype), what << " is " << dtype_name(yl.dtype()));
+        auto close = [&](const Tensor& got, const Tensor& want, const std::string& name) {
+          const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+          REQUIRE(g.size() == w.size());
+          double scale = 1e-30, worst = 0;
+          for (float e : w) scale = std::max(scale, std::abs(static_cast<double>(e)));
+          for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(g[i]) - w[i]) / scale);
+          CHECK_MESSAGE(worst <= tol, name << ": |diff| / max |float32| = " << worst << " > " << tol);
+        };
+        close(yl, y, what);
+        const Tensor r = r_tensor(make_r(y.numel(), name_hash(op->name) + 7 * ci + 1), y.shape());
+        y.backward(r);
+        yl.backward(r.to(yl.dtype()));
+        for (size_t k = 0; k < low.size(); ++k) {
+          if (full.step[k] == 0) continue;
+          const std::string g = std::string(dtype_name(dtype)) + " " + where(*op, ci, "gradient of input", k);
+          REQUIRE_MESSAGE(low[k].grad().defined(), g << ": none");
+          CHECK_MESSAGE(low[k].grad().dtype() == dtype, g << " is " << dtype_name(low[k].grad().dtype()));
+          close(low[k].grad(), full.tensors[k].grad(), g);
+        }
+      }
+    }
+  }
+}
