@@ -9,6 +9,7 @@
 
 #include "helpers.h"
 #include <minigrad/core/threads.h>
+#include <minigrad/data/tokens.h>
 #include <minigrad/nn/models.h>
 #include <minigrad/train/trainer.h>
 
@@ -199,5 +200,43 @@ TEST_CASE("fp16 through the Trainer: loss scaling on, each step's loss within 1e
   for (size_t i = 0; i < full.losses.size(); ++i) {
     CHECK(half.losses[i] == doctest::Approx(full.losses[i]).epsilon(1e-2));
     if (i > 0) CHECK(half.losses[i] != full.losses[i]);  // fp16 did round
+  }
+}
+
+TEST_CASE("bf16: the planner's predicted peak is the measured one (VGG16/8 and the tiny GPT)") {
+  // VGG16 / 8 at 64x64, batch 16, in images.
+  {
+    const auto data = random_set(32, {3, 64, 64}, 2, 8);
+    manual_seed(1);
+    auto m = nn::make_vgg16(2, 8);
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    const FitReport r = Trainer(*m, data, opt, {.batch_size = 16, .epochs = 1, .max_steps = 2,
+                                                .precision = Precision::bf16, .progress = Progress::off})
+                            .fit();
+    const double ratio = static_cast<double>(r.peak_in_use) / static_cast<double>(r.plan.predicted_peak);
+    MESSAGE("VGG16/8 bf16: peak " << r.peak_in_use << ", predicted " << r.plan.predicted_peak);
+    CHECK(ratio == doctest::Approx(1.0).epsilon(0.005));
+  }
+  // The tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens.
+  {
+    const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
+    std::vector<uint16_t> tokens(1 << 14);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
+    auto windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
+    manual_seed(1);
+    auto m = nn::make_gpt2(cfg);
+    optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
+    const int64_t V = cfg.vocab_size;
+    const FitReport r =
+        Trainer(*m, windows, opt,
+                {.batch_size = 8, .epochs = 1, .max_steps = 2,
+                 .loss = [V](const Tensor& logits, const Tensor& y) {
+                   return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
+                 },
+                 .tiles = false, .precision = Precision::bf16, .progress = Progress::off})
+            .fit();
+    const double ratio = static_cast<double>(r.peak_in_use) / static_cast<double>(r.plan.predicted_peak);
+    MESSAGE("tiny GPT bf16: peak " << r.peak_in_use << ", predicted " << r.plan.predicted_peak);
+    CHECK(ratio == doctest::Approx(1.0).epsilon(0.005));
   }
 }

@@ -53,12 +53,21 @@ void wake_workers(Device d) {
 ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
   MG_CHECK(seq.size() > 0, "measure_chain: empty Sequential");
   MG_CHECK(x_in.defined() && x_in.dim() >= 1, "measure_chain: the input must be a defined tensor with a batch dimension");
-  // Under autocast the parameters' low-precision copies are made inside the measured pass, as in
-  // a step's first micro-batch, and not left behind (Note [autocast]).
+  // Under autocast: the parameters' low-precision copies, made afresh and not left behind (Note [autocast]).
   struct FreshCopies {
     FreshCopies() { clear_autocast_cache(); }
     ~FreshCopies() { clear_autocast_cache(); }
   } fresh_copies;
+  if (autocast_dtype() != DType::f32) {
+    // The copies live for the whole step (made in its first micro-batch's forward, dropped by the
+    // optimizer's step), so they are part of the fixed bytes: made here by a forward without
+    // gradients in eval mode, which neither moves BatchNorm's statistics nor draws dropout masks.
+    NoGradGuard no_grad;
+    const bool training = seq.is_training();
+    seq.eval();
+    seq.forward(x_in.detach());
+    seq.train(training);
+  }
   const Device dev = x_in.device();
   const size_t in_use_at_start = in_use(dev);
   // Host clocks read device time only once the device is done.
@@ -220,7 +229,9 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
         // not read by the backward, so its storage is swapped for an empty one (the leaf stays,
         // to take the input gradient).
         if (!input_held && !u.saves_input && xin.requires_grad()) xin.impl().storage = std::make_shared<StorageImpl>(0, dev);
+        const DType y_dtype = root.impl().grad_fn->out_dtype;  // bf16 or f16 under autocast
         Tensor g = Tensor::uniform(y_shape, -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
+        if (y_dtype != DType::f32) g = g.to(y_dtype);  // the gradient comes in the output's dtype
         const size_t base1 = in_use(dev);
         reset_peak_memory_stats(dev);
         wake_workers(dev);
@@ -231,6 +242,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
         u.bwd_peak = memory_stats(dev).peak_in_use - base1;
         root = Tensor();
         y = Tensor::from_vector(y_host, y_shape, TensorOptions{DType::f32, dev});
+        if (y_dtype != DType::f32) y = y.to(y_dtype);  // exact: y_host holds y's values widened
         needs_grad = true;
       } else {
         u.flops = static_cast<double>(y.numel());
@@ -248,7 +260,10 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   // takes the logits' place (the caller keeps no logits past the loss: a step writes
   // cross_entropy(forward(x), y), and a GPT's logits are its largest tensor). Plus the loss, its
   // gradient and the count of rows (ignore_index).
-  cost.head_bytes = opts.cross_entropy_head ? out_bytes + 3 * sizeof(float) : 0;
+  // Low-precision logits (Note [autocast]): the loss reads them widened, and its gradient is made
+  // in float32 before it is rounded: two float32 copies beside them, whichever pass.
+  const size_t head = h.dtype() == DType::f32 ? out_bytes : 2 * static_cast<size_t>(h.numel()) * sizeof(float);
+  cost.head_bytes = opts.cross_entropy_head ? head + 3 * sizeof(float) : 0;
 
   h = Tensor();
   restore();  // before in_use_at_end is read

@@ -101,7 +101,7 @@ void save_rounded(std::vector<Tensor>& saved, const Casting& c, const Tensor& wi
   for (Tensor& t : saved) {
     if (!t.defined()) continue;
     if (t.impl_ptr() == wide_out.impl_ptr()) {
-      t = out;
+      if (out.defined()) t = out;  // else left for the caller, once it has rounded the output
       continue;
     }
     for (size_t i = 0; i < c.wide.size(); ++i) {
@@ -129,9 +129,22 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
     if (!c.active) {
       out = op.forward(attrs, inputs, record ? &saved : nullptr);
     } else {
-      const Tensor wide_out = op.forward(attrs, c.wide, record ? &saved : nullptr);
-      out = c.out == DType::f32 ? wide_out : wide_out.to(c.out);
-      if (record) save_rounded(saved, c, wide_out, out);
+      Tensor wide_out = op.forward(attrs, c.wide, record ? &saved : nullptr);
+      if (c.out == DType::f32) {
+        out = wide_out;
+        if (record) save_rounded(saved, c, wide_out, out);
+      } else {
+        // The widened inputs go before the output is rounded: the op's transient bytes are its
+        // float32 kernel's, no more.
+        if (record) save_rounded(saved, c, wide_out, Tensor());
+        c.wide.clear();
+        out = wide_out.to(c.out);
+        if (record) {
+          for (Tensor& t : saved) {
+            if (t.defined() && t.impl_ptr() == wide_out.impl_ptr()) t = out;
+          }
+        }
+      }
     }
   }
   if (!record) return out;
@@ -183,7 +196,9 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
   for (Tensor& a : acc) {
     if (a.defined() && a.dtype() != DType::f32) a = Tensor();
   }
-  n.op->backward(n, low(gy.dtype()) ? gy.to(DType::f32) : std::move(gy), grads, acc);
+  Tensor wide_gy = low(gy.dtype()) ? gy.to(DType::f32) : gy;
+  gy = Tensor();  // the caller's was moved in: the low one goes now
+  n.op->backward(n, std::move(wide_gy), grads, acc);
   n.saved = std::move(rounded);
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined() && grads[i].dtype() != n.inputs[i].dtype) grads[i] = grads[i].to(n.inputs[i].dtype);
