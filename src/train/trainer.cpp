@@ -72,6 +72,7 @@ double FitReport::median_step_ms() const {
 std::string FitReport::json() const {
   nlohmann::ordered_json j;
   j["plan"] = plan.str();
+  j["precision"] = precision_name(precision);
   j["micro_batch"] = plan.micro_batch;
   j["accumulation"] = plan.accumulation;
   j["effective_batch"] = plan.effective_batch;
@@ -601,6 +602,7 @@ FitReport Trainer::fit() {
     if (cb_.on_epoch) cb_.on_epoch(er);
   }
   report.plan = plan_;
+  report.precision = opts_.precision;
   return report;
 }
 

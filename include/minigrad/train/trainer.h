@@ -156,6 +156,7 @@ struct FitReport {
   int64_t resumed_from_epoch = 0;      // epochs already done in save_dir when fit started
   size_t peak_in_use = 0;              // the largest step peak
   size_t peak_reserved = 0;
+  Precision precision = Precision::fp32;
   double median_step_ms() const;
   std::string json() const;            // all of it as one JSON object
 };
