@@ -409,3 +409,27 @@ TEST_CASE("ops: every op and case in bf16 and f16 against float32") {
     }
   }
 }
+
+// A node must not hold its own output's handle (that handle points back at the node: a cycle that
+// outlives the output when no backward runs). softmax saved its output so until 2026-11-27, and
+// autocast's rounding did too (LeakSanitizer found the second in test_precision).
+TEST_CASE("ops: an output dropped without backward frees its node, in float32 and bf16") {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const OpDef* op : all_ops()) {
+      const std::vector<OpCase> cases = op->cases();
+      for (size_t ci = 0; ci < cases.size(); ++ci) {
+        CaseInputs in = make_inputs(*op, ci, cases[ci]);
+        if (dtype != DType::f32) {
+          for (size_t k = 0; k < in.tensors.size(); ++k) {
+            if (in.step[k] != 0) in.tensors[k] = in.tensors[k].detach().to(dtype).requires_grad_();
+          }
+        }
+        Tensor y = apply(*op, cases[ci].attrs, in.tensors);
+        REQUIRE(y.grad_fn());
+        const std::weak_ptr<Node> node = y.grad_fn();
+        y = Tensor();
+        CHECK_MESSAGE(node.expired(), std::string(dtype_name(dtype)) + " " + where(*op, ci, "node outlived its output"));
+      }
+    }
+  }
+}

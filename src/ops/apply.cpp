@@ -101,7 +101,10 @@ void save_rounded(std::vector<Tensor>& saved, const Casting& c, const Tensor& wi
   for (Tensor& t : saved) {
     if (!t.defined()) continue;
     if (t.impl_ptr() == wide_out.impl_ptr()) {
-      if (out.defined()) t = out;  // else left for the caller, once it has rounded the output
+      // The output, as ops save theirs: a handle of its own on its storage (the output's handle
+      // will point at this node: saving it would make a cycle). Else left for the caller, once it
+      // has rounded the output.
+      if (out.defined()) t = out.detach();
       continue;
     }
     for (size_t i = 0; i < c.wide.size(); ++i) {
@@ -141,7 +144,7 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
         out = wide_out.to(c.out);
         if (record) {
           for (Tensor& t : saved) {
-            if (t.defined() && t.impl_ptr() == wide_out.impl_ptr()) t = out;
+            if (t.defined() && t.impl_ptr() == wide_out.impl_ptr()) t = out.detach();
           }
         }
       }

@@ -13,7 +13,7 @@ Tensor softmax_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Te
   Tensor y = Tensor::empty(x.shape(), like(x));
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   if (rows > 0) MG_DISPATCH(y.device(), softmax_forward, y, x, rows, cols);
-  save(saved, {y});
+  save(saved, {y.detach()});  // a handle of its own: the output's will point at this node
   return y;
 }
 
