@@ -428,7 +428,7 @@ TEST_CASE("ops: an output dropped without backward frees its node, in float32 an
         REQUIRE(y.grad_fn());
         const std::weak_ptr<Node> node = y.grad_fn();
         y = Tensor();
-        CHECK_MESSAGE(node.expired(), std::string(dtype_name(dtype)) + " " + where(*op, ci, "node outlived its output"));
+        CHECK_MESSAGE(node.expired(), (std::string(dtype_name(dtype)) + " " + where(*op, ci, "node outlived its output")));
       }
     }
   }

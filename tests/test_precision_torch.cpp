@@ -1,8 +1,9 @@
-// bf16 against PyTorch 1.13's CPU autocast (tests/reference/mlp_bf16_torch.py, run first by
-// tests/with_reference.sh into MG_PRECISION_REFERENCE): an MLP 64-128-128-10, SGD with momentum,
-// 20 steps on one batch from the same initial weights. Each step's loss within 2e-2 of PyTorch's
-// bf16 loss, and our bf16 weights no further from our float32 weights than twice PyTorch's bf16
-// weights are from its float32 ones (relative Frobenius norm over all parameters).
+// bf16 against PyTorch 1.13's CPU autocast (tests/reference/precision_torch.py, run first by
+// tests/with_reference.sh into MG_PRECISION_REFERENCE): an MLP 64-128-128-10 (SGD with momentum)
+// and the tiny GPT-2 (AdamW, clipping), 20 steps on one batch from the same initial weights. Each
+// step's loss within 2e-2 of PyTorch's bf16 loss, and our bf16 weights no further from our
+// float32 weights than twice PyTorch's bf16 weights are from its float32 ones (relative Frobenius
+// norm over all parameters).
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -21,17 +22,19 @@ struct Run {
   std::vector<std::vector<float>> weights;  // in named_parameters() order
 };
 
-Run train(const nn::SafetensorsFile& init, Precision p) {
-  auto m = nn::make_mlp({64, 128, 128, 10});
-  {
-    NoGradGuard ng;
-    for (auto& [name, t] : m->named_parameters()) {
-      const Tensor* src = init.find(name);
-      REQUIRE_MESSAGE(src != nullptr, "init.safetensors has no " << name);
-      Tensor dst = t;
-      dst.copy_(*src);
-    }
+void load_params(nn::Module& m, const nn::SafetensorsFile& f) {
+  NoGradGuard ng;
+  for (auto& [name, t] : m.named_parameters()) {
+    const Tensor* src = f.find(name);
+    REQUIRE_MESSAGE(src != nullptr, "the reference's init has no " << name);
+    Tensor dst = t;
+    dst.copy_(*src);
   }
+}
+
+Run train_mlp(const nn::SafetensorsFile& init, Precision p) {
+  auto m = nn::make_mlp({64, 128, 128, 10});
+  load_params(*m, init);
   const Tensor x = *init.find("x"), y = *init.find("y");
   optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
   Run r;
@@ -44,6 +47,26 @@ Run train(const nn::SafetensorsFile& init, Precision p) {
       loss.backward();
     }
     opt.step(1.0f / 64.0f);  // the mean's gradient
+  }
+  for (auto& [name, t] : m->named_parameters()) r.weights.push_back(t.to_vector<float>());
+  return r;
+}
+
+Run train_gpt(const nn::SafetensorsFile& init, Precision p) {
+  auto m = nn::make_gpt2({.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64});
+  load_params(*m, init);
+  const Tensor x = *init.find("x"), y = init.find("y")->reshape({-1});
+  optim::AdamW opt(m->parameters(), {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                                     .decay_matrices_only = true});
+  optim::Accumulator acc(opt, {.steps = 1, .clip_norm = 1.0f});
+  Run r;
+  for (int step = 0; step < 20; ++step) {
+    {
+      AutocastGuard cast(p);
+      acc.backward(cross_entropy(m->forward(x).reshape({-1, 512}), y, Reduction::sum), y.numel());
+    }
+    const optim::StepInfo info = acc.step();
+    r.losses.push_back(static_cast<float>(info.loss_sum / static_cast<double>(info.samples)));
   }
   for (auto& [name, t] : m->named_parameters()) r.weights.push_back(t.to_vector<float>());
   return r;
@@ -69,24 +92,35 @@ std::vector<std::vector<float>> torch_weights(const nn::SafetensorsFile& f, cons
 
 }  // namespace
 
-TEST_CASE("bf16 MLP against PyTorch's CPU autocast: losses within 2e-2, weight error at most twice PyTorch's") {
+// The losses against PyTorch's, and the weight errors against each one's float32 run.
+void compare(const std::string& model, Run (*train)(const nn::SafetensorsFile&, Precision), const nn::Module& m) {
   const char* dir = std::getenv("MG_PRECISION_REFERENCE");
-  REQUIRE_MESSAGE(dir != nullptr, "MG_PRECISION_REFERENCE is not set (ctest runs tests/reference/mlp_bf16_torch.py first)");
-  const nn::SafetensorsFile init = nn::load_safetensors(std::string(dir) + "/init.safetensors");
-  const nn::SafetensorsFile t32 = nn::load_safetensors(std::string(dir) + "/fp32.safetensors");
-  const nn::SafetensorsFile t16 = nn::load_safetensors(std::string(dir) + "/bf16.safetensors");
+  REQUIRE_MESSAGE(dir != nullptr, "MG_PRECISION_REFERENCE is not set (ctest runs tests/reference/precision_torch.py first)");
+  const std::string base = std::string(dir) + "/" + model;
+  const nn::SafetensorsFile init = nn::load_safetensors(base + "_init.safetensors");
+  const nn::SafetensorsFile t32 = nn::load_safetensors(base + "_fp32.safetensors");
+  const nn::SafetensorsFile t16 = nn::load_safetensors(base + "_bf16.safetensors");
   const Run ours32 = train(init, Precision::fp32), ours16 = train(init, Precision::bf16);
   const std::vector<float> l32 = t32.find("losses")->to_vector<float>(), l16 = t16.find("losses")->to_vector<float>();
   REQUIRE(l32.size() == 20);
   for (size_t i = 0; i < 20; ++i) {
+    INFO(model << " step " << i);
     CHECK(ours32.losses[i] == doctest::Approx(l32[i]).epsilon(1e-4));  // the same experiment
     CHECK(ours16.losses[i] == doctest::Approx(l16[i]).epsilon(2e-2));
   }
-  auto m = nn::make_mlp({64, 128, 128, 10});
-  const double theirs = relative_error(torch_weights(t16, *m), torch_weights(t32, *m));
+  const double theirs = relative_error(torch_weights(t16, m), torch_weights(t32, m));
   const double ours = relative_error(ours16.weights, ours32.weights);
-  MESSAGE("bf16 against fp32 after 20 steps, relative weight error: ours " << ours << ", PyTorch autocast " << theirs);
+  MESSAGE(model << ": bf16 against fp32 after 20 steps, relative weight error: ours " << ours << ", PyTorch autocast "
+                << theirs);
   CHECK(theirs > 0);
   CHECK(ours > 0);
   CHECK(ours <= 2 * theirs);
+}
+
+TEST_CASE("bf16 MLP against PyTorch's CPU autocast: losses within 2e-2, weight error at most twice PyTorch's") {
+  compare("mlp", train_mlp, *nn::make_mlp({64, 128, 128, 10}));
+}
+
+TEST_CASE("bf16 tiny GPT-2 against PyTorch's CPU autocast: losses within 2e-2, weight error at most twice PyTorch's") {
+  compare("gpt", train_gpt, *nn::make_gpt2({.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64}));
 }

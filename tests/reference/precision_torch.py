@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Reference values for tests/test_precision_torch.cpp: two models trained 20 steps on one batch
+from the same initial weights twice, in float32 and under PyTorch's CPU autocast to bfloat16.
+
+  mlp  MLP 64-128-128-10, SGD (lr 0.05, momentum 0.9), mean cross-entropy over 64 random samples
+  gpt  the tiny GPT-2 of tests/reference/gpt_tiny_torch.py (vocab 512, context 64, 2 layers,
+       4 heads, width 64), AdamW (lr 1e-3, betas 0.9, 0.95, weight decay 0.1 on 2-D parameters),
+       clipping at norm 1, mean cross-entropy over 4 x 32 random tokens
+
+Writes into OUT_DIR (with the safetensors package), for each model M:
+  M_init.safetensors   the initial state_dict and the batch (x, y)
+  M_fp32.safetensors   the weights after 20 float32 steps, and "losses" (20)
+  M_bf16.safetensors   the same under torch.autocast("cpu", dtype=torch.bfloat16)
+
+    /usr/bin/python3 tests/reference/precision_torch.py OUT_DIR
+
+Exit status 77 (ctest's skip) when torch or safetensors cannot be imported.
+"""
+import os
+import sys
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import save_file
+except ImportError as e:
+    print(f"precision_torch.py: cannot import {e.name}; install python3-torch and the safetensors package "
+          "(scripts/setup.sh with MG_TEST_DEPS=1 does)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "reference"))
+from gpt_torch import GPT, adamw  # noqa: E402
+
+STEPS = 20
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                               torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def gpt():
+    return GPT(512, 64, 2, 4, 64)
+
+
+def state(model):
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def train(make, init, x, y, bf16):
+    model = make()
+    model.load_state_dict(init, strict=False)  # the GPT's lm_head is wte
+    is_gpt = isinstance(model, GPT)
+    opt = adamw(model, 1e-3, 0.1) if is_gpt else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+        loss.backward()
+        if is_gpt:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss))
+    out = state(model)
+    out["losses"] = torch.tensor(losses, dtype=torch.float32)
+    return out
+
+
+def main():
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    torch.set_num_threads(1)
+    for name, make in (("mlp", mlp), ("gpt", gpt)):
+        torch.manual_seed(0)
+        init = state(make())
+        if name == "mlp":
+            x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+        else:
+            x, y = torch.randint(0, 512, (4, 32)), torch.randint(0, 512, (4, 32))
+        save_file({**init, "x": x, "y": y}, os.path.join(out_dir, f"{name}_init.safetensors"))
+        for tag, bf16 in (("fp32", False), ("bf16", True)):
+            save_file(train(make, init, x, y, bf16), os.path.join(out_dir, f"{name}_{tag}.safetensors"))
+    print(f"precision_torch.py: wrote {out_dir} (torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()
