@@ -9,7 +9,7 @@
 // Work is cut into pieces whose bounds depend on the tensors' shapes only, never on the number
 // of threads; any thread may run any piece. A piece writes its own outputs, and where pieces'
 // results must be added (a weight gradient over images), they are added after the parallel part
-// in piece order. So the bits of every result are the same with 1, 2 or 16 threads; what the
+// in piece order. So the bits of every result are the same with any number of threads; what the
 // thread count changes is only who computes which piece. tests/test_threads.cpp trains with 1,
 // 2 and 3 threads and compares the weights bit for bit.
 //
@@ -18,8 +18,9 @@
 // A parallel part is over when its pieces are done, not when every thread has arrived: the caller
 // runs pieces too, and a worker that was descheduled (the machine is busy with other processes)
 // and wakes late finds nothing left and goes back to sleep, holding nobody up. The only wait left
-// is for a piece a worker started and was then descheduled in. Waits spin for a few microseconds
-// (parallel parts follow each other closely within a step) and then sleep in the kernel, so a
+// is for a piece a worker started and was then descheduled in. Waits spin, 50 us for a worker and
+// 100 us for the caller (kWorkerSpin, kCallerSpin in parallel.cpp: parallel parts follow each
+// other closely within a step), and then sleep in the kernel, so a
 // waiting thread does not take the core from the one it waits for. On top of that, the pool
 // watches how long the caller waits for started pieces: when that exceeds a quarter of the
 // parallel time over a window of parts, other processes are taking our cores, and it uses one

@@ -13,7 +13,7 @@
 // core/ sits below the op layer (src/ops/) and includes nothing from it, nor from kernels/. The
 // tape knows an op only as an opaque `const OpDef*` (an entry of the op table, src/ops/op.h) and
 // reaches the op layer through the functions declared under "hooks" below, which src/ops/
-// defines. tests/test_layering.cmake fails the build's tests if a core file includes anything
+// defines. tests/check_layering.cmake fails the build's tests if a core file includes anything
 // above core.
 #pragma once
 
@@ -115,7 +115,7 @@ Tensor rows_view(const Tensor& t, int64_t first, int64_t rows);
 // which frees it after the segment's last op.
 void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads);
 
-// ---- hooks: defined by the op layer (src/ops/hooks.cpp), Note [op layer hooks] -----------------
+// ---- hooks: defined by the op layer (src/ops/apply.cpp), Note [op layer hooks] -----------------
 const char* op_name(const OpDef& op);
 // Runs one op and records it on the tape when grad mode is on and an input requires grad
 // (checkpoint replay calls it with a recorded node's op and attrs).

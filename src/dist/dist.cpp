@@ -100,7 +100,7 @@ MPI_Datatype mpi_type(DType t) {
   }
 }
 
-// Note [gradient buckets]: the tensors are reduced in buckets of about kBucketBytes (1 MiB), in the order
+// Note [MPI packing]: the tensors are reduced in buckets of about kBucketBytes (1 MiB), in the order
 // given (the Accumulator passes the gradients last layer first). Small tensors are packed into a
 // host buffer so that one message carries many of them; a tensor of a bucket's size or more is
 // reduced in place. Every rank adds the same values in the same order: the result is the same on

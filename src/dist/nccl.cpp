@@ -312,7 +312,7 @@ bool nccl_built() { return true; }
 void nccl_all_reduce(const std::vector<Tensor>& tensors, int rank, int size, double timeout_s) {
   Comm& c = comm_for(tensors[0], rank, size, timeout_s);
   // ncclGroupStart/End makes one launch of the whole list: NCCL fuses small tensors itself, so
-  // they need no packing into buckets (Note [gradient buckets] in src/dist/dist.cpp).
+  // they need no packing into buckets (Note [MPI packing] in src/dist/dist.cpp).
   run_ordered(c, "all_reduce of " + describe(tensors), timeout_s, [&] { issue_all_reduce(c, tensors); });
   c.started = 0;  // c.done came after those too
 }

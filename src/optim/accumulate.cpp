@@ -260,7 +260,7 @@ StepInfo Accumulator::step_window(bool flushing) {
         dist::all_reduce_wait();
         dist::timeline_mark("reductions waited");
       } else {
-        std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [gradient buckets]
+        std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [MPI packing]
         dist::all_reduce(last_layer_first);
       }
     }

@@ -7,7 +7,8 @@
 // libraries read, so one setting covers them), otherwise MG_NUM_THREADS, otherwise the cores this
 // process may run on. The count changes speed only, never results: every CPU kernel splits its
 // work into pieces fixed by the tensors' shapes and adds partial results in a fixed order, so a
-// run gives the same bits with 1, 2 or 16 threads (Note [fixed pieces] in src/core/parallel.h).
+// run gives the same bits with any number of threads (Note [fixed pieces] in src/core/parallel.h;
+// tests/test_threads.cpp checks 1, 2 and 3).
 #pragma once
 
 namespace mg {

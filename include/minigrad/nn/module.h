@@ -6,7 +6,7 @@
 //   mlp.add<mg::nn::Linear>(784, 512);
 //   mlp.add<mg::nn::ReLU>();
 //   mlp.add<mg::nn::Linear>(512, 10);
-//   Tensor logits = mlp.forward(x);               // x: (N, 1, 28, 28)
+//   mg::Tensor logits = mlp.forward(x);           // x: (N, 1, 28, 28)
 //   for (auto& [name, p] : mlp.named_parameters()) std::puts(name.c_str());  // "1.weight", ...
 //
 // Parameter names follow PyTorch's for the same nn.Sequential, so weights saved here load there

@@ -30,7 +30,9 @@
 // the micro-batch's loss on the device (one float64 slot of a small statistics tensor) without
 // reading it; step() adds the squared gradient norm to the same tensor (one launch for every
 // gradient) and reads the whole tensor back in one copy: the only host synchronisation of an
-// optimizer step, needed anyway to decide whether to clip, skip or raise. A NaN or infinite loss
+// optimizer step, needed anyway to decide whether to clip, skip or raise. Under data parallelism
+// a step reads twice: the losses before the gradients' reduction (their sums over the ranks go
+// with it), and the norm after it, since it is the reduced gradients' norm. A NaN or infinite loss
 // is therefore found at the step, named by its micro-batch, and its window is dropped (its
 // gradients are NaN by then).
 //
@@ -46,7 +48,7 @@
 // Note [data parallel step]: when mg::dist runs K processes (minigrad/dist/dist.h), each reads its
 // shard of the epoch (Note [shards], minigrad/data/loader.h), and step() is a collective: it sums
 // the window's sample count, loss and micro-batch count, then the summed gradients (last layer
-// first, in buckets: Note [gradient buckets] in src/dist/dist.cpp) over the K processes, once per
+// first, in buckets: Note [MPI packing] in src/dist/dist.cpp) over the K processes, once per
 // optimizer step, never per micro-batch; grad_scale is 1 / (samples of the window on all ranks),
 // and the clipping norm is that of the reduced gradient. K ranks x N micro-batches of b therefore
 // take the step of one process with N micro-batches of K*b, and that of a batch of K*N*b (short
