@@ -9,7 +9,7 @@
 //   }
 //
 // Note [fuzz target rule]
-// -----------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // Bad input is expected to end in mg::Error, the library's one exception. Anything else is a
 // finding: another exception escapes the target (std::terminate, which libFuzzer reports as a
 // deadly signal with the exception's type), and so do a crash, a hang (-timeout), an

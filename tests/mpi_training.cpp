@@ -129,7 +129,9 @@ void check_equal_to_one_process(const data::Dataset& d, const Setup& s, double r
   CHECK(worst < rel_tol);
 }
 
-// Note [each step from the same weights]: over a whole epoch, the end-to-end comparison above
+// Note [each step from the same weights]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Over a whole epoch, the end-to-end comparison above
 // is a lottery for any two summation orders (Note [kinks over an epoch]): K ranks add their
 // shards' gradients and then each other's, one process adds the samples in order, and a ReLU
 // input that rounding moves across zero separates the runs for good. Measured 2026-11-24 over
@@ -204,7 +206,9 @@ const data::IdxDataset& digits() {
 }  // namespace
 
 // A whole epoch (125 steps), checked step by step (Note [each step from the same weights]).
-// Note [kinks over an epoch]: every split sums the gradients in another order, so the weights
+// Note [kinks over an epoch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every split sums the gradients in another order, so the weights
 // differ by rounding (1e-7 relative); over many steps a ReLU input that rounding moves across zero
 // switches one sample's gradient through that unit, a jump of lr * |x| * |g| / batch in one row,
 // far above rounding. How often depends on the run and the kernels' rounding, not on data

@@ -81,7 +81,9 @@ std::string run_row(const Row& r, const std::string& subject) {
   return "accepted: no error";
 }
 
-// Note [row guard]: a crash or a hang of one row must say which row. SIGALRM after kRowSeconds
+// Note [row guard]
+// ~~~~~~~~~~~~~~~~
+// A crash or a hang of one row must say which row. SIGALRM after kRowSeconds
 // reports a hang and exits; a fatal signal reports the row, puts back the handler it replaced
 // (doctest's, or a sanitizer's) and returns, so the signal comes again to that handler.
 constexpr unsigned kRowSeconds = 30;

@@ -6,8 +6,12 @@
 //   mg::cuda::set_cudnn_benchmark(true);    // time cuDNN's algorithms once per shape
 //   mg::cuda::set_cudnn_deterministic(false); // admit non-deterministic cuDNN algorithms
 //
-// The defaults follow PyTorch: matmuls strict FP32, convolutions TF32 (Note [cuda math modes]
-// in docs/cuda.md). In a build without CUDA the setters only record the value.
+// In a build without CUDA the setters only record the value.
+//
+// Note [cuda math modes]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The defaults follow PyTorch: matmuls (linear, matmul) in strict FP32, convolutions allowed
+// TF32 on tensor cores; both switches above change them, and docs/cuda.md has what each costs.
 #pragma once
 
 #include <cstddef>

@@ -9,7 +9,7 @@
 // on that (Note [checkpoint replay] in include/minigrad/core/checkpoint.h).
 //
 // Note [op layer hooks]
-// ---------------------
+// ~~~~~~~~~~~~~~~~~~~~~~
 // core/ sits below the op layer (src/ops/) and includes nothing from it, nor from kernels/. The
 // tape knows an op only as an opaque `const OpDef*` (an entry of the op table, src/ops/op.h) and
 // reaches the op layer through the functions declared under "hooks" below, which src/ops/

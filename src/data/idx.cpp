@@ -27,7 +27,9 @@ using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
 // 1032:1). A gzip file of n bytes cannot hold more than 1032 * n bytes of data.
 constexpr uint64_t kMaxDeflateRatio = 1032;
 
-// Note [gzip members]: a gzip file (RFC 1952) is one or more members, one after another, and
+// Note [gzip members]
+// ~~~~~~~~~~~~~~~~~~~
+// A gzip file (RFC 1952) is one or more members, one after another, and
 // reads as their data concatenated: gzip(1) and Python's gzip module both read it so, and so
 // does this reader. Like Python's (gzip.py, _GzipReader._read_eof) it also skips zero bytes
 // after a member, the padding some tape and block tools leave. Anything else after a member is

@@ -110,6 +110,7 @@ std::string read_image_file(const std::string& file) {
 }
 
 // Note [image decoders]
+// ~~~~~~~~~~~~~~~~~~~~~~~
 // JPEG files are decoded by libjpeg-turbo (Debian's libjpeg-dev), PNG files by stb_image (2.27,
 // Debian's libstb-dev, compiled in here). Debian 12's stb_image JPEG decoder had two findings
 // under fuzz/fuzz_image.cpp: a Huffman table of more than 256 codes made it write past its arrays,
@@ -180,6 +181,7 @@ void decode_jpeg(const uint8_t* data, size_t size, int64_t max_pixels, std::vect
 }
 
 // Note [PNG chunk walk]
+// ~~~~~~~~~~~~~~~~~~~~~~~
 // What is wrong with a PNG's chunk list, as "chunk IDAT declares 2147483520 bytes, 40 are left",
 // or "" when every chunk fits in the file up to a complete IEND chunk (what follows IEND is
 // ignored, as PIL does). Checked before stb_image sees the file, for two of its habits:

@@ -52,7 +52,9 @@ struct Comm {
 };
 Comm g_comm;
 
-// Note [NCCL never blocks the host]: the communicator is made non-blocking
+// Note [NCCL never blocks the host]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The communicator is made non-blocking
 // (ncclConfig_t::blocking = 0). Its creation, the host half of a group's launch (NCCL connects
 // to the peers on first use) and its finalization then return ncclInProgress at once, and the
 // host polls ncclCommGetAsyncError against the collective deadline (Note [collectives never
@@ -293,7 +295,9 @@ void run_ordered(Comm& c, const std::string& what, double timeout_s, Issue&& iss
   wait_done(c, what, timeout_s);
 }
 
-// Note [one rank runs a kernel]: over one rank NCCL skips an in-place sum altogether (nothing to
+// Note [one rank runs a kernel]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Over one rank NCCL skips an in-place sum altogether (nothing to
 // add), so a world of one would test no ordering at all: a bucket reduced before its gradients
 // were final would pass unseen. Its average is a pre-multiplied sum, x * (1/1), which for floats
 // is x to the bit, and NCCL runs it as a kernel that reads and writes the buffer on its stream.

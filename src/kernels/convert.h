@@ -4,7 +4,7 @@
 //             one device; float dtypes only.
 //
 // Note [half conversions]
-// -----------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // Narrowing rounds to nearest, ties to even, in integer arithmetic on the bits (no FPU rounding
 // mode, no intrinsic), so that the CPU and CUDA kernels give the same bits: both call the
 // functions below, which tests/test_dtype.cpp checks on the CPU exhaustively (every bf16 and f16

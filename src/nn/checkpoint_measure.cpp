@@ -39,7 +39,9 @@ std::vector<std::pair<size_t, size_t>> form_units(Sequential& seq) {
 
 size_t in_use(Device d) { return memory_stats(d).in_use; }
 
-// Note [awake workers]: in a step, one op's parallel part follows another's within microseconds,
+// Note [awake workers]
+// ~~~~~~~~~~~~~~~~~~~~
+// In a step, one op's parallel part follows another's within microseconds,
 // while the pool's workers still spin; a unit measured on its own starts after the measuring's
 // bookkeeping, when they sleep, and its first part pays their wake-up. A part of empty pieces
 // just before the clock starts wakes them, as a step would find them. (Units of a tenth of a

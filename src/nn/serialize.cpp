@@ -121,7 +121,9 @@ int remove_stale_temporaries(const std::string& dir, const std::string& prefix) 
   return removed;
 }
 
-// Note [atomic write]: the bytes go to a uniquely named temporary file in the target's own
+// Note [atomic write]
+// ~~~~~~~~~~~~~~~~~~~
+// The bytes go to a uniquely named temporary file in the target's own
 // directory (rename is atomic only within one file system), which is fsync'ed before it is
 // renamed over the target; then the directory is fsync'ed so that the rename itself is durable.
 // A crash at any point leaves the old file or the new one (and a temporary, which the next write

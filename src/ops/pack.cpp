@@ -5,7 +5,7 @@
 // tensor's copy_ is their kernel on either device.
 //
 // Note [segments with several outputs]
-// ------------------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A checkpoint node has one output. checkpoint_multi runs fn and packs its outputs into one
 // tensor inside the segment, so that the segment's node is the pack (recorded and replayed like
 // any op), and hands back unpack views of that one output. Backward of the views meets in the

@@ -128,7 +128,9 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
   return st;
 }
 
-// Note [a pair of files as one unit]: an epoch's state and weights are two files, each written
+// Note [a pair of files as one unit]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An epoch's state and weights are two files, each written
 // atomically (Note [atomic write] in src/nn/serialize.cpp); what makes the pair one unit is the
 // order. The state goes first and holds everything the weights file does (the parameters, and the
 // weights file's metadata under "minigrad.weights.*"); the weights file goes last and so marks the

@@ -3,7 +3,9 @@
 //   mg::ReadOnlyFile f = mg::open_regular_file(path, "safetensors file '" + path + "'");
 //   // f.fd: a blocking descriptor of a regular file; f.size: its size in bytes
 //
-// Note [opening regular files]: a FIFO opened for reading blocks until a writer appears, and a
+// Note [opening regular files]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A FIFO opened for reading blocks until a writer appears, and a
 // device may never end, so a reader given one hangs. The file is opened with O_NONBLOCK (which
 // returns at once for a FIFO) and checked with fstat on the descriptor itself (checking the
 // path first and opening it after is a race); only then is O_NONBLOCK cleared.

@@ -9,7 +9,7 @@
 //   opt.step();                                      // updates the fp32 masters, drops their copies
 //
 // Note [autocast]
-// ---------------
+// ~~~~~~~~~~~~~~~~
 // Parameters stay float32 (the masters) and the optimizer updates them; gradient buffers stay
 // float32, so accumulation over micro-batches and the data-parallel reduction stay exact. While
 // an AutocastGuard of bf16 or fp16 (the "low" dtype) is alive on a thread, every op looks up its

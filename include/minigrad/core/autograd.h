@@ -35,7 +35,7 @@ class NoGradGuard {
 };
 
 // Note [gradient-ready hooks]
-// ---------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // While a GradReadyHook is alive on a thread, the outermost backward on that thread calls it once
 // for every leaf that requires grad and that the backward reaches, right after the last
 // contribution of that backward was added into the leaf's grad(): from then on this backward

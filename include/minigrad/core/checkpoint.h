@@ -5,7 +5,7 @@
 //   Tensor y = mg::checkpoint([&](const std::vector<Tensor>& in) { return block.forward(in[0]); }, {x});
 //
 // Note [checkpoint replay]
-// ------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
 // The segment runs once normally, recording its ops as nodes (a sub-tape) rooted at detached
 // copies of its inputs (the boundary). When the function returns, every tensor the sub-tape
 // saved is released; only the boundary tensors are kept, as the saved tensors of one
@@ -22,7 +22,7 @@
 // same order, since replayed nodes keep the relative order of the first pass.
 //
 // Note [tiled segments]
-// ---------------------
+// ~~~~~~~~~~~~~~~~~~~~~~
 // A segment's backward holds, at its peak, a few of its activations at the whole batch: the
 // floor that no choice of segments goes below (docs/checkpointing.md). With tile_rows = r, the
 // segment runs on rows [0, r), [r, 2r), ... of its inputs (dim 0, the batch) one tile at a time,
@@ -40,7 +40,7 @@
 //   - tiles run in row order; each tile's input gradient is copied into its rows of the whole.
 //
 // Note [nested segments]
-// ----------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~
 // A segment that calls mg::checkpoint inside (a block that checkpoints itself, within a range a
 // plan checkpoints) runs the inner call as part of the outer segment: its ops are recorded on the
 // outer sub-tape like any others, dropped with them after the forward, and replayed with them in

@@ -78,7 +78,7 @@ Generator& default_generator();
 void manual_seed(uint64_t seed);
 
 // Note [dropout by sample]
-// ------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Outside a sample window, each dropout call reserves numel draws of its generator, so the masks
 // depend on how the batch was split: with two dropout layers, 4 micro-batches of 8 draw other
 // masks than one batch of 32. Inside a window (a SampleWindowGuard, held while a micro-batch's

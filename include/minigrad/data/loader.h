@@ -12,21 +12,27 @@
 // The loader borrows a data set passed by reference (it must outlive the loader: the prefetch
 // thread reads it) and shares one passed as a std::shared_ptr.
 //
-// Note [batch-size independent order]: the order of samples in an epoch is
+// Note [batch-size independent order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The order of samples in an epoch is
 // epoch_permutation(size, seed, epoch), a pure function of (seed, epoch) computed with the
 // counter-based Philox RNG; batch k is elements [k*B, (k+1)*B) of it. So every batch size walks
 // the same sequence, and batch 16 x 4 accumulated sees exactly the samples of batch 64, in the
 // same order, including the short last batch. Gradient accumulation's exactness
 // (Note [accumulation normalises by samples], minigrad/optim/accumulate.h) depends on it.
 //
-// Note [shards]: with num_shards = W, shard s walks positions s, s + W, s + 2W, ... of that order,
+// Note [shards]
+// ~~~~~~~~~~~~~
+// With num_shards = W, shard s walks positions s, s + W, s + 2W, ... of that order,
 // batched as above. The W shards of an epoch partition the data set (each sample in exactly one),
 // their sizes differ by at most one, and so can their numbers of batches. Batch k of all W shards
 // together holds exactly batch k of one unsharded loader with batch size W * B (positions
 // [k*W*B, (k+1)*W*B), the short last batch included): W data-parallel workers see what one worker
 // with W times the batch sees, as accumulation does. drop_last drops each shard's own short batch.
 //
-// Note [loader host buffers]: the prefetch thread has Dataset::read_batch write into host
+// Note [loader host buffers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The prefetch thread has Dataset::read_batch write into host
 // vectors, not tensors; next() makes the batch's tensors on the caller's thread. So batches
 // waiting in the queue never show in memory_stats (only the batch handed out does), and the
 // vectors are where page-locked memory will go: the library has no pinned allocation API yet, so

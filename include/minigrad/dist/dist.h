@@ -21,7 +21,9 @@
 // through ncclAllReduce on a stream of its own, ordered after the work that produced them
 // (the NCCL communicator is made on first use; its unique id travels over MPI).
 //
-// Note [collectives never hang]: every collective waits at most timeout_seconds (Session's
+// Note [collectives never hang]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every collective waits at most timeout_seconds (Session's
 // option, or MG_DIST_TIMEOUT in seconds; default 300). A peer that died, threw, or called a
 // different collective makes the others throw mg::Error naming the operation and the wait,
 // instead of hanging. A rank that fails should not just return (the others may wait for it in a
@@ -34,7 +36,9 @@
 // process is world 1, and collectives do nothing. Started by a launcher, even a world of 1 runs
 // every collective; without one, SessionOptions::world_of_one (Note [a world of one]) does that too.
 //
-// Note [a world of one]: a process started without a launcher is a world of one whose collectives
+// Note [a world of one]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A process started without a launcher is a world of one whose collectives
 // do nothing. With SessionOptions::world_of_one (or MG_DIST_WORLD_OF_ONE=1) it still runs them as
 // `mpirun -np 1` would: CUDA tensors through NCCL on a communicator of one rank (its unique id
 // made here, no MPI needed), the Accumulator through its data-parallel path (buckets started
@@ -129,7 +133,9 @@ void check_same_parameters(const std::vector<std::pair<std::string, Tensor>>& na
 // once per call: what an all-reduce of a gradient costs, whatever the algorithm underneath).
 int64_t bytes_reduced();
 
-// Note [reduction timeline]: where the reductions of CUDA tensors ran, against the compute stream,
+// Note [reduction timeline]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where the reductions of CUDA tensors ran, against the compute stream,
 // read from CUDA events (NCCL builds; nothing is recorded for CPU tensors, whose MPI reductions
 // block the caller). While recording, every NCCL call gets a span on NCCL's stream, from the
 // moment the stream passed the wait for the work before it (its inputs were final) to its end;

@@ -8,7 +8,7 @@
 //   Tensor logits = mg::nn::forward_with_plan(*vgg, plan, x);
 //
 // Note [checkpoint cost model]
-// ----------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The planner works on units: a layer, merged with the view layers (Flatten) in front of it, so
 // that no unit's output shares storage with the next unit's. For each unit, one measured pass
 // (allocator statistics, unit by unit, the kernels and thread count of the real run) gives:

@@ -29,7 +29,7 @@ std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div = 
 // ---- ResNet (He et al. 2016), as torchvision builds it (v1.5: the stride in the 3x3 conv) ----------
 //
 // Note [residual blocks as units]
-// -------------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A ResNet is a chain of blocks, and each block is a small graph: the residual branch and the
 // identity (or a strided 1x1 conv + BatchNorm, "downsample") meet in an add. make_resnet* return
 // ONE flat Sequential whose layers are the stem (conv1, bn1, relu, maxpool), the blocks, and the
@@ -80,7 +80,7 @@ std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div
 // ---- GPT-2 (Radford et al. 2019), laid out as Hugging Face's GPT2LMHeadModel and nanoGPT ---------
 //
 // Note [GPT-2 as a chain]
-// -----------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // make_gpt2 returns ONE flat Sequential: "transformer" (token + position embeddings, wte and wpe),
 // the blocks "transformer.h.0" ... (x + attn(ln_1(x)), then x + mlp(ln_2(x))), "transformer.ln_f"
 // and "lm_head". Parameter names are Hugging Face's ("transformer.h.0.attn.c_attn.weight"); the
@@ -151,7 +151,7 @@ std::shared_ptr<Sequential> make_gpt2(const GPTConfig& config);
 // ---- Hugging Face's GPT-2 checkpoints (gpt2, gpt2-medium, ..., or a save_pretrained folder) ------
 //
 // Note [loading Hugging Face's GPT-2]
-// -----------------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A folder as the hub holds it or save_pretrained writes it: config.json and model.safetensors.
 // The file's names are ours with or without the "transformer." prefix (GPT2LMHeadModel writes it,
 // GPT2Model and the hub's gpt2 file do not). Its four Conv1D weights per block (attn.c_attn,

@@ -166,7 +166,9 @@ class GELU : public Module {
 // as PyTorch's: in training, each call normalises by its batch's statistics and updates
 // running_mean and running_var (unbiased) by `momentum`; in eval mode it uses them. Parameters
 // weight and bias (affine), buffers running_mean, running_var, num_batches_tracked.
-// Note [batch norm and the step]: under gradient accumulation each micro-batch normalises by its
+// Note [batch norm and the step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under gradient accumulation each micro-batch normalises by its
 // own statistics (as in PyTorch), so N micro-batches are not the big batch's step; set_frozen(true)
 // normalises by the running statistics while training (weight and bias still learn), which makes
 // the step independent of the split. Under checkpointing the running statistics are updated once

@@ -8,7 +8,7 @@
 //   // mg::nn::forward_with_plan(*vgg, p.checkpoint, x) for every micro-batch.
 //
 // Note [joint plan]
-// -----------------
+// ~~~~~~~~~~~~~~~~~~
 // A user has B samples per optimizer step (the effective batch) and a budget of bytes. With
 // exact accumulation (minigrad/optim/accumulate.h) any split of B into micro-batches gives the
 // same update, so the split is free to choose, and so is the checkpoint plan of each micro-batch.

@@ -12,7 +12,9 @@
 //
 // or the whole loop: mg::optim::train_epoch(model, loader, acc, e).
 //
-// Note [accumulation normalises by samples]: each micro-batch's loss is a SUM over its samples,
+// Note [accumulation normalises by samples]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each micro-batch's loss is a SUM over its samples,
 // backward adds its gradient into the optimizer's buffers (minigrad/optim/optimizer.h), and the step
 // multiplies by grad_scale = 1 / (samples in the window). The step therefore uses the mean
 // gradient over every sample of the window, whatever the sizes of its micro-batches: N
@@ -21,12 +23,16 @@
 // divided by N) weights a sample of a short micro-batch more than the others and divides a short
 // window by N instead of by its length; docs/accumulation.md has the numbers.
 //
-// Clipping (Note [clipping once per step]): the global norm is that of the window's MEAN
+// Note [clipping once per step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Clipping: the global norm is that of the window's MEAN
 // gradient, sqrt(sum over grads of sum_squares) / samples, computed once per optimizer step
 // (never per micro-batch), and the clipping coefficient min(1, max_norm / (norm + 1e-6)) is
 // folded into grad_scale, so clipping costs one read pass over the gradients and no write.
 //
-// Note [one read per step]: on CUDA the host never waits inside a window. backward() records
+// Note [one read per step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// On CUDA the host never waits inside a window. backward() records
 // the micro-batch's loss on the device (one float64 slot of a small statistics tensor) without
 // reading it; step() adds the squared gradient norm to the same tensor (one launch for every
 // gradient) and reads the whole tensor back in one copy: the only host synchronisation of an
@@ -36,7 +42,9 @@
 // is therefore found at the step, named by its micro-batch, and its window is dropped (its
 // gradients are NaN by then).
 //
-// Note [recovering from out-of-memory]: a window that runs out of memory (mg::OutOfMemoryError:
+// Note [recovering from out-of-memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A window that runs out of memory (mg::OutOfMemoryError:
 // a full device, or the cap of mg::set_memory_limit) is dropped with discard() and redone from its
 // first micro-batch under a plan for the memory actually there (mg::memory_capacity and the
 // joint planner, minigrad/nn/train_plan.h). The optimizer has not stepped, its state is untouched,
@@ -45,7 +53,9 @@
 // tests are "joint planner: out of memory in a window ..." in tests/test_train_plan.cpp and ctest
 // oom_recovery).
 //
-// Note [data parallel step]: when mg::dist runs K processes (minigrad/dist/dist.h), each reads its
+// Note [data parallel step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// When mg::dist runs K processes (minigrad/dist/dist.h), each reads its
 // shard of the epoch (Note [shards], minigrad/data/loader.h), and step() is a collective: it sums
 // the window's sample count, loss and micro-batch count, then the summed gradients (last layer
 // first, in buckets: Note [MPI packing] in src/dist/dist.cpp) over the K processes, once per
@@ -57,7 +67,9 @@
 // train_epoch counts the windows from the largest shard. Dropout by sample numbers the samples
 // across ranks (sample_window()), so masks too are those of the single process.
 //
-// Note [overlapped reduction]: on CUDA tensors (NCCL) the reduction need not wait for step(). In
+// Note [overlapped reduction]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// On CUDA tensors (NCCL) the reduction need not wait for step(). In
 // the window's last micro-batch (the N-th), backward() cuts the gradients into buckets of about
 // 4 MiB (AccumulateOptions::bucket_bytes), last layer first (src/optim/grad_buckets.h), and starts each bucket's all-reduce on
 // NCCL's stream as soon as backward has finished every gradient in it and every bucket before it
@@ -105,7 +117,7 @@ enum class NonFinite : uint8_t {
 };
 
 // Note [loss scaling]
-// -------------------
+// ~~~~~~~~~~~~~~~~~~~~
 // fp16's smallest normal is 6.1e-5, so small output gradients flush to zero; its largest is 65504.
 // With scaling on, each micro-batch's backward runs on loss x S, and the step's one grad_scale
 // (Note [accumulation normalises by samples]) divides S out again, after accumulation, so the

@@ -11,7 +11,7 @@
 //   mg::FitReport r = trainer.fit();   // "micro-batch 64 x 4 (256 per step), checkpoint [0,3) ..."
 //
 // Note [the trainer's step]
-// -------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Optimizer step k of epoch e takes the samples [k B, (k + 1) B) of the epoch's order
 // (mg::data::epoch_permutation(n, seed, e), which no batch size changes; under K ranks each takes
 // every K-th of them, Note [shards]) and feeds them in micro-batches of b, the last one what is left,

@@ -24,7 +24,7 @@
 // Tensor, so the CPU allocator counts it).
 //
 // Note [weight gradients in sample order]
-// ---------------------------------------
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // dW and db are added into the gradient buffer one image at a time, in image order, each image's
 // term computed the same way whatever else is in the batch (its own row blocks in order; sums over
 // pixels in fixed lanes, not in an order that depends on the address, as Eigen's vectorised sum

@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(kAttentionThreads)
 }
 
 // ---- tiles for heads of 64 -------------------------------------------------------------------
-// Note [attention tiles]. A tile is 64 rows of one head's 64 channels in shared memory, rows kLd
+// Note [attention tiles]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A tile is 64 rows of one head's 64 channels in shared memory, rows kLd
 // floats apart: kLd = 68 keeps the rows 16-byte aligned (float4 reads) and puts row r's float4 at
 // bank 4r mod 32, so 8 lanes reading rows tx + 16 j (column-interleaved dot products) hit 32
 // different banks. Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty .. 4 ty + 3 of the tile

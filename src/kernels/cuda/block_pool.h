@@ -12,7 +12,9 @@
 //   void* p = pool.allocate(1000);     // a 1024-byte block of a 2 MiB segment
 //   pool.deallocate(p, 1000);          // back to the cache, not to the system
 //
-// Note [caching allocator] (the design of PyTorch's CUDACachingAllocator, reduced to one
+// Note [caching allocator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// (The design of PyTorch's CUDACachingAllocator, reduced to one
 // stream): requests are rounded up to 512 bytes. Requests up to 1 MiB come from a small pool
 // that grows in 2 MiB segments; larger ones from a large pool whose segments are 20 MiB for
 // requests under 10 MiB and the request rounded up to 2 MiB otherwise. A request takes the

@@ -1,6 +1,8 @@
 // What every CUDA kernel file shares: checks, the per-device context (handles, stream, error
 // flag), a device guard, launch sizes and workspaces from the caching allocator.
-// Note [cuda stream]: all work runs on the legacy default stream of each device, so kernels,
+// Note [cuda stream]
+// ~~~~~~~~~~~~~~~~~~
+// All work runs on the legacy default stream of each device, so kernels,
 // cuBLAS, cuDNN and cudaMemcpy are ordered without events, and a block freed to the caching
 // allocator can be reused by the next launch at once (as PyTorch does within one stream). The
 // host waits only where a value must come back: copies to the host and sum_squares.

@@ -12,7 +12,9 @@
 // Math (Note [cuda math modes], docs/cuda.md): TF32 allowed by default (CUDNN_DEFAULT_MATH, as
 // PyTorch's allow_tf32 for cuDNN), strict FP32 after set_tf32_conv(false) (CUDNN_FMA_MATH; an
 // algorithm is then used only if cuDNN reports it runs in FMA math).
-// Determinism (Note [deterministic convolutions]): by default only algorithms cuDNN reports as
+// Note [deterministic convolutions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Determinism: by default only algorithms cuDNN reports as
 // CUDNN_DETERMINISTIC are used, so the same inputs give the same bits run after run: a
 // checkpointed segment's replayed backward equals the plain one, and accumulation's exactness
 // tests hold on the GPU. The backward fallbacks are then ALGO_1 (deterministic) instead of
@@ -125,7 +127,9 @@ size_t find_workspace(const Perf* perf, int count, const ConvKey& k) {
 
 constexpr int kMaxAlgos = 16;
 
-// Note [timing needs room]: with cudnn benchmark on, Find times every ranked algorithm in a
+// Note [timing needs room]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// With cudnn benchmark on, Find times every ranked algorithm in a
 // workspace as large as the hungriest one needs (up to the workspace limit). On a full device, or
 // under mg::set_memory_limit, that allocation can fail where running the convolution would not:
 // the choice then falls back to cuDNN's heuristic ranking (cudnnGet*_v7), as with benchmark off.
