@@ -33,6 +33,29 @@ inline Tensor rand_tensor(const Shape& s, uint64_t seed, bool requires_grad = fa
   return t;
 }
 
+// A labelled data set of n random samples of `sample`'s shape, label i the class (7 i + seed) % classes.
+inline std::shared_ptr<const data::Dataset> random_dataset(int64_t n, const Shape& sample, int64_t classes, uint64_t seed) {
+  Shape s{n};
+  s.insert(s.end(), sample.begin(), sample.end());
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = (i * 7 + static_cast<int64_t>(seed)) % classes;
+  return std::make_shared<data::TensorDataset>(rand_tensor(s, seed), Tensor::from_vector(y, {n}));
+}
+
+// A model's parameters and buffers (BatchNorm's running statistics and counts) as raw bytes: two
+// models compare equal only bit for bit.
+inline std::vector<std::vector<uint8_t>> state_bits(const nn::Module& m) {
+  std::vector<std::vector<uint8_t>> out;
+  auto add = [&](const Tensor& t) {
+    const Tensor c = t.cpu();
+    const auto* p = static_cast<const uint8_t*>(c.raw_data());
+    out.emplace_back(p, p + c.nbytes());
+  };
+  for (const auto& [name, p] : m.named_parameters()) add(p);
+  for (const auto& [name, b] : m.named_buffers()) add(b);
+  return out;
+}
+
 // Moves elements within `margin` of zero away from it: finite differences are meaningless at a
 // kink (relu, max), and a step h would straddle it.
 inline Tensor away_from_zero(Tensor t, float margin = 0.05f) {

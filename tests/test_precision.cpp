@@ -15,30 +15,6 @@
 
 using namespace mg;
 
-namespace {
-
-std::shared_ptr<const data::Dataset> random_set(int64_t n, const Shape& sample, int64_t classes, uint64_t seed) {
-  Shape s{n};
-  s.insert(s.end(), sample.begin(), sample.end());
-  std::vector<int64_t> y(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = (i * 7 + static_cast<int64_t>(seed)) % classes;
-  return std::make_shared<data::TensorDataset>(test::rand_tensor(s, seed), Tensor::from_vector(y, {n}));
-}
-
-std::vector<std::vector<uint8_t>> state_bits(const nn::Module& m) {
-  std::vector<std::vector<uint8_t>> out;
-  auto add = [&](const Tensor& t) {
-    const Tensor c = t.cpu();
-    const auto* p = static_cast<const uint8_t*>(c.raw_data());
-    out.emplace_back(p, p + c.nbytes());
-  };
-  for (const auto& [name, p] : m.named_parameters()) add(p);
-  for (const auto& [name, b] : m.named_buffers()) add(b);
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("autocast bf16: products and statistics store bf16, the loss and the gradient buffers float32") {
   manual_seed(1);
   auto m = nn::make_mlp({16, 32, 10});
@@ -83,7 +59,7 @@ TEST_CASE("autocast bf16: products and statistics store bf16, the loss and the g
 }
 
 TEST_CASE("bf16 through the Trainer: 16 x 4 equals 64, checkpointed equals plain, and 1, 2, 3 threads agree") {
-  const auto data = random_set(128, {3, 32, 32}, 10, 4);
+  const auto data = test::random_dataset(128, {3, 32, 32}, 10, 4);
   auto train = [&](int64_t micro, const std::string& checkpoint, int threads) {
     set_num_threads(threads);
     manual_seed(5);
@@ -92,7 +68,7 @@ TEST_CASE("bf16 through the Trainer: 16 x 4 equals 64, checkpointed equals plain
     Trainer(*m, data, opt, {.batch_size = 64, .micro_batch = micro, .checkpoint = checkpoint, .epochs = 1,
                             .seed = 2, .precision = Precision::bf16, .progress = Progress::off})
         .fit();
-    return state_bits(*m);
+    return test::state_bits(*m);
   };
   const int threads = num_threads();
   const auto ref = train(0, "none", 2);
@@ -106,7 +82,7 @@ TEST_CASE("bf16 through the Trainer: 16 x 4 equals 64, checkpointed equals plain
   auto m = nn::make_vgg16(10, 16);
   optim::SGD opt(m->parameters(), {.lr = 0.01f, .momentum = 0.9f});
   Trainer(*m, data, opt, {.batch_size = 64, .epochs = 1, .seed = 2, .progress = Progress::off}).fit();
-  CHECK(state_bits(*m) != ref);
+  CHECK(test::state_bits(*m) != ref);
 }
 
 TEST_CASE("loss scaling: an overflowing window is dropped atomically and the scale lowered") {
@@ -125,7 +101,7 @@ TEST_CASE("loss scaling: an overflowing window is dropped atomically and the sca
   // One good step first, so that the optimizer has state to keep.
   optim::Accumulator warm(opt, {.steps = 2, .loss_scaling = {.on = true, .init = 1024.0f}});
   REQUIRE_FALSE(window(warm).skipped);
-  const auto before = state_bits(*m);
+  const auto before = test::state_bits(*m);
   std::vector<std::vector<float>> state_before;
   for (const auto& [name, t] : opt.state_tensors()) state_before.push_back(t.to_vector<float>());
   const int64_t steps_before = opt.step_count();
@@ -137,7 +113,7 @@ TEST_CASE("loss scaling: an overflowing window is dropped atomically and the sca
   CHECK(bad.loss_scale == 3e38f);
   CHECK(acc.loss_scale() == 1.5e38f);
   CHECK(std::isfinite(bad.loss_sum));  // the loss itself was fine
-  CHECK(state_bits(*m) == before);
+  CHECK(test::state_bits(*m) == before);
   CHECK(opt.step_count() == steps_before);
   std::vector<std::vector<float>> state_after;
   for (const auto& [name, t] : opt.state_tensors()) state_after.push_back(t.to_vector<float>());
@@ -178,7 +154,7 @@ TEST_CASE("loss scaling: an overflowing window is dropped atomically and the sca
 }
 
 TEST_CASE("fp16 through the Trainer: loss scaling on, each step's loss within 1e-2 of the fp32 run's") {
-  const auto data = random_set(64, {16}, 10, 6);
+  const auto data = test::random_dataset(64, {16}, 10, 6);
   auto run = [&](Precision p, std::vector<optim::StepInfo>* infos) {
     manual_seed(4);
     auto m = nn::make_mlp({16, 64, 10});
@@ -206,7 +182,7 @@ TEST_CASE("fp16 through the Trainer: loss scaling on, each step's loss within 1e
 TEST_CASE("bf16: the planner's predicted peak is the measured one (VGG16/8 and the tiny GPT)") {
   // VGG16 / 8 at 64x64, batch 16, in images.
   {
-    const auto data = random_set(32, {3, 64, 64}, 2, 8);
+    const auto data = test::random_dataset(32, {3, 64, 64}, 2, 8);
     manual_seed(1);
     auto m = nn::make_vgg16(2, 8);
     optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});

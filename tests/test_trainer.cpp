@@ -17,27 +17,6 @@ using namespace mg;
 
 namespace {
 
-std::shared_ptr<const data::Dataset> random_images(int64_t n, const Shape& sample, int64_t classes, uint64_t seed) {
-  Shape s{n};
-  s.insert(s.end(), sample.begin(), sample.end());
-  std::vector<int64_t> y(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = (i * 7 + static_cast<int64_t>(seed)) % classes;
-  return std::make_shared<data::TensorDataset>(test::rand_tensor(s, seed), Tensor::from_vector(y, {n}));
-}
-
-// Parameters and buffers (BatchNorm's running statistics and counts), as raw bytes.
-std::vector<std::vector<uint8_t>> state_bits(const nn::Module& m) {
-  std::vector<std::vector<uint8_t>> out;
-  auto add = [&](const Tensor& t) {
-    const Tensor c = t.cpu();
-    const auto* p = static_cast<const uint8_t*>(c.raw_data());
-    out.emplace_back(p, p + c.nbytes());
-  };
-  for (const auto& [name, p] : m.named_parameters()) add(p);
-  for (const auto& [name, b] : m.named_buffers()) add(b);
-  return out;
-}
-
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& name)
@@ -54,7 +33,7 @@ struct Uncap {
 }  // namespace
 
 TEST_CASE("Trainer: 16 x 4 and one micro-batch of 64 give the same bits over two epochs") {
-  const auto data = random_images(256, {1, 8, 8}, 10, 3);
+  const auto data = test::random_dataset(256, {1, 8, 8}, 10, 3);
   std::vector<std::vector<uint8_t>> ref;
   for (int64_t micro : {0, 16, 24}) {  // 24: windows of 24, 24, 16
     manual_seed(11);
@@ -66,7 +45,7 @@ TEST_CASE("Trainer: 16 x 4 and one micro-batch of 64 give the same bits over two
     CHECK(r.steps == 2 * (256 / 64));
     CHECK(r.plan.micro_batch == (micro ? micro : 64));
     CHECK(r.plan.accumulation == (micro ? (64 + micro - 1) / micro : 1));
-    const auto bits = state_bits(*m);
+    const auto bits = test::state_bits(*m);
     if (ref.empty()) {
       ref = bits;
     } else {
@@ -77,8 +56,8 @@ TEST_CASE("Trainer: 16 x 4 and one micro-batch of 64 give the same bits over two
 
 TEST_CASE("Trainer: a batch that cannot fit is refused at once, naming what it needs and what there is") {
   Uncap uncap;
-  const auto data = random_images(64, {1, 8, 8}, 10, 4);
-  const auto many = random_images(100000, {1, 8, 8}, 10, 4);
+  const auto data = test::random_dataset(64, {1, 8, 8}, 10, 4);
+  const auto many = test::random_dataset(100000, {1, 8, 8}, 10, 4);
   auto m = nn::make_mlp({64, 256, 10});
   optim::SGD opt(m->parameters(), {.lr = 0.01f});
   // 8 MiB more than what the data sets and the model hold.
@@ -132,7 +111,7 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
   Uncap uncap;
   const Device cpu = Device::cpu();
   const int64_t B = 8, micro = 4;
-  const auto data = random_images(32, {3, 16, 16}, 10, 9);  // 4 steps per epoch
+  const auto data = test::random_dataset(32, {3, 16, 16}, 10, 9);  // 4 steps per epoch
   auto fresh = [](uint64_t seed) {
     manual_seed(seed);
     return nn::make_resnet18(10, 16);
@@ -169,7 +148,7 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
     CHECK(r.peak_in_use <= low);
     CHECK_FALSE(r.plan.checkpoint.segments.empty());  // the low cap needs checkpointing
     u_plan = r.plan.str();
-    u_bits = state_bits(*m);
+    u_bits = test::state_bits(*m);
   }
 
   // A: planned for the high budget; after its second step a callback lowers the cap, the third
@@ -213,14 +192,14 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
     CHECK(r.steps == 4);
     CHECK(r.peak_in_use <= low);
     CHECK(r.plan.str() == u_plan);
-    CHECK(state_bits(*m) == u_bits);
+    CHECK(test::state_bits(*m) == u_bits);
   }
 }
 
 TEST_CASE("Trainer: an accumulation schedule with the short last window kept equals train_epoch's epochs") {
   // 200 samples, micro-batches of 16 (the last of an epoch 8), N = 4 in epoch 0 and 2 from epoch 1:
   // the Trainer's windows are train_epoch's over a DataLoader with the same seed, to the bit.
-  const auto data = random_images(200, {1, 8, 8}, 10, 5);
+  const auto data = test::random_dataset(200, {1, 8, 8}, 10, 5);
   const optim::AccumulationSchedule sched = optim::AccumulationSchedule::parse("0:4,1:2");
   std::vector<std::vector<uint8_t>> ref;
   {
@@ -233,7 +212,7 @@ TEST_CASE("Trainer: an accumulation schedule with the short last window kept equ
       acc.set_steps(sched.steps_for_epoch(e));
       optim::train_epoch(*m, loader, acc, e);
     }
-    ref = state_bits(*m);
+    ref = test::state_bits(*m);
   }
   TempDir dir("mg_trainer_schedule");
   for (const bool split : {false, true}) {  // split: two epochs, then a fresh Trainer resumes from the file
@@ -262,7 +241,7 @@ TEST_CASE("Trainer: an accumulation schedule with the short last window kept equ
       CHECK(r.steps == 7);
       m = std::move(m2);
     }
-    CHECK(state_bits(*m) == ref);
+    CHECK(test::state_bits(*m) == ref);
   }
   // A folder with no checkpoint, and a file that is not there, are errors naming them.
   auto m = nn::make_mlp({64, 32, 10});
@@ -274,7 +253,7 @@ TEST_CASE("Trainer: an accumulation schedule with the short last window kept equ
 }
 
 TEST_CASE("Trainer: Normalize::micro_batches is the usual recipe, and a schedule longer than the data is refused") {
-  const auto data = random_images(64, {1, 8, 8}, 10, 5);
+  const auto data = test::random_dataset(64, {1, 8, 8}, 10, 5);
   auto m = nn::make_mlp({64, 32, 10});
   optim::SGD opt(m->parameters(), {.lr = 0.05f});
   const FitReport r = Trainer(*m, data, opt, {.batch_size = 16, .micro_batch = 8, .normalize = optim::Normalize::micro_batches,
