@@ -95,19 +95,10 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast)
   return c;
 }
 
-// What forward saved, in the dtypes backward gets them in: a widened input saved as its rounded
-// original, the float32 output as the stored one.
-void save_rounded(std::vector<Tensor>& saved, const Casting& c, const Tensor& wide_out, const Tensor& out) {
+// What forward saved, in the dtypes backward gets them in: a widened input as its rounded original.
+void save_rounded_inputs(std::vector<Tensor>& saved, const Casting& c) {
   for (Tensor& t : saved) {
-    if (!t.defined()) continue;
-    if (t.impl_ptr() == wide_out.impl_ptr()) {
-      // The output, as ops save theirs: a handle of its own on its storage (the output's handle
-      // will point at this node: saving it would make a cycle). Else left for the caller, once it
-      // has rounded the output.
-      if (out.defined()) t = out.detach();
-      continue;
-    }
-    for (size_t i = 0; i < c.wide.size(); ++i) {
+    for (size_t i = 0; t.defined() && i < c.wide.size(); ++i) {
       if (c.wide[i].defined() && t.impl_ptr() == c.wide[i].impl_ptr()) {
         t = c.stored[i];
         break;
@@ -133,19 +124,16 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
       out = op.forward(attrs, inputs, record ? &saved : nullptr);
     } else {
       Tensor wide_out = op.forward(attrs, c.wide, record ? &saved : nullptr);
-      if (c.out == DType::f32) {
-        out = wide_out;
-        if (record) save_rounded(saved, c, wide_out, out);
-      } else {
-        // The widened inputs go before the output is rounded: the op's transient bytes are its
-        // float32 kernel's, no more.
-        if (record) save_rounded(saved, c, wide_out, Tensor());
-        c.wide.clear();
-        out = wide_out.to(c.out);
-        if (record) {
-          for (Tensor& t : saved) {
-            if (t.defined() && t.impl_ptr() == wide_out.impl_ptr()) t = out.detach();
-          }
+      if (record) save_rounded_inputs(saved, c);
+      // The widened inputs go before the output is rounded: the op's transient bytes are its
+      // float32 kernel's, no more.
+      c.wide.clear();
+      out = c.out == DType::f32 ? wide_out : wide_out.to(c.out);
+      if (record && c.out != DType::f32) {
+        // An op saves its output as a handle of its own on the output's storage (the output's
+        // handle will point at this node): the handle now goes to the rounded output's storage.
+        for (Tensor& t : saved) {
+          if (t.defined() && t.shares_storage(wide_out)) t = out.detach();
         }
       }
     }
