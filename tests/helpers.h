@@ -42,15 +42,18 @@ inline std::shared_ptr<const data::Dataset> random_dataset(int64_t n, const Shap
   return std::make_shared<data::TensorDataset>(rand_tensor(s, seed), Tensor::from_vector(y, {n}));
 }
 
+// A tensor's bytes (copied to the CPU).
+inline std::vector<uint8_t> raw_bytes(const Tensor& t) {
+  const Tensor c = t.cpu();
+  const auto* p = static_cast<const uint8_t*>(c.raw_data());
+  return {p, p + c.nbytes()};
+}
+
 // A model's parameters and buffers (BatchNorm's running statistics and counts) as raw bytes: two
 // models compare equal only bit for bit.
 inline std::vector<std::vector<uint8_t>> state_bits(const nn::Module& m) {
   std::vector<std::vector<uint8_t>> out;
-  auto add = [&](const Tensor& t) {
-    const Tensor c = t.cpu();
-    const auto* p = static_cast<const uint8_t*>(c.raw_data());
-    out.emplace_back(p, p + c.nbytes());
-  };
+  auto add = [&](const Tensor& t) { out.push_back(raw_bytes(t)); };
   for (const auto& [name, p] : m.named_parameters()) add(p);
   for (const auto& [name, b] : m.named_buffers()) add(b);
   return out;

@@ -448,6 +448,46 @@ TEST_CASE("ops: every op and case in bf16 and f16 against float32") {
   }
 }
 
+// Note [half operands] (src/kernels/cpu/gemm.h): an op whose CPU kernels read bf16 and f16 as they
+// are gives the bits of the float32 kernels run on widened copies, output and every gradient.
+TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies") {
+  struct Restore {
+    ~Restore() { set_half_kernels(true); }
+  } restore;
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const OpDef* op : selected_ops()) {
+      if (!op->half_kernels) continue;
+      SUBCASE((std::string(dtype_name(dtype)) + " " + op->name).c_str()) {
+      const std::vector<OpCase> cases = op->cases();
+      for (size_t ci = 0; ci < cases.size(); ++ci) {
+        std::vector<std::vector<uint8_t>> bits[2];
+        for (const bool half : {true, false}) {
+          set_half_kernels(half);
+          CaseInputs in = make_inputs(*op, ci, cases[ci]);
+          std::vector<Tensor> low;
+          for (size_t k = 0; k < in.tensors.size(); ++k) {
+            const Tensor& t = in.tensors[k];
+            low.push_back(t.defined() && is_floating(t.dtype()) ? t.detach().to(dtype).requires_grad_(in.step[k] != 0) : t);
+          }
+          Tensor y = apply(*op, cases[ci].attrs, low);
+          y.backward(r_tensor(make_r(y.numel(), name_hash(op->name) + ci), y.shape()).to(y.dtype()));
+          auto& b = bits[half ? 0 : 1];
+          b.push_back(test::raw_bytes(y));
+          for (size_t k = 0; k < low.size(); ++k) {
+            if (in.step[k] != 0) b.push_back(test::raw_bytes(low[k].grad()));
+          }
+        }
+        REQUIRE(bits[0].size() == bits[1].size());
+        for (size_t j = 0; j < bits[0].size(); ++j) {
+          CHECK_MESSAGE(bits[0][j] == bits[1][j], dtype_name(dtype) << " " << where(*op, ci, j == 0 ? "output" : "gradient")
+                                                     << " (result " << j << "): half kernels and widened copies differ");
+        }
+      }
+      }
+    }
+  }
+}
+
 // A node must not hold its own output's handle (that handle points back at the node: a cycle that
 // outlives the output when no backward runs). softmax saved its output so until 2026-11-27, and
 // autocast's rounding did too (LeakSanitizer found the second in test_precision).

@@ -63,6 +63,7 @@ struct Node {
   Shape out_shape;
   DType out_dtype = DType::f32;
   DType cast = DType::f32;    // the autocast dtype it ran under (f32: none), for replay (Note [autocast])
+  bool half_kernels = false;  // its kernels took bf16/f16 as they were (OpDef::half_kernels in src/ops/op.h)
   Device out_device;
   bool released = false;      // saved tensors were freed by a backward without retain_graph
   std::shared_ptr<CheckpointSegment> segment;  // checkpoint nodes only

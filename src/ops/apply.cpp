@@ -1,5 +1,6 @@
 // Running an op: apply() and the op registry, and the hooks core calls (Note [op layer hooks] in
 // src/core/tape.h).
+#include <atomic>
 #include <string_view>
 
 #include <minigrad/core/autocast.h>
@@ -50,6 +51,25 @@ void check_float(const char* op, const char* what, const Tensor& t) {
            op << ": " << what << " must be float32, got " << dtype_name(t.dtype()));
 }
 
+void check_float_or_half(const char* op, const char* what, const Tensor& t) {
+  MG_CHECK(t.defined(), op << ": " << what << " is undefined");
+  MG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
+           op << ": " << what << " must be float32, bfloat16 or float16, got " << dtype_name(t.dtype()));
+}
+
+namespace {
+std::atomic<bool> g_half_kernels{true};
+}
+void set_half_kernels(bool on) { g_half_kernels = on; }
+bool half_kernels_enabled() { return g_half_kernels; }
+
+DType half_out(const std::vector<Tensor>& in) {
+  for (const Tensor& t : in) {
+    if (t.defined() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16)) return t.dtype();
+  }
+  return DType::f32;
+}
+
 // ---- hooks ------------------------------------------------------------------------------------
 
 const char* op_name(const OpDef& op) { return op.name; }
@@ -62,12 +82,13 @@ bool low(DType t) { return t == DType::bf16 || t == DType::f16; }
 // run, and the dtype of its output. `cast` is the autocast dtype (f32: off).
 struct Casting {
   bool active = false;              // some input or the output is not float32
+  bool half_kernels = false;        // the op's kernels take `stored` as it is (OpDef::half_kernels)
   DType out = DType::f32;           // the output's dtype
   std::vector<Tensor> stored;       // input i as saved and differentiated: rounded where the table says
   std::vector<Tensor> wide;         // input i as the kernel reads it: float32
 };
 
-Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast) {
+Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast, Device device) {
   Casting c;
   DType seen = DType::f32;  // a low dtype among the inputs
   for (const Tensor& t : in) {
@@ -87,6 +108,10 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast)
   if (op.kind == OpKind::loss) c.out = DType::f32;
   else if (op.precision != OpPrecision::follow && cast != DType::f32) c.out = cast;
   else c.out = any_low ? run : DType::f32;
+  // CPU kernels that read bf16/f16 themselves take the inputs as they are, when the output's dtype
+  // is the one they would give it (Note [half operands] in kernels/cpu/gemm.h).
+  c.half_kernels = op.half_kernels && device.is_cpu() && half_kernels_enabled() && half_out(c.stored) == c.out;
+  if (c.half_kernels) return c;
   c.wide.resize(c.stored.size());
   for (size_t i = 0; i < c.stored.size(); ++i) {
     const Tensor& t = c.stored[i];
@@ -115,13 +140,15 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   const bool record = needs_grad && GradMode::enabled();
   const Device device = common_device(op.name, inputs);
   const DType cast = autocast_dtype();
-  Casting c = plan_casting(op, inputs, cast);
+  Casting c = plan_casting(op, inputs, cast, device);
   std::vector<Tensor> saved;
   Tensor out;
   {
     const profiler::Scope timed(op.name, device, forward_pass());
     if (!c.active) {
       out = op.forward(attrs, inputs, record ? &saved : nullptr);
+    } else if (c.half_kernels) {
+      out = op.forward(attrs, c.stored, record ? &saved : nullptr);
     } else {
       Tensor wide_out = op.forward(attrs, c.wide, record ? &saved : nullptr);
       if (record) save_rounded_inputs(saved, c);
@@ -148,6 +175,7 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   node->out_shape = out.shape();
   node->out_dtype = out.dtype();
   node->cast = cast;
+  node->half_kernels = c.half_kernels;
   node->out_device = out.device();
   // Inputs without history are kept when a gradient goes to them, and inside a checkpoint
   // segment, whose replay re-runs the op on them (Note [checkpoint replay]).
@@ -177,15 +205,21 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
     n.op->backward(n, std::move(gy), grads, accum);
     return;
   }
+  // A gradient is summed in place only into a float32 buffer (a parameter's); others come back.
+  std::vector<Tensor> acc = accum;
+  for (Tensor& a : acc) {
+    if (a.defined() && a.dtype() != DType::f32) a = Tensor();
+  }
+  if (n.half_kernels) {  // kernels that take the low dtypes as they are (OpDef::half_kernels)
+    if (gy.defined() && gy.dtype() != n.out_dtype) gy = gy.to(n.out_dtype);
+    n.op->backward(n, std::move(gy), grads, acc);
+    return;
+  }
   // Note [autocast]: the rule runs in float32 on widened copies; a gradient goes to its input in
   // that input's dtype, and a float32 buffer (a parameter's) takes its sum in place.
   std::vector<Tensor> rounded = n.saved;
   for (Tensor& t : n.saved) {
     if (t.defined() && low(t.dtype())) t = t.to(DType::f32);
-  }
-  std::vector<Tensor> acc = accum;
-  for (Tensor& a : acc) {
-    if (a.defined() && a.dtype() != DType::f32) a = Tensor();
   }
   Tensor wide_gy = low(gy.dtype()) ? gy.to(DType::f32) : gy;
   gy = Tensor();  // the caller's was moved in: the low one goes now

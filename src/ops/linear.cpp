@@ -9,8 +9,8 @@ namespace {
 
 Tensor linear_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor &x = in[0], &w = in[1], &b = in[2];
-  check_float("linear", "input", x);
-  check_float("linear", "weight", w);
+  check_float_or_half("linear", "input", x);
+  check_float_or_half("linear", "weight", w);
   MG_CHECK(x.dim() == 2, "linear: input must be 2-D (N, in_features), got shape " << shape_str(x.shape()));
   MG_CHECK(w.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape "
                              << shape_str(w.shape()));
@@ -18,11 +18,11 @@ Tensor linear_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Ten
                                        << w.size(1) << " (input shape " << shape_str(x.shape())
                                        << ", weight shape " << shape_str(w.shape()) << ")");
   if (b.defined()) {
-    check_float("linear", "bias", b);
+    check_float_or_half("linear", "bias", b);
     MG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "linear: bias shape " << shape_str(b.shape())
                                                          << ", expected [" << w.size(0) << "]");
   }
-  Tensor y = Tensor::empty({x.size(0), w.size(0)}, like(x));
+  Tensor y = Tensor::empty({x.size(0), w.size(0)}, TensorOptions{half_out(in), x.device()});
   MG_DISPATCH(x.device(), linear_forward, y, x, w, b);
   save(saved, {x, w});
   return y;
@@ -48,7 +48,7 @@ std::vector<OpCase> linear_cases() {
 
 const OpDef kLinear{"linear", OpKind::contraction, linear_fwd, linear_bwd, linear_flops, linear_cases,
                     /*tile: its SGEMM rounds differently for another number of rows (Note [tiled segments])*/ nullptr,
-                    OpPrecision::low};
+                    OpPrecision::low, /*half_kernels*/ true};
 MG_REGISTER_OP(kLinear);
 
 }  // namespace

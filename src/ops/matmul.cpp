@@ -19,12 +19,12 @@ MatmulDims matmul_dims(const Shape& a, const Shape& b) {
 }
 
 Tensor matmul_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
-  check_float("matmul", "a", in[0]);
-  check_float("matmul", "b", in[1]);
+  check_float_or_half("matmul", "a", in[0]);
+  check_float_or_half("matmul", "b", in[1]);
   const MatmulDims d = matmul_dims(in[0].shape(), in[1].shape());
   Shape out = in[0].shape();
   out.back() = d.n;
-  Tensor y = Tensor::empty(out, like(in[0]));
+  Tensor y = Tensor::empty(out, TensorOptions{half_out(in), in[0].device()});
   if (d.k == 0) return y.zero_();
   MG_DISPATCH(y.device(), matmul_forward, y, in[0], in[1], d);
   save(saved, {in[0], in[1]});
@@ -61,7 +61,7 @@ std::vector<OpCase> matmul_cases() {
 // Tiles (Note [tiled segments]) would cut the batch of products, but a 2-D product mixes rows with
 // a shared b: not tiled.
 const OpDef kMatmul{"matmul", OpKind::contraction, matmul_fwd, matmul_bwd, matmul_flops, matmul_cases, nullptr,
-                    OpPrecision::low};
+                    OpPrecision::low, /*half_kernels*/ true};
 MG_REGISTER_OP(kMatmul);
 
 }  // namespace

@@ -78,6 +78,10 @@ struct OpDef {
   // [first, first + rows) instead. Null when the op mixes samples and cannot run in tiles.
   OpAttrs (*tile)(const Node& n, int64_t recorded, int64_t first, int64_t rows);
   OpPrecision precision = OpPrecision::follow;
+  // Its CPU kernels read and write bf16 and f16 themselves (Note [half operands] in
+  // kernels/cpu/gemm.h): apply() hands it the low-precision inputs as they are instead of float32
+  // copies, and it makes its output and gradients in the dtypes of Note [autocast].
+  bool half_kernels = false;
 };
 
 // Every registered op, in registration order.
@@ -94,6 +98,16 @@ struct OpRegistrar {
 inline TensorOptions like(const Tensor& t) { return TensorOptions{DType::f32, t.device()}; }
 
 void check_float(const char* op, const char* what, const Tensor& t);
+// float32, or bf16 or f16 for an op with half_kernels.
+void check_float_or_half(const char* op, const char* what, const Tensor& t);
+
+// Whether ops with half_kernels use them (on by default); off, they run on float32 copies as other
+// ops do. tests/test_ops.cpp checks that both give the same bits.
+void set_half_kernels(bool on);
+bool half_kernels_enabled();
+
+// The dtype of an op with half_kernels' output: the first bf16 or f16 input's, else float32.
+DType half_out(const std::vector<Tensor>& in);
 
 inline void save(std::vector<Tensor>* saved, std::initializer_list<Tensor> ts) {
   if (saved) saved->insert(saved->end(), ts);
@@ -101,8 +115,10 @@ inline void save(std::vector<Tensor>* saved, std::initializer_list<Tensor> ts) {
 
 inline bool wants(const Node& n, size_t i) { return i < n.inputs.size() && n.inputs[i].requires_grad; }
 
+// Input i's gradient buffer: float32, or the input's own dtype where the node ran its kernels on
+// bf16/f16 (Node::half_kernels).
 inline Tensor empty_like_input(const Node& n, size_t i, Device d) {
-  return Tensor::empty(n.inputs[i].shape, TensorOptions{DType::f32, d});
+  return Tensor::empty(n.inputs[i].shape, TensorOptions{n.half_kernels ? n.inputs[i].dtype : DType::f32, d});
 }
 
 // The gradient of input i of an element-wise op whose backward kernel reads and writes each
@@ -110,7 +126,8 @@ inline Tensor empty_like_input(const Node& n, size_t i, Device d) {
 // and one pass over memory fewer), else a new tensor. The planner measures what this saves
 // (Note [checkpoint cost model]).
 inline Tensor elementwise_grad(const Node& n, size_t i, const Tensor& gy) {
-  const bool reuse = sole_owner(gy) && gy.impl().offset == 0 && gy.dtype() == DType::f32 && gy.shape() == n.inputs[i].shape;
+  const DType dtype = n.half_kernels ? n.inputs[i].dtype : DType::f32;
+  const bool reuse = sole_owner(gy) && gy.impl().offset == 0 && gy.dtype() == dtype && gy.shape() == n.inputs[i].shape;
   return reuse ? gy : empty_like_input(n, i, gy.device());
 }
 

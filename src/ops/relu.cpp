@@ -7,8 +7,8 @@ namespace mg {
 namespace {
 
 Tensor relu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
-  check_float("relu", "input", in[0]);
-  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  check_float_or_half("relu", "input", in[0]);
+  Tensor y = Tensor::empty(in[0].shape(), TensorOptions{half_out(in), in[0].device()});
   MG_DISPATCH(y.device(), relu_forward, y, in[0]);
   // The values only: saving y itself would make y -> grad_fn -> saved y a reference cycle,
   // and a graph dropped without backward would never be freed.
@@ -24,7 +24,8 @@ void relu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<
 
 std::vector<OpCase> relu_cases() { return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {1}}}, {}}}; }
 
-const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases, rows_apart};
+const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases, rows_apart,
+                  OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kRelu);
 
 }  // namespace

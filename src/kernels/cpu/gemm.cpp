@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <minigrad/core/tensor.h>
 #include "core/parallel.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/eigen.h"
 
 #ifdef MINIGRAD_WITH_OPENBLAS
@@ -43,9 +45,11 @@ void single_threaded_blas() {
 
 void eigen_product(const GemmArgs& g) {
   using Strided = Eigen::Map<const MatrixRM, 0, Eigen::OuterStride<>>;
-  Eigen::Map<MatrixRM, 0, Eigen::OuterStride<>> C(g.c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
-  const Strided A(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, Eigen::OuterStride<>(g.lda));
-  const Strided B(g.b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, Eigen::OuterStride<>(g.ldb));
+  Eigen::Map<MatrixRM, 0, Eigen::OuterStride<>> C(static_cast<float*>(g.c), g.m, g.n, Eigen::OuterStride<>(g.ldc));
+  const Strided A(static_cast<const float*>(g.a), g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k,
+                  Eigen::OuterStride<>(g.lda));
+  const Strided B(static_cast<const float*>(g.b), g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n,
+                  Eigen::OuterStride<>(g.ldb));
   auto run = [&](const auto& a, const auto& b) {
     if (g.accumulate) C.noalias() += a * b;
     else C.noalias() = a * b;
@@ -74,25 +78,96 @@ void product(const GemmArgs& g) {
   if (use_openblas()) {
     single_threaded_blas();
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans, g.trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, g.a,
-                static_cast<int>(g.lda), g.b, static_cast<int>(g.ldb), g.accumulate ? 1.0f : 0.0f, g.c,
-                static_cast<int>(g.ldc));
+                static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f,
+                static_cast<const float*>(g.a), static_cast<int>(g.lda), static_cast<const float*>(g.b),
+                static_cast<int>(g.ldb), g.accumulate ? 1.0f : 0.0f, static_cast<float*>(g.c), static_cast<int>(g.ldc));
     return;
   }
 #endif
   eigen_product(g);
 }
 
+// ---- half operands (Note [half operands]) -------------------------------------------------------
+
+const void* at(const void* p, DType t, int64_t i) { return static_cast<const char*>(p) + i * static_cast<int64_t>(dtype_size(t)); }
+void* at(void* p, DType t, int64_t i) { return static_cast<char*>(p) + i * static_cast<int64_t>(dtype_size(t)); }
+
+float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::bf16: return half::float_from_bf16(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return half::float_from_f16(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+void store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = half::bf16_from_float(v); break;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = half::f16_from_float(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// rows x cols of p (leading dimension ld, dtype t) as a compact float32 block, in a tensor the
+// allocator counts.
+Tensor widen_block(const void* p, DType t, int64_t rows, int64_t cols, int64_t ld) {
+  Tensor out = Tensor::empty({rows * cols}, TensorOptions{DType::f32, Device::cpu()});
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) o[r * cols + j] = load(p, t, r * ld + j);
+  }
+  return out;
+}
+
+bool all_float(const GemmArgs& g) {
+  return g.a_type == DType::f32 && g.b_type == DType::f32 && g.c_type == DType::f32 && g.c_init == nullptr;
+}
+
 }  // namespace
 
 void gemm_serial(const GemmArgs& g) {
-  if (g.k == 0) {  // an empty sum: C = 0, or C unchanged
-    if (!g.accumulate) {
-      for (int64_t i = 0; i < g.m; ++i) std::fill(g.c + i * g.ldc, g.c + i * g.ldc + g.n, 0.0f);
+  if (all_float(g)) {
+    if (g.k == 0) {  // an empty sum: C = 0, or C unchanged
+      if (!g.accumulate) {
+        float* c = static_cast<float*>(g.c);
+        for (int64_t i = 0; i < g.m; ++i) std::fill(c + i * g.ldc, c + i * g.ldc + g.n, 0.0f);
+      }
+      return;
     }
-    return;
+    return product(g);
   }
-  product(g);
+  if (g.m == 0 || g.n == 0) return;
+  // Note [half operands]: this piece's blocks in float32, the float32 product, C rounded back.
+  GemmArgs f = g;
+  Tensor a, b, c;
+  if (g.a_type != DType::f32) {
+    const int64_t cols = g.trans_a ? g.m : g.k;
+    a = widen_block(g.a, g.a_type, g.trans_a ? g.k : g.m, cols, g.lda);
+    f.a = a.data<float>(), f.lda = cols, f.a_type = DType::f32;
+  }
+  if (g.b_type != DType::f32) {
+    const int64_t cols = g.trans_b ? g.k : g.n;
+    b = widen_block(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb);
+    f.b = b.data<float>(), f.ldb = cols, f.b_type = DType::f32;
+  }
+  const bool in_place = g.c_type == DType::f32 && g.c_init == nullptr;
+  if (!in_place) {
+    if (g.c_init) {
+      c = Tensor::empty({g.m * g.n}, TensorOptions{DType::f32, Device::cpu()});
+      for (int64_t i = 0; i < g.m; ++i) std::copy(g.c_init, g.c_init + g.n, c.data<float>() + i * g.n);
+    } else {
+      c = g.accumulate ? widen_block(g.c, g.c_type, g.m, g.n, g.ldc)
+                       : Tensor::empty({g.m * g.n}, TensorOptions{DType::f32, Device::cpu()});
+    }
+    f.c = c.data<float>(), f.ldc = g.n, f.c_type = DType::f32, f.c_init = nullptr;
+    f.accumulate = g.accumulate || g.c_init != nullptr;
+  }
+  gemm_serial(f);
+  if (in_place) return;
+  const float* cp = c.data<float>();
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) store(g.c, g.c_type, i * g.ldc + j, cp[i * g.n + j]);
+  }
 }
 
 namespace {
@@ -107,18 +182,27 @@ constexpr int64_t kNominalRows = 32, kColumnAlign = 48, kRowBlock = 256, kRowGro
 void padded_rows(const GemmArgs& g) {
   std::vector<float> a(static_cast<size_t>(kRowGroup * g.k), 0.0f), c(static_cast<size_t>(kRowGroup * g.n), 0.0f);
   for (int64_t i = 0; i < g.m; ++i) {
-    for (int64_t j = 0; j < g.k; ++j) a[i * g.k + j] = g.trans_a ? g.a[j * g.lda + i] : g.a[i * g.lda + j];
-    if (g.accumulate) std::copy(g.c + i * g.ldc, g.c + i * g.ldc + g.n, c.begin() + i * g.n);
+    for (int64_t j = 0; j < g.k; ++j) a[i * g.k + j] = load(g.a, g.a_type, g.trans_a ? j * g.lda + i : i * g.lda + j);
+    if (g.c_init) std::copy(g.c_init, g.c_init + g.n, c.begin() + i * g.n);
+    else if (g.accumulate) {
+      for (int64_t j = 0; j < g.n; ++j) c[i * g.n + j] = load(g.c, g.c_type, i * g.ldc + j);
+    }
   }
   GemmArgs group = g;
   group.trans_a = false;
   group.m = kRowGroup;
   group.a = a.data();
   group.lda = g.k;
+  group.a_type = DType::f32;
   group.c = c.data();
   group.ldc = g.n;
+  group.c_type = DType::f32;
+  group.c_init = nullptr;
+  group.accumulate = g.accumulate || g.c_init != nullptr;
   gemm_serial(group);
-  for (int64_t i = 0; i < g.m; ++i) std::copy(c.begin() + i * g.n, c.begin() + (i + 1) * g.n, g.c + i * g.ldc);
+  for (int64_t i = 0; i < g.m; ++i) {
+    for (int64_t j = 0; j < g.n; ++j) store(g.c, g.c_type, i * g.ldc + j, c[i * g.n + j]);
+  }
 }
 
 void gemm_sample_rows(const GemmArgs& g) {
@@ -129,15 +213,16 @@ void gemm_sample_rows(const GemmArgs& g) {
     GemmArgs p = g;
     p.m = std::min(kRowBlock, g.m - r0) / kRowGroup * kRowGroup;
     p.n = std::min(width, g.n - c0);
-    p.a = g.trans_a ? g.a + r0 : g.a + r0 * g.lda;
-    p.b = g.trans_b ? g.b + c0 * g.ldb : g.b + c0;
-    p.c = g.c + r0 * g.ldc + c0;
+    p.a = at(g.a, g.a_type, g.trans_a ? r0 : r0 * g.lda);
+    p.b = at(g.b, g.b_type, g.trans_b ? c0 * g.ldb : c0);
+    p.c = at(g.c, g.c_type, r0 * g.ldc + c0);
+    if (g.c_init) p.c_init = g.c_init + c0;
     if (p.m > 0) gemm_serial(p);
     GemmArgs rest = p;  // the rows after the last full group
     rest.m = std::min(kRowBlock, g.m - r0) - p.m;
     if (rest.m == 0) return;
-    rest.a = g.trans_a ? p.a + p.m : p.a + p.m * g.lda;
-    rest.c = p.c + p.m * g.ldc;
+    rest.a = at(p.a, g.a_type, g.trans_a ? p.m : p.m * g.lda);
+    rest.c = at(p.c, g.c_type, p.m * g.ldc);
     if (rest.k == 0) return gemm_serial(rest);
     padded_rows(rest);
   });
@@ -158,12 +243,13 @@ void gemm(const GemmArgs& g) {
     GemmArgs p = g;
     if (by_rows) {
       p.m = size;
-      p.a = g.trans_a ? g.a + begin : g.a + begin * g.lda;
-      p.c = g.c + begin * g.ldc;
+      p.a = at(g.a, g.a_type, g.trans_a ? begin : begin * g.lda);
+      p.c = at(g.c, g.c_type, begin * g.ldc);
     } else {
       p.n = size;
-      p.b = g.trans_b ? g.b + begin * g.ldb : g.b + begin;
-      p.c = g.c + begin;
+      p.b = at(g.b, g.b_type, g.trans_b ? begin * g.ldb : begin);
+      p.c = at(g.c, g.c_type, begin);
+      if (g.c_init) p.c_init = g.c_init + begin;
     }
     gemm_serial(p);
   });

@@ -1,7 +1,7 @@
-// Matrix products for the CPU kernels, row-major float32:
-//   C (m x n) = op(A) op(B)        (accumulate: C += op(A) op(B))
+// Matrix products for the CPU kernels, row-major, computed in float32:
+//   C (m x n) = op(A) op(B)        (accumulate: C += op(A) op(B); with c_init: C = 1 c_init^T + op(A) op(B))
 // op(A) is A (m x k, leading dimension lda) or, with trans_a, the transpose of A stored (k x m);
-// likewise B. The product runs in OpenBLAS's single-threaded SGEMM when the build found OpenBLAS
+// likewise B. A, B and C are float32, or bf16 or f16 (Note [half operands]). The product runs in OpenBLAS's single-threaded SGEMM when the build found OpenBLAS
 // (MINIGRAD_BLAS; Eigen otherwise), called by our own threads (core/parallel.h).
 //
 //   gemm(...)         C is cut into pieces of rows or columns fixed by (m, n, k) and the pieces run
@@ -11,22 +11,38 @@
 
 #include <cstdint>
 
+#include <minigrad/core/dtype.h>
+
 namespace mg::cpu {
 
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
-  const float* a = nullptr;
+  const void* a = nullptr;
   int64_t lda = 0;
-  const float* b = nullptr;
+  const void* b = nullptr;
   int64_t ldb = 0;
-  float* c = nullptr;
+  void* c = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
   // The rows of C are samples (Note [rows that do not depend on the batch]): each row comes out
   // with the same bits whatever m is and wherever the row lies.
   bool sample_rows = false;
+  DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32;
+  // Each row of C starts as this float32 row (n values: a bias) and the product is added to it.
+  const float* c_init = nullptr;
 };
+
+// Note [half operands]
+// ~~~~~~~~~~~~~~~~~~~~
+// A bf16 or f16 operand is widened to float32 a block at a time, inside the piece that reads it:
+// each piece (the same pieces, fixed by the shape, as in float32) widens the rows or columns of A
+// and B it multiplies into buffers of its own, runs the float32 product on them, and rounds its
+// block of C to C's type on the way out. So the bits are those of widening the whole operands,
+// multiplying in float32 and rounding the result (what an op does with float32 kernels, Note
+// [autocast] in minigrad/core/autocast.h), while the float32 bytes held at once are a piece's,
+// not the operands': a 3136 x 512 weight in bf16 is never widened whole. The buffers are tensors,
+// so the CPU allocator (and the planner's measurement) counts them.
 
 void gemm(const GemmArgs& g);
 

@@ -12,38 +12,62 @@
 
 namespace mg {
 
+namespace {
+// A half tensor as float32 (Note [half operands] in kernels/cpu/gemm.h: the sums below take whole rows).
+Tensor wide(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
+}  // namespace
+
 template <> void linear_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-  float* yp = y.data<float>();
-  if (b.defined()) {
-    const float* bp = b.data<float>();
+  cpu::GemmArgs g{.trans_b = true, .m = n, .n = m, .k = k, .a = x.raw_data(), .lda = k, .b = w.raw_data(), .ldb = k,
+                  .c = y.raw_data(), .ldc = m, .sample_rows = true, .a_type = x.dtype(), .b_type = w.dtype(),
+                  .c_type = y.dtype()};
+  const Tensor bias = b.defined() ? wide(b) : Tensor();
+  if (b.defined() && y.dtype() != DType::f32) {
+    g.c_init = bias.data<float>();  // each row starts as the bias in float32, rounded with the product
+  } else if (b.defined()) {
+    float* yp = y.data<float>();
+    const float* bp = bias.data<float>();
     cpu::parallel_for(n, cpu::items_per_piece(m), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) std::copy(bp, bp + m, yp + r * m);
     });
+    g.accumulate = true;
   }
-  cpu::gemm({.trans_b = true, .m = n, .n = m, .k = k, .a = x.data<float>(), .lda = k, .b = w.data<float>(),
-             .ldb = k, .c = yp, .ldc = m, .accumulate = b.defined(), .sample_rows = true});
+  cpu::gemm(g);
 }
 
 template <>
 void linear_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
                           const Tensor& w, bool accumulate) {
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
-  const float* dyp = dy.data<float>();
   if (dx.defined()) {
-    cpu::gemm({.m = n, .n = k, .k = m, .a = dyp, .lda = m, .b = w.data<float>(), .ldb = k, .c = dx.data<float>(),
-               .ldc = k, .sample_rows = true});
+    cpu::gemm({.m = n, .n = k, .k = m, .a = dy.raw_data(), .lda = m, .b = w.raw_data(), .ldb = k, .c = dx.raw_data(),
+               .ldc = k, .sample_rows = true, .a_type = dy.dtype(), .b_type = w.dtype(), .c_type = dx.dtype()});
   }
+  const Tensor dy32 = dw.defined() || db.defined() ? wide(dy) : Tensor();
+  // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.
+  const auto sum_in_float = [&](Tensor& g, auto&& sum) {
+    if (g.dtype() == DType::f32) return sum(g);
+    Tensor g32 = Tensor::empty(g.shape(), TensorOptions{DType::f32, g.device()});
+    sum(g32);
+    g.copy_(g32);
+  };
   if (dw.defined()) {  // in sample order (Note [sums in sample order] in kernels/cpu/gemm.h)
-    cpu::sum_outer_products(n, m, k, dyp, m, x.data<float>(), k, dw.data<float>(), k, accumulate);
+    const Tensor x32 = wide(x);
+    sum_in_float(dw, [&](Tensor& g) {
+      cpu::sum_outer_products(n, m, k, dy32.data<float>(), m, x32.data<float>(), k, g.data<float>(), k, accumulate);
+    });
   }
   if (db.defined()) {  // likewise: db = ((db + dy_0) + dy_1) + ...
-    float* dbp = db.data<float>();
-    if (!accumulate) std::fill(dbp, dbp + m, 0.0f);
-    for (int64_t r = 0; r < n; ++r) {
+    sum_in_float(db, [&](Tensor& g) {
+      const float* dyp = dy32.data<float>();
+      float* dbp = g.data<float>();
+      if (!accumulate) std::fill(dbp, dbp + m, 0.0f);
+      for (int64_t r = 0; r < n; ++r) {
 #pragma omp simd
-      for (int64_t j = 0; j < m; ++j) dbp[j] += dyp[r * m + j];
-    }
+        for (int64_t j = 0; j < m; ++j) dbp[j] += dyp[r * m + j];
+      }
+    });
   }
 }
 
