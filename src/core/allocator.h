@@ -71,12 +71,12 @@ extern const char* const kOutOfMemoryHint;
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A training step asks for the same sizes every step. glibc serves blocks of this size with mmap
 // or trims them off its heap when freed, so each step faulted the pages of its activations in
-// again: VGG16/8 steps took 10% longer than with glibc told to keep its memory (GLIBC_TUNABLES
-// mmap and trim thresholds), 3,400 page faults a step (BENCHMARKS.md, "Convolutions in oneDNN").
+// again, and steps were slower than with glibc told to keep its memory (GLIBC_TUNABLES mmap and
+// trim thresholds; measured: BENCHMARKS.md, "Convolutions in oneDNN").
 // So a freed block of kCacheMin bytes or more is kept and handed to the next request of the same
 // rounded size, as long as the kept bytes stay under the most ever in use (reserved <= twice
 // that); mg::empty_cache(cpu) returns them, and so does a failed system allocation before its
-// retry. With the blocks kept, 430 page faults a step, and the step as fast as with the tunables.
+// retry. With the blocks kept, a step faults far fewer pages and runs as fast as with the tunables.
 // Only in use is the planner's figure; reserved counts the kept blocks too. Builds with
 // AddressSanitizer keep nothing, so that a use after free is still caught.
 class CpuAllocator final : public Allocator {

@@ -26,7 +26,8 @@
 // parallel time over a window of parts, other processes are taking our cores, and it uses one
 // thread fewer for a while before trying again (Note [backing off] in core/backoff.h). OpenMP's
 // barrier, by contrast, waits for every thread of the team, spinning: with two busy processes
-// on a 2-core machine a step took 25x as long with 2 threads as with 1.
+// on a 2-core machine a step took far longer with 2 threads than with 1 (measured: BENCHMARKS.md,
+// "Figures behind the design notes").
 #pragma once
 
 #include <algorithm>

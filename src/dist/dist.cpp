@@ -111,9 +111,9 @@ MPI_Datatype mpi_type(DType t) {
 // Note [arrive, then reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The buckets go through MPI's blocking MPI_Allreduce, which Open
-// MPI tunes per message size: measured on the 2-core CI machine, 2 ranks, 2.68 MB (the MLP's
-// gradient): 1.5 ms, against 3.9 ms for MPI_Iallreduce polled in a tight loop (whose schedule
-// advances only inside MPI calls). A blocking call cannot be bounded in time, so it is only made
+// MPI tunes per message size: for the MLP's gradient it is faster than MPI_Iallreduce polled in a
+// tight loop, whose schedule advances only inside MPI calls (measured: BENCHMARKS.md, "Figures
+// behind the design notes"). A blocking call cannot be bounded in time, so it is only made
 // once every rank has arrived: a small non-blocking reduction first, polled against the deadline
 // (Note [collectives never hang]), which also checks that every rank reduces as many elements of
 // the same dtype. A rank that dies after arriving is noticed by mpirun, which stops the others.
@@ -143,7 +143,7 @@ void mpi_all_reduce_cpu(const std::vector<Tensor>& tensors) {  // one dtype: che
   arrive(count, dt, "all_reduce of " + std::to_string(tensors.size()) + " tensors (" +
                         std::to_string(count * static_cast<int64_t>(dtype_size(dt))) + " bytes)");
   // One bucket buffer for the process's life: a fresh one every step cost more in page faults
-  // than the reduction itself (measured: 7.8 ms against 1.4 ms for 2.68 MB on the CI machine).
+  // than the reduction itself (measured: BENCHMARKS.md, "Figures behind the design notes").
   static std::vector<char> buffer(kBucketBytes);
   size_t used = 0;
   std::vector<const Tensor*> members;

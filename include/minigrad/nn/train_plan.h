@@ -75,8 +75,8 @@ struct TrainPlanOptions {
   double update_ms = 0;
   // The fraction of the budget left free: plans are made for budget * (1 - headroom). The cost
   // model leaves out allocations of bytes to kilobytes (the loss, the accumulator's statistics:
-  // measured peaks came out up to 0.03% above the prediction on CPU), and a caching allocator
-  // rounds blocks up.
+  // measured peaks came out slightly above the prediction; BENCHMARKS.md, "Figures behind the
+  // design notes"), and a caching allocator rounds blocks up.
   double headroom = 1.0 / 64;
   // Tiled segments (Note [tiled segments]), in tiles of the smaller micro-batches measured.
   bool tiles = true;
