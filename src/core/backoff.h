@@ -16,9 +16,10 @@ namespace mg::cpu::detail {
 // rest is a stall, a worker descheduled inside a piece. (Without the second allowance a part of
 // two unequal pieces, as convolutions have at micro-batch 1, looked like a stall whenever the
 // worker drew the longer one, and a quiet machine ran on one thread for seconds at a time, which
-// slowed VGG16/8 at micro-batch 1: BENCHMARKS.md, "Figures behind the design notes".) Over a window of 10 ms of parallel
-// time, stalls above a quarter of it mean the machine is shared: one thread fewer. After a pause (200 ms, doubling
-// while it keeps failing, at most 3.2 s) the full count is tried again. Results do not change
+// slowed VGG16/8 at micro-batch 1: BENCHMARKS.md, "Figures behind the design notes".) Over a
+// window of 10 ms of parallel time, stalls above a quarter of it mean the machine is shared: one
+// thread fewer. After a pause (200 ms, doubling while it keeps failing, at most 3.2 s) the full
+// count is tried again. Results do not change
 // (Note [fixed pieces]); only who computes the pieces does.
 struct Backoff {
   using clock = std::chrono::steady_clock;
