@@ -1,8 +1,6 @@
 #include <minigrad/optim/accumulate.h>
 
 #include <algorithm>
-#include <cctype>
-#include <chrono>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -225,7 +223,6 @@ StepInfo Accumulator::step_window(bool flushing) {
                                                                                 : std::vector<double>{};
   std::vector<double> losses = std::move(spilled_losses_);
   losses.insert(losses.end(), read.begin(), read.begin() + recorded_);
-  const int64_t step_number = opt_.step_count() + 1;
   int64_t bad = -1;
   for (size_t i = 0; i < losses.size(); ++i) {
     // With Normalize::micro_batches each loss is a mean: weight it by its samples.
@@ -236,33 +233,9 @@ StepInfo Accumulator::step_window(bool flushing) {
   double norm_sq = want_norm && !dp ? read[norm_slot] : 0.0;
   bool bad_elsewhere = false;
   if (dp) {  // Note [data parallel step]
-    const std::vector<double> sums = dist::all_reduce(std::vector<double>{
-        static_cast<double>(info.samples), static_cast<double>(info.micro_batches), info.loss_sum, bad >= 0 ? 1.0 : 0.0});
-    info.samples = static_cast<int64_t>(sums[0]);
-    info.micro_batches = static_cast<int64_t>(sums[1]);
-    info.loss_sum = sums[2];
-    bad_elsewhere = bad < 0 && sums[3] > 0;
-    if (info.samples == 0 && flushing) {
+    if (!reduce_over_ranks(info, grads, bad >= 0, flushing, bad_elsewhere)) {
       drop_window();
       return info;
-    }
-    MG_CHECK(info.samples > 0, "Accumulator::step: no micro-batch since the last step on any of the "
-                                   << dist::world_size() << " ranks");
-    {  // the gradients' reduction; on CUDA, the device's wait for it (the host's small reduction of
-       // the window's counts above is not timed: device events would not see it)
-      const profiler::Scope timed("dist.reduce", grads[0].device());
-      if (bucketed()) {  // Note [overlapped reduction]: backward started them all, or none
-        if (!started_in_backward_) {
-          dist::timeline_mark("step starts the buckets");
-          buckets().reset();
-          buckets().launch_rest([&](size_t i) { start_bucket(grads, i); });
-        }
-        dist::all_reduce_wait();
-        dist::timeline_mark("reductions waited");
-      } else {
-        std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [MPI packing]
-        dist::all_reduce(last_layer_first);
-      }
     }
     if (want_norm) norm_sq = sum_squares(grads);
   }
@@ -271,37 +244,7 @@ StepInfo Accumulator::step_window(bool flushing) {
                           ? 1.0 / static_cast<double>(info.samples)
                           : 1.0 / static_cast<double>(opts_.steps * (dp ? dist::world_size() : 1));
   info.grad_norm = want_norm ? std::sqrt(norm_sq) * base / scale_ : std::numeric_limits<double>::quiet_NaN();
-  if (opts_.loss_scaling.on && bad < 0 && !bad_elsewhere && !std::isfinite(info.grad_norm)) {
-    // Note [loss scaling]: an overflow, not a bad window: dropped, and the scale lowered.
-    drop_window();
-    info.skipped = info.overflow = true;
-    ++skipped_steps_;
-    scale_ *= opts_.loss_scaling.backoff;
-    good_steps_ = 0;
-    last_ = info;
-    return info;
-  }
-  if (bad >= 0 || bad_elsewhere || (want_norm && !std::isfinite(info.grad_norm))) {
-    std::ostringstream what;
-    if (bad >= 0) {
-      what << "loss is " << losses[bad] << " at micro-batch " << bad + 1 << " of " << losses.size();
-      if (dp) what << " on rank " << dist::rank();
-    } else if (bad_elsewhere) {
-      what << "a loss is " << info.loss_sum << " on another rank";
-    } else {
-      what << "the gradient norm is " << info.grad_norm;
-    }
-    drop_window();
-    MG_CHECK(opts_.non_finite == NonFinite::skip,
-             "gradient accumulation: " << what.str() << " in the window of optimizer step " << step_number << " ("
-             << info.samples << " samples in " << info.micro_batches << " micro-batches); the window was dropped. "
-             "---> HINT: lower the learning rate, enable clipping, or check the data; NonFinite::skip drops such "
-             "windows and goes on");
-    info.skipped = true;
-    ++skipped_steps_;
-    last_ = info;
-    return info;
-  }
+  if (drop_non_finite(info, losses, bad, bad_elsewhere, want_norm)) return info;
   if (opts_.clip_norm > 0.0f && info.grad_norm > opts_.clip_norm) {
     info.clip_coef = static_cast<float>(opts_.clip_norm / (info.grad_norm + 1e-6));  // torch's clip_grad_norm_
   }
@@ -315,6 +258,70 @@ StepInfo Accumulator::step_window(bool flushing) {
   drop_window();
   last_ = info;
   return info;
+}
+
+bool Accumulator::reduce_over_ranks(StepInfo& info, const std::vector<Tensor>& grads, bool bad_here, bool flushing,
+                                    bool& bad_elsewhere) {
+  const std::vector<double> sums = dist::all_reduce(std::vector<double>{
+      static_cast<double>(info.samples), static_cast<double>(info.micro_batches), info.loss_sum, bad_here ? 1.0 : 0.0});
+  info.samples = static_cast<int64_t>(sums[0]);
+  info.micro_batches = static_cast<int64_t>(sums[1]);
+  info.loss_sum = sums[2];
+  bad_elsewhere = !bad_here && sums[3] > 0;
+  if (info.samples == 0 && flushing) return false;
+  MG_CHECK(info.samples > 0, "Accumulator::step: no micro-batch since the last step on any of the "
+                                 << dist::world_size() << " ranks");
+  // The gradients' reduction; on CUDA, the device's wait for it (the host's small reduction of
+  // the window's counts above is not timed: device events would not see it).
+  const profiler::Scope timed("dist.reduce", grads[0].device());
+  if (bucketed()) {  // Note [overlapped reduction]: backward started them all, or none
+    if (!started_in_backward_) {
+      dist::timeline_mark("step starts the buckets");
+      buckets().reset();
+      buckets().launch_rest([&](size_t i) { start_bucket(grads, i); });
+    }
+    dist::all_reduce_wait();
+    dist::timeline_mark("reductions waited");
+  } else {
+    std::vector<Tensor> last_layer_first(grads.rbegin(), grads.rend());  // Note [MPI packing]
+    dist::all_reduce(last_layer_first);
+  }
+  return true;
+}
+
+bool Accumulator::drop_non_finite(StepInfo& info, const std::vector<double>& losses, int64_t bad, bool bad_elsewhere,
+                                  bool want_norm) {
+  if (opts_.loss_scaling.on && bad < 0 && !bad_elsewhere && !std::isfinite(info.grad_norm)) {
+    // Note [loss scaling]: an overflow, not a bad window: dropped, and the scale lowered.
+    drop_window();
+    info.skipped = info.overflow = true;
+    ++skipped_steps_;
+    scale_ *= opts_.loss_scaling.backoff;
+    good_steps_ = 0;
+    last_ = info;
+    return true;
+  }
+  if (bad < 0 && !bad_elsewhere && (!want_norm || std::isfinite(info.grad_norm))) return false;
+  std::ostringstream what;
+  if (bad >= 0) {
+    what << "loss is " << losses[bad] << " at micro-batch " << bad + 1 << " of " << losses.size();
+    if (data_parallel()) what << " on rank " << dist::rank();
+  } else if (bad_elsewhere) {
+    what << "a loss is " << info.loss_sum << " on another rank";
+  } else {
+    what << "the gradient norm is " << info.grad_norm;
+  }
+  const int64_t step_number = opt_.step_count() + 1;
+  drop_window();
+  MG_CHECK(opts_.non_finite == NonFinite::skip,
+           "gradient accumulation: " << what.str() << " in the window of optimizer step " << step_number << " ("
+           << info.samples << " samples in " << info.micro_batches << " micro-batches); the window was dropped. "
+           "---> HINT: lower the learning rate, enable clipping, or check the data; NonFinite::skip drops such "
+           "windows and goes on");
+  info.skipped = true;
+  ++skipped_steps_;
+  last_ = info;
+  return true;
 }
 
 bool Accumulator::flush(StepInfo* info) {
@@ -331,187 +338,6 @@ void Accumulator::set_steps(int64_t n) {
            "Accumulator::set_steps(" << n << "): " << pending_micro_batches_
                                      << " micro-batches are pending; call flush() first");
   opts_.steps = n;
-}
-
-// ---- schedule ----------------------------------------------------------------------------------
-
-AccumulationSchedule::AccumulationSchedule(int64_t fixed) {
-  MG_CHECK(fixed >= 1, "accumulation schedule: N must be >= 1, got " << fixed);
-  table_[0] = fixed;
-}
-
-namespace {
-
-int64_t parse_int(const std::string& s, const std::string& spec, const char* what) {
-  std::string t;
-  for (char c : s) if (c != ' ') t += c;
-  MG_CHECK(!t.empty(), "accumulation schedule \"" << spec << "\": empty " << what
-                                                  << " (expected \"epoch:N,epoch:N\", e.g. \"0:8,4:2\")");
-  for (char c : t) {
-    MG_CHECK(std::isdigit(static_cast<unsigned char>(c)),
-             "accumulation schedule \"" << spec << "\": " << what << " \"" << t
-                                        << "\" is not a non-negative integer (expected \"epoch:N,...\", e.g. \"0:8,4:2\")");
-  }
-  MG_CHECK(t.size() <= 9, "accumulation schedule \"" << spec << "\": " << what << " " << t << " is too large");
-  return std::stoll(t);
-}
-
-}  // namespace
-
-AccumulationSchedule AccumulationSchedule::parse(const std::string& spec) {
-  MG_CHECK(!spec.empty(), "accumulation schedule: empty string (expected \"epoch:N,...\", e.g. \"0:8,4:2\")");
-  AccumulationSchedule s;
-  if (spec.find(':') == std::string::npos && spec.find(',') == std::string::npos) {
-    return AccumulationSchedule(parse_int(spec, spec, "N"));
-  }
-  s.table_.clear();
-  std::stringstream ss(spec);
-  std::string item;
-  size_t items = 0, commas = 0;
-  for (char c : spec) commas += c == ',';
-  while (std::getline(ss, item, ',')) {
-    ++items;
-    const size_t colon = item.find(':');
-    MG_CHECK(colon != std::string::npos && item.find(':', colon + 1) == std::string::npos,
-             "accumulation schedule \"" << spec << "\": entry \"" << item
-                                        << "\" is not \"epoch:N\" (e.g. \"0:8,4:2\")");
-    const int64_t epoch = parse_int(item.substr(0, colon), spec, "epoch");
-    const int64_t n = parse_int(item.substr(colon + 1), spec, "N");
-    MG_CHECK(n >= 1, "accumulation schedule \"" << spec << "\": N must be >= 1 at epoch " << epoch << ", got " << n);
-    MG_CHECK(!s.table_.count(epoch), "accumulation schedule \"" << spec << "\": epoch " << epoch << " appears twice");
-    s.table_[epoch] = n;
-  }
-  MG_CHECK(items == commas + 1, "accumulation schedule \"" << spec << "\": empty entry (stray comma)");
-  if (!s.table_.count(0)) s.table_[0] = 1;
-  return s;
-}
-
-int64_t AccumulationSchedule::steps_for_epoch(int64_t epoch) const {
-  MG_CHECK(epoch >= 0, "accumulation schedule: epoch " << epoch);
-  auto it = table_.upper_bound(epoch);
-  --it;  // table_ always has key 0
-  return it->second;
-}
-
-std::string AccumulationSchedule::str() const {
-  std::ostringstream out;
-  for (auto it = table_.begin(); it != table_.end(); ++it) {
-    out << (it == table_.begin() ? "" : ",") << it->first << ":" << it->second;
-  }
-  return out.str();
-}
-
-float scale_lr_linear(float base_lr, int64_t base_batch, int64_t effective_batch) {
-  MG_CHECK(base_batch > 0 && effective_batch > 0,
-           "scale_lr_linear: batch sizes must be > 0, got " << base_batch << " and " << effective_batch);
-  return static_cast<float>(static_cast<double>(base_lr) * static_cast<double>(effective_batch) /
-                            static_cast<double>(base_batch));
-}
-
-// ---- training loop -------------------------------------------------------------------------------
-
-EpochStats train_epoch(nn::Module& model, data::DataLoader& loader, Accumulator& acc, int64_t epoch,
-                       const LossFn& loss_fn, const TrainCallbacks& callbacks) {
-  MG_CHECK(acc.pending_micro_batches() == 0,
-           "train_epoch: the accumulator has " << acc.pending_micro_batches() << " pending micro-batches; flush() first");
-  const Reduction red = acc.options().normalize == Normalize::samples ? Reduction::sum : Reduction::mean;
-  auto t0 = std::chrono::steady_clock::now();
-  EpochStats st;
-  const int64_t skipped0 = acc.skipped_steps();
-  const bool dp = acc.data_parallel();
-  if (dp) {
-    const data::LoaderOptions& lo = loader.options();
-    MG_CHECK(lo.num_shards == dist::world_size() && lo.shard == dist::rank(),
-             "train_epoch: " << dist::world_size() << " processes train data-parallel, but rank " << dist::rank()
-                 << "'s loader reads shard " << lo.shard << " of " << lo.num_shards
-                 << ": each rank must read its own shard. ---> HINT: LoaderOptions{.shard = mg::dist::rank(), "
-                    ".num_shards = mg::dist::world_size()}");
-  }
-  MG_CHECK(!dp || !callbacks.on_out_of_memory,
-           "train_epoch: recovery from out-of-memory (TrainCallbacks::on_out_of_memory) is not supported under data "
-           "parallelism: every rank would have to re-plan together");
-  model.train();
-  loader.start_epoch(epoch);
-  // Note [data parallel step]: every rank walks as many micro-batch slots as the largest shard
-  // has batches, and steps at the same slots; a shard that ran out adds nothing to the last one.
-  int64_t slots = dp ? dist::all_reduce_max(loader.num_batches()) : loader.num_batches();
-  int64_t window_first = 0;  // the pending window's first sample in the epoch's order
-  data::Batch b;
-  // BatchNorm's running statistics: each rank updates them from its own samples; after every step
-  // all take rank 0's (dist::broadcast_buffers, as PyTorch's DDP), so the ranks evaluate alike.
-  // Whether to is decided over all ranks, so that every rank makes the same calls (a rank whose
-  // model lacks the buffers then hears so from broadcast_buffers instead of mismatching them).
-  std::vector<std::pair<std::string, Tensor>> buffers;
-  bool share_buffers = false;
-  if (dp && dist::world_size() > 1) {
-    buffers = model.named_buffers();
-    share_buffers = dist::all_reduce_max(buffers.empty() ? 0 : 1) == 1;
-  }
-  auto after_step = [&](const StepInfo& info) {
-    if (share_buffers) dist::broadcast_buffers(buffers);
-    st.loss_sum += info.loss_sum;  // of every rank's samples, under data parallelism
-    st.samples += info.samples;
-    st.micro_batches += info.micro_batches;
-    if (!info.skipped) ++st.optimizer_steps;
-    if (callbacks.on_step) callbacks.on_step(info);
-  };
-  // A window redone after out of memory must not count its failed try in BatchNorm's running
-  // statistics: they go back to what they were at the window's start.
-  const std::vector<std::pair<std::string, Tensor>> own_buffers =
-      callbacks.on_out_of_memory ? model.named_buffers() : std::vector<std::pair<std::string, Tensor>>();
-  std::vector<Tensor> window_buffers;
-  for (const auto& [name, t] : own_buffers) window_buffers.push_back(t.clone());
-  for (int64_t slot = 0; slot < slots; ++slot) {
-    if (slot % acc.steps() == 0) {
-      for (size_t i = 0; i < window_buffers.size(); ++i) window_buffers[i].copy_(own_buffers[i].second);
-    }
-    if (loader.next(b)) {
-      try {
-        Tensor loss;
-        {
-          const SampleWindowGuard window = acc.sample_window();  // Note [dropout by sample]
-          Tensor logits = model.forward(b.x);
-          loss = loss_fn ? loss_fn(logits, b.y) : cross_entropy(logits, b.y, red);
-        }
-        acc.backward(loss, b.size());
-      } catch (const OutOfMemoryError& e) {  // Note [recovering from out-of-memory]
-        if (!callbacks.on_out_of_memory) throw;
-        // The step's graph is gone with the try block; drop the window, re-plan, and redo it from
-        // its first sample in micro-batches of the new size.
-        const int64_t old_b = loader.options().batch_size, window = acc.steps() * old_b;
-        acc.discard();
-        for (size_t i = 0; i < window_buffers.size(); ++i) {
-          Tensor t = own_buffers[i].second;
-          t.copy_(window_buffers[i]);
-        }
-        const int64_t new_b = callbacks.on_out_of_memory(e, old_b);
-        if (new_b == old_b) throw;
-        MG_CHECK(new_b >= 1 && window % new_b == 0,
-                 "train_epoch: after running out of memory, on_out_of_memory returned micro-batch "
-                     << new_b << ", which does not divide the window of " << window << " samples (" << acc.steps()
-                     << " x " << old_b << ")");
-        b = data::Batch();
-        loader.set_batch_size(new_b);
-        loader.start_epoch(epoch, window_first / new_b);
-        acc.set_steps(window / new_b);
-        slots = loader.num_batches();
-        slot = window_first / new_b - 1;  // the loop's ++ makes it the window's first micro-batch
-        continue;
-      }
-      if (callbacks.on_micro_batch) callbacks.on_micro_batch(b);
-    }
-    if ((slot + 1) % acc.steps() == 0) {
-      after_step(acc.step());
-      window_first = (slot + 1) * loader.options().batch_size;
-    }
-  }
-  StepInfo last;
-  if (acc.flush(&last)) after_step(last);
-  st.skipped_steps = acc.skipped_steps() - skipped0;
-  // The last update is still running on a GPU: the epoch's time includes it.
-  synchronize(loader.options().device);
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return st;
 }
 
 }  // namespace mg::optim

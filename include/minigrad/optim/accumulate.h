@@ -227,6 +227,16 @@ class Accumulator {
  private:
   void backward_scaled(const Tensor& loss);
   StepInfo step_window(bool flushing);
+  // Note [data parallel step]: sums the window's counts, loss and non-finite flag over the ranks
+  // into `info`, then reduces the gradients. False (nothing reduced) when flushing and no rank
+  // has a sample.
+  bool reduce_over_ranks(StepInfo& info, const std::vector<Tensor>& grads, bool bad_here, bool flushing,
+                         bool& bad_elsewhere);
+  // Drops the window when a loss (micro-batch `bad`, or on another rank) or the gradient norm is
+  // not finite: an overflow under loss scaling lowers the scale; otherwise NonFinite decides
+  // between throwing and skipping. Returns whether it dropped the window.
+  bool drop_non_finite(StepInfo& info, const std::vector<double>& losses, int64_t bad, bool bad_elsewhere,
+                       bool want_norm);
   void record_loss(const Tensor& loss, int64_t samples);
   void spill_losses();
   void drop_window();
