@@ -232,7 +232,7 @@ nn::NamedTensors hf_tensors(nn::Sequential& m, int64_t block_size) {
   return out;
 }
 
-void write_text(const std::string& path, const std::string& text) { nn::write_file_atomic(path, text); }
+void write_text(const std::string& path, const std::string& text) { mg::write_file_atomic(path, text); }
 
 const char* kTinyHFConfig = R"({"model_type": "gpt2", "vocab_size": 96, "n_positions": 24, "n_layer": 3, "n_head": 2,
   "n_embd": 16, "n_inner": null, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,

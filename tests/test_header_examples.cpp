@@ -257,6 +257,18 @@ TEST_CASE("util/bytes.h") {
   CHECK(mg::format_bytes(budget) == "1.50 GiB");
 }
 
+TEST_CASE("util/file.h") {
+  const auto dir = std::filesystem::temp_directory_path() / "mg_header_examples_file";
+  std::filesystem::create_directories(dir / "out");
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  mg::check_writable("out/run.json", "--json");            // before hours of training
+  mg::write_file_atomic("out/run.json", "{\"loss\": 0.1}\n");  // the old file or the new one
+  std::filesystem::current_path(cwd);
+  CHECK(std::filesystem::file_size(dir / "out/run.json") == 14);
+  std::filesystem::remove_all(dir);
+}
+
 // train/trainer.h: ResNet-18 planned for 2 GiB and trained for three epochs: compiled, not run.
 [[maybe_unused]] static void trainer_example(std::shared_ptr<const mg::data::Dataset> data) {
   auto model = mg::nn::make_resnet18(10, 8);

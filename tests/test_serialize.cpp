@@ -17,6 +17,7 @@
 #include "helpers.h"
 #include <minigrad/nn/models.h>
 #include <minigrad/nn/serialize.h>
+#include <minigrad/util/file.h>
 
 namespace fs = std::filesystem;
 using namespace mg;
@@ -252,16 +253,16 @@ TEST_CASE("atomic writes: a dead writer's temporary is removed by the next write
 
 TEST_CASE("check_writable: an output path is checked before the work, naming the flag") {
   TempDir dir;
-  nn::check_writable(dir.file("out.json"), "--json");  // fine: nothing thrown, nothing written
+  mg::check_writable(dir.file("out.json"), "--json");  // fine: nothing thrown, nothing written
   CHECK_FALSE(std::filesystem::exists(dir.file("out.json")));
-  CHECK_THROWS_WITH_AS(nn::check_writable(dir.file("no/such/folder/out.json"), "--json"),
+  CHECK_THROWS_WITH_AS(mg::check_writable(dir.file("no/such/folder/out.json"), "--json"),
                        doctest::Contains("--json"), Error);
-  CHECK_THROWS_WITH_AS(nn::check_writable(dir.file("no/out.json"), "--json"), doctest::Contains("does not exist"), Error);
-  CHECK_THROWS_WITH_AS(nn::check_writable(dir.file(""), "--json"), doctest::Contains("is a folder"), Error);
+  CHECK_THROWS_WITH_AS(mg::check_writable(dir.file("no/out.json"), "--json"), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(mg::check_writable(dir.file(""), "--json"), doctest::Contains("is a folder"), Error);
   if (geteuid() != 0) {  // root writes anywhere
     std::filesystem::create_directory(dir.file("ro"));
     std::filesystem::permissions(dir.file("ro"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
-    CHECK_THROWS_WITH_AS(nn::check_writable(dir.file("ro/out.json"), "--json"), doctest::Contains("cannot create files"), Error);
+    CHECK_THROWS_WITH_AS(mg::check_writable(dir.file("ro/out.json"), "--json"), doctest::Contains("cannot create files"), Error);
     std::filesystem::permissions(dir.file("ro"), std::filesystem::perms::owner_all);
   }
 }
@@ -269,8 +270,8 @@ TEST_CASE("check_writable: an output path is checked before the work, naming the
 TEST_CASE("write_file_atomic writes bytes and replaces") {
   TempDir dir;
   const std::string path = dir.file("x.json");
-  nn::write_file_atomic(path, "first");
-  nn::write_file_atomic(path, std::string("sec\0ond", 7));
+  mg::write_file_atomic(path, "first");
+  mg::write_file_atomic(path, std::string("sec\0ond", 7));
   CHECK(read_bytes(path) == std::string("sec\0ond", 7));
   CHECK(dir.entries() == std::vector<std::string>{"x.json"});
 }

@@ -28,6 +28,7 @@
 #include <minigrad/nn/serialize.h>
 #include <minigrad/train/trainer.h>
 #include <minigrad/util/bytes.h>
+#include <minigrad/util/file.h>
 #include <nlohmann/json.hpp>
 
 #include "common/flags.h"
@@ -102,11 +103,11 @@ inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
   if (!f.memory_budget.empty() && f.memory_budget != "free") for_flag("--memory-budget", [&] { return mg::parse_bytes(f.memory_budget); });
   if (f.memory_budget.empty()) for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(f.checkpoint); });
   if (s.limit != 0) mg::set_memory_limit(s.dev, s.limit);
-  if (!f.json_path.empty()) mg::nn::check_writable(f.json_path, "--json");
+  if (!f.json_path.empty()) mg::check_writable(f.json_path, "--json");
   check_timeline_flag(f.timeline_path, s.dev);
   if (!f.save_dir.empty()) {
     for_flag("--save-dir", [&] { return std::filesystem::create_directories(f.save_dir); });
-    mg::nn::check_writable(f.save_dir + "/" + save_file, "--save-dir");
+    mg::check_writable(f.save_dir + "/" + save_file, "--save-dir");
   }
   return s;
 }

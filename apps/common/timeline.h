@@ -13,7 +13,7 @@
 
 #include <minigrad/core/error.h>
 #include <minigrad/dist/dist.h>
-#include <minigrad/nn/serialize.h>
+#include <minigrad/util/file.h>
 
 #include "common/ranks.h"
 
@@ -25,7 +25,7 @@ inline void check_timeline_flag(const std::string& path, mg::Device dev) {
   MG_CHECK(mg::dist::active(), "--timeline " << path << ": a single process without a launcher reduces nothing. "
                                "---> HINT: start it under mpirun, or alone with MG_DIST_WORLD_OF_ONE=1 (NCCL over "
                                "one rank)");
-  mg::nn::check_writable(path, "--timeline");
+  mg::check_writable(path, "--timeline");
 }
 
 inline void write_timeline(const std::string& path) {
@@ -33,6 +33,6 @@ inline void write_timeline(const std::string& path) {
   mg::dist::record_timeline(false);
   const std::vector<mg::dist::TimelineSpan> spans = mg::dist::timeline();
   if (!lead()) return;
-  mg::nn::write_file_atomic(path, mg::dist::timeline_trace_json(spans) + "\n");
+  mg::write_file_atomic(path, mg::dist::timeline_trace_json(spans) + "\n");
   std::printf("timeline: %zu spans in %s (python3 bench/timeline.py %s)\n", spans.size(), path.c_str(), path.c_str());
 }

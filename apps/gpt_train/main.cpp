@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);
       j["lr"] = lrs;
       j["grad_norm"] = norms;
-      mg::nn::write_file_atomic(f.json_path, j.dump(2) + "\n");
+      mg::write_file_atomic(f.json_path, j.dump(2) + "\n");
     }
     return 0;
   });

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
       j["final_test_accuracy"] = last.accuracy;
       j["total_optimizer_steps"] = opt->step_count();
       if (compare_diff >= 0) j["compare_max_abs_diff"] = compare_diff;
-      mg::nn::write_file_atomic(f.json_path, j.dump(2) + "\n");
+      mg::write_file_atomic(f.json_path, j.dump(2) + "\n");
     }
     return 0;
   });

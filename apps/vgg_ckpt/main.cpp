@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
       j["tf32"] = tf32;
       j["cudnn_benchmark"] = cudnn_benchmark;
       j["cudnn_deterministic"] = !cudnn_nondeterministic;
-      mg::nn::write_file_atomic(f.json_path, j.dump(2) + "\n");
+      mg::write_file_atomic(f.json_path, j.dump(2) + "\n");
     }
     return 0;
   });

@@ -42,3 +42,4 @@
 #include <minigrad/optim/train_state.h>
 #include <minigrad/train/trainer.h>
 #include <minigrad/util/bytes.h>
+#include <minigrad/util/file.h>

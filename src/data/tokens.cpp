@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include <minigrad/nn/serialize.h>
+#include <minigrad/util/file.h>
 
 #include "util/file.h"
 
@@ -61,7 +61,7 @@ void save_token_file(const std::string& path, const std::vector<uint16_t>& token
     bytes[1024 + 2 * i] = static_cast<char>(tokens[i] & 0xff);
     bytes[1024 + 2 * i + 1] = static_cast<char>(tokens[i] >> 8);
   }
-  nn::write_file_atomic(path, bytes);
+  mg::write_file_atomic(path, bytes);
 }
 
 TokenBatches::TokenBatches(const std::vector<uint16_t>& tokens, int64_t batch, int64_t seq_len, int64_t shard,

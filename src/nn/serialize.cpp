@@ -10,20 +10,8 @@
 // calls it an incomplete buffer, and it is how a polyglot or truncated file shows up).
 #include <minigrad/nn/serialize.h>
 
-#include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <bit>
-#include <charconv>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -68,132 +56,7 @@ bool st_dtype_from_name(const std::string& s, DType* out) {
   return true;
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
-
-// Writes all of [data, data + n) to fd; returns 0 or the errno of the failure.
-int write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const size_t chunk = std::min<size_t>(n, size_t{1} << 30);
-    const ssize_t w = ::write(fd, p, chunk);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (w == 0) return EIO;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return 0;
-}
-
-std::string dir_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// Removes what earlier writers left behind in `dir` when they were killed mid-write: temporaries
-// "<prefix><anything>.tmp.<pid>.<n>" whose process is gone. A live process's are left alone
-// (another writer may be at work; at worst a reused pid keeps a stale file a while longer).
-// Returns how many were removed.
-int remove_stale_temporaries(const std::string& dir, const std::string& prefix) {
-  namespace fs = std::filesystem;
-  int removed = 0;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string f = e.path().filename().string();
-    const size_t tmp = f.rfind(".tmp.");
-    if (tmp == std::string::npos || tmp == 0) continue;
-    if (!prefix.empty() && (tmp != prefix.size() || f.compare(0, tmp, prefix) != 0)) continue;  // "<prefix>.tmp.*"
-    const std::string rest = f.substr(tmp + 5);
-    const size_t dot = rest.find('.');
-    if (dot == 0 || dot == std::string::npos) continue;
-    if (rest.find_first_not_of("0123456789.") != std::string::npos) continue;
-    long pid = 0;
-    const auto [end, perr] = std::from_chars(rest.data(), rest.data() + dot, pid);
-    if (perr != std::errc() || end != rest.data() + dot || pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-    if (!e.is_regular_file(ec)) continue;
-    if (fs::remove(e.path(), ec)) ++removed;
-  }
-  return removed;
-}
-
-// Note [atomic write]
-// ~~~~~~~~~~~~~~~~~~~
-// The bytes go to a uniquely named temporary file in the target's own
-// directory (rename is atomic only within one file system), which is fsync'ed before it is
-// renamed over the target; then the directory is fsync'ed so that the rename itself is durable.
-// A crash at any point leaves the old file or the new one (and a temporary, which the next write
-// of the same path removes once its process is gone). On any failure the temporary file is
-// removed and mg::Error names the path and the system's reason.
-// `emit(write)` produces the content by calling write(ptr, n) any number of times; write returns
-// an errno value (0 on success) and emit stops at the first failure.
-void write_atomic(const std::string& path,
-                  const std::function<int(const std::function<int(const void*, size_t)>&)>& emit) {
-  MG_CHECK(!path.empty(), "write_atomic: empty path");
-  remove_stale_temporaries(dir_of(path), std::filesystem::path(path).filename().string());
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    MG_FAIL("cannot write '" << path << "': creating temporary file '" << tmp
-                             << "' failed: " << errno_text(err));
-  }
-  auto fail = [&](const char* what, int err) {
-    ::close(fd);  // no-op effect if already closed: callers close only on the success path
-    ::unlink(tmp.c_str());
-    MG_FAIL("cannot write '" << path << "': " << what << " failed: " << errno_text(err)
-                             << " (the previous file, if any, is unchanged)");
-  };
-  int err = emit([fd](const void* p, size_t n) { return write_all(fd, p, n); });
-  if (err != 0) fail("writing", err);
-  if (::fsync(fd) != 0) fail("fsync", errno);
-  if (::close(fd) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    MG_FAIL("cannot write '" << path << "': close failed: " << errno_text(err)
-                             << " (the previous file, if any, is unchanged)");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    ::unlink(tmp.c_str());
-    MG_FAIL("cannot write '" << path << "': renaming '" << tmp << "' over it failed: "
-                             << errno_text(err) << " (the previous file, if any, is unchanged)");
-  }
-  const std::string dir = dir_of(path);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    // Some file systems refuse fsync on a directory (EINVAL); the data itself is on disk then.
-    const int rc = ::fsync(dfd);
-    err = errno;
-    ::close(dfd);
-    MG_CHECK(rc == 0 || err == EINVAL,
-             "wrote '" << path << "' but fsync of its directory '" << dir << "' failed: " << errno_text(err));
-  }
-}
-
 }  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  write_atomic(path, [&](const auto& write) { return write(bytes.data(), bytes.size()); });
-}
-
-int remove_stale_temporaries(const std::string& dir) { return remove_stale_temporaries(dir, ""); }
-
-void check_writable(const std::string& path, const std::string& what) {
-  namespace fs = std::filesystem;
-  MG_CHECK(!path.empty(), what << ": empty path");
-  const std::string dir = dir_of(path);  // where write_atomic will create its temporary
-  std::error_code ec;
-  MG_CHECK(fs::is_directory(dir, ec), what << " " << path << ": the folder " << dir << " does not exist");
-  MG_CHECK(!fs::is_directory(path, ec), what << " " << path << ": is a folder, expected a file name");
-  MG_CHECK(access(dir.c_str(), W_OK | X_OK) == 0,
-           what << " " << path << ": cannot create files in " << dir << " (" << std::strerror(errno) << ")");
-}
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
   std::set<std::string> seen;
@@ -244,30 +107,26 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
 
 namespace {
 
-// The whole reader; with read_data false it stops once the header is validated (metadata only).
-SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
-  const std::string where = "safetensors file '" + path + "'";
-  const ReadOnlyFile f = open_regular_file(path, where);  // Note [opening regular files]
-  const uint64_t file_size = f.size;
-  MG_CHECK(file_size >= 8, where << " is too short: " << file_size
-                                 << " bytes, expected at least the 8-byte header length");
-  auto read_exact = [&](void* dst, size_t n, const std::string& what) {
-    const size_t got = read_up_to(f, dst, n, where);
-    MG_CHECK(got == n, "reading " << where << ": short read of " << what << " (" << got << " of " << n
-                                  << " bytes; did the file shrink?)");
-  };
-  uint64_t n = 0;
-  read_exact(&n, 8, "the header length");
-  MG_CHECK(n <= kMaxHeaderBytes, where << ": header length " << n << " exceeds the format's limit of "
-                                       << kMaxHeaderBytes << " bytes (corrupt or not a safetensors file)");
-  MG_CHECK(n <= file_size - 8, where << ": header length " << n << " is larger than the "
-                                     << file_size - 8 << " bytes after the length field (file truncated?)");
-  MG_CHECK(n >= 2, where << ": header length " << n << " is too small for a JSON object");
-  std::string json(n, '\0');
-  read_exact(json.data(), n, "the JSON header");
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+// A header's metadata and tensor entries (in header order), validated; `order` lists the entries
+// in offset order, the order of their bytes in the file.
+struct Header {
+  Metadata metadata;
+  std::vector<Entry> entries;
+  std::vector<size_t> order;
+};
+
+// The header's JSON: an object, no key twice in any of its objects, nested at most
+// kMaxHeaderDepth levels.
+nlohmann::json parse_header(const std::string& json, const std::string& where) {
   MG_CHECK(json[0] == '{', where << ": the header must start with '{', got byte 0x" << std::hex
                                  << static_cast<int>(static_cast<unsigned char>(json[0])));
-
   // nlohmann keeps the last of duplicate keys silently; a callback sees every key. Keys are
   // unique in each object: tensor names, an entry's fields (the reference reader refuses a
   // duplicate field too), metadata keys.
@@ -302,66 +161,70 @@ SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
   MG_CHECK(duplicate.empty(), where << ": key '" << duplicate << "' appears twice in the header entry of '"
                                     << duplicate_in << "'");
   MG_CHECK(header.is_object(), where << ": the header must be a JSON object, got " << header.type_name());
+  return header;
+}
 
-  SafetensorsFile out;
-  struct Entry {
-    std::string name;
-    DType dtype;
-    Shape shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
+// One tensor's entry: a known dtype, a shape, and data_offsets spanning exactly numel * dtype
+// size bytes.
+Entry parse_entry(const std::string& name, const nlohmann::json& info, const std::string& where) {
+  const std::string tw = where + ", tensor '" + name + "'";
+  MG_CHECK(info.is_object(), tw << ": entry must be an object, got " << info.type_name());
+  MG_CHECK(info.contains("dtype") && info["dtype"].is_string(), tw << ": missing string field 'dtype'");
+  MG_CHECK(info.contains("shape") && info["shape"].is_array(), tw << ": missing array field 'shape'");
+  MG_CHECK(info.contains("data_offsets") && info["data_offsets"].is_array() && info["data_offsets"].size() == 2,
+           tw << ": 'data_offsets' must be an array [begin, end]");
+  Entry e;
+  e.name = name;
+  const std::string dt = info["dtype"].get<std::string>();
+  MG_CHECK(st_dtype_from_name(dt, &e.dtype),
+           tw << ": dtype '" << dt << "' is not supported (this library reads F32, F64, BF16, F16, I64)");
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : info["shape"]) {
+    MG_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+             tw << ": shape entries must be non-negative integers, got " << info["shape"].dump());
+    const uint64_t v = d.get<uint64_t>();
+    MG_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), tw << ": shape entry " << v << " too large");
+    if (v != 0 && numel > std::numeric_limits<uint64_t>::max() / v) overflow = true;
+    numel *= v;
+    e.shape.push_back(static_cast<int64_t>(v));
+  }
+  MG_CHECK(!overflow && numel <= std::numeric_limits<uint64_t>::max() / dtype_size(e.dtype),
+           tw << ": shape " << info["shape"].dump() << " overflows");
+  for (const auto& o : info["data_offsets"]) {
+    MG_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
+             tw << ": data_offsets must be non-negative integers, got " << info["data_offsets"].dump());
+  }
+  e.begin = info["data_offsets"][0].get<uint64_t>();
+  e.end = info["data_offsets"][1].get<uint64_t>();
+  MG_CHECK(e.begin <= e.end, tw << ": data_offsets [" << e.begin << ", " << e.end << "] end before they begin");
+  const uint64_t want = numel * dtype_size(e.dtype);
+  MG_CHECK(e.end - e.begin == want, tw << ": data_offsets [" << e.begin << ", " << e.end << "] span "
+                                       << e.end - e.begin << " bytes, but shape " << shape_str(e.shape)
+                                       << " of " << dt << " needs " << want);
+  return e;
+}
+
+// The metadata and the entries, whose byte ranges must tile the data buffer of buffer_size bytes.
+Header validate_header(const nlohmann::json& header, uint64_t buffer_size, const std::string& where) {
+  Header h;
+  std::vector<Entry>& entries = h.entries;
   for (const auto& [name, info] : header.items()) {
     if (name == kMetadataKey) {
       MG_CHECK(info.is_object(), where << ": '" << kMetadataKey << "' must be an object of strings, got "
                                        << info.type_name());
       for (const auto& [k, v] : info.items()) {
         MG_CHECK(v.is_string(), where << ": metadata value of '" << k << "' must be a string, got " << v.type_name());
-        out.metadata[k] = v.get<std::string>();
+        h.metadata[k] = v.get<std::string>();
       }
       continue;
     }
-    const std::string tw = where + ", tensor '" + name + "'";
-    MG_CHECK(info.is_object(), tw << ": entry must be an object, got " << info.type_name());
-    MG_CHECK(info.contains("dtype") && info["dtype"].is_string(), tw << ": missing string field 'dtype'");
-    MG_CHECK(info.contains("shape") && info["shape"].is_array(), tw << ": missing array field 'shape'");
-    MG_CHECK(info.contains("data_offsets") && info["data_offsets"].is_array() && info["data_offsets"].size() == 2,
-             tw << ": 'data_offsets' must be an array [begin, end]");
-    Entry e;
-    e.name = name;
-    const std::string dt = info["dtype"].get<std::string>();
-    MG_CHECK(st_dtype_from_name(dt, &e.dtype),
-             tw << ": dtype '" << dt << "' is not supported (this library reads F32, F64, BF16, F16, I64)");
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : info["shape"]) {
-      MG_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-               tw << ": shape entries must be non-negative integers, got " << info["shape"].dump());
-      const uint64_t v = d.get<uint64_t>();
-      MG_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), tw << ": shape entry " << v << " too large");
-      if (v != 0 && numel > std::numeric_limits<uint64_t>::max() / v) overflow = true;
-      numel *= v;
-      e.shape.push_back(static_cast<int64_t>(v));
-    }
-    MG_CHECK(!overflow && numel <= std::numeric_limits<uint64_t>::max() / dtype_size(e.dtype),
-             tw << ": shape " << info["shape"].dump() << " overflows");
-    for (const auto& o : info["data_offsets"]) {
-      MG_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0),
-               tw << ": data_offsets must be non-negative integers, got " << info["data_offsets"].dump());
-    }
-    e.begin = info["data_offsets"][0].get<uint64_t>();
-    e.end = info["data_offsets"][1].get<uint64_t>();
-    MG_CHECK(e.begin <= e.end, tw << ": data_offsets [" << e.begin << ", " << e.end << "] end before they begin");
-    const uint64_t want = numel * dtype_size(e.dtype);
-    MG_CHECK(e.end - e.begin == want, tw << ": data_offsets [" << e.begin << ", " << e.end << "] span "
-                                         << e.end - e.begin << " bytes, but shape " << shape_str(e.shape)
-                                         << " of " << dt << " needs " << want);
-    entries.push_back(std::move(e));
+    entries.push_back(parse_entry(name, info, where));
   }
 
   // The byte ranges must tile the buffer exactly, in offset order.
-  const uint64_t buffer_size = file_size - 8 - n;
-  std::vector<size_t> order(entries.size());
+  std::vector<size_t>& order = h.order;
+  order.resize(entries.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return entries[a].begin != entries[b].begin ? entries[a].begin < entries[b].begin : entries[a].end < entries[b].end;
@@ -380,17 +243,44 @@ SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
   }
   MG_CHECK(pos == buffer_size, where << ": tensors cover " << pos << " bytes of the " << buffer_size
                                      << "-byte data buffer; the format allows no trailing bytes");
+  return h;
+}
+
+// The whole reader; with read_data false it stops once the header is validated (metadata only).
+SafetensorsFile read_safetensors(const std::string& path, bool read_data) {
+  const std::string where = "safetensors file '" + path + "'";
+  const ReadOnlyFile f = open_regular_file(path, where);  // Note [opening regular files]
+  const uint64_t file_size = f.size;
+  MG_CHECK(file_size >= 8, where << " is too short: " << file_size
+                                 << " bytes, expected at least the 8-byte header length");
+  auto read_exact = [&](void* dst, size_t n, const std::string& what) {
+    const size_t got = read_up_to(f, dst, n, where);
+    MG_CHECK(got == n, "reading " << where << ": short read of " << what << " (" << got << " of " << n
+                                  << " bytes; did the file shrink?)");
+  };
+  uint64_t n = 0;
+  read_exact(&n, 8, "the header length");
+  MG_CHECK(n <= kMaxHeaderBytes, where << ": header length " << n << " exceeds the format's limit of "
+                                       << kMaxHeaderBytes << " bytes (corrupt or not a safetensors file)");
+  MG_CHECK(n <= file_size - 8, where << ": header length " << n << " is larger than the "
+                                     << file_size - 8 << " bytes after the length field (file truncated?)");
+  MG_CHECK(n >= 2, where << ": header length " << n << " is too small for a JSON object");
+  std::string json(n, '\0');
+  read_exact(json.data(), n, "the JSON header");
+  Header h = validate_header(parse_header(json, where), file_size - 8 - n, where);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
   if (!read_data) return out;
 
   // Read in offset order (one sequential pass), store in header order.
-  std::vector<Tensor> loaded(entries.size());
-  for (size_t i : order) {
-    const Entry& e = entries[i];
+  std::vector<Tensor> loaded(h.entries.size());
+  for (size_t i : h.order) {
+    const Entry& e = h.entries[i];
     loaded[i] = Tensor::empty(e.shape, TensorOptions{e.dtype});
     read_exact(loaded[i].raw_data(), loaded[i].nbytes(), "tensor '" + e.name + "'");
   }
   // File order: the order of the data, which is how we (and the reference writer) lay them out.
-  for (size_t i : order) out.tensors.emplace_back(entries[i].name, std::move(loaded[i]));
+  for (size_t i : h.order) out.tensors.emplace_back(h.entries[i].name, std::move(loaded[i]));
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <minigrad/core/rng.h>
+#include <minigrad/util/file.h>
 
 namespace mg::optim {
 
@@ -131,7 +132,7 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
 // Note [a pair of files as one unit]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // An epoch's state and weights are two files, each written
-// atomically (Note [atomic write] in src/nn/serialize.cpp); what makes the pair one unit is the
+// atomically (Note [atomic write] in src/util/file.h); what makes the pair one unit is the
 // order. The state goes first and holds everything the weights file does (the parameters, and the
 // weights file's metadata under "minigrad.weights.*"); the weights file goes last and so marks the
 // pair complete. A kill before the state's rename leaves the previous pair as it was (and a
@@ -192,7 +193,7 @@ std::string latest_checkpoint(const std::string& dir) {
 CheckpointRepair repair_checkpoints(const std::string& dir) {
   CheckpointRepair r;
   const std::vector<std::string> bases = state_bases(dir);  // checks that dir is a folder
-  r.temporaries_removed = nn::remove_stale_temporaries(dir);
+  r.temporaries_removed = mg::remove_stale_temporaries(dir);
   for (const std::string& base : bases) {
     const std::string weights = base + kWeightsSuffix;
     if (std::filesystem::exists(weights)) continue;

@@ -29,7 +29,7 @@ struct TokenFile {
 };
 
 TokenFile load_token_file(const std::string& path);
-// Writes tokens in that format, atomically (mg::nn::write_file_atomic).
+// Writes tokens in that format, atomically (mg::write_file_atomic).
 void save_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
 
 struct TokenBatch {

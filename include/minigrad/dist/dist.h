@@ -147,7 +147,7 @@ int64_t bytes_reduced();
 //
 //   mg::dist::record_timeline(true);
 //   ... train some steps ...
-//   mg::nn::write_file_atomic("trace.json", mg::dist::timeline_trace_json(mg::dist::timeline()));
+//   mg::write_file_atomic("trace.json", mg::dist::timeline_trace_json(mg::dist::timeline()));
 //   // open in chrome://tracing or ui.perfetto.dev; bench/timeline.py prints the overlap per window
 struct TimelineSpan {
   std::string name;    // "bucket 2: 3 tensors, 4194304 bytes", "backward begins", ...

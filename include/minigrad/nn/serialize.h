@@ -8,7 +8,8 @@
 //   mg::nn::load_into(model, "epoch_3.safetensors");   // checks names, shapes, dtypes
 //
 // Every write goes to a temporary file in the same folder, is flushed to disk, and is renamed
-// over the target: a crash leaves the old file or the new one, never half of one.
+// over the target: a crash leaves the old file or the new one, never half of one
+// (mg::write_file_atomic, <minigrad/util/file.h>).
 #pragma once
 
 #include <map>
@@ -45,18 +46,5 @@ Metadata read_safetensors_metadata(const std::string& path);
 // parameter must be present with the same shape and dtype, and the file must hold nothing else;
 // the error lists what is missing, unexpected or mismatched.
 void load_into(Module& module, const std::string& path);
-
-// Writes `bytes` to `path` atomically (Note [atomic write] in src/nn/serialize.cpp: a uniquely named
-// temp file in the same folder, fsync, rename, fsync of the folder). On failure the temp file is
-// removed, the old file is untouched, and mg::Error names the path and the system's reason.
-void write_file_atomic(const std::string& path, const std::string& bytes);
-// Throws mg::Error, naming `what` (a flag, say) and the reason, when write_file_atomic(path) could
-// not even start: the folder is missing, not a folder or not writable, or path is a folder.
-// Check an output path before hours of training, not after.
-void check_writable(const std::string& path, const std::string& what);
-// Removes the temporaries "<name>.tmp.<pid>.<n>" in `dir` whose writer is dead (killed during a
-// write); returns how many. Each write also removes those of its own target name; call this on a
-// folder that is about to be written again to leave none of any name.
-int remove_stale_temporaries(const std::string& dir);
 
 }  // namespace mg::nn
