@@ -1,4 +1,4 @@
-// The per-element bodies of the CUDA kernels (src/kernels/cuda/kernel_math.h) run here on the CPU,
+// The per-element bodies of the CUDA kernels (src/kernels/cuda/*_math.h) run here on the CPU,
 // against the CPU kernels and naive references, so the index arithmetic and formulas the GPU
 // runs are checked on every machine, GPU or not.
 #include <cmath>
@@ -8,7 +8,15 @@
 #include <random>
 
 #include "helpers.h"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/attention_math.h"
+#include "kernels/cuda/dropout_math.h"
+#include "kernels/cuda/embedding_math.h"
+#include "kernels/cuda/layer_norm_math.h"
+#include "kernels/cuda/linear_math.h"
+#include "kernels/cuda/matmul_math.h"
+#include "kernels/cuda/multi_tensor_math.h"
+#include "kernels/cuda/optim_math.h"
+#include "kernels/cuda/pooling_math.h"
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
 #include "kernels/embedding.h"

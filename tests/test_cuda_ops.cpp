@@ -197,7 +197,7 @@ TEST_CASE("cuda: dropout masks are the same on both devices") {
 
 TEST_CASE("cuda: dropout kernels at offsets that are not a multiple of 4") {
   // Generator::advance keeps offsets block-aligned; a (seed, offset) set by hand need not be, and
-  // then each element draws on its own (src/kernels/cuda/kernel_math.h dropout4).
+  // then each element draws on its own (src/kernels/cuda/dropout_math.h dropout4).
   for (uint64_t offset : {uint64_t{13}, uint64_t{6}, (uint64_t{1} << 35) + 3}) {
     CAPTURE(offset);
     Tensor x = rand_tensor({3, 1001}, 83);

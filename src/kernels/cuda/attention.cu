@@ -11,17 +11,17 @@
 //             dS = P o (M o dY V_j^T - E) / sqrt(D),  dQ += dS K_j        (=, dx's q slot)
 //   dk, dv:   per query tile t >= j:  dV += (P o M)^T dY_t,  dK += dS^T Q_t   (=, dx's k and v slots)
 // Other head sizes, rows that are not 16-byte aligned and devices with too little shared memory
-// per block take the row kernels: one thread per
-// (sample, head, position), its own rows in registers, the rows' bodies in kernel_math.h (checked
-// on the CPU against the CPU kernels). Forward: one pass with a running maximum. Backward: E_t and
-// dq per query row, then dk and dv per key row.
+// per block take the row kernels: one thread per (sample, head, position), its own rows in
+// registers, the rows' bodies in attention_math.h (checked on the CPU against the CPU kernels).
+// Forward: one pass with a running maximum. Backward: E_t and dq per query row, then dk and dv
+// per key row.
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/attention_math.h"
 
 namespace mg {
 namespace {

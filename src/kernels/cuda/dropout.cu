@@ -6,7 +6,7 @@
 // (seed, offset) gives the same mask on both devices, and backward regenerates it.
 #include <minigrad/core/rng.h>
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/dropout_math.h"
 #include "kernels/dropout.h"
 
 namespace mg {

@@ -1,12 +1,12 @@
 // Embedding on CUDA (kernels/embedding.h). Forward: one thread per output element. Backward, with
 // no wait for the host: the positions are sorted by row on the device (CUB's radix sort, which is
 // stable, so each row's positions stay in increasing order), each row's start is found by a
-// binary search (kernel_math.h), then one thread per (row, channel) adds its row's positions in
+// binary search (embedding_math.h), then one thread per (row, channel) adds its row's positions in
 // order: deterministic, no atomics, the CPU kernel's order of additions.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/embedding_math.h"
 #include "kernels/embedding.h"
 
 namespace mg {

@@ -2,7 +2,7 @@
 // float per lane, then a shuffle tree: the same order on every run, not the CPU's), one block per
 // 32 columns for dw and db (each column's rows in order, onto the buffer when accumulating).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/layer_norm_math.h"
 #include "kernels/layer_norm.h"
 
 namespace mg {
@@ -58,7 +58,7 @@ __global__ void layer_norm_dx_kernel(float* dx, const float* dy, const float* x,
 }
 
 // dw and db: a block of kLnWarps warps per kLnCols columns, a tile of rows at a time through
-// shared memory, each column's rows added in order (kernel_math.h, checked on the CPU).
+// shared memory, each column's rows added in order (layer_norm_math.h, checked on the CPU).
 __global__ void __launch_bounds__(math::kLnWarps * kWarp)
     layer_norm_dwdb_kernel(float* dw, float* db, const float* dy, const float* x, const float* mean, const float* rstd,
                            int64_t m, int64_t c, bool accumulate) {

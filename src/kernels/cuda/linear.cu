@@ -3,12 +3,12 @@
 //   backward: dx = dy w                              (=)    skipped when dx is undefined
 //             dw = dy^T x                            (= or += when accumulate: GEMM beta = 1)
 //             db = sum_n dy[n, :] = dy^T 1           (= or += when accumulate: GEMM beta = 1)
-// cuBLAS is column-major: the four GEMMs are described by src/kernels/cuda/kernel_math.h
+// cuBLAS is column-major: the four GEMMs are described by src/kernels/cuda/linear_math.h
 // (linear_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU.
 // Math mode (Note [cuda math modes], docs/cuda.md): strict FP32 (CUBLAS_COMPUTE_32F on a handle
 // left in CUBLAS_DEFAULT_MATH) unless mg::cuda::set_tf32_matmul(true) (CUBLAS_COMPUTE_32F_FAST_TF32).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/linear_math.h"
 #include "kernels/linear.h"
 
 namespace mg {

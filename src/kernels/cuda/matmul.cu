@@ -1,9 +1,9 @@
 // Batched matrix products on CUDA (kernels/matmul.h): one cublasGemmStridedBatchedEx per product
-// kind. cuBLAS is column-major: the three calls are described by src/kernels/cuda/kernel_math.h
+// kind. cuBLAS is column-major: the three calls are described by src/kernels/cuda/matmul_math.h
 // (matmul_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU. Math mode as linear's
 // (Note [cuda math modes]): strict FP32 unless mg::cuda::set_tf32_matmul(true).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/matmul_math.h"
 #include "kernels/matmul.h"
 
 namespace mg {

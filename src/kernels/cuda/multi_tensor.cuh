@@ -15,7 +15,7 @@
 #include <vector>
 
 #include <minigrad/core/tensor.h>
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/multi_tensor_math.h"
 
 namespace mg::cuda {
 

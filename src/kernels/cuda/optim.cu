@@ -1,7 +1,7 @@
 // Fused optimizer updates: one launch updates every parameter of a step (for up to
 // kMaxTensors parameters; longer lists take one launch per kMaxTensors), through the
 // multi-tensor launch of src/kernels/cuda/multi_tensor.cuh. Formulas are PyTorch's, written exactly as the CPU kernels (src/kernels/cpu/optim.cpp), in
-// src/kernels/cuda/kernel_math.h (tested on the CPU against them):
+// src/kernels/cuda/optim_math.h (tested on the CPU against them):
 //
 // SGD:   g = s*grad + wd*p;  buf = first ? g : mu*buf + (1-dampening)*g;
 //        g = nesterov ? g + mu*buf : buf (when mu != 0);  p -= lr*g                       (=)
@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/optim_math.h"
 #include "kernels/cuda/multi_tensor.cuh"
 #include "kernels/optim.h"
 

@@ -10,7 +10,7 @@
 //   backward: dx[h, w] = sum over windows containing (h, w) of dy / window size: one thread
 //             per input element gathers from the few windows that contain it (no atomics).  (=)
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/pooling_math.h"
 #include "kernels/pooling.h"
 
 namespace mg {
