@@ -50,6 +50,208 @@ void wake_workers(Device d) {
   if (d.is_cpu()) cpu::parallel_pieces(cpu::parallel_slots(1 << 10), [](int64_t, int) {});
 }
 
+// The model's state that a measured pass changes, kept in host memory and put back by restore()
+// or, failing that, when the guard goes: the gradient buffers (backward adds into them), the
+// buffers (a BatchNorm's forward in training updates its running statistics) and the default
+// generator (dropout draws from it). Measurement runs with zeroed gradient buffers, as a training
+// step does (zero_grads): the existing ones, zeroed in place after their values are kept in host
+// memory (a second set on the device would be counted in the peak, and could pass a memory cap
+// the step itself fits), or new ones where there were none. However the pass ends the model is
+// left as it was: an out-of-memory error while measuring (under a memory cap, the joint planner
+// measures until a micro-batch no longer fits) is one way.
+class ModelStateGuard {
+ public:
+  ModelStateGuard(Sequential& seq, std::vector<Tensor> params)
+      : params_(std::move(params)), buffers_(seq.named_buffers()), gen_(default_generator()) {
+    saved_grads_.resize(params_.size());
+    had_grad_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      had_grad_[i] = params_[i].grad().defined();
+      if (had_grad_[i]) saved_grads_[i] = params_[i].grad().to_vector<float>();
+    }
+    saved_f32_.resize(buffers_.size());
+    saved_i64_.resize(buffers_.size());
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      const Tensor& b = buffers_[i].second;
+      if (b.dtype() == DType::f32) saved_f32_[i] = b.to_vector<float>();
+      if (b.dtype() == DType::i64) saved_i64_[i] = b.to_vector<int64_t>();
+    }
+    gen_seed_ = gen_.seed();
+    gen_offset_ = gen_.offset();
+  }
+  ModelStateGuard(const ModelStateGuard&) = delete;
+  ModelStateGuard& operator=(const ModelStateGuard&) = delete;
+  // Only when restore() was not reached; a failure here cannot be reported, and restore() is the
+  // call that reports one.
+  ~ModelStateGuard() {
+    if (restored_) return;
+    try {
+      restore();
+    } catch (...) {
+    }
+  }
+
+  void zero_grads() {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (had_grad_[i]) {
+        params_[i].grad().fill_(0.0f);
+      } else {
+        params_[i].set_grad(Tensor::zeros(params_[i].shape(), TensorOptions{DType::f32, params_[i].device()}));
+      }
+    }
+  }
+
+  // Writes the kept state back without allocating where the device is the CPU (under a cap an
+  // allocation could fail here too; on CUDA the staging copy is host memory). Once: a second call
+  // does nothing.
+  void restore() {
+    if (restored_) return;
+    restored_ = true;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor g = params_[i].grad();
+      if (!had_grad_[i]) {
+        params_[i].set_grad(Tensor());
+      } else if (g.device().is_cpu()) {
+        std::copy(saved_grads_[i].begin(), saved_grads_[i].end(), g.data<float>());
+      } else {
+        g.copy_(Tensor::from_vector(saved_grads_[i], g.shape()));
+      }
+    }
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      Tensor b = buffers_[i].second;
+      if (b.dtype() == DType::f32 && b.device().is_cpu()) {
+        std::copy(saved_f32_[i].begin(), saved_f32_[i].end(), b.data<float>());
+      } else if (b.dtype() == DType::f32) {
+        b.copy_(Tensor::from_vector(saved_f32_[i], b.shape()));
+      } else if (b.dtype() == DType::i64) {
+        std::copy(saved_i64_[i].begin(), saved_i64_[i].end(), b.data<int64_t>());
+      }
+    }
+    gen_.manual_seed(gen_seed_);
+    gen_.set_offset(gen_offset_);
+  }
+
+ private:
+  std::vector<Tensor> params_;
+  std::vector<std::vector<float>> saved_grads_;
+  std::vector<bool> had_grad_;
+  const std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::vector<float>> saved_f32_;
+  std::vector<std::vector<int64_t>> saved_i64_;
+  Generator& gen_;
+  uint64_t gen_seed_ = 0, gen_offset_ = 0;
+  bool restored_ = false;
+};
+
+// The measured pass: each unit's forward and backward on its own, timed, with its memory read
+// from the allocator and its nodes from the tape, into cost.units. Returns the chain's output.
+Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
+  const Device dev = x_in.device();
+  // Host clocks read device time only once the device is done.
+  auto wait = [&] {
+    synchronize(dev);
+  };
+  Generator probe_gen(0x5eed);
+  Tensor h = x_in.detach();
+  bool needs_grad = x_in.requires_grad();
+  bool input_held = true;  // a step holds this unit's input during its backward (the caller's batch, or a saved output)
+  for (auto [begin, end] : form_units(seq)) {
+    UnitCost u;
+    u.begin = begin;
+    u.end = end;
+    for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
+
+    Tensor xin = h.detach();
+    if (needs_grad) xin.requires_grad_(true);
+    h = Tensor();
+    if (dev.is_cuda()) {
+      // An unmeasured forward and backward first: the first call of a shape creates the device
+      // context (cuBLAS's workspace stays allocated: measure_chain counts it in the fixed part) and
+      // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
+      // larger than the chosen one's. Both happen once per program, not in the steps planned.
+      Tensor yw = seq.forward_range(xin, begin, end);
+      if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
+      yw = Tensor();
+      if (xin.requires_grad()) xin.set_grad(Tensor());
+      wait();
+    }
+    const uint64_t first_seq = next_node_seq();
+    const size_t base0 = in_use(dev);
+    reset_peak_memory_stats(dev);
+    wake_workers(dev);
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor y = seq.forward_range(xin, begin, end);
+    wait();
+    u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    u.fwd_peak = memory_stats(dev).peak_in_use - base0;
+    const size_t after = in_use(dev);
+    u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
+    u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
+
+    // The unit's nodes: what they keep, their work, and whether they can run in tiles.
+    u.tiles = y.dim() >= 1 && y.size(0) == xin.size(0);
+    if (y.grad_fn()) {
+      std::vector<Node*> stack{y.grad_fn().get()};
+      std::unordered_set<Node*> seen{stack.back()};
+      while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        if (n->op) u.flops += n->op->flops(*n);
+        if (n->segment) {  // the unit checkpoints a part of itself: that part's work is in the segment
+          u.checkpoints_inside = true;
+          for (const auto& sn : n->segment->nodes) u.flops += sn->op ? sn->op->flops(*sn) : 0.0;
+        }
+        u.tiles &= n->op != nullptr && op_tiles(*n->op) && !n->out_shape.empty() && n->out_shape[0] == xin.size(0);
+        for (const Tensor& t : n->saved) {
+          u.saves_input |= t.shares_storage(xin);
+          u.saves_output |= t.shares_storage(y);
+        }
+        for (const NodeInput& in : n->inputs) {
+          if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+        }
+      }
+      // The input's gradient lands in xin without a copy (accumulate_grad takes a gradient nothing
+      // else holds), as a step passes it on: the unit's backward holds what it holds in a step.
+      if (xin.requires_grad()) xin.set_grad(Tensor());
+      // The output is the next unit's input, but a step does not hold it during this unit's
+      // backward (unless the unit saved it): it waits in host memory, so that measuring holds
+      // no more than the step does (under a memory cap at the floor, measuring must fit too).
+      const Shape y_shape = y.shape();
+      const std::vector<float> y_host = y.to_vector<float>();
+      Tensor root(std::make_shared<TensorImpl>());
+      root.impl().shape = y_shape;
+      root.impl().requires_grad = true;
+      root.impl().grad_fn = y.grad_fn();
+      y = Tensor();
+      // Likewise the input, when neither this unit nor the one before keeps it: its values are
+      // not read by the backward, so its storage is swapped for an empty one (the leaf stays,
+      // to take the input gradient).
+      if (!input_held && !u.saves_input && xin.requires_grad()) xin.impl().storage = std::make_shared<StorageImpl>(0, dev);
+      const DType y_dtype = root.impl().grad_fn->out_dtype;  // bf16 or f16 under autocast
+      Tensor g = Tensor::uniform(y_shape, -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
+      if (y_dtype != DType::f32) g = g.to(y_dtype);  // the gradient comes in the output's dtype
+      const size_t base1 = in_use(dev);
+      reset_peak_memory_stats(dev);
+      wake_workers(dev);
+      const auto t1 = std::chrono::steady_clock::now();
+      run_backward(root, std::move(g), /*retain_graph=*/false);
+      wait();
+      u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+      u.bwd_peak = memory_stats(dev).peak_in_use - base1;
+      root = Tensor();
+      y = Tensor::from_vector(y_host, y_shape, TensorOptions{DType::f32, dev});
+      if (y_dtype != DType::f32) y = y.to(y_dtype);  // exact: y_host holds y's values widened
+      needs_grad = true;
+    } else {
+      u.flops = static_cast<double>(y.numel());
+    }
+    h = y.detach();
+    input_held = u.saves_output;
+    cost.units.push_back(std::move(u));
+  }
+  return h;
+}
+
 }  // namespace
 
 ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
@@ -72,10 +274,6 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   }
   const Device dev = x_in.device();
   const size_t in_use_at_start = in_use(dev);
-  // Host clocks read device time only once the device is done.
-  auto wait = [&] {
-    synchronize(dev);
-  };
   ChainCost cost;
   cost.rows = x_in.size(0);
   cost.num_layers = seq.size();
@@ -96,165 +294,13 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   }
   cost.fixed_bytes = fixed;
 
-  // Side effects to undo: gradient buffers (backward adds into them) and the default generator
-  // (dropout draws from it). Measurement runs with zeroed buffers, as a training step does: the
-  // existing ones, zeroed in place after their values are kept in host memory (a second set on
-  // the device would be counted in the peak, and could pass a memory cap the step itself fits),
-  // or new ones where there were none. Both are put back however the pass ends: an
-  // out-of-memory error while measuring (under a memory cap, the joint planner measures until a
-  // micro-batch no longer fits) leaves the model as it was.
-  std::vector<std::vector<float>> saved_grads(params.size());
-  std::vector<bool> had_grad(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    had_grad[i] = params[i].grad().defined();
-    if (had_grad[i]) saved_grads[i] = params[i].grad().to_vector<float>();
-  }
-  // Buffers too: a BatchNorm's forward in training updates its running statistics.
-  const std::vector<std::pair<std::string, Tensor>> buffers = seq.named_buffers();
-  std::vector<std::vector<float>> saved_f32(buffers.size());
-  std::vector<std::vector<int64_t>> saved_i64(buffers.size());
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const Tensor& b = buffers[i].second;
-    if (b.dtype() == DType::f32) saved_f32[i] = b.to_vector<float>();
-    if (b.dtype() == DType::i64) saved_i64[i] = b.to_vector<int64_t>();
-  }
-  Generator& gen = default_generator();
-  const uint64_t gen_seed = gen.seed(), gen_offset = gen.offset();
-  // Writes the kept gradients back without allocating where the device is the CPU (under a cap an
-  // allocation could fail here too; on CUDA the staging copy is host memory).
-  auto restore = [&] {
-    for (size_t i = 0; i < params.size(); ++i) {
-      Tensor g = params[i].grad();
-      if (!had_grad[i]) {
-        params[i].set_grad(Tensor());
-      } else if (g.device().is_cpu()) {
-        std::copy(saved_grads[i].begin(), saved_grads[i].end(), g.data<float>());
-      } else {
-        g.copy_(Tensor::from_vector(saved_grads[i], g.shape()));
-      }
-    }
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      Tensor b = buffers[i].second;
-      if (b.dtype() == DType::f32 && b.device().is_cpu()) {
-        std::copy(saved_f32[i].begin(), saved_f32[i].end(), b.data<float>());
-      } else if (b.dtype() == DType::f32) {
-        b.copy_(Tensor::from_vector(saved_f32[i], b.shape()));
-      } else if (b.dtype() == DType::i64) {
-        std::copy(saved_i64[i].begin(), saved_i64[i].end(), b.data<int64_t>());
-      }
-    }
-    gen.manual_seed(gen_seed);
-    gen.set_offset(gen_offset);
-  };
-  Generator probe_gen(0x5eed);
-  Tensor h = x_in.detach();
-  bool needs_grad = x_in.requires_grad();
-  bool input_held = true;  // a step holds this unit's input during its backward (the caller's batch, or a saved output)
+  ModelStateGuard state(seq, std::move(params));
+  Tensor h;
   try {
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (had_grad[i]) {
-        params[i].grad().fill_(0.0f);
-      } else {
-        params[i].set_grad(Tensor::zeros(params[i].shape(), TensorOptions{DType::f32, params[i].device()}));
-      }
-    }
-
-    for (auto [begin, end] : form_units(seq)) {
-      UnitCost u;
-      u.begin = begin;
-      u.end = end;
-      for (size_t i = begin; i < end; ++i) u.name += (u.name.empty() ? "" : " + ") + seq[i].name();
-
-      Tensor xin = h.detach();
-      if (needs_grad) xin.requires_grad_(true);
-      h = Tensor();
-      if (dev.is_cuda()) {
-        // An unmeasured forward and backward first: the first call of a shape creates the device
-        // context (cuBLAS's workspace stays allocated: it is counted in the fixed part below) and
-        // picks cuDNN's algorithms, under --cudnn-benchmark by timing them all in workspaces far
-        // larger than the chosen one's. Both happen once per program, not in the steps planned.
-        Tensor yw = seq.forward_range(xin, begin, end);
-        if (yw.grad_fn()) yw.backward(Tensor::ones(yw.shape(), TensorOptions{DType::f32, dev}));
-        yw = Tensor();
-        if (xin.requires_grad()) xin.set_grad(Tensor());
-        wait();
-      }
-      const uint64_t first_seq = next_node_seq();
-      const size_t base0 = in_use(dev);
-      reset_peak_memory_stats(dev);
-      wake_workers(dev);
-      const auto t0 = std::chrono::steady_clock::now();
-      Tensor y = seq.forward_range(xin, begin, end);
-      wait();
-      u.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      u.fwd_peak = memory_stats(dev).peak_in_use - base0;
-      const size_t after = in_use(dev);
-      u.out_bytes = y.shares_storage(xin) ? 0 : y.nbytes();
-      u.extra_bytes = after > base0 + u.out_bytes ? after - base0 - u.out_bytes : 0;
-
-      // The unit's nodes: what they keep, their work, and whether they can run in tiles.
-      u.tiles = y.dim() >= 1 && y.size(0) == xin.size(0);
-      if (y.grad_fn()) {
-        std::vector<Node*> stack{y.grad_fn().get()};
-        std::unordered_set<Node*> seen{stack.back()};
-        while (!stack.empty()) {
-          Node* n = stack.back();
-          stack.pop_back();
-          if (n->op) u.flops += n->op->flops(*n);
-          if (n->segment) {  // the unit checkpoints a part of itself: that part's work is in the segment
-            u.checkpoints_inside = true;
-            for (const auto& sn : n->segment->nodes) u.flops += sn->op ? sn->op->flops(*sn) : 0.0;
-          }
-          u.tiles &= n->op != nullptr && op_tiles(*n->op) && !n->out_shape.empty() && n->out_shape[0] == xin.size(0);
-          for (const Tensor& t : n->saved) {
-            u.saves_input |= t.shares_storage(xin);
-            u.saves_output |= t.shares_storage(y);
-          }
-          for (const NodeInput& in : n->inputs) {
-            if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
-          }
-        }
-        // The input's gradient lands in xin without a copy (accumulate_grad takes a gradient nothing
-        // else holds), as a step passes it on: the unit's backward holds what it holds in a step.
-        if (xin.requires_grad()) xin.set_grad(Tensor());
-        // The output is the next unit's input, but a step does not hold it during this unit's
-        // backward (unless the unit saved it): it waits in host memory, so that measuring holds
-        // no more than the step does (under a memory cap at the floor, measuring must fit too).
-        const Shape y_shape = y.shape();
-        const std::vector<float> y_host = y.to_vector<float>();
-        Tensor root(std::make_shared<TensorImpl>());
-        root.impl().shape = y_shape;
-        root.impl().requires_grad = true;
-        root.impl().grad_fn = y.grad_fn();
-        y = Tensor();
-        // Likewise the input, when neither this unit nor the one before keeps it: its values are
-        // not read by the backward, so its storage is swapped for an empty one (the leaf stays,
-        // to take the input gradient).
-        if (!input_held && !u.saves_input && xin.requires_grad()) xin.impl().storage = std::make_shared<StorageImpl>(0, dev);
-        const DType y_dtype = root.impl().grad_fn->out_dtype;  // bf16 or f16 under autocast
-        Tensor g = Tensor::uniform(y_shape, -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
-        if (y_dtype != DType::f32) g = g.to(y_dtype);  // the gradient comes in the output's dtype
-        const size_t base1 = in_use(dev);
-        reset_peak_memory_stats(dev);
-        wake_workers(dev);
-        const auto t1 = std::chrono::steady_clock::now();
-        run_backward(root, std::move(g), /*retain_graph=*/false);
-        wait();
-        u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
-        u.bwd_peak = memory_stats(dev).peak_in_use - base1;
-        root = Tensor();
-        y = Tensor::from_vector(y_host, y_shape, TensorOptions{DType::f32, dev});
-        if (y_dtype != DType::f32) y = y.to(y_dtype);  // exact: y_host holds y's values widened
-        needs_grad = true;
-      } else {
-        u.flops = static_cast<double>(y.numel());
-      }
-      h = y.detach();
-      input_held = u.saves_output;
-      cost.units.push_back(std::move(u));
-    }
+    state.zero_grads();
+    h = measure_units(seq, x_in, cost);
   } catch (...) {
-    restore();  // an error here replaces the first: never a half-restored model
+    state.restore();  // an error here replaces the first: never a half-restored model
     throw;
   }
   const size_t out_bytes = h.nbytes();
@@ -268,7 +314,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   cost.head_bytes = opts.cross_entropy_head ? head + 3 * sizeof(float) : 0;
 
   h = Tensor();
-  restore();  // before in_use_at_end is read
+  state.restore();  // before in_use_at_end is read
   // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
   const size_t in_use_at_end = in_use(dev);
   if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;
