@@ -18,6 +18,9 @@
 
 namespace mg::test {
 
+// Options a test answers itself before doctest runs (tests/test_main.cpp): the exit code, or -1.
+int own_options(int argc, char** argv);
+
 // MG_REQUIRE_GPU=1 (scripts/gpu_verify.sh): a GPU test that finds no device fails instead of
 // skipping (tests/cuda_helpers.h, test_ops' CUDA case).
 inline bool gpu_required() {

@@ -1,7 +1,8 @@
 // The op-indexed test (ggml's test-backend-ops): every op of the op table (mg::all_ops(),
 // src/ops/op.h) on every one of its cases, odd shapes chosen by the op's author. An op added to
 // the table is picked up here without touching this file. MG_OPS=gelu,conv2d checks only those;
-// each op runs in a doctest subcase of its own.
+// each op runs in a doctest subcase of its own. `test_ops --list` prints every registered op with
+// its cases and its files (src/ops/, the kernel header and its CPU and CUDA implementations).
 //
 // 1. Finite-difference gradient check, on the CPU. L = sum(y * r) for a fixed random r; the tape
 //    gives dL/dx by a backward with dL/dy = r, and each element of each input with `grad` is
@@ -25,6 +26,15 @@
 //    gradient is tiny next to the loss, float32 cannot resolve it by finite differences at any
 //    step, and the floor says so (cross_entropy over 300 classes: 1/300 of a loss of ~17, none
 //    resolved; its sum-reduced case therefore has 40 classes).
+//
+//    Note [large op cases]
+//    ~~~~~~~~~~~~~~~~~~~~~~
+//    Besides its small cases, every op has a large one (asserted below): an input of at least
+//    kLargeElements elements, an odd count, so that a CUDA kernel runs many blocks and a partial
+//    last one, and a 4-wide vector loop its tail. On the CPU its gradient is checked like the
+//    small cases' against the same float64 differences, at kSampledElements elements (the first
+//    and last few, the rest spread at random) instead of all of them; on CUDA it is compared with
+//    the CPU in full (2. below).
 //
 // 2. CUDA against CPU, when a GPU is present: the same inputs on both devices; the output and
 //    the gradient of every checked input (backward with the same r) must agree per element to
@@ -65,6 +75,9 @@ constexpr double kUlps = 4;  // rounding of one float32 forward output, in units
 constexpr double kEps32 = std::numeric_limits<float>::epsilon();
 constexpr float kProbe = 1.0f;  // a move far larger than h, to find the outputs x_i reaches
 constexpr double kCudaTol = 1e-5;
+constexpr int64_t kLargeElements = 2048;    // Note [large op cases]
+constexpr int64_t kFullCheckElements = 1024;  // inputs larger than this are checked at samples
+constexpr int64_t kSampledElements = 48;
 
 // Where a number came from, for failure messages: "conv2d case 1 input 0".
 std::string where(const OpDef& op, size_t case_index, const char* what, size_t input = SIZE_MAX) {
@@ -204,6 +217,24 @@ struct OpStats {
   }
 };
 
+// The elements of an input of n that the gradient check visits: all of them, or for a large
+// input (Note [large op cases]) the first and last 8 and the rest at random, in increasing order.
+std::vector<int64_t> checked_elements(int64_t n, uint64_t seed) {
+  std::vector<int64_t> idx;
+  if (n <= kFullCheckElements) {
+    for (int64_t i = 0; i < n; ++i) idx.push_back(i);
+    return idx;
+  }
+  for (int64_t i = 0; i < 8; ++i) idx.push_back(i), idx.push_back(n - 1 - i);
+  std::mt19937_64 rng(seed);
+  while (static_cast<int64_t>(idx.size()) < kSampledElements) {
+    const int64_t i = static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    if (std::find(idx.begin(), idx.end(), i) == idx.end()) idx.push_back(i);
+  }
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
 // Compares the tape's gradient of input k (already computed by a backward with dL/dy = r) with
 // central differences of L = sum(y * r), element by element; y0 is the unperturbed output.
 void check_gradient(const OpDef& op, size_t ci, const OpAttrs& attrs, CaseInputs& in, size_t k,
@@ -216,7 +247,8 @@ void check_gradient(const OpDef& op, size_t ci, const OpAttrs& attrs, CaseInputs
   float* data = x.data<float>();
   const float h = static_cast<float>(in.step[k]);
   Worst worst;
-  for (int64_t i = 0; i < x.numel(); ++i) {
+  const std::vector<int64_t> elements = checked_elements(x.numel(), name_hash(op.name) + 31 * ci + k);
+  for (const int64_t i : elements) {
     const float orig = data[i];
     const float xp = orig + h, xm = orig - h;
     data[i] = xp;
@@ -247,8 +279,8 @@ void check_gradient(const OpDef& op, size_t ci, const OpAttrs& attrs, CaseInputs
                 what << " " << shape_str(x.shape()) << ", " << element_str(x.shape(), worst.element)
                      << ": numeric " << worst.numeric << ", analytic " << worst.analytic << ", |diff| = "
                      << std::abs(worst.numeric - worst.analytic) << " > " << kRtol << " * |analytic| + "
-                     << worst.floor << " (float32 floor); " << worst.failures << " of " << x.numel()
-                     << " elements out of tolerance");
+                     << worst.floor << " (float32 floor); " << worst.failures << " of " << elements.size()
+                     << " checked elements out of tolerance");
   st.worst = std::max(st.worst, worst.err);
 }
 
@@ -309,7 +341,58 @@ std::vector<const OpDef*> selected_ops() {
   return ops;
 }
 
+// The files of an op: the src/ops/*.cpp that defines it (an OpDef whose name is op.name), then
+// the kernel files of the same base name that exist (STYLE.md: one op, one name, everywhere).
+std::vector<std::string> op_files(const OpDef& op) {
+  namespace fs = std::filesystem;
+  const fs::path root(MG_SOURCE_DIR);
+  std::vector<fs::path> sources;
+  for (const auto& entry : fs::directory_iterator(root / "src/ops")) {
+    if (entry.path().extension() == ".cpp") sources.push_back(entry.path());
+  }
+  std::sort(sources.begin(), sources.end());
+  const std::string def = std::string("{\"") + op.name + "\",";
+  std::vector<std::string> files;
+  for (const fs::path& p : sources) {
+    std::ifstream f(p);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t at = text.find(def);
+    if (at == std::string::npos || text.rfind("OpDef", at) == std::string::npos) continue;
+    const std::string base = p.stem().string();
+    files.push_back("src/ops/" + base + ".cpp");
+    for (const std::string rel : {"src/kernels/" + base + ".h", "src/kernels/cpu/" + base + ".cpp",
+                                  "src/kernels/cuda/" + base + ".cu", "src/kernels/cuda/" + base + "_math.h"}) {
+      if (fs::exists(root / rel)) files.push_back(rel);
+    }
+    break;
+  }
+  return files;
+}
+
 }  // namespace
+
+// test_ops --list: one line per registered op, its cases (inputs' shapes) and its files.
+int mg::test::own_options(int argc, char** argv) {
+  bool list = false;
+  for (int i = 1; i < argc; ++i) list |= std::string(argv[i]) == "--list";
+  if (!list) return -1;
+  for (const OpDef* op : all_ops()) {
+    const std::vector<OpCase> cases = op->cases();
+    std::printf("%-20s %zu case%s:", op->name, cases.size(), cases.size() == 1 ? "" : "s");
+    for (const OpCase& c : cases) {
+      std::string shapes;
+      for (const TestInput& ti : c.inputs) {
+        shapes += (shapes.empty() ? "" : " ") + (ti.kind == TestInput::none ? std::string("-") : shape_str(ti.shape));
+      }
+      std::printf(" (%s)", shapes.c_str());
+    }
+    std::printf("\n");
+    std::string files;
+    for (const std::string& f : op_files(*op)) files += (files.empty() ? "" : " ") + f;
+    std::printf("%-20s %s\n", "", files.empty() ? "(no OpDef of this name in src/ops/*.cpp)" : files.c_str());
+  }
+  return 0;
+}
 
 TEST_CASE("ops: every op in the sources is registered, each with cases that check something") {
   // The registrations the sources make (no hand-kept list): one MG_REGISTER_OP per op definition
@@ -338,6 +421,15 @@ TEST_CASE("ops: every op in the sources is registered, each with cases that chec
       }
       CHECK_MESSAGE(checked > 0, where(*op, ci, "has no real input with grad: its gradient check is empty"));
     }
+    bool large = false;  // Note [large op cases]
+    for (const OpCase& c : cases) {
+      for (const TestInput& ti : c.inputs) {
+        const int64_t n = shape_numel(ti.shape);
+        large |= ti.kind == TestInput::real && n >= kLargeElements && n % 2 == 1;
+      }
+    }
+    CHECK_MESSAGE(large, op->name << " has no large case: a real input of at least " << kLargeElements
+                                  << " elements, an odd number (Note [large op cases])");
   }
 }
 
@@ -416,8 +508,12 @@ TEST_CASE("ops: every op and case in bf16 and f16 against float32") {
         const OpCase& c = cases[ci];
         CaseInputs full = make_inputs(*op, ci, c);
         std::vector<Tensor> low;
-        for (size_t k = 0; k < full.tensors.size(); ++k) {  // the inputs with a gradient in the low dtype
-          const Tensor& t = full.tensors[k];
+        // The inputs with a gradient in the low dtype, and the float32 run on the values it holds:
+        // rounding can tie two inputs (a large case's values lie closer than bfloat16 resolves),
+        // and a tie moves a max-pool window's winner, which is the input's rounding, not the op's.
+        for (size_t k = 0; k < full.tensors.size(); ++k) {
+          Tensor& t = full.tensors[k];
+          if (full.step[k] != 0) t = t.detach().to(dtype).to(DType::f32).requires_grad_();
           low.push_back(full.step[k] != 0 ? t.detach().to(dtype).requires_grad_() : t);
         }
         Tensor y = apply(*op, c.attrs, full.tensors), yl = apply(*op, c.attrs, low);

@@ -52,7 +52,10 @@ std::vector<OpCase> attention_cases() {
   dropped.scalar = 0.3f;
   dropped.seed = 9;
   dropped.offset = 5;
-  return {{{{.shape = {2, 5, 12}}}, two}, {{{.shape = {1, 3, 6}}}, one}, {{{.shape = {2, 6, 12}}}, dropped}};
+  OpAttrs three;
+  three.heads = 3;
+  return {{{{.shape = {2, 5, 12}}}, two}, {{{.shape = {1, 3, 6}}}, one}, {{{.shape = {2, 6, 12}}}, dropped},
+          {{{.shape = {3, 129, 45}}}, three}};  // large
 }
 
 // A tile starting `first` rows later starts that many samples later in the mask's counters.

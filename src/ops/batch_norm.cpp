@@ -67,6 +67,7 @@ std::vector<OpCase> batch_norm_cases() {
   return {
       {{{.shape = {3, 4, 5, 2}}, {.shape = {4}}, {.shape = {4}}, none, none}, train},
       {{{.shape = {6, 3}}, {.shape = {3}}, none, none, none}, train},
+      {{{.shape = {7, 5, 9, 11}}, {.shape = {5}}, {.shape = {5}}, none, none}, train},  // large
   };
 }
 

@@ -55,6 +55,7 @@ std::vector<OpCase> conv2d_cases() {
   return {
       {{{.shape = {2, 3, 5, 7}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, pad1},
       {{{.shape = {1, 2, 7, 6}}, {.shape = {3, 2, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, stride2},
+      {{{.shape = {3, 3, 31, 33}}, {.shape = {5, 3, 3, 3}}, {.shape = {5}}}, pad1},  // large
   };
 }
 

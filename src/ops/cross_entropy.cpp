@@ -44,6 +44,7 @@ std::vector<OpCase> cross_entropy_cases() {
   return {
       {{{.shape = {5, 7}}, {.kind = TestInput::index, .shape = {5}, .classes = 7, .grad = false}}, mean},
       {{{.shape = {3, 40}}, {.kind = TestInput::index, .shape = {3}, .classes = 40, .grad = false}}, sum},
+      {{{.shape = {37, 101}}, {.kind = TestInput::index, .shape = {37}, .classes = 101, .grad = false}}, mean},  // large
   };
 }
 

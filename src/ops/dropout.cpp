@@ -37,7 +37,8 @@ std::vector<OpCase> dropout_cases() {
   odd.offset = 3;  // not a multiple of 4: the per-element path of the 4-wide kernels
   OpAttrs spread = odd;  // samples spread over the counters (a data-parallel rank's micro-batch)
   spread.sample_stride = 3 * 35 + 2;
-  return {{{{.shape = {4, 33}}}, half}, {{{.shape = {3, 5, 7}}}, odd}, {{{.shape = {3, 5, 7}}}, spread}};
+  return {{{{.shape = {4, 33}}}, half}, {{{.shape = {3, 5, 7}}}, odd}, {{{.shape = {3, 5, 7}}}, spread},
+          {{{.shape = {3, 1007}}}, odd}};  // large
 }
 
 // A tile starting `first` rows later starts that many samples later in the counters.

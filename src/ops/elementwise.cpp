@@ -25,7 +25,10 @@ void add_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<T
   if (wants(n, 1)) grads[1] = gy;
 }
 
-std::vector<OpCase> add_cases() { return {{{{.shape = {3, 5, 7}}, {.shape = {3, 5, 7}}}, {}}}; }
+std::vector<OpCase> add_cases() {
+  return {{{{.shape = {3, 5, 7}}, {.shape = {3, 5, 7}}}, {}},
+          {{{.shape = {3, 1007}}, {.shape = {3, 1007}}}, {}}};  // large
+}
 
 const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases, rows_apart};
 MG_REGISTER_OP(kAdd);
@@ -55,7 +58,8 @@ void mul_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<T
 
 std::vector<OpCase> mul_cases() {
   return {{{{.shape = {3, 5, 7}}, {.shape = {3, 5, 7}}}, {}},
-          {{{.shape = {2, 9}}, {.shape = {2, 9}, .grad = false}}, {}}};
+          {{{.shape = {2, 9}}, {.shape = {2, 9}, .grad = false}}, {}},
+          {{{.shape = {3, 1007}}, {.shape = {3, 1007}}}, {}}};  // large
 }
 
 const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases, rows_apart};
@@ -77,7 +81,7 @@ void scale_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector
 std::vector<OpCase> scale_cases() {
   OpAttrs a;
   a.scalar = -2.5f;
-  return {{{{.shape = {2, 9}}}, a}};
+  return {{{{.shape = {2, 9}}}, a}, {{{.shape = {3, 1007}}}, a}};  // the second: large
 }
 
 const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases, rows_apart};

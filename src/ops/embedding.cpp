@@ -32,7 +32,8 @@ void embedding_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
 }
 
 std::vector<OpCase> embedding_cases() {
-  return {{{{.kind = TestInput::index, .shape = {2, 5}, .classes = 4}, {.shape = {4, 3}}}, {}}};
+  return {{{{.kind = TestInput::index, .shape = {2, 5}, .classes = 4}, {.shape = {4, 3}}}, {}},
+          {{{.kind = TestInput::index, .shape = {3, 337}, .classes = 51}, {.shape = {51, 61}}}, {}}};  // large
 }
 
 const OpDef kEmbedding{"embedding", OpKind::lookup, embedding_fwd, embedding_bwd, no_flops, embedding_cases,

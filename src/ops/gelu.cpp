@@ -22,7 +22,9 @@ void gelu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<
 
 double gelu_flops(const Node& n) { return 10.0 * out_numel(n); }
 
-std::vector<OpCase> gelu_cases() { return {{{{.shape = {3, 5, 7}}}, {}}}; }
+std::vector<OpCase> gelu_cases() {
+  return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {3, 1007}}}, {}}};  // the second: large
+}
 
 const OpDef kGelu{"gelu", OpKind::elementwise, gelu_fwd, gelu_bwd, gelu_flops, gelu_cases, rows_apart};
 MG_REGISTER_OP(kGelu);

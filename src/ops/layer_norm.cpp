@@ -49,7 +49,8 @@ std::vector<OpCase> layer_norm_cases() {
   // 2026-11-24).
   return {{{{.shape = {2, 3, 8}}, {.shape = {8}}, {.shape = {8}}}, a},
           {{{.shape = {5, 70}}, none, none}, a},
-          {{{.shape = {0, 8}}, {.shape = {8}}, {.shape = {8}}}, a}};
+          {{{.shape = {0, 8}}, {.shape = {8}}, {.shape = {8}}}, a},
+          {{{.shape = {3, 1007}}, {.shape = {1007}}, {.shape = {1007}}}, a}};  // large
 }
 
 const OpDef kLayerNorm{"layer_norm", OpKind::normalization, layer_norm_fwd, layer_norm_bwd, layer_norm_flops,

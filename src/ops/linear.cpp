@@ -43,6 +43,7 @@ std::vector<OpCase> linear_cases() {
   return {
       {{{.shape = {5, 7}}, {.shape = {3, 7}}, {.shape = {3}}}, {}},
       {{{.shape = {1, 13}}, {.shape = {6, 13}}, {.kind = TestInput::none, .shape = {}}}, {}},
+      {{{.shape = {67, 129}}, {.shape = {33, 129}}, {.shape = {33}}}, {}},  // large
   };
 }
 

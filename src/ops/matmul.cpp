@@ -55,7 +55,8 @@ std::vector<OpCase> matmul_cases() {
   return {{{{.shape = {3, 4}}, {.shape = {4, 5}}}, {}},
           {{{.shape = {2, 3, 4}}, {.shape = {2, 4, 2}}}, {}},
           {{{.shape = {2, 2, 1, 3}}, {.shape = {2, 2, 3, 4}}}, {}},
-          {{{.shape = {2, 5, 3}, .grad = false}, {.shape = {2, 3, 2}}}, {}}};
+          {{{.shape = {2, 5, 3}, .grad = false}, {.shape = {2, 3, 2}}}, {}},
+          {{{.shape = {3, 45, 67}}, {.shape = {3, 67, 23}}}, {}}};  // large
 }
 
 // Tiles (Note [tiled segments]) would cut the batch of products, but a 2-D product mixes rows with

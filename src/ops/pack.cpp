@@ -70,13 +70,19 @@ void unpack_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vecto
   grads[0] = g;
 }
 
-std::vector<OpCase> pack_cases() { return {{{{.shape = {3, 4}}, {.shape = {5}}, {.shape = {2, 1, 3}}}, {}}}; }
+std::vector<OpCase> pack_cases() {
+  return {{{{.shape = {3, 4}}, {.shape = {5}}, {.shape = {2, 1, 3}}}, {}},
+          {{{.shape = {3, 1007}}, {.shape = {1001}}, {.shape = {2, 1, 503}}}, {}}};  // large
+}
 
 std::vector<OpCase> unpack_cases() {
   OpAttrs a;
   a.offset = 4;
   a.shape = {2, 3};
-  return {{{{.shape = {11}}}, a}};
+  OpAttrs large;
+  large.offset = 7;
+  large.shape = {3, 1003};
+  return {{{{.shape = {11}}}, a}, {{{.shape = {3021}}}, large}};
 }
 
 const OpDef kPack{"pack", OpKind::view, pack_fwd, pack_bwd, no_flops, pack_cases, nullptr};

@@ -42,7 +42,7 @@ std::vector<OpCase> max_pool2d_cases() {
   k3s2p1.kernel_h = k3s2p1.kernel_w = 3;
   k3s2p1.stride_h = k3s2p1.stride_w = 2;
   k3s2p1.pad_h = k3s2p1.pad_w = 1;
-  return {{{{.shape = {2, 3, 5, 7}}}, k2}, {{{.shape = {1, 2, 7, 6}}}, k3s2p1}};
+  return {{{{.shape = {2, 3, 5, 7}}}, k2}, {{{.shape = {1, 2, 7, 6}}}, k3s2p1}, {{{.shape = {3, 3, 31, 33}}}, k3s2p1}};
 }
 
 const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
@@ -73,7 +73,10 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
   to3x2.out_h = 3;
   to3x2.out_w = 2;
   to1x1.out_h = to1x1.out_w = 1;
-  return {{{{.shape = {2, 3, 7, 5}}}, to3x2}, {{{.shape = {1, 2, 3, 3}}}, to1x1}};
+  OpAttrs to5x4;
+  to5x4.out_h = 5;
+  to5x4.out_w = 4;
+  return {{{{.shape = {2, 3, 7, 5}}}, to3x2}, {{{.shape = {1, 2, 3, 3}}}, to1x1}, {{{.shape = {3, 3, 31, 33}}}, to5x4}};
 }
 
 const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,

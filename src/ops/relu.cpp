@@ -22,7 +22,9 @@ void relu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<
   grads[0] = std::move(dx);
 }
 
-std::vector<OpCase> relu_cases() { return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {1}}}, {}}}; }
+std::vector<OpCase> relu_cases() {
+  return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {1}}}, {}}, {{{.shape = {3, 1007}}}, {}}};  // the last: large
+}
 
 const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases, rows_apart,
                   OpPrecision::follow, /*half_kernels*/ true};

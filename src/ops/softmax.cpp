@@ -25,7 +25,9 @@ void softmax_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vect
 
 double softmax_flops(const Node& n) { return 5.0 * out_numel(n); }
 
-std::vector<OpCase> softmax_cases() { return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {4, 1}}}, {}}}; }
+std::vector<OpCase> softmax_cases() {
+  return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {4, 1}}}, {}}, {{{.shape = {3, 1007}}}, {}}};  // the last: large
+}
 
 // Rows are independent: a tile of samples is rows of its own (when the last dimension is not the batch's).
 const OpDef kSoftmax{"softmax", OpKind::normalization, softmax_fwd, softmax_bwd, softmax_flops, softmax_cases,

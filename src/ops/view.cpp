@@ -23,7 +23,9 @@ void reshape_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vect
 std::vector<OpCase> reshape_cases() {
   OpAttrs a;
   a.shape = {7, 15};
-  return {{{{.shape = {3, 5, 7}}}, a}};
+  OpAttrs large;
+  large.shape = {1007, 3};
+  return {{{{.shape = {3, 5, 7}}}, a}, {{{.shape = {3, 1007}}}, large}};
 }
 
 // A tile's view keeps every dimension but the batch's, which must stay first.
