@@ -62,6 +62,7 @@
 #include <minigrad/minigrad.h>
 
 #include "helpers.h"
+#include "kernels/cpu/half_rows.h"
 #include "ops/op.h"
 
 using namespace mg;
@@ -547,9 +548,14 @@ TEST_CASE("ops: every op and case in bf16 and f16 against float32") {
 // Note [half operands] (src/kernels/cpu/gemm.h): an op whose CPU kernels read bf16 and f16 as they
 // are gives the bits of the float32 kernels run on widened copies, output and every gradient.
 TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies") {
+  // Chunks of one sample per thread, so that kernels that widen a chunk of samples at a time
+  // (conv2d) cut every case's batch.
+  const int64_t chunk_bytes = cpu::half_chunk_bytes();
+  cpu::set_half_chunk_bytes(0);
   struct Restore {
-    ~Restore() { set_half_kernels(true); }
-  } restore;
+    int64_t bytes;
+    ~Restore() { set_half_kernels(true), cpu::set_half_chunk_bytes(bytes); }
+  } restore{chunk_bytes};
   for (const DType dtype : {DType::bf16, DType::f16}) {
     for (const OpDef* op : selected_ops()) {
       if (!op->half_kernels) continue;
@@ -575,8 +581,9 @@ TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies"
         }
         REQUIRE(bits[0].size() == bits[1].size());
         for (size_t j = 0; j < bits[0].size(); ++j) {
-          CHECK_MESSAGE(bits[0][j] == bits[1][j], dtype_name(dtype) << " " << where(*op, ci, j == 0 ? "output" : "gradient")
-                                                     << " (result " << j << "): half kernels and widened copies differ");
+          const std::string what = std::string(dtype_name(dtype)) + " " + where(*op, ci, j == 0 ? "output" : "gradient") +
+                                   " (result " + std::to_string(j) + ")";
+          CHECK_MESSAGE(bits[0][j] == bits[1][j], what << ": half kernels and widened copies differ");
         }
       }
       }

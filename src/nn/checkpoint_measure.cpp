@@ -308,9 +308,19 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   // takes the logits' place (the caller keeps no logits past the loss: a step writes
   // cross_entropy(forward(x), y), and a GPT's logits are its largest tensor). Plus the loss, its
   // gradient and the count of rows (ignore_index).
-  // Low-precision logits (Note [autocast]): the loss reads them widened, and its gradient is made
-  // in float32 before it is rounded: two float32 copies beside them, whichever pass.
-  const size_t head = h.dtype() == DType::f32 ? out_bytes : 2 * static_cast<size_t>(h.numel()) * sizeof(float);
+  // Low-precision logits (Note [autocast]): on the CPU the loss's kernels read them as they are
+  // (OpDef::half_kernels): it keeps the logits instead of the probabilities, their gradient
+  // beside them in backward, and each thread widens a row and its probabilities into two rows of
+  // float32. Elsewhere the loss reads them widened, and its gradient is made in float32 before it
+  // is rounded: two float32 copies beside them, whichever pass.
+  const bool low_logits = h.dtype() != DType::f32;
+  size_t head = out_bytes;
+  if (low_logits && dev.is_cpu() && half_kernels_enabled()) {
+    const int64_t classes = h.dim() == 2 ? h.size(1) : 0;
+    head += static_cast<size_t>(cpu::parallel_slots(h.dim() == 2 ? h.size(0) : 0)) * 2 * classes * sizeof(float);
+  } else if (low_logits) {
+    head = 2 * static_cast<size_t>(h.numel()) * sizeof(float);
+  }
   cost.head_bytes = opts.cross_entropy_head ? head + 3 * sizeof(float) : 0;
 
   h = Tensor();

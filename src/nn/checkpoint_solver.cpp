@@ -75,7 +75,10 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
       const UnitCost& U = c.units[u];
       const bool keep_in = holds || U.saves_input;
       const size_t fwd = F + R + A(u) + U.fwd_peak;
-      const bool out_live = U.saves_output || u + 1 == n;
+      // The last unit's output (the logits) is live in its backward unless a cross-entropy head
+      // took it: that loss keeps the probabilities (or, in bf16 on the CPU, the logits), and
+      // they go once its backward is done, before this unit's.
+      const bool out_live = U.saves_output || (u + 1 == n && c.head_bytes == 0);
       const size_t bwd = F + R + (keep_in ? A(u) : 0) + U.extra_bytes + (out_live ? A(u + 1) : 0) +
                          A(u + 1) + U.bwd_peak;
       pc.note(fwd, u, "forward");

@@ -110,7 +110,9 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast,
   else c.out = any_low ? run : DType::f32;
   // CPU kernels that read bf16/f16 themselves take the inputs as they are, when the output's dtype
   // is the one they would give it (Note [half operands] in kernels/cpu/gemm.h).
-  c.half_kernels = op.half_kernels && device.is_cpu() && half_kernels_enabled() && half_out(c.stored) == c.out;
+  // (A loss's output is float32 whatever its inputs.)
+  c.half_kernels = op.half_kernels && device.is_cpu() && half_kernels_enabled() &&
+                   (op.kind == OpKind::loss || half_out(c.stored) == c.out);
   if (c.half_kernels) return c;
   c.wide.resize(c.stored.size());
   for (size_t i = 0; i < c.stored.size(); ++i) {

@@ -10,8 +10,8 @@ namespace {
 
 Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor &x = in[0], &w = in[1], &b = in[2];
-  check_float("conv2d", "input", x);
-  check_float("conv2d", "weight", w);
+  check_float_or_half("conv2d", "input", x);
+  check_float_or_half("conv2d", "weight", w);
   MG_CHECK(x.dim() == 4, "conv2d: input must be 4-D (N, C, H, W), got shape " << shape_str(x.shape()));
   MG_CHECK(w.dim() == 4, "conv2d: weight must be 4-D (O, C, KH, KW), got shape " << shape_str(w.shape()));
   MG_CHECK(x.size(1) == w.size(1), "conv2d: input has " << x.size(1) << " channels, weight expects "
@@ -20,7 +20,7 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
   MG_CHECK(a.stride_h >= 1 && a.pad_h >= 0, "conv2d: stride must be >= 1 and padding >= 0, got stride "
                                                  << a.stride_h << ", padding " << a.pad_h);
   if (b.defined()) {
-    check_float("conv2d", "bias", b);
+    check_float_or_half("conv2d", "bias", b);
     MG_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "conv2d: bias shape " << shape_str(b.shape())
                                                          << ", expected [" << w.size(0) << "]");
   }
@@ -28,7 +28,7 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
   int64_t ow = window_count(x.size(3), static_cast<int>(w.size(3)), a.stride_h, a.pad_h);
   MG_CHECK(oh >= 1 && ow >= 1, "conv2d: input " << shape_str(x.shape()) << " is smaller than kernel "
                                    << w.size(2) << "x" << w.size(3) << " with padding " << a.pad_h);
-  Tensor y = Tensor::empty({x.size(0), w.size(0), oh, ow}, like(x));
+  Tensor y = Tensor::empty({x.size(0), w.size(0), oh, ow}, TensorOptions{half_out(in), x.device()});
   MG_DISPATCH(x.device(), conv2d_forward, y, x, w, b, a.stride_h, a.pad_h);
   save(saved, {x, w});
   return y;
@@ -60,7 +60,7 @@ std::vector<OpCase> conv2d_cases() {
 }
 
 const OpDef kConv2d{"conv2d", OpKind::contraction, conv2d_fwd, conv2d_bwd, conv2d_flops, conv2d_cases, rows_apart,
-                    OpPrecision::low};
+                    OpPrecision::low, /*half_kernels*/ true};
 MG_REGISTER_OP(kConv2d);
 
 }  // namespace

@@ -11,7 +11,7 @@ namespace {
 
 Tensor cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor &logits = in[0], &target = in[1];
-  check_float("cross_entropy", "logits", logits);
+  check_float_or_half("cross_entropy", "logits", logits);
   MG_CHECK(logits.dim() == 2, "cross_entropy: logits must be 2-D (N, C), got shape "
                                   << shape_str(logits.shape()));
   MG_CHECK(target.defined() && target.dtype() == DType::i64,
@@ -22,11 +22,14 @@ Tensor cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::v
                                          << logits.size(0) << "] for logits "
                                          << shape_str(logits.shape()));
   MG_CHECK(logits.size(0) > 0, "cross_entropy: empty batch");
+  // bf16/f16 logits (CPU, half_kernels): no float32 probabilities are kept; backward makes them again
+  // from the logits, which it keeps instead (half the bytes, the same bits).
+  const bool half = logits.dtype() != DType::f32;
   Tensor loss = Tensor::empty({}, like(logits));
-  Tensor probs = Tensor::empty(logits.shape(), like(logits));
+  Tensor probs = half ? Tensor() : Tensor::empty(logits.shape(), like(logits));
   Tensor count = Tensor::empty({1}, like(logits));
   MG_DISPATCH(logits.device(), cross_entropy_forward, loss, probs, count, logits, target, a.reduction, a.ignore_index);
-  save(saved, {probs, target, count});
+  save(saved, {half ? logits : probs, target, count});
   return loss;
 }
 
@@ -49,7 +52,8 @@ std::vector<OpCase> cross_entropy_cases() {
 }
 
 const OpDef kCrossEntropy{"cross_entropy", OpKind::loss, cross_entropy_fwd, cross_entropy_bwd,
-                          cross_entropy_flops, cross_entropy_cases, /*tile: sums over samples*/ nullptr};
+                          cross_entropy_flops, cross_entropy_cases, /*tile: sums over samples*/ nullptr,
+                          OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kCrossEntropy);
 
 }  // namespace

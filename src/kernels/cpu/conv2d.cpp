@@ -40,6 +40,7 @@
 #include "kernels/cpu/conv2d_onednn.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/half_rows.h"
 
 namespace mg {
 
@@ -189,11 +190,7 @@ void onednn_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
   });
 }
 
-}  // namespace
-
-template <>
-void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
-                         int pad) {
+void forward_f32(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
   const ConvGeom g = geometry(x, w, y.size(2), y.size(3), stride, pad);
   if (g.onednn()) return onednn_forward(y, x, w, b, g);
   const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
@@ -223,9 +220,8 @@ void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tens
   });
 }
 
-template <>
-void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                          const Tensor& w, int stride, int pad, bool accumulate) {
+void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                  int stride, int pad, bool accumulate) {
   const ConvGeom g = geometry(x, w, dy.size(2), dy.size(3), stride, pad);
   const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw(), kk = g.kh * g.kw;
   const float* xp = x.data<float>();
@@ -327,6 +323,61 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
       }
     });
   }
+}
+
+// bf16/f16 (Note [half operands] in kernels/cpu/gemm.h): the float32 kernels above on chunks of
+// images widened in turn (the filters whole: they are small), each chunk's output rounded back.
+// Every image's output and input gradient is its own (pieces per image), and dW and db add the
+// images in image order across chunks as within one (Note [weight gradients in sample order]):
+// the bits of the whole batch widened at once.
+bool any_half(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (t->defined() && cpu::is_half(t->dtype())) return true;
+  }
+  return false;
+}
+
+int64_t image_chunk(const Tensor& x, const Tensor& y) {
+  const int64_t n = x.size(0), per_image = n == 0 ? 0 : 4 * (x.numel() + y.numel()) / n;
+  return cpu::half_chunk_rows(n, per_image);
+}
+
+}  // namespace
+
+template <>
+void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
+  if (!any_half({&y, &x, &w, &b})) return forward_f32(y, x, w, b, stride, pad);
+  const Tensor w32 = cpu::widened(w), b32 = b.defined() ? cpu::widened(b) : Tensor();
+  const int64_t n = x.size(0), chunk = image_chunk(x, y);
+  for (int64_t n0 = 0; n0 < n; n0 += chunk) {
+    const int64_t rows = std::min(chunk, n - n0);
+    const Tensor x32 = cpu::widen_rows(x, n0, rows);
+    Tensor y32 = Tensor::empty({rows, y.size(1), y.size(2), y.size(3)});
+    forward_f32(y32, x32, w32, b32, stride, pad);
+    cpu::store_rows(y, n0, y32);
+  }
+}
+
+template <>
+void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
+                          const Tensor& w, int stride, int pad, bool accumulate) {
+  if (!any_half({&dx, &dw, &db, &dy, &x, &w})) return backward_f32(dx, dw, db, dy, x, w, stride, pad, accumulate);
+  const Tensor w32 = cpu::widened(w);
+  // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.
+  const auto float_sum = [](const Tensor& g) { return g.defined() && g.dtype() != DType::f32 ? Tensor::empty(g.shape()) : g; };
+  Tensor dw32 = float_sum(dw), db32 = float_sum(db);
+  const int64_t n = x.size(0), chunk = image_chunk(x, dy);
+  bool add = accumulate;
+  for (int64_t n0 = 0; n0 < std::max<int64_t>(n, 1); n0 += chunk) {
+    const int64_t rows = std::min(chunk, n - n0);
+    const Tensor x32 = cpu::widen_rows(x, n0, rows), dy32 = cpu::widen_rows(dy, n0, rows);
+    Tensor dx32 = dx.defined() ? Tensor::empty(x32.shape()) : Tensor();
+    backward_f32(dx32, dw32, db32, dy32, x32, w32, stride, pad, add);
+    if (dx.defined()) cpu::store_rows(dx, n0, dx32);
+    add = true;
+  }
+  if (dw32.defined() && dw32.impl_ptr() != dw.impl_ptr()) dw.copy_(dw32);
+  if (db32.defined() && db32.impl_ptr() != db.impl_ptr()) db.copy_(db32);
 }
 
 }  // namespace mg

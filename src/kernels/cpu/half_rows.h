@@ -1,0 +1,29 @@
+// bf16 and f16 tensors a block of rows (the first dimension: samples) at a time, for CPU kernels
+// that run their float32 code on a chunk of samples (Note [half operands] in kernels/cpu/gemm.h).
+// Each copy is a tensor, so the CPU allocator counts it.
+#pragma once
+
+#include <cstdint>
+
+#include <minigrad/core/tensor.h>
+
+namespace mg::cpu {
+
+inline bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// The whole tensor as float32: itself when it is float32.
+Tensor widened(const Tensor& t);
+
+// Rows [first, first + rows) of t (a float dtype) as a new float32 tensor of shape (rows, ...).
+Tensor widen_rows(const Tensor& t, int64_t first, int64_t rows);
+
+// dst's rows [first, first + src.size(0)) = src (float32), rounded to dst's dtype.
+void store_rows(Tensor& dst, int64_t first, const Tensor& src);
+
+// Samples per chunk for a kernel whose float32 copies take `bytes_per_row` a sample: about
+// half_chunk_bytes() of them, at least one per thread, at most `rows`.
+int64_t half_chunk_rows(int64_t rows, int64_t bytes_per_row);
+int64_t half_chunk_bytes();
+void set_half_chunk_bytes(int64_t bytes);  // tests: small chunks, to cut every batch
+
+}  // namespace mg::cpu
