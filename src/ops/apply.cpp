@@ -212,9 +212,14 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
   for (Tensor& a : acc) {
     if (a.defined() && a.dtype() != DType::f32) a = Tensor();
   }
-  if (n.half_kernels) {  // kernels that take the low dtypes as they are (OpDef::half_kernels)
-    if (gy.defined() && gy.dtype() != n.out_dtype) gy = gy.to(n.out_dtype);
+  // Kernels that take the low dtypes as they are (OpDef::half_kernels), and views, which move no
+  // values: the gradient as it comes.
+  if (n.half_kernels || n.op->kind == OpKind::view) {
+    if (n.half_kernels && gy.defined() && gy.dtype() != n.out_dtype) gy = gy.to(n.out_dtype);
     n.op->backward(n, std::move(gy), grads, acc);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].defined() && grads[i].dtype() != n.inputs[i].dtype) grads[i] = grads[i].to(n.inputs[i].dtype);
+    }
     return;
   }
   // Note [autocast]: the rule runs in float32 on widened copies; a gradient goes to its input in

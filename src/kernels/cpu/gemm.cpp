@@ -113,11 +113,28 @@ void store(void* p, DType t, int64_t i, float v) {
 Tensor widen_block(const void* p, DType t, int64_t rows, int64_t cols, int64_t ld) {
   Tensor out = Tensor::empty({rows * cols}, TensorOptions{DType::f32, Device::cpu()});
   float* o = out.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < cols; ++j) o[r * cols + j] = load(p, t, r * ld + j);
+  const auto each_row = [&](auto widen) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* src = static_cast<const uint16_t*>(p) + r * ld;
+      for (int64_t j = 0; j < cols; ++j) o[r * cols + j] = widen(src[j]);
+    }
+  };
+  if (t == DType::bf16) {
+    each_row(half::float_from_bf16);
+  } else if (t == DType::f16) {
+    each_row(half::float_from_f16);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(static_cast<const float*>(p) + r * ld, cols, o + r * cols);
+    }
   }
   return out;
 }
+
+// Rows of C per block in a sample_rows piece with half operands: a multiple of Eigen's row group (4).
+constexpr int64_t kHalfRows = 32;
+// Samples per chunk of a sum of outer products with half operands.
+constexpr int64_t kHalfSamples = 64;
 
 bool all_float(const GemmArgs& g) {
   return g.a_type == DType::f32 && g.b_type == DType::f32 && g.c_type == DType::f32 && g.c_init == nullptr;
@@ -140,6 +157,23 @@ void gemm_serial(const GemmArgs& g) {
   // Note [half operands]: this piece's blocks in float32, the float32 product, C rounded back.
   GemmArgs f = g;
   Tensor a, b, c;
+  if (g.sample_rows && g.m > kHalfRows) {
+    // Rows of samples (a multiple of kRowGroup here) in blocks of kHalfRows: the same bits (Note
+    // [rows that do not depend on the batch]), A's and C's copies a block's; B widened once.
+    if (g.b_type != DType::f32) {
+      const int64_t cols = g.trans_b ? g.k : g.n;
+      b = widen_block(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb);
+      f.b = b.data<float>(), f.ldb = cols, f.b_type = DType::f32;
+    }
+    for (int64_t r0 = 0; r0 < g.m; r0 += kHalfRows) {
+      GemmArgs rows = f;
+      rows.m = std::min(kHalfRows, g.m - r0);
+      rows.a = at(g.a, g.a_type, g.trans_a ? r0 : r0 * g.lda);
+      rows.c = at(g.c, g.c_type, r0 * g.ldc);
+      gemm_serial(rows);
+    }
+    return;
+  }
   if (g.a_type != DType::f32) {
     const int64_t cols = g.trans_a ? g.m : g.k;
     a = widen_block(g.a, g.a_type, g.trans_a ? g.k : g.m, cols, g.lda);
@@ -166,7 +200,17 @@ void gemm_serial(const GemmArgs& g) {
   if (in_place) return;
   const float* cp = c.data<float>();
   for (int64_t i = 0; i < g.m; ++i) {
-    for (int64_t j = 0; j < g.n; ++j) store(g.c, g.c_type, i * g.ldc + j, cp[i * g.n + j]);
+    const float* row = cp + i * g.n;
+    if (g.c_type == DType::f32) {
+      std::copy_n(row, g.n, static_cast<float*>(g.c) + i * g.ldc);
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(g.c) + i * g.ldc;
+      if (g.c_type == DType::bf16) {
+        for (int64_t j = 0; j < g.n; ++j) dst[j] = half::bf16_from_float(row[j]);
+      } else {
+        for (int64_t j = 0; j < g.n; ++j) dst[j] = half::f16_from_float(row[j]);
+      }
+    }
   }
 }
 
@@ -402,6 +446,28 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t
   const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
   parallel_for(m, band, [&](int64_t r0, int64_t r1) {
     outer_block(n, r1 - r0, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+  });
+}
+
+void sum_outer_products(int64_t n, int64_t m, int64_t k, const void* a, DType a_type, int64_t lda, const void* b,
+                        DType b_type, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if (a_type == DType::f32 && b_type == DType::f32) {
+    return sum_outer_products(n, m, k, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, c, ldc,
+                              accumulate);
+  }
+  if (m == 0 || k == 0) return;
+  // The pieces of the float32 call; each runs the samples in chunks of kHalfSamples, the first
+  // onto C as asked and the rest onto C, with the chunk's columns of a and rows of b widened: every
+  // element is still one chain of multiply-adds in sample order (Note [sums in sample order]).
+  const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
+  parallel_for(m, band, [&](int64_t r0, int64_t r1) {
+    for (int64_t s0 = 0; s0 < std::max<int64_t>(n, 1); s0 += kHalfSamples) {
+      const int64_t samples = std::min(kHalfSamples, n - s0);
+      const Tensor pa = widen_block(at(a, a_type, s0 * lda + r0), a_type, samples, r1 - r0, lda);
+      const Tensor pb = widen_block(at(b, b_type, s0 * ldb), b_type, samples, k, ldb);
+      outer_block(samples, r1 - r0, k, pa.data<float>(), r1 - r0, pb.data<float>(), k, c + r0 * ldc, ldc,
+                  accumulate || s0 > 0);
+    }
   });
 }
 

@@ -81,6 +81,11 @@ void gemm_serial(const GemmArgs& g);
 //   b: (n x k), row-major, leading dimension ldb
 void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                         float* c, int64_t ldc, bool accumulate);
+// The same with a and b of any of float32, bf16 and f16 (Note [half operands]): each piece widens
+// the columns of a and the rows of b it reads, a chunk of samples at a time; the bits of the
+// float32 call on widened copies.
+void sum_outer_products(int64_t n, int64_t m, int64_t k, const void* a, DType a_type, int64_t lda, const void* b,
+                        DType b_type, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
 // "openblas 0.3.21" or "eigen 3.4.0": what gemm runs on (printed beside benchmark results).
 const char* gemm_backend();

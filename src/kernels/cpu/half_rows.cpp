@@ -34,9 +34,25 @@ Tensor widen_rows(const Tensor& t, int64_t first, int64_t rows) {
       return;
     }
     const uint16_t* s = static_cast<const uint16_t*>(t.raw_data()) + base;
-    for (int64_t i = i0; i < i1; ++i) dst[i] = from == DType::bf16 ? half::float_from_bf16(s[i]) : half::float_from_f16(s[i]);
+    if (from == DType::bf16) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = half::float_from_bf16(s[i]);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = half::float_from_f16(s[i]);
+    }
   });
   return out;
+}
+
+const float* widen_row(const Tensor& out, const Tensor& t, int64_t r) {
+  const int64_t n = out.numel();
+  const uint16_t* s = static_cast<const uint16_t*>(t.raw_data()) + r * n;
+  float* o = out.data<float>();
+  if (t.dtype() == DType::bf16) {
+    for (int64_t j = 0; j < n; ++j) o[j] = half::float_from_bf16(s[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) o[j] = half::float_from_f16(s[j]);
+  }
+  return o;
 }
 
 void store_rows(Tensor& dst, int64_t first, const Tensor& src) {
@@ -50,7 +66,11 @@ void store_rows(Tensor& dst, int64_t first, const Tensor& src) {
       return;
     }
     uint16_t* d = static_cast<uint16_t*>(dst.raw_data()) + base;
-    for (int64_t i = i0; i < i1; ++i) d[i] = to == DType::bf16 ? half::bf16_from_float(s[i]) : half::f16_from_float(s[i]);
+    if (to == DType::bf16) {
+      for (int64_t i = i0; i < i1; ++i) d[i] = half::bf16_from_float(s[i]);
+    } else {
+      for (int64_t i = i0; i < i1; ++i) d[i] = half::f16_from_float(s[i]);
+    }
   });
 }
 

@@ -17,6 +17,9 @@ Tensor widened(const Tensor& t);
 // Rows [first, first + rows) of t (a float dtype) as a new float32 tensor of shape (rows, ...).
 Tensor widen_rows(const Tensor& t, int64_t first, int64_t rows);
 
+// Row r of a bf16/f16 matrix t (rows of `out.numel()` elements) widened into out; returns out's data.
+const float* widen_row(const Tensor& out, const Tensor& t, int64_t r);
+
 // dst's rows [first, first + src.size(0)) = src (float32), rounded to dst's dtype.
 void store_rows(Tensor& dst, int64_t first, const Tensor& src);
 

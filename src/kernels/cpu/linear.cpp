@@ -9,20 +9,16 @@
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/half_rows.h"
 
 namespace mg {
-
-namespace {
-// A half tensor as float32 (Note [half operands] in kernels/cpu/gemm.h: the sums below take whole rows).
-Tensor wide(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
-}  // namespace
 
 template <> void linear_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
   cpu::GemmArgs g{.trans_b = true, .m = n, .n = m, .k = k, .a = x.raw_data(), .lda = k, .b = w.raw_data(), .ldb = k,
                   .c = y.raw_data(), .ldc = m, .sample_rows = true, .a_type = x.dtype(), .b_type = w.dtype(),
                   .c_type = y.dtype()};
-  const Tensor bias = b.defined() ? wide(b) : Tensor();
+  const Tensor bias = b.defined() ? cpu::widened(b) : Tensor();
   if (b.defined() && y.dtype() != DType::f32) {
     g.c_init = bias.data<float>();  // each row starts as the bias in float32, rounded with the product
   } else if (b.defined()) {
@@ -44,7 +40,6 @@ void linear_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
     cpu::gemm({.m = n, .n = k, .k = m, .a = dy.raw_data(), .lda = m, .b = w.raw_data(), .ldb = k, .c = dx.raw_data(),
                .ldc = k, .sample_rows = true, .a_type = dy.dtype(), .b_type = w.dtype(), .c_type = dx.dtype()});
   }
-  const Tensor dy32 = dw.defined() || db.defined() ? wide(dy) : Tensor();
   // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.
   const auto sum_in_float = [&](Tensor& g, auto&& sum) {
     if (g.dtype() == DType::f32) return sum(g);
@@ -53,19 +48,20 @@ void linear_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
     g.copy_(g32);
   };
   if (dw.defined()) {  // in sample order (Note [sums in sample order] in kernels/cpu/gemm.h)
-    const Tensor x32 = wide(x);
     sum_in_float(dw, [&](Tensor& g) {
-      cpu::sum_outer_products(n, m, k, dy32.data<float>(), m, x32.data<float>(), k, g.data<float>(), k, accumulate);
+      cpu::sum_outer_products(n, m, k, dy.raw_data(), dy.dtype(), m, x.raw_data(), x.dtype(), k, g.data<float>(), k,
+                              accumulate);
     });
   }
   if (db.defined()) {  // likewise: db = ((db + dy_0) + dy_1) + ...
     sum_in_float(db, [&](Tensor& g) {
-      const float* dyp = dy32.data<float>();
       float* dbp = g.data<float>();
       if (!accumulate) std::fill(dbp, dbp + m, 0.0f);
+      const Tensor row = dy.dtype() == DType::f32 ? Tensor() : Tensor::empty({m});
       for (int64_t r = 0; r < n; ++r) {
+        const float* dyr = dy.dtype() == DType::f32 ? dy.data<float>() + r * m : cpu::widen_row(row, dy, r);
 #pragma omp simd
-        for (int64_t j = 0; j < m; ++j) dbp[j] += dyp[r * m + j];
+        for (int64_t j = 0; j < m; ++j) dbp[j] += dyr[j];
       }
     });
   }
