@@ -179,40 +179,57 @@ TEST_CASE("fp16 through the Trainer: loss scaling on, each step's loss within 1e
   }
 }
 
-TEST_CASE("bf16: the planner's predicted peak is the measured one (VGG16/8 and the tiny GPT)") {
-  // VGG16 / 8 at 64x64, batch 16, in images.
-  {
-    const auto data = test::random_dataset(32, {3, 64, 64}, 2, 8);
-    manual_seed(1);
-    auto m = nn::make_vgg16(2, 8);
-    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
-    const FitReport r = Trainer(*m, data, opt, {.batch_size = 16, .epochs = 1, .max_steps = 2,
-                                                .precision = Precision::bf16, .progress = Progress::off})
-                            .fit();
-    const double ratio = static_cast<double>(r.peak_in_use) / static_cast<double>(r.plan.predicted_peak);
-    MESSAGE("VGG16/8 bf16: peak " << r.peak_in_use << ", predicted " << r.plan.predicted_peak);
-    CHECK(ratio == doctest::Approx(1.0).epsilon(0.005));
+// The Must show of the precision issue: in bf16, activation bytes (peak in use less the fixed
+// part: parameters, gradient buffers, optimizer state, the weights' bf16 copies) at most 0.55x
+// fp32's, and the planner's predicted peak the measured one, in both.
+struct Measured {
+  size_t peak, predicted, fixed;
+  double activations() const { return static_cast<double>(peak) - static_cast<double>(fixed); }
+};
+
+Measured measured(Trainer& t) {
+  const FitReport r = t.fit();
+  MESSAGE(std::string(precision_name(r.precision)) << ": peak " << r.peak_in_use << ", predicted " << r.plan.predicted_peak
+                                      << ", fixed " << t.cost().fixed_bytes);
+  CHECK(static_cast<double>(r.peak_in_use) / static_cast<double>(r.plan.predicted_peak) ==
+        doctest::Approx(1.0).epsilon(0.005));
+  return {r.peak_in_use, r.plan.predicted_peak, t.cost().fixed_bytes};
+}
+
+TEST_CASE("bf16: activations at most 0.55x fp32's, and predicted = measured (VGG16/8, tiny GPT)") {
+  SUBCASE("VGG16/8 at 64x64, batch 16") {
+    const auto run = [](Precision p) {
+      const auto data = test::random_dataset(32, {3, 64, 64}, 2, 8);
+      manual_seed(1);
+      auto m = nn::make_vgg16(2, 8);
+      optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+      Trainer t(*m, data, opt, {.batch_size = 16, .epochs = 1, .max_steps = 2, .precision = p, .progress = Progress::off});
+      return measured(t);
+    };
+    const Measured f32 = run(Precision::fp32), b16 = run(Precision::bf16);
+    MESSAGE("VGG16/8 activations, bf16 / fp32: " << b16.activations() / f32.activations());
+    CHECK(b16.activations() <= 0.55 * f32.activations());
   }
-  // The tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens.
-  {
-    const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
-    std::vector<uint16_t> tokens(1 << 14);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
-    auto windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
-    manual_seed(1);
-    auto m = nn::make_gpt2(cfg);
-    optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
-    const int64_t V = cfg.vocab_size;
-    const FitReport r =
-        Trainer(*m, windows, opt,
+  SUBCASE("tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens") {
+    const auto run = [](Precision p) {
+      const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
+      std::vector<uint16_t> tokens(1 << 14);
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
+      auto windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
+      manual_seed(1);
+      auto m = nn::make_gpt2(cfg);
+      optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
+      const int64_t V = cfg.vocab_size;
+      Trainer t(*m, windows, opt,
                 {.batch_size = 8, .epochs = 1, .max_steps = 2,
                  .loss = [V](const Tensor& logits, const Tensor& y) {
                    return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
                  },
-                 .tiles = false, .precision = Precision::bf16, .progress = Progress::off})
-            .fit();
-    const double ratio = static_cast<double>(r.peak_in_use) / static_cast<double>(r.plan.predicted_peak);
-    MESSAGE("tiny GPT bf16: peak " << r.peak_in_use << ", predicted " << r.plan.predicted_peak);
-    CHECK(ratio == doctest::Approx(1.0).epsilon(0.005));
+                 .tiles = false, .precision = p, .progress = Progress::off});
+      return measured(t);
+    };
+    const Measured f32 = run(Precision::fp32), b16 = run(Precision::bf16);
+    MESSAGE("tiny GPT activations, bf16 / fp32: " << b16.activations() / f32.activations());
+    CHECK(b16.activations() <= 0.55 * f32.activations());
   }
 }

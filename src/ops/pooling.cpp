@@ -2,6 +2,7 @@
 //   max_pool2d:          y = max over each window (padding never wins); dx[argmax] += dy
 //   adaptive_avg_pool2d: y = mean over PyTorch's adaptive windows; each input element gets
 //                        dy / window size from every window containing it
+#include "kernels/cpu/half_rows.h"
 #include "kernels/pooling.h"
 #include "ops/op.h"
 
@@ -9,9 +10,17 @@ namespace mg {
 
 namespace {
 
+// body(first image, its chunk of x widened to float32) over the batch, in chunks sized by the
+// float32 copies of x and of `out` (kernels/cpu/half_rows.h).
+template <class Body> void each_chunk(const Tensor& x, const Tensor& out, Body&& body) {
+  const int64_t n = x.size(0), per_image = n == 0 ? 0 : 4 * (x.numel() + 2 * out.numel()) / n;
+  const int64_t chunk = cpu::half_chunk_rows(n, per_image);
+  for (int64_t n0 = 0; n0 < n; n0 += chunk) body(n0, cpu::widen_rows(x, n0, std::min(chunk, n - n0)));
+}
+
 Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor& x = in[0];
-  check_float("max_pool2d", "input", x);
+  check_float_or_half("max_pool2d", "input", x);
   MG_CHECK(x.dim() == 4, "max_pool2d: input must be 4-D (N, C, H, W), got shape " << shape_str(x.shape()));
   MG_CHECK(a.kernel_h >= 1 && a.stride_h >= 1 && a.pad_h >= 0 && 2 * a.pad_h <= a.kernel_h,
            "max_pool2d: need kernel >= 1, stride >= 1, 0 <= padding <= kernel/2; got kernel "
@@ -20,6 +29,20 @@ Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
   int64_t ow = window_count(x.size(3), a.kernel_h, a.stride_h, a.pad_h);
   MG_CHECK(oh >= 1 && ow >= 1, "max_pool2d: input " << shape_str(x.shape()) << " is smaller than kernel "
                                    << a.kernel_h);
+  if (cpu::is_half(x.dtype())) {
+    // bf16/f16 on the CPU (OpDef::half_kernels): the float32 kernels on chunks of images widened in
+    // turn. What backward keeps is the input (a ReLU before the pool keeps it anyway), not int64
+    // argmaxes four times its bytes: backward finds them again, the same ones.
+    Tensor y = Tensor::empty({x.size(0), x.size(1), oh, ow}, TensorOptions{x.dtype(), x.device()});
+    each_chunk(x, y, [&](int64_t n0, const Tensor& x32) {
+      Tensor y32 = Tensor::empty({x32.size(0), x.size(1), oh, ow});
+      Tensor idx = Tensor::empty(y32.shape(), TensorOptions{DType::i64});
+      max_pool2d_forward<Cpu>(y32, idx, x32, a.kernel_h, a.stride_h, a.pad_h);
+      cpu::store_rows(y, n0, y32);
+    });
+    save(saved, {x});
+    return y;
+  }
   Tensor y = Tensor::empty({x.size(0), x.size(1), oh, ow}, like(x));
   Tensor idx = Tensor::empty(y.shape(), TensorOptions{DType::i64, x.device()});
   MG_DISPATCH(x.device(), max_pool2d_forward, y, idx, x, a.kernel_h, a.stride_h, a.pad_h);
@@ -29,8 +52,23 @@ Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
 
 void max_pool2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
   grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), max_pool2d_backward, grads[0], gy, n.saved[0], n.attrs.kernel_h,
-              n.attrs.stride_h, n.attrs.pad_h);
+  const OpAttrs& a = n.attrs;
+  if (n.saved[0].dtype() != DType::i64) {  // the half input (see forward): the argmaxes again, by chunk
+    const Tensor& x = n.saved[0];
+    each_chunk(x, gy, [&](int64_t n0, const Tensor& x32) {
+      const int64_t rows = x32.size(0);
+      Tensor y32 = Tensor::empty({rows, gy.size(1), gy.size(2), gy.size(3)});
+      Tensor idx = Tensor::empty(y32.shape(), TensorOptions{DType::i64});
+      max_pool2d_forward<Cpu>(y32, idx, x32, a.kernel_h, a.stride_h, a.pad_h);
+      y32 = Tensor();
+      const Tensor dy32 = cpu::widen_rows(gy, n0, rows);
+      Tensor dx32 = Tensor::empty(x32.shape());
+      max_pool2d_backward<Cpu>(dx32, dy32, idx, a.kernel_h, a.stride_h, a.pad_h);
+      cpu::store_rows(grads[0], n0, dx32);
+    });
+    return;
+  }
+  MG_DISPATCH(gy.device(), max_pool2d_backward, grads[0], gy, n.saved[0], a.kernel_h, a.stride_h, a.pad_h);
 }
 
 double max_pool2d_flops(const Node& n) { return out_numel(n) * n.attrs.kernel_h * n.attrs.kernel_w; }
@@ -46,7 +84,7 @@ std::vector<OpCase> max_pool2d_cases() {
 }
 
 const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
-                       max_pool2d_cases, rows_apart};
+                       max_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kMaxPool2d);
 
 Tensor adaptive_avg_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {

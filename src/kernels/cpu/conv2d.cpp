@@ -337,8 +337,10 @@ bool any_half(std::initializer_list<const Tensor*> ts) {
   return false;
 }
 
-int64_t image_chunk(const Tensor& x, const Tensor& y) {
-  const int64_t n = x.size(0), per_image = n == 0 ? 0 : 4 * (x.numel() + y.numel()) / n;
+// Images per chunk: float32 copies of an image's x and y (or dy), and in backward its dW partial
+// (`per_image_extra` floats: the pieces of one image each, for the first layers and oneDNN's).
+int64_t image_chunk(const Tensor& x, const Tensor& y, int64_t per_image_extra = 0) {
+  const int64_t n = x.size(0), per_image = n == 0 ? 0 : 4 * ((x.numel() + y.numel()) / n + per_image_extra);
   return cpu::half_chunk_rows(n, per_image);
 }
 
@@ -366,7 +368,7 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.
   const auto float_sum = [](const Tensor& g) { return g.defined() && g.dtype() != DType::f32 ? Tensor::empty(g.shape()) : g; };
   Tensor dw32 = float_sum(dw), db32 = float_sum(db);
-  const int64_t n = x.size(0), chunk = image_chunk(x, dy);
+  const int64_t n = x.size(0), chunk = image_chunk(x, dy, dw.defined() ? w.numel() : 0);
   bool add = accumulate;
   for (int64_t n0 = 0; n0 < std::max<int64_t>(n, 1); n0 += chunk) {
     const int64_t rows = std::min(chunk, n - n0);
