@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Reference values for tests/test_precision_torch.cpp: two models trained 20 steps on one batch
+"""Reference values for tests/test_precision_torch.cpp: four models trained 20 steps on one batch
 from the same initial weights twice, in float32 and under PyTorch's CPU autocast to bfloat16.
 
-  mlp  MLP 64-128-128-10, SGD (lr 0.05, momentum 0.9), mean cross-entropy over 64 random samples
-  gpt  the tiny GPT-2 of tests/reference/gpt_tiny_torch.py (vocab 512, context 64, 2 layers,
-       4 heads, width 64), AdamW (lr 1e-3, betas 0.9, 0.95, weight decay 0.1 on 2-D parameters),
-       clipping at norm 1, mean cross-entropy over 4 x 32 random tokens
+  mlp     MLP 64-128-128-10, SGD (lr 0.05, momentum 0.9), mean cross-entropy over 64 random samples
+  gpt     the tiny GPT-2 of tests/reference/gpt_tiny_torch.py (vocab 512, context 64, 2 layers,
+          4 heads, width 64), AdamW (lr 1e-3, betas 0.9, 0.95, weight decay 0.1 on 2-D parameters),
+          clipping at norm 1, mean cross-entropy over 4 x 32 random tokens
+  vgg     VGG16 with widths / 8 as mg::nn::make_vgg16(10, 8, 0) builds it (one flat Sequential, no
+          dropout), SGD (lr 0.05, momentum 0.9), mean cross-entropy over 64 random 32x32 images
+  resnet  torchvision's ResNet-18 (10 classes, BatchNorm in training mode), SGD (lr 3e-4, momentum
+          0.9), the same batch: a rate at which PyTorch's own bf16 and fp32 losses stay within 2e-2
+          (the batch is learnt by heart within 20 steps; faster, the two drift apart by more)
 
 Writes into OUT_DIR (with the safetensors package), for each model M:
   M_init.safetensors   the initial state_dict and the batch (x, y)
@@ -22,9 +27,10 @@ import sys
 try:
     import torch
     import torch.nn.functional as F
+    import torchvision
     from safetensors.torch import save_file
 except ImportError as e:
-    print(f"precision_torch.py: cannot import {e.name}; install python3-torch and the safetensors package "
+    print(f"precision_torch.py: cannot import {e.name}; install python3-torch, python3-torchvision and the safetensors package "
           "(scripts/setup.sh with MG_TEST_DEPS=1 does)")
     sys.exit(77)
 
@@ -43,6 +49,24 @@ def gpt():
     return GPT(512, 64, 2, 4, 64)
 
 
+def vgg():
+    layers, c = [], 3
+    for v in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"):
+        if v == "M":
+            layers.append(torch.nn.MaxPool2d(2, 2))
+        else:
+            layers += [torch.nn.Conv2d(c, v // 8, 3, 1, 1), torch.nn.ReLU()]
+            c = v // 8
+    layers += [torch.nn.AdaptiveAvgPool2d((7, 7)), torch.nn.Flatten(), torch.nn.Linear(c * 49, 512), torch.nn.ReLU(),
+               torch.nn.Dropout(0.0), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Dropout(0.0),
+               torch.nn.Linear(512, 10)]
+    return torch.nn.Sequential(*layers)
+
+
+def resnet():
+    return torchvision.models.resnet18(num_classes=10)
+
+
 def state(model):
     return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
@@ -51,7 +75,8 @@ def train(make, init, x, y, bf16):
     model = make()
     model.load_state_dict(init, strict=False)  # the GPT's lm_head is wte
     is_gpt = isinstance(model, GPT)
-    opt = adamw(model, 1e-3, 0.1) if is_gpt else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    lr = {mlp: 0.05, vgg: 0.05, resnet: 0.0003}.get(make)
+    opt = adamw(model, 1e-3, 0.1) if is_gpt else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for _ in range(STEPS):
         opt.zero_grad()
@@ -72,13 +97,15 @@ def main():
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     torch.set_num_threads(1)
-    for name, make in (("mlp", mlp), ("gpt", gpt)):
+    for name, make in (("mlp", mlp), ("gpt", gpt), ("vgg", vgg), ("resnet", resnet)):
         torch.manual_seed(0)
         init = state(make())
         if name == "mlp":
             x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
-        else:
+        elif name == "gpt":
             x, y = torch.randint(0, 512, (4, 32)), torch.randint(0, 512, (4, 32))
+        else:
+            x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
         save_file({**init, "x": x, "y": y}, os.path.join(out_dir, f"{name}_init.safetensors"))
         for tag, bf16 in (("fp32", False), ("bf16", True)):
             save_file(train(make, init, x, y, bf16), os.path.join(out_dir, f"{name}_{tag}.safetensors"))
