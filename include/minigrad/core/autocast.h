@@ -3,7 +3,7 @@
 //   mg::Precision p = mg::parse_precision("bf16");   // fp32 | tf32 | bf16 | fp16
 //   {
 //     mg::AutocastGuard autocast(p);                 // forward (and backward) of a window
-//     Tensor loss = mg::cross_entropy(model.forward(x), y, mg::Reduction::sum);
+//     mg::Tensor loss = mg::cross_entropy(model.forward(x), y, mg::Reduction::sum);
 //     loss.backward();                               // weight gradients land in the fp32 buffers
 //   }
 //   opt.step();                                      // updates the fp32 masters, drops their copies

@@ -2,9 +2,9 @@
 //
 //   {
 //     mg::NoGradGuard no_grad;          // evaluation: nothing is recorded on the tape
-//     Tensor logits = model.forward(x);
+//     mg::Tensor logits = model.forward(x);
 //   }
-//   loss.backward();                     // backward is a method of Tensor (minigrad/core/tensor.h)
+//   loss.backward();                     // backward is a method of mg::Tensor (minigrad/core/tensor.h)
 //
 // The tape itself (its nodes and the backward engine) is internal: src/core/tape.h.
 #pragma once

@@ -2,7 +2,7 @@
 //
 //   // y = block(x), but block's activations are freed after the forward pass and
 //   // recomputed when backward reaches them.
-//   Tensor y = mg::checkpoint([&](const std::vector<Tensor>& in) { return block.forward(in[0]); }, {x});
+//   mg::Tensor y = mg::checkpoint([&](const std::vector<mg::Tensor>& in) { return block.forward(in[0]); }, {x});
 //
 // Note [checkpoint replay]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

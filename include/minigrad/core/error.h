@@ -1,7 +1,7 @@
 // Errors. Every failure the library can see is thrown as mg::Error; the library never exits or
 // aborts, so the user's program decides what to do.
 //
-//   MG_CHECK(x.dim() == 2, "linear: input must be 2-D, got shape " << shape_str(x.shape()));
+//   MG_CHECK(x.dim() == 2, "linear: input must be 2-D, got shape " << mg::shape_str(x.shape()));
 //
 // One family of check macros, generated from MG_CHECK_GEN: MG_CHECK here, MG_CUDA_CHECK,
 // MG_CUBLAS_CHECK and MG_CUDNN_CHECK in src/kernels/cuda/cuda_check.h. Each message carries the

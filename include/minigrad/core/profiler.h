@@ -1,7 +1,7 @@
 // Where a step's time goes: per op and pass, the calls and their total time, from start() to stop().
 //
 //   mg::profiler::start();
-//   for (...) { /* training steps */ }
+//   for (int i = 0; i < 10; ++i) train_step();
 //   mg::profiler::stop();
 //   std::fputs(mg::profiler::table(mg::profiler::report()).c_str(), stdout);
 //

@@ -1,6 +1,6 @@
-// Image classification from a folder of class sub-folders, as torchvision's ImageFolder:
-//
-//   root/cat/001.jpg, root/cat/002.png, root/dog/a.jpeg, ...   (classes = sorted folder names)
+// Image classification from a folder of class sub-folders, as torchvision's ImageFolder
+// (root/cat/001.jpg, root/cat/002.png, root/dog/a.jpeg, ...; the classes are the sorted folder
+// names):
 //
 //   mg::data::ImageFolder ds("data/pets", {.image_size = 224, .seed = 1});
 //   mg::data::Batch b = ds.get_batch(std::vector<int64_t>{0, 5, 9}, /*epoch=*/0);

@@ -5,7 +5,7 @@
 //   mg::nn::ChainCost cost = mg::nn::measure_chain(*vgg, {8, 3, 224, 224});   // one measured step
 //   mg::nn::Plan plan = mg::nn::make_plan(cost, "budget=120MB");    // or none, sqrt, segments=4
 //   std::printf("%s, predicted peak %zu bytes\n", plan.str().c_str(), plan.predicted_peak);
-//   Tensor logits = mg::nn::forward_with_plan(*vgg, plan, x);
+//   mg::Tensor logits = mg::nn::forward_with_plan(*vgg, plan, x);
 //
 // Note [checkpoint cost model]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

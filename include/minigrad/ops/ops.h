@@ -2,8 +2,8 @@
 // grad, records itself on the tape; each is one entry of the op table (src/ops/op.h), defined in
 // src/ops/<op>.cpp with its gradient rule.
 //
-//   Tensor h = mg::relu(mg::linear(x, w1, b1));            // x: (N, 784), w1: (512, 784)
-//   Tensor loss = mg::cross_entropy(mg::linear(h, w2, b2), labels);   // mean over N
+//   mg::Tensor h = mg::relu(mg::linear(x, w1, b1));            // x: (N, 784), w1: (512, 784)
+//   mg::Tensor loss = mg::cross_entropy(mg::linear(h, w2, b2), labels);   // mean over N
 //   loss.backward();
 #pragma once
 
