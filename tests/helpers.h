@@ -1,4 +1,5 @@
-// Test helpers: random inputs, comparisons, and a finite-difference gradient check.
+// Test helpers: random inputs and comparisons. The one finite-difference gradient check is
+// tests/test_ops.cpp's, over every op's case rows (OpDef::cases in src/ops/op.h).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -120,47 +121,6 @@ inline bool bit_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
   const Tensor ha = a.cpu(), hb = b.cpu();
   return a.nbytes() == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), a.nbytes()) == 0;
-}
-
-// Compares the tape's gradient of sum(f(inputs) * probe) w.r.t. every input that requires grad
-// with central finite differences. f runs in float32; the check uses a step h and a tolerance
-// suited to float32 (error ~ h^2 + eps/h).
-inline void gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
-                      std::vector<Tensor> inputs, double h = 1e-2, double tol = 2e-2) {
-  Tensor out = f(inputs);
-  Tensor probe = rand_tensor(out.shape(), 999);
-  for (Tensor& t : inputs) if (t.requires_grad()) t.set_grad(Tensor());
-  out.backward(probe);
-  auto objective = [&]() {
-    NoGradGuard ng;
-    auto o = f(inputs).to_vector<float>();
-    auto p = probe.to_vector<float>();
-    double s = 0;
-    for (size_t i = 0; i < o.size(); ++i) s += static_cast<double>(o[i]) * p[i];
-    return s;
-  };
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    Tensor& t = inputs[k];
-    if (!t.requires_grad()) continue;
-    REQUIRE(t.grad().defined());
-    auto analytic = t.grad().to_vector<float>();
-    float* data = t.data<float>();
-    double num2 = 0, den2 = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      const float orig = data[i];
-      data[i] = orig + static_cast<float>(h);
-      const double fp = objective();
-      data[i] = orig - static_cast<float>(h);
-      const double fm = objective();
-      data[i] = orig;
-      const double numeric = (fp - fm) / (2 * h);
-      num2 += (numeric - analytic[i]) * (numeric - analytic[i]);
-      den2 += numeric * numeric;
-    }
-    const double err = std::sqrt(num2) / std::max(std::sqrt(den2), 1e-12);
-    INFO("input " << k << " shape " << shape_str(t.shape()) << " relative error " << err);
-    CHECK(err < tol);
-  }
 }
 
 // Two small models with dropout (input (N, 4, 5) and (N, 3, H, W)) for checkpointing tests

@@ -1,15 +1,13 @@
-// conv2d, max_pool2d, adaptive_avg_pool2d and dropout on the CPU: finite-difference gradient
-// checks at odd sizes, forward and backward against PyTorch golden values
-// (tests/golden/make_conv_pool_golden.py), the accumulate path, determinism, workspace
-// accounting, and error messages.
+// conv2d, max_pool2d, adaptive_avg_pool2d and dropout on the CPU: forward and backward against
+// PyTorch golden values (tests/golden/make_conv_pool_golden.py), the accumulate path,
+// determinism, workspace accounting, and error messages. Their finite-difference gradient checks
+// are the ops' case rows (src/ops/conv2d.cpp, src/ops/pooling.cpp), run by tests/test_ops.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <numeric>
-#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +20,6 @@
 
 using namespace mg;
 using mg::test::bit_equal;
-using mg::test::gradcheck;
 using mg::test::rand_tensor;
 using mg::test::rel_err;
 using nlohmann::json;
@@ -48,60 +45,7 @@ Tensor from_json(const json& values, const json& shape) {
 // An output buffer full of NaN, so a kernel that skips an element cannot pass.
 Tensor poisoned(const Shape& s) { return Tensor::full(s, kNaN); }
 
-// Distinct values, shuffled, at least `gap` apart: max pooling has no ties, and a finite-difference
-// step smaller than gap / 2 never changes which element is the max.
-Tensor distinct_tensor(const Shape& s, uint64_t seed, float gap = 0.05f) {
-  std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-  std::iota(v.begin(), v.end(), 0.0f);
-  std::shuffle(v.begin(), v.end(), std::mt19937_64(seed));
-  const float mid = static_cast<float>(v.size()) / 2;
-  for (float& e : v) e = (e - mid) * gap;
-  return Tensor::from_vector(v, s);
-}
-
 }  // namespace
-
-// ---- finite differences ----------------------------------------------------------------------
-
-TEST_CASE("conv2d gradcheck at odd sizes") {
-  struct Case { int stride, pad, kh, kw; bool bias; };
-  for (const Case c : {Case{1, 0, 3, 3, true}, Case{1, 1, 3, 3, true}, Case{2, 0, 3, 3, true},
-                       Case{2, 1, 3, 3, false}, Case{2, 1, 3, 2, true}, Case{1, 0, 1, 1, true}}) {
-    CAPTURE(c.stride);
-    CAPTURE(c.pad);
-    CAPTURE(c.kh);
-    CAPTURE(c.kw);
-    Tensor x = rand_tensor({2, 3, 7, 5}, 11, true);
-    Tensor w = rand_tensor({4, 3, c.kh, c.kw}, 12, true);
-    Tensor b = c.bias ? rand_tensor({4}, 13, true) : Tensor();
-    std::vector<Tensor> in{x, w};
-    if (c.bias) in.push_back(b);
-    gradcheck([&](const std::vector<Tensor>& t) {
-      return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.stride, c.pad);
-    }, in);
-  }
-}
-
-TEST_CASE("max_pool2d gradcheck on distinct values") {
-  struct Case { int kernel, stride, pad; };
-  for (const Case c : {Case{2, 2, 0}, Case{3, 2, 1}, Case{3, 1, 1}, Case{2, 1, 0}}) {
-    CAPTURE(c.kernel);
-    CAPTURE(c.stride);
-    CAPTURE(c.pad);
-    Tensor x = distinct_tensor({2, 3, 7, 5}, 21).requires_grad_();
-    gradcheck([&](const std::vector<Tensor>& t) { return max_pool2d(t[0], c.kernel, c.stride, c.pad); },
-              {x});
-  }
-}
-
-TEST_CASE("adaptive_avg_pool2d gradcheck, downsampling and upsampling") {
-  struct Case { Shape x; int oh, ow; };
-  for (const Case& c : {Case{{2, 3, 7, 5}, 3, 2}, Case{{2, 3, 5, 5}, 7, 7}, Case{{1, 2, 6, 9}, 4, 5}}) {
-    CAPTURE(shape_str(c.x));
-    Tensor x = rand_tensor(c.x, 31, true);
-    gradcheck([&](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], c.oh, c.ow); }, {x});
-  }
-}
 
 // ---- golden values from PyTorch ----------------------------------------------------------------
 

@@ -49,12 +49,19 @@ double conv2d_flops(const Node& n) {
 }
 
 std::vector<OpCase> conv2d_cases() {
-  OpAttrs pad1, stride2;
+  OpAttrs plain, pad1, stride2, stride2_pad1;
   pad1.pad_h = pad1.pad_w = 1;
   stride2.stride_h = stride2.stride_w = 2;
+  stride2_pad1.stride_h = stride2_pad1.stride_w = 2;
+  stride2_pad1.pad_h = stride2_pad1.pad_w = 1;
   return {
       {{{.shape = {2, 3, 5, 7}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, pad1},
       {{{.shape = {1, 2, 7, 6}}, {.shape = {3, 2, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, stride2},
+      {{{.shape = {2, 3, 7, 5}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, plain},
+      {{{.shape = {2, 3, 7, 5}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, stride2},
+      {{{.shape = {2, 3, 7, 5}}, {.shape = {4, 3, 3, 3}}, {.kind = TestInput::none, .shape = {}}}, stride2_pad1},
+      {{{.shape = {2, 3, 7, 5}}, {.shape = {4, 3, 3, 2}}, {.shape = {4}}}, stride2_pad1},
+      {{{.shape = {2, 3, 7, 5}}, {.shape = {4, 3, 1, 1}}, {.shape = {4}}}, plain},
       {{{.shape = {3, 3, 31, 33}}, {.shape = {5, 3, 3, 3}}, {.shape = {5}}}, pad1},  // large
   };
 }

@@ -80,7 +80,14 @@ std::vector<OpCase> max_pool2d_cases() {
   k3s2p1.kernel_h = k3s2p1.kernel_w = 3;
   k3s2p1.stride_h = k3s2p1.stride_w = 2;
   k3s2p1.pad_h = k3s2p1.pad_w = 1;
-  return {{{{.shape = {2, 3, 5, 7}}}, k2}, {{{.shape = {1, 2, 7, 6}}}, k3s2p1}, {{{.shape = {3, 3, 31, 33}}}, k3s2p1}};
+  OpAttrs k3s1p1, k2s1;  // overlapping windows: an input can be the max of several
+  k3s1p1.kernel_h = k3s1p1.kernel_w = 3;
+  k3s1p1.stride_h = k3s1p1.stride_w = 1;
+  k3s1p1.pad_h = k3s1p1.pad_w = 1;
+  k2s1.kernel_h = k2s1.kernel_w = 2;
+  k2s1.stride_h = k2s1.stride_w = 1;
+  return {{{{.shape = {2, 3, 5, 7}}}, k2}, {{{.shape = {1, 2, 7, 6}}}, k3s2p1}, {{{.shape = {2, 3, 7, 5}}}, k3s1p1},
+          {{{.shape = {2, 3, 7, 5}}}, k2s1}, {{{.shape = {3, 3, 31, 33}}}, k3s2p1}};
 }
 
 const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
@@ -114,7 +121,12 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
   OpAttrs to5x4;
   to5x4.out_h = 5;
   to5x4.out_w = 4;
-  return {{{{.shape = {2, 3, 7, 5}}}, to3x2}, {{{.shape = {1, 2, 3, 3}}}, to1x1}, {{{.shape = {3, 3, 31, 33}}}, to5x4}};
+  OpAttrs to7x7, to4x5;  // upsampling, and windows of uneven sizes
+  to7x7.out_h = to7x7.out_w = 7;
+  to4x5.out_h = 4;
+  to4x5.out_w = 5;
+  return {{{{.shape = {2, 3, 7, 5}}}, to3x2}, {{{.shape = {1, 2, 3, 3}}}, to1x1}, {{{.shape = {2, 3, 5, 5}}}, to7x7},
+          {{{.shape = {1, 2, 6, 9}}}, to4x5}, {{{.shape = {3, 3, 31, 33}}}, to5x4}};
 }
 
 const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,
