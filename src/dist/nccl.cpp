@@ -226,8 +226,8 @@ ncclDataType_t nccl_type(DType t) {
 // records, the calls get a span named name() (Note [reduction timeline]).
 template <class Name, class Issue>
 void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
-  cuda::DeviceGuard on(c.device);  // the legacy default stream below is the current device's
-  MG_CUDA_RT_CHECK(cudaEventRecord(c.ready, nullptr));  // the legacy default stream (Note [cuda stream])
+  cuda::DeviceGuard on(c.device);  // the events are the communicator's device's
+  MG_CUDA_RT_CHECK(cudaEventRecord(c.ready, cuda::stream(c.device)));  // the compute stream (Note [cuda stream])
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(c.stream, c.ready, 0));
   const bool timed = recording();
   if (timed) {
@@ -268,8 +268,8 @@ void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
 // it against the deadline. On a timeout or an asynchronous NCCL error the communicator is
 // aborted (teardown), which also ends the kernels the compute stream may be waiting on.
 void wait_done(Comm& c, const std::string& what, double timeout_s) {
-  cuda::DeviceGuard on(c.device);  // the legacy default stream is the current device's
-  MG_CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, c.done, 0));
+  cuda::DeviceGuard on(c.device);
+  MG_CUDA_RT_CHECK(cudaStreamWaitEvent(cuda::stream(c.device), c.done, 0));  // the compute stream
   c.in_flight.clear();
   const auto deadline = deadline_in(timeout_s);
   for (;;) {
@@ -358,9 +358,12 @@ void nccl_record_timeline(bool on) {
 
 void nccl_timeline_mark(std::string_view name) {
   if (!recording()) return;
+  // The event is made on the current device: it marks that device's compute stream.
+  int device = 0;
+  MG_CUDA_RT_CHECK(cudaGetDevice(&device));
   const cudaEvent_t e = timing_event();
   g_timeline.spans.push_back({std::string(name), false, e, e});
-  MG_CUDA_RT_CHECK(cudaEventRecord(e, nullptr));  // the compute stream (Note [cuda stream])
+  MG_CUDA_RT_CHECK(cudaEventRecord(e, cuda::stream(device)));  // the compute stream (Note [cuda stream])
 }
 
 std::vector<TimelineSpan> nccl_timeline() {

@@ -411,24 +411,24 @@ unsigned blocks_for(int64_t rows) {
 }
 
 template <int kD>
-void forward(Tensor& y, Tensor& lse, const Tensor& qkv, const AttentionDims& s, int64_t rows) {
-  attention_forward_kernel<kD><<<blocks_for(rows), kAttentionThreads>>>(y.data<float>(), lse.data<float>(),
-                                                                         qkv.data<float>(), s);
+void forward(Tensor& y, Tensor& lse, const Tensor& qkv, const AttentionDims& s, int64_t rows, cudaStream_t stream) {
+  attention_forward_kernel<kD><<<blocks_for(rows), kAttentionThreads, 0, stream>>>(y.data<float>(), lse.data<float>(),
+                                                                                    qkv.data<float>(), s);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <int kD>
 void backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, const AttentionDims& s,
-              int64_t rows, float* e) {
+              int64_t rows, float* e, cudaStream_t stream) {
   const unsigned blocks = blocks_for(rows);
-  attention_dq_kernel<kD><<<blocks, kAttentionThreads>>>(dqkv.data<float>(), e, dy.data<float>(), qkv.data<float>(),
-                                                          lse.data<float>(), s);
+  attention_dq_kernel<kD><<<blocks, kAttentionThreads, 0, stream>>>(
+      dqkv.data<float>(), e, dy.data<float>(), qkv.data<float>(), lse.data<float>(), s);
   MG_CUDA_CHECK_LAUNCH();
-  attention_dkv_kernel<kD, true><<<blocks, kAttentionThreads>>>(dqkv.data<float>(), dy.data<float>(),
-                                                                 qkv.data<float>(), lse.data<float>(), e, s);
+  attention_dkv_kernel<kD, true><<<blocks, kAttentionThreads, 0, stream>>>(dqkv.data<float>(), dy.data<float>(),
+                                                                            qkv.data<float>(), lse.data<float>(), e, s);
   MG_CUDA_CHECK_LAUNCH();
-  attention_dkv_kernel<kD, false><<<blocks, kAttentionThreads>>>(dqkv.data<float>(), dy.data<float>(),
-                                                                  qkv.data<float>(), lse.data<float>(), e, s);
+  attention_dkv_kernel<kD, false><<<blocks, kAttentionThreads, 0, stream>>>(
+      dqkv.data<float>(), dy.data<float>(), qkv.data<float>(), lse.data<float>(), e, s);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -441,12 +441,13 @@ void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int head
   if (rows == 0) return;
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   if (tiled(s, dev, {y.data<float>(), qkv.data<float>()})) {
-    attention_forward_tiled_kernel<<<tile_grid(s), kTileThreads, kForwardSmem>>>(y.data<float>(), lse.data<float>(),
-                                                                                qkv.data<float>(), s);
+    attention_forward_tiled_kernel<<<tile_grid(s), kTileThreads, kForwardSmem, stream>>>(
+        y.data<float>(), lse.data<float>(), qkv.data<float>(), s);
     MG_CUDA_CHECK_LAUNCH();
-  } else if (s.d == 64) forward<64>(y, lse, qkv, s, rows);
-  else forward<0>(y, lse, qkv, s, rows);
+  } else if (s.d == 64) forward<64>(y, lse, qkv, s, rows, stream);
+  else forward<0>(y, lse, qkv, s, rows, stream);
 }
 
 template <>
@@ -457,17 +458,18 @@ void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv,
   if (rows == 0) return;
   const int dev = cuda::device_of(dqkv);
   cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   cuda::Workspace e(dev, static_cast<size_t>(rows) * sizeof(float));
   float* ep = static_cast<float*>(e.get());
   if (tiled(s, dev, {dqkv.data<float>(), dy.data<float>(), qkv.data<float>()})) {
-    attention_dq_tiled_kernel<<<tile_grid(s), kTileThreads, kDqSmem>>>(dqkv.data<float>(), ep, dy.data<float>(),
-                                                                        qkv.data<float>(), lse.data<float>(), s);
+    attention_dq_tiled_kernel<<<tile_grid(s), kTileThreads, kDqSmem, stream>>>(
+        dqkv.data<float>(), ep, dy.data<float>(), qkv.data<float>(), lse.data<float>(), s);
     MG_CUDA_CHECK_LAUNCH();
-    attention_dkv_tiled_kernel<<<tile_grid(s), kTileThreads, kDkvSmem>>>(dqkv.data<float>(), dy.data<float>(),
-                                                                          qkv.data<float>(), lse.data<float>(), ep, s);
+    attention_dkv_tiled_kernel<<<tile_grid(s), kTileThreads, kDkvSmem, stream>>>(
+        dqkv.data<float>(), dy.data<float>(), qkv.data<float>(), lse.data<float>(), ep, s);
     MG_CUDA_CHECK_LAUNCH();
-  } else if (s.d == 64) backward<64>(dqkv, dy, qkv, lse, s, rows, ep);
-  else backward<0>(dqkv, dy, qkv, lse, s, rows, ep);
+  } else if (s.d == 64) backward<64>(dqkv, dy, qkv, lse, s, rows, ep, stream);
+  else backward<0>(dqkv, dy, qkv, lse, s, rows, ep, stream);
 }
 
 }  // namespace mg

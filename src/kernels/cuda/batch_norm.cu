@@ -104,9 +104,11 @@ float* mut(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor& x) {
   const Shape3 d = shape3(x);
   if (d.c == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(x));
-  stats_kernel<<<static_cast<unsigned>(d.c), kReduceThreads>>>(mean.data<float>(), var.data<float>(), x.data<float>(),
-                                                                d.n, d.c, d.s);
+  const int dev = cuda::device_of(x);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  stats_kernel<<<static_cast<unsigned>(d.c), kReduceThreads, 0, stream>>>(
+      mean.data<float>(), var.data<float>(), x.data<float>(), d.n, d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -116,9 +118,11 @@ void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const
   const Shape3 d = shape3(x);
   const int64_t total = y.numel();
   if (total == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  forward_kernel<<<cuda::grid_for(total), cuda::kThreads>>>(y.data<float>(), x.data<float>(), ptr(w), ptr(b),
-                                                             mean.data<float>(), var.data<float>(), eps, total, d.c, d.s);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  forward_kernel<<<cuda::grid_for(total), cuda::kThreads, 0, stream>>>(
+      y.data<float>(), x.data<float>(), ptr(w), ptr(b), mean.data<float>(), var.data<float>(), eps, total, d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -127,18 +131,18 @@ void batch_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
                                const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate) {
   const Shape3 d = shape3(x);
   if (d.c == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(x));
+  const int dev = cuda::device_of(x);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   Tensor sums = Tensor::empty({2 * d.c}, TensorOptions{DType::f32, x.device()});
-  backward_sums_kernel<<<static_cast<unsigned>(d.c), kReduceThreads>>>(mut(dw), mut(db), sums.data<float>(),
-                                                                        dy.data<float>(), x.data<float>(),
-                                                                        mean.data<float>(), var.data<float>(), eps,
-                                                                        accumulate, d.n, d.c, d.s);
+  backward_sums_kernel<<<static_cast<unsigned>(d.c), kReduceThreads, 0, stream>>>(
+      mut(dw), mut(db), sums.data<float>(), dy.data<float>(), x.data<float>(), mean.data<float>(), var.data<float>(),
+      eps, accumulate, d.n, d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
   if (!dx.defined() || dx.numel() == 0) return;
-  backward_dx_kernel<<<cuda::grid_for(dx.numel()), cuda::kThreads>>>(dx.data<float>(), dy.data<float>(),
-                                                                      x.data<float>(), ptr(w), mean.data<float>(),
-                                                                      var.data<float>(), sums.data<float>(), eps,
-                                                                      batch_stats, dx.numel(), d.c, d.s);
+  backward_dx_kernel<<<cuda::grid_for(dx.numel()), cuda::kThreads, 0, stream>>>(
+      dx.data<float>(), dy.data<float>(), x.data<float>(), ptr(w), mean.data<float>(), var.data<float>(),
+      sums.data<float>(), eps, batch_stats, dx.numel(), d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
 }
 

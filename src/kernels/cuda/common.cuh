@@ -2,10 +2,13 @@
 // flag), a device guard, launch sizes and workspaces from the caching allocator.
 // Note [cuda stream]
 // ~~~~~~~~~~~~~~~~~~
-// All work runs on the legacy default stream of each device, so kernels,
-// cuBLAS, cuDNN and cudaMemcpy are ordered without events, and a block freed to the caching
-// allocator can be reused by the next launch at once (as PyTorch does within one stream). The
-// host waits only where a value must come back: copies to the host and sum_squares.
+// Each device has one stream, stream(device) (the same as Context::stream), and every kernel
+// launch, copy, memset, event and cuBLAS/cuDNN call for that device takes it; NCCL runs on a
+// stream of its own that events order against it (src/dist/nccl.cpp). That stream is the
+// device's legacy default stream, so its work is ordered without events, and a block freed to
+// the caching allocator can be reused by the next launch at once (as PyTorch does within one
+// stream). The host waits (cudaStreamSynchronize) only where a value must come back: copies to
+// the host and synchronize(), which then reads the error flag.
 #pragma once
 
 #include <atomic>
@@ -20,16 +23,19 @@
 
 namespace mg::cuda {
 
-// Waits for all work on the device, then reports any error flagged by a kernel (e.g. an
-// out-of-range cross-entropy target). Copies to the host do the same. Public as mg::synchronize.
+// Waits for the work queued on the device's stream (Note [cuda stream]), then reports any error
+// flagged by a kernel (e.g. an out-of-range cross-entropy target). Copies to the host do the
+// same. Public as mg::synchronize.
 void synchronize(int device_index = 0);
 
 constexpr int kThreads = 256;
 // Size of the per-device tables (allocators, contexts): fixed, so lookups need no lock.
 constexpr int kMaxDevices = 64;
 
-// The stream all work goes to (Note [cuda stream]): the legacy default stream.
-inline const cudaStream_t kStream = nullptr;
+// The stream all of a device's work goes to (Note [cuda stream]), the same as
+// context(device_index).stream. Made on first use without the rest of the context, so a launch
+// that needs no cuBLAS does not create its handle and workspace. One atomic load once made.
+cudaStream_t stream(int device_index);
 
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t blocks = (n + threads - 1) / threads;
@@ -51,7 +57,7 @@ class DeviceGuard {
 // Per-device state, created on first use and kept for the whole program.
 struct Context {
   int device = 0;
-  cudaStream_t stream = kStream;
+  cudaStream_t stream = nullptr;  // stream(device): Note [cuda stream]
   cublasHandle_t cublas = nullptr;
   // cuDNN's, made on the first convolution (cudnn_handle): a run without one never loads cuDNN.
   std::atomic<cudnnHandle_t> cudnn{nullptr};

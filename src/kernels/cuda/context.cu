@@ -63,18 +63,43 @@ Context* find_context(int device_index) {
   return device_index >= 0 && device_index < kMaxDevices ? g_contexts[device_index].load(std::memory_order_acquire)
                                                          : nullptr;
 }
+
+// The streams of stream(): `made` is needed apart from the value, the legacy stream being null.
+// Trivially destructible and never destroyed, as the contexts.
+struct StreamSlot {
+  std::atomic<bool> made{false};
+  cudaStream_t stream = nullptr;
+};
+StreamSlot g_streams[kMaxDevices];
+std::mutex g_stream_mu;  // taken only to make a stream
 }  // namespace
 
-Context& context(int device_index) {
-  if (Context* ctx = find_context(device_index)) return *ctx;
+cudaStream_t stream(int device_index) {
+  if (device_index >= 0 && device_index < kMaxDevices) {
+    const StreamSlot& slot = g_streams[device_index];
+    if (slot.made.load(std::memory_order_acquire)) return slot.stream;
+  }
   MG_CHECK(device_index >= 0 && device_index < cuda_device_count() && device_index < kMaxDevices,
            "cuda:" << device_index << " does not exist (" << cuda_device_count()
                    << " CUDA devices visible)");
+  std::lock_guard<std::mutex> lock(g_stream_mu);
+  StreamSlot& slot = g_streams[device_index];
+  if (!slot.made.load(std::memory_order_relaxed)) {
+    slot.stream = nullptr;  // the legacy default stream (Note [cuda stream])
+    slot.made.store(true, std::memory_order_release);
+  }
+  return slot.stream;
+}
+
+Context& context(int device_index) {
+  if (Context* ctx = find_context(device_index)) return *ctx;
+  const cudaStream_t s = stream(device_index);  // checks the index; before the lock (its own)
   std::lock_guard<std::mutex> lock(g_context_mu);
   if (Context* ctx = find_context(device_index)) return *ctx;
   DeviceGuard guard(device_index);
   auto ctx = std::make_unique<Context>();
   ctx->device = device_index;
+  ctx->stream = s;
   MG_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
   // A failure below (the workspace over a memory limit, say) must not leak the handle: the next
   // call creates the context again.
@@ -101,7 +126,7 @@ Context& context(int device_index) {
     give_back();
     throw;
   }
-  MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, 3 * sizeof(long long)));
+  MG_CUDA_CHECK(cudaMemsetAsync(ctx->error_flag, 0, 3 * sizeof(long long), ctx->stream));
   Context* created = ctx.release();
   kept = true;  // the context keeps the handle
   g_contexts[device_index].store(created, std::memory_order_release);
@@ -130,9 +155,11 @@ void check_error_flag(int device_index) {
   if (ctx == nullptr) return;
   DeviceGuard guard(device_index);
   long long flag[3] = {0, 0, 0};
-  MG_CUDA_CHECK(cudaMemcpy(flag, ctx->error_flag, sizeof(flag), cudaMemcpyDeviceToHost));
+  // The kernels that raise the flag run on the stream: the host reads it after them.
+  MG_CUDA_CHECK(cudaMemcpyAsync(flag, ctx->error_flag, sizeof(flag), cudaMemcpyDeviceToHost, ctx->stream));
+  MG_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
   if (flag[0] == kFlagNone) return;
-  MG_CUDA_CHECK(cudaMemset(ctx->error_flag, 0, sizeof(flag)));
+  MG_CUDA_CHECK(cudaMemsetAsync(ctx->error_flag, 0, sizeof(flag), ctx->stream));
   if (flag[0] == kFlagBadTarget) {
     MG_FAIL("cross_entropy: target[" << flag[1] << "] = " << flag[2]
                                      << " is not a class index in [0, C) (found on cuda:" << device_index
@@ -147,7 +174,7 @@ void check_error_flag(int device_index) {
 
 void synchronize(int device_index) {
   DeviceGuard guard(device_index);
-  MG_CUDA_CHECK(cudaDeviceSynchronize());
+  MG_CUDA_CHECK(cudaStreamSynchronize(stream(device_index)));
   check_error_flag(device_index);
 }
 

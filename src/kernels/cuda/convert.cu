@@ -17,9 +17,12 @@ template <> void convert<Cuda>(Tensor& dst, const Tensor& src) {
   check_convert_args(dst, src);
   const int64_t n = dst.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(dst));
+  const int dev = cuda::device_of(dst);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   const int64_t capped = n < int64_t{65536} * cuda::kThreads ? n : int64_t{65536} * cuda::kThreads;
-  convert_kernel<<<cuda::grid_for(capped), cuda::kThreads>>>(dst.raw_data(), dst.dtype(), src.raw_data(), src.dtype(), n);
+  convert_kernel<<<cuda::grid_for(capped), cuda::kThreads, 0, stream>>>(
+      dst.raw_data(), dst.dtype(), src.raw_data(), src.dtype(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 

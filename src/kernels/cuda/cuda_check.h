@@ -2,7 +2,7 @@
 // (minigrad/core/error.h), so every failure is an mg::Error carrying the expression, file, line and the
 // library's own error string:
 //
-//   MG_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
+//   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
 //   relu_forward_kernel<<<grid, block, 0, stream>>>(y, x, n);
 //   MG_CUDA_CHECK_LAUNCH();
 #pragma once

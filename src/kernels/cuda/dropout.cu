@@ -34,12 +34,14 @@ void masked_scale(Tensor& out, const Tensor& in, float p, uint64_t seed, uint64_
                   uint64_t sample_stride) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(out));
+  const int dev = cuda::device_of(out);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   if (sample_stride == 0 || sample_stride == static_cast<uint64_t>(per_sample)) {
-    dropout_kernel<<<cuda::grid_for((n + 3) / 4), cuda::kThreads>>>(
+    dropout_kernel<<<cuda::grid_for((n + 3) / 4), cuda::kThreads, 0, stream>>>(
         out.data<float>(), in.data<float>(), n, p, 1.0f / (1.0f - p), seed, offset);
   } else {
-    dropout_strided_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(
+    dropout_strided_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
         out.data<float>(), in.data<float>(), n, p, 1.0f / (1.0f - p), seed, offset, per_sample, sample_stride);
   }
   MG_CUDA_CHECK_LAUNCH();

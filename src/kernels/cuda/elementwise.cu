@@ -104,8 +104,11 @@ template <> void add_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& b) 
   check_same_numel("add", y, b);
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  add_forward_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), a.data<float>(), b.data<float>(), n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  add_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(
+      y.data<float>(), a.data<float>(), b.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -114,8 +117,11 @@ template <> void mul_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& b) 
   check_same_numel("mul", y, b);
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  mul_forward_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), a.data<float>(), b.data<float>(), n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  mul_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(
+      y.data<float>(), a.data<float>(), b.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -123,8 +129,10 @@ template <> void add_inplace<Cuda>(Tensor& y, const Tensor& x) {
   check_same_numel("add_inplace", y, x);
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  add_inplace_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), x.data<float>(), n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  add_inplace_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -132,25 +140,31 @@ template <> void scale_forward<Cuda>(Tensor& y, const Tensor& x, float s) {
   check_same_numel("scale", y, x);
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  scale_forward_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), x.data<float>(), s, n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  scale_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), s, n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <> void fill<Cuda>(Tensor& y, float v) {
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  fill_kernel<<<grid_capped(n), cuda::kThreads>>>(y.data<float>(), v, n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  fill_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(y.data<float>(), v, n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <> void zero_many<Cuda>(const std::vector<Tensor>& ys) {
   if (ys.empty()) return;
   check_float_list("zero_many", ys, ys[0].device());
-  cuda::DeviceGuard guard(cuda::device_of(ys[0]));
+  const int dev = cuda::device_of(ys[0]);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   cuda::for_each_chunk_list<1, kMaxTensors>({&ys}, [&](const ChunkList& l, int64_t blocks) {
-    zero_many_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(l);
+    zero_many_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(l);
     MG_CUDA_CHECK_LAUNCH();
   });
 }
@@ -159,11 +173,12 @@ template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& o
   check_stats_args("sum_squares_into", xs, out, slot);
   const int dev = cuda::device_of(out);
   cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   int64_t total_blocks = 0;
   for (const Tensor& x : xs) total_blocks += (x.numel() + cuda::kChunk - 1) / cuda::kChunk;
   double* result = out.data<double>() + slot;
   if (total_blocks == 0) {
-    MG_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), cuda::kStream));
+    MG_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream));
     return;
   }
   cuda::Workspace partial(dev, static_cast<size_t>(total_blocks) * sizeof(double));
@@ -171,18 +186,20 @@ template <> void sum_squares_into<Cuda>(const std::vector<Tensor>& xs, Tensor& o
   // One launch per kMaxTensors tensors, each writing its own range of the partials.
   int64_t offset = 0;
   cuda::for_each_chunk_list<1, kMaxTensors>({&xs}, [&](const ChunkList& l, int64_t blocks) {
-    sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(p + offset, l);
+    sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(p + offset, l);
     MG_CUDA_CHECK_LAUNCH();
     offset += blocks;
   });
-  sum_partials_kernel<<<1, cuda::kThreads>>>(result, p, total_blocks);
+  sum_partials_kernel<<<1, cuda::kThreads, 0, stream>>>(result, p, total_blocks);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <> void store_scalar<Cuda>(Tensor& out, int64_t slot, const Tensor& x) {
   check_store_scalar_args(out, slot, x);
-  cuda::DeviceGuard guard(cuda::device_of(out));
-  store_scalar_kernel<<<1, 1>>>(out.data<double>() + slot, x.data<float>());
+  const int dev = cuda::device_of(out);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  store_scalar_kernel<<<1, 1, 0, stream>>>(out.data<double>() + slot, x.data<float>());
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -193,10 +210,13 @@ template <> void copy_bytes<Cuda>(Tensor& dst, const Tensor& src) {
   const bool to_host = dst.device().is_cpu();
   const int dev = to_host ? cuda::device_of(src) : cuda::device_of(dst);
   cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   // Unified addressing lets the driver tell the directions apart (and route between GPUs).
   if (to_host) {
-    MG_CUDA_CHECK(cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault));
-    // The host waited for the device here anyway: report what kernels flagged meanwhile.
+    // The host reads dst when this returns: wait for the copy, queued after the kernels writing src.
+    MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, stream));
+    MG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // The host waited for the stream here anyway: report what kernels flagged meanwhile.
     cuda::check_error_flag(dev);
   } else if (src.device().is_cuda() && cuda::device_of(src) != dev) {
     // Between two GPUs: each has its own legacy stream, and an async copy on the destination's
@@ -207,7 +227,7 @@ template <> void copy_bytes<Cuda>(Tensor& dst, const Tensor& src) {
   } else {
     // Into the device: the async copy stages pageable host memory before returning, so the
     // source may go at once, and the host does not wait for earlier kernels (cudaMemcpy would).
-    MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, cuda::kStream));
+    MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, stream));
   }
 }
 

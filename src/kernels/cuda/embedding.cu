@@ -66,9 +66,10 @@ template <> void embedding_forward<Cuda>(Tensor& y, const Tensor& idx, const Ten
   if (n * c == 0) return;
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
-  embedding_forward_kernel<<<cuda::grid_for(n * c), cuda::kThreads>>>(y.data<float>(), idx.data<int64_t>(),
-                                                                       w.data<float>(), n, v, c,
-                                                                       cuda::context(dev).error_flag);
+  const cudaStream_t stream = cuda::stream(dev);
+  embedding_forward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, stream>>>(y.data<float>(), idx.data<int64_t>(),
+                                                                                  w.data<float>(), n, v, c,
+                                                                                  cuda::context(dev).error_flag);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -77,6 +78,7 @@ template <> void embedding_backward<Cuda>(Tensor& dw, const Tensor& dy, const Te
   if (v * c == 0) return;
   const int dev = cuda::device_of(dw);
   cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   // Keys and positions in two buffers each, which the sort uses in turn (CUB's DoubleBuffer: no
   // copies of its own); the sorted ones are in whichever it names current at the end.
   const size_t keys_bytes = static_cast<size_t>(n) * sizeof(uint64_t), pos_bytes = static_cast<size_t>(n) * sizeof(int64_t);
@@ -85,22 +87,22 @@ template <> void embedding_backward<Cuda>(Tensor& dw, const Tensor& dy, const Te
   cub::DoubleBuffer<uint64_t> keys(static_cast<uint64_t*>(key_a.get()), static_cast<uint64_t*>(key_b.get()));
   cub::DoubleBuffer<int64_t> pos(static_cast<int64_t*>(pos_a.get()), static_cast<int64_t*>(pos_b.get()));
   if (n > 0) {
-    embedding_keys_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(keys.Current(), pos.Current(), idx.data<int64_t>(), n,
-                                                                  v, cuda::context(dev).error_flag);
+    embedding_keys_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+        keys.Current(), pos.Current(), idx.data<int64_t>(), n, v, cuda::context(dev).error_flag);
     MG_CUDA_CHECK_LAUNCH();
     const int bits = cuda::math::embedding_key_bits(v);
     size_t temp_bytes = 0;
-    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, pos, n, 0, bits, cuda::kStream));
+    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, pos, n, 0, bits, stream));
     cuda::Workspace temp(dev, temp_bytes);
-    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys, pos, n, 0, bits, cuda::kStream));
+    MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys, pos, n, 0, bits, stream));
   }
   const uint64_t* sorted_keys = keys.Current();
   const int64_t* sorted_pos = pos.Current();
   auto* off = static_cast<int64_t*>(offset.get());
-  embedding_offsets_kernel<<<cuda::grid_for(v + 1), cuda::kThreads>>>(off, sorted_keys, n, v);
+  embedding_offsets_kernel<<<cuda::grid_for(v + 1), cuda::kThreads, 0, stream>>>(off, sorted_keys, n, v);
   MG_CUDA_CHECK_LAUNCH();
-  embedding_backward_kernel<<<cuda::grid_for(v * c), cuda::kThreads>>>(dw.data<float>(), dy.data<float>(), off,
-                                                                        sorted_pos, v, c, accumulate);
+  embedding_backward_kernel<<<cuda::grid_for(v * c), cuda::kThreads, 0, stream>>>(
+      dw.data<float>(), dy.data<float>(), off, sorted_pos, v, c, accumulate);
   MG_CUDA_CHECK_LAUNCH();
 }
 

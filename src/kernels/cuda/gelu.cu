@@ -29,16 +29,21 @@ __global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x,
 template <> void gelu_forward<Cuda>(Tensor& y, const Tensor& x) {
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  gelu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(y.data<float>(), x.data<float>(), n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  gelu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <> void gelu_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& x) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(dx));
-  gelu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(dx.data<float>(), dy.data<float>(), x.data<float>(), n);
+  const int dev = cuda::device_of(dx);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  gelu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+      dx.data<float>(), dy.data<float>(), x.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -96,8 +96,10 @@ void layer_norm_forward<Cuda>(Tensor& y, Tensor& mean, Tensor& rstd, const Tenso
                               float eps) {
   const int64_t c = x.size(x.dim() - 1), m = c > 0 ? x.numel() / c : 0;
   if (m == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  layer_norm_forward_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads>>>(
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  layer_norm_forward_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads, 0, stream>>>(
       y.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(), maybe(w), maybe(b), m, c, eps);
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -107,16 +109,18 @@ void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
                                const Tensor& mean, const Tensor& rstd, bool accumulate) {
   const int64_t c = x.size(x.dim() - 1), m = c > 0 ? x.numel() / c : 0;
   if (c == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(dy));
+  const int dev = cuda::device_of(dy);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   if (dx.defined() && m > 0) {
-    layer_norm_dx_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads>>>(
+    layer_norm_dx_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads, 0, stream>>>(
         dx.data<float>(), dy.data<float>(), x.data<float>(), maybe(w), mean.data<float>(), rstd.data<float>(), m, c);
     MG_CUDA_CHECK_LAUNCH();
   }
   if (dw.defined() || db.defined()) {  // with no rows too: dw and db are then 0 (or kept, accumulating)
     const int64_t blocks = (c + math::kLnCols - 1) / math::kLnCols;
     MG_CHECK(blocks <= 2147483647, "layer_norm on CUDA: " << c << " columns exceed the grid limit");
-    layer_norm_dwdb_kernel<<<static_cast<unsigned>(blocks), math::kLnWarps * kWarp>>>(
+    layer_norm_dwdb_kernel<<<static_cast<unsigned>(blocks), math::kLnWarps * kWarp, 0, stream>>>(
         maybe_mut(dw), maybe_mut(db), dy.data<float>(), x.data<float>(), mean.data<float>(), rstd.data<float>(), m, c,
         accumulate);
     MG_CUDA_CHECK_LAUNCH();

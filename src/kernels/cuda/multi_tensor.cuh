@@ -6,7 +6,7 @@
 // one tensor; a list of more than kMax tensors takes one launch per kMax.
 //
 //   for_each_chunk_list<2, 96>({&params, &grads}, [&](const ChunkList<2, 96>& l, int64_t blocks) {
-//     my_kernel<<<blocks, cuda::kThreads>>>(l);   // l.ptr[0][t]: params[t], l.ptr[1][t]: grads[t]
+//     my_kernel<<<blocks, cuda::kThreads, 0, stream>>>(l);  // l.ptr[0][t]: params[t], l.ptr[1][t]: grads[t]
 //   });
 //   // in my_kernel:  const Chunk c = chunk_of_block(l);  for (i = c.begin + threadIdx.x; i < c.end; ...)
 #pragma once

@@ -78,10 +78,13 @@ void sgd_update<Cuda>(std::vector<Tensor>& params, const std::vector<Tensor>& gr
   const bool use_momentum = h.momentum != 0.0f;
   check_lists("sgd_update", params, grads, use_momentum ? &momentum_bufs : nullptr, nullptr);
   if (params.empty()) return;
-  cuda::DeviceGuard guard(cuda::device_of(params[0]));
+  const int dev = cuda::device_of(params[0]);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   cuda::for_each_chunk_list<4, kMaxTensors>({&params, &grads, use_momentum ? &momentum_bufs : nullptr},
                                             [&](const TensorList& l, int64_t blocks) {
-                                              sgd_update_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(l, h);
+                                              const auto grid = static_cast<unsigned>(blocks);
+                                              sgd_update_kernel<<<grid, cuda::kThreads, 0, stream>>>(l, h);
                                               MG_CUDA_CHECK_LAUNCH();
                                             });
 }
@@ -96,10 +99,12 @@ void adam_update<Cuda>(std::vector<Tensor>& params, const std::vector<Tensor>& g
   const float bias_c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t));
   const float bias_c2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t)));
   const float step_size = h.lr / bias_c1;
-  cuda::DeviceGuard guard(cuda::device_of(params[0]));
+  const int dev = cuda::device_of(params[0]);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
   cuda::for_each_chunk_list<4, kMaxTensors>({&params, &grads, &exp_avg, &exp_avg_sq}, [&](const TensorList& l,
                                                                                          int64_t blocks) {
-    adam_update_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads>>>(l, h, step_size, bias_c2_sqrt);
+    adam_update_kernel<<<static_cast<unsigned>(blocks), cuda::kThreads, 0, stream>>>(l, h, step_size, bias_c2_sqrt);
     MG_CUDA_CHECK_LAUNCH();
   });
 }

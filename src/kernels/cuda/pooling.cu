@@ -77,8 +77,10 @@ void max_pool2d_forward<Cuda>(Tensor& y, Tensor& idx, const Tensor& x, int kerne
   const int oh = as_int(y.size(2), "OH"), ow = as_int(y.size(3), "OW");
   as_int(int64_t{h} * w, "H*W");
   if (y.numel() == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(x));
-  max_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads>>>(
+  const int dev = cuda::device_of(x);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  max_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads, 0, stream>>>(
       y.data<float>(), idx.data<int64_t>(), x.data<float>(), planes, h, w, oh, ow, kernel, stride, pad);
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -92,8 +94,10 @@ void max_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& idx, 
   MG_CHECK(kernel >= 1 && stride >= 1 && pad >= 0, "max_pool2d backward: kernel " << kernel << ", stride " << stride
                                                        << ", padding " << pad);
   if (dx.numel() == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(dx));
-  max_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads>>>(
+  const int dev = cuda::device_of(dx);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  max_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads, 0, stream>>>(
       dx.data<float>(), dy.data<float>(), idx.data<int64_t>(), planes, h, w, oh, ow, kernel, stride, pad);
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -108,8 +112,10 @@ template <> void adaptive_avg_pool2d_forward<Cuda>(Tensor& y, const Tensor& x) {
   as_int(int64_t{oh} * ow, "OH*OW");
   if (y.numel() == 0) return;
   MG_CHECK(h > 0 && w > 0, "adaptive_avg_pool2d: empty input plane " << shape_str(x.shape()));
-  cuda::DeviceGuard guard(cuda::device_of(x));
-  adaptive_avg_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads>>>(
+  const int dev = cuda::device_of(x);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  adaptive_avg_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads, 0, stream>>>(
       y.data<float>(), x.data<float>(), planes, h, w, oh, ow);
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -123,8 +129,10 @@ template <> void adaptive_avg_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy
   as_int(int64_t{h} * w, "H*W");
   as_int(int64_t{oh} * ow, "OH*OW");
   if (dx.numel() == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(dx));
-  adaptive_avg_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads>>>(
+  const int dev = cuda::device_of(dx);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  adaptive_avg_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads, 0, stream>>>(
       dx.data<float>(), dy.data<float>(), planes, h, w, oh, ow);
   MG_CUDA_CHECK_LAUNCH();
 }

@@ -22,17 +22,21 @@ __global__ void relu_backward_kernel(float* dx, const float* dy, const float* y,
 template <> void relu_forward<Cuda>(Tensor& y, const Tensor& x) {
   const int64_t n = y.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  relu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(y.data<float>(), x.data<float>(), n);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  relu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <> void relu_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& y) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  cuda::DeviceGuard guard(cuda::device_of(dx));
-  relu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads>>>(dx.data<float>(), dy.data<float>(),
-                                                               y.data<float>(), n);
+  const int dev = cuda::device_of(dx);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  relu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(dx.data<float>(), dy.data<float>(),
+                                                                          y.data<float>(), n);
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -48,15 +48,20 @@ unsigned blocks_for(int64_t rows) { return static_cast<unsigned>((rows + kWarpsP
 }  // namespace
 
 template <> void softmax_forward<Cuda>(Tensor& y, const Tensor& x, int64_t rows, int64_t cols) {
-  cuda::DeviceGuard guard(cuda::device_of(y));
-  softmax_forward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock)>>>(y.data<float>(), x.data<float>(), rows, cols);
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  softmax_forward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock), 0, stream>>>(
+      y.data<float>(), x.data<float>(), rows, cols);
   MG_CUDA_CHECK_LAUNCH();
 }
 
 template <> void softmax_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& y, int64_t rows, int64_t cols) {
-  cuda::DeviceGuard guard(cuda::device_of(dx));
-  softmax_backward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock)>>>(dx.data<float>(), dy.data<float>(),
-                                                                          y.data<float>(), rows, cols);
+  const int dev = cuda::device_of(dx);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  softmax_backward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock), 0, stream>>>(dx.data<float>(), dy.data<float>(),
+                                                                                     y.data<float>(), rows, cols);
   MG_CUDA_CHECK_LAUNCH();
 }
 
