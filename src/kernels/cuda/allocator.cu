@@ -26,8 +26,9 @@ struct CudaSystem {
   }
   void free(void* p) {
     cuda::DeviceGuard guard(device);
-    // A cached segment is free to the pool as soon as the kernels using it were queued (Note
-    // [cuda stream]): wait for them before the driver gets it back (cudaFree only "may" wait).
+    // A cached segment is free to the pool as soon as the kernels using it were queued
+    // (Note [cuda stream]): wait for them, on every stream, before the driver gets it back
+    // (cudaFree only "may" wait).
     MG_CUDA_CHECK(cudaDeviceSynchronize());
     MG_CUDA_CHECK(cudaFree(p));
   }

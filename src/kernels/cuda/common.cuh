@@ -4,11 +4,21 @@
 // ~~~~~~~~~~~~~~~~~~
 // Each device has one stream, stream(device) (the same as Context::stream), and every kernel
 // launch, copy, memset, event and cuBLAS/cuDNN call for that device takes it; NCCL runs on a
-// stream of its own that events order against it (src/dist/nccl.cpp). That stream is the
-// device's legacy default stream, so its work is ordered without events, and a block freed to
-// the caching allocator can be reused by the next launch at once (as PyTorch does within one
-// stream). The host waits (cudaStreamSynchronize) only where a value must come back: copies to
-// the host and synchronize(), which then reads the error flag.
+// stream of its own that events order against it (src/dist/nccl.cpp). By default that stream is
+// the device's legacy default stream. MG_CUDA_STREAM=own makes it a stream of our own, created
+// with cudaStreamNonBlocking on first use and, like the contexts, never destroyed. The own stream
+// has not run on a GPU yet (docs/gpu-queue.md); legacy stays the default until it has.
+// With one stream, its work is ordered without events, and a block freed to the caching allocator
+// can be reused by the next launch at once: every use of the block was queued before, on the same
+// stream (PyTorch reuses blocks so within one stream). The rest keeps that order with either
+// stream: copies to the host wait for the stream (cudaStreamSynchronize) before the host reads;
+// copies from pageable host memory are staged before cudaMemcpyAsync returns, so the host buffer
+// may go at once; cudaFree comes after cudaDeviceSynchronize, which waits for every stream; a copy
+// between two GPUs orders their streams with events (copy_bytes); NCCL's tensors are held until
+// the stream has waited for its end. A non-blocking stream does not wait for the legacy one, so
+// nothing here may use the legacy stream by omission (cudaMemcpy, cudaMemset, a launch without a
+// stream, a library call without one). The host waits only where a value must come back: copies
+// to the host and synchronize(), which then reads the error flag.
 #pragma once
 
 #include <atomic>

@@ -1,10 +1,13 @@
 // The CUDA backend's per-device context (handles, stream, error flag) and the
-// device queries of minigrad/core/device.h. Handles are created once per device, on first use, and live
-// for the whole program (destroying them at exit would race the driver's own teardown).
+// device queries of minigrad/core/device.h. Handles and streams are created once per device, on
+// first use, and live for the whole program (destroying them at exit would race the driver's own
+// teardown).
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 
 #include <minigrad/core/device.h>
 #include "core/tape.h"
@@ -72,6 +75,19 @@ struct StreamSlot {
 };
 StreamSlot g_streams[kMaxDevices];
 std::mutex g_stream_mu;  // taken only to make a stream
+
+// MG_CUDA_STREAM: unset, empty or "legacy" is the legacy default stream; "own" a non-blocking
+// stream per device (Note [cuda stream]).
+bool own_stream_from_env() {
+  static const bool own = [] {
+    const char* v = std::getenv("MG_CUDA_STREAM");
+    if (v == nullptr || *v == '\0' || std::string_view(v) == "legacy") return false;
+    MG_CHECK(std::string_view(v) == "own", "MG_CUDA_STREAM=\"" << v << "\": expected own (a non-blocking stream "
+                                           "per device) or legacy (the legacy default stream, the default)");
+    return true;
+  }();
+  return own;
+}
 }  // namespace
 
 cudaStream_t stream(int device_index) {
@@ -85,7 +101,12 @@ cudaStream_t stream(int device_index) {
   std::lock_guard<std::mutex> lock(g_stream_mu);
   StreamSlot& slot = g_streams[device_index];
   if (!slot.made.load(std::memory_order_relaxed)) {
-    slot.stream = nullptr;  // the legacy default stream (Note [cuda stream])
+    cudaStream_t s = nullptr;  // the legacy default stream (Note [cuda stream])
+    if (own_stream_from_env()) {
+      DeviceGuard guard(device_index);
+      MG_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    }
+    slot.stream = s;
     slot.made.store(true, std::memory_order_release);
   }
   return slot.stream;

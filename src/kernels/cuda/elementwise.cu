@@ -92,6 +92,43 @@ constexpr int64_t kMaxBlocks = 4096;
 
 unsigned grid_capped(int64_t n) { return cuda::grid_for(n < kMaxBlocks * cuda::kThreads ? n : kMaxBlocks * cuda::kThreads); }
 
+// An event without timing on `device`, destroyed at scope exit: at once even if its work is
+// still pending (the driver frees it when that work is done).
+class OrderEvent {
+ public:
+  explicit OrderEvent(int device) {
+    cuda::DeviceGuard on(device);
+    MG_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+  }
+  ~OrderEvent() { (void)cudaEventDestroy(e_); }
+  OrderEvent(const OrderEvent&) = delete;
+  OrderEvent& operator=(const OrderEvent&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// Between two GPUs, each with its own stream: the copy runs on the destination's stream after the
+// work queued on the source's (the kernels writing src), and the source's stream waits for the
+// copy before its next work (src's block may be freed and reused there while the copy reads it).
+// Each record and wait runs on its stream's device: the legacy stream (null) is the current
+// device's.
+void copy_between_devices(Tensor& dst, int dst_dev, const Tensor& src, int src_dev) {
+  const cudaStream_t dst_stream = cuda::stream(dst_dev), src_stream = cuda::stream(src_dev);
+  OrderEvent written(src_dev), copied(dst_dev);
+  {
+    cuda::DeviceGuard on(src_dev);
+    MG_CUDA_CHECK(cudaEventRecord(written.get(), src_stream));
+  }
+  cuda::DeviceGuard on(dst_dev);
+  MG_CUDA_CHECK(cudaStreamWaitEvent(dst_stream, written.get(), 0));
+  MG_CUDA_CHECK(cudaMemcpyPeerAsync(dst.raw_data(), dst_dev, src.raw_data(), src_dev, dst.nbytes(), dst_stream));
+  MG_CUDA_CHECK(cudaEventRecord(copied.get(), dst_stream));
+  cuda::DeviceGuard back(src_dev);
+  MG_CUDA_CHECK(cudaStreamWaitEvent(src_stream, copied.get(), 0));
+}
+
 void check_same_numel(const char* op, const Tensor& y, const Tensor& x) {
   MG_CHECK(y.numel() == x.numel(), op << ": " << shape_str(y.shape()) << " and " << shape_str(x.shape())
                                       << " differ in size");
@@ -219,11 +256,7 @@ template <> void copy_bytes<Cuda>(Tensor& dst, const Tensor& src) {
     // The host waited for the stream here anyway: report what kernels flagged meanwhile.
     cuda::check_error_flag(dev);
   } else if (src.device().is_cuda() && cuda::device_of(src) != dev) {
-    // Between two GPUs: each has its own legacy stream, and an async copy on the destination's
-    // would neither wait for the kernels writing src on its own device nor keep src's block from
-    // being reused there while it reads. cudaMemcpyPeer is ordered after the work pending on both
-    // devices, and before the work queued after it.
-    MG_CUDA_CHECK(cudaMemcpyPeer(dst.raw_data(), dev, src.raw_data(), cuda::device_of(src), dst.nbytes()));
+    copy_between_devices(dst, dev, src, cuda::device_of(src));
   } else {
     // Into the device: the async copy stages pageable host memory before returning, so the
     // source may go at once, and the host does not wait for earlier kernels (cudaMemcpy would).
