@@ -45,6 +45,11 @@ const OpDef* find_op(std::string_view name) {
   return nullptr;
 }
 
+namespace {
+std::atomic<bool> g_half_kernels{true};
+bool low(DType t) { return t == DType::bf16 || t == DType::f16; }
+}  // namespace
+
 void check_float(const char* op, const char* what, const Tensor& t) {
   MG_CHECK(t.defined(), op << ": " << what << " is undefined");
   MG_CHECK(t.dtype() == DType::f32,
@@ -53,19 +58,16 @@ void check_float(const char* op, const char* what, const Tensor& t) {
 
 void check_float_or_half(const char* op, const char* what, const Tensor& t) {
   MG_CHECK(t.defined(), op << ": " << what << " is undefined");
-  MG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
+  MG_CHECK(t.dtype() == DType::f32 || low(t.dtype()),
            op << ": " << what << " must be float32, bfloat16 or float16, got " << dtype_name(t.dtype()));
 }
 
-namespace {
-std::atomic<bool> g_half_kernels{true};
-}
 void set_half_kernels(bool on) { g_half_kernels = on; }
 bool half_kernels_enabled() { return g_half_kernels; }
 
 DType half_out(const std::vector<Tensor>& in) {
   for (const Tensor& t : in) {
-    if (t.defined() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16)) return t.dtype();
+    if (t.defined() && low(t.dtype())) return t.dtype();
   }
   return DType::f32;
 }
@@ -75,8 +77,6 @@ DType half_out(const std::vector<Tensor>& in) {
 const char* op_name(const OpDef& op) { return op.name; }
 
 namespace {
-
-bool low(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // Note [autocast] (minigrad/core/autocast.h): what an op's inputs become before its float32 kernels
 // run, and the dtype of its output. `cast` is the autocast dtype (f32: off).
@@ -212,26 +212,23 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
   for (Tensor& a : acc) {
     if (a.defined() && a.dtype() != DType::f32) a = Tensor();
   }
-  // Kernels that take the low dtypes as they are (OpDef::half_kernels), and views, which move no
-  // values: the gradient as it comes.
   if (n.half_kernels || n.op->kind == OpKind::view) {
+    // Kernels that take the low dtypes as they are (OpDef::half_kernels), and views, which move
+    // no values: the gradient as it comes.
     if (n.half_kernels && gy.defined() && gy.dtype() != n.out_dtype) gy = gy.to(n.out_dtype);
     n.op->backward(n, std::move(gy), grads, acc);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (grads[i].defined() && grads[i].dtype() != n.inputs[i].dtype) grads[i] = grads[i].to(n.inputs[i].dtype);
+  } else {
+    // Note [autocast]: the rule runs in float32 on widened copies; a gradient goes to its input
+    // in that input's dtype, and a float32 buffer (a parameter's) takes its sum in place.
+    std::vector<Tensor> rounded = n.saved;
+    for (Tensor& t : n.saved) {
+      if (t.defined() && low(t.dtype())) t = t.to(DType::f32);
     }
-    return;
+    Tensor wide_gy = low(gy.dtype()) ? gy.to(DType::f32) : gy;
+    gy = Tensor();  // the caller's was moved in: the low one goes now
+    n.op->backward(n, std::move(wide_gy), grads, acc);
+    n.saved = std::move(rounded);
   }
-  // Note [autocast]: the rule runs in float32 on widened copies; a gradient goes to its input in
-  // that input's dtype, and a float32 buffer (a parameter's) takes its sum in place.
-  std::vector<Tensor> rounded = n.saved;
-  for (Tensor& t : n.saved) {
-    if (t.defined() && low(t.dtype())) t = t.to(DType::f32);
-  }
-  Tensor wide_gy = low(gy.dtype()) ? gy.to(DType::f32) : gy;
-  gy = Tensor();  // the caller's was moved in: the low one goes now
-  n.op->backward(n, std::move(wide_gy), grads, acc);
-  n.saved = std::move(rounded);
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined() && grads[i].dtype() != n.inputs[i].dtype) grads[i] = grads[i].to(n.inputs[i].dtype);
   }

@@ -366,8 +366,7 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   if (!any_half({&dx, &dw, &db, &dy, &x, &w})) return backward_f32(dx, dw, db, dy, x, w, stride, pad, accumulate);
   const Tensor w32 = cpu::widened(w);
   // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.
-  const auto float_sum = [](const Tensor& g) { return g.defined() && g.dtype() != DType::f32 ? Tensor::empty(g.shape()) : g; };
-  Tensor dw32 = float_sum(dw), db32 = float_sum(db);
+  Tensor dw32 = cpu::float32_sum(dw), db32 = cpu::float32_sum(db);
   const int64_t n = x.size(0), chunk = image_chunk(x, dy, dw.defined() ? w.numel() : 0);
   bool add = accumulate;
   for (int64_t n0 = 0; n0 < std::max<int64_t>(n, 1); n0 += chunk) {
@@ -378,8 +377,8 @@ void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
     if (dx.defined()) cpu::store_rows(dx, n0, dx32);
     add = true;
   }
-  if (dw32.defined() && dw32.impl_ptr() != dw.impl_ptr()) dw.copy_(dw32);
-  if (db32.defined() && db32.impl_ptr() != db.impl_ptr()) db.copy_(db32);
+  cpu::store_sum(dw, dw32);
+  cpu::store_sum(db, db32);
 }
 
 }  // namespace mg

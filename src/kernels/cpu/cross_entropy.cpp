@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "kernels/convert.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packet_math.h"
 
 namespace mg {
@@ -25,19 +25,6 @@ float softmax_row(const float* row, float* prow, int64_t c) {
   return std::log(sum) + mx;
 }
 
-bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
-
-// Row i of a bf16/f16 (N, C) tensor widened into `out`.
-void widen_row(float* out, const Tensor& t, int64_t i, int64_t c) {
-  const uint16_t* p = static_cast<const uint16_t*>(t.raw_data()) + i * c;
-  if (t.dtype() == DType::bf16) {
-    for (int64_t j = 0; j < c; ++j) out[j] = half::float_from_bf16(p[j]);
-  } else {
-    for (int64_t j = 0; j < c; ++j) out[j] = half::float_from_f16(p[j]);
-  }
-}
-
-Tensor row_buffers(int64_t c) { return Tensor::empty({2 * c}, TensorOptions{DType::f32, Device::cpu()}); }
 
 }  // namespace
 
@@ -54,16 +41,15 @@ void cross_entropy_forward<Cpu>(Tensor& loss, Tensor& probs, Tensor& count, cons
     ++counted;
   }
   std::vector<double> row_loss(static_cast<size_t>(n), 0.0);
-  if (is_half(logits.dtype())) {
+  if (cpu::is_half(logits.dtype())) {
     // bf16/f16 logits (Note [half operands] in kernels/cpu/gemm.h): each row widened and its
     // probabilities made in a piece's own buffers; backward makes them again from the logits.
     cpu::parallel_for(n, cpu::items_per_piece(c), [&](int64_t i0, int64_t i1) {
-      Tensor buffers = row_buffers(c);
-      float *row = buffers.data<float>(), *prow = row + c;
+      const Tensor row_buf = Tensor::empty({c}), probs_buf = Tensor::empty({c});
       for (int64_t i = i0; i < i1; ++i) {
         if (pt[i] == ignore_index) continue;
-        widen_row(row, logits, i, c);
-        row_loss[static_cast<size_t>(i)] = static_cast<double>(softmax_row(row, prow, c) - row[pt[i]]);
+        const float* row = cpu::widen_row(row_buf, logits, i);
+        row_loss[static_cast<size_t>(i)] = static_cast<double>(softmax_row(row, probs_buf.data<float>(), c) - row[pt[i]]);
       }
     });
   } else {
@@ -91,24 +77,20 @@ void cross_entropy_backward<Cpu>(Tensor& dlogits, const Tensor& dloss, const Ten
   float g = *dloss.data<float>();
   if (reduction == Reduction::mean) g /= *count.data<float>();
   const int64_t* pt = target.data<int64_t>();
-  if (is_half(probs.dtype())) {  // `probs` holds the logits (see forward): the probabilities again
-    const DType t = dlogits.dtype();
+  if (cpu::is_half(probs.dtype())) {  // `probs` holds the logits (see forward): the probabilities again
     uint16_t* pd = static_cast<uint16_t*>(dlogits.raw_data());
     cpu::parallel_for(n, cpu::items_per_piece(c), [&](int64_t i0, int64_t i1) {
-      Tensor buffers = row_buffers(c);
-      float *row = buffers.data<float>(), *prow = row + c;
+      const Tensor row_buf = Tensor::empty({c}), probs_buf = Tensor::empty({c});
+      float* prow = probs_buf.data<float>();
       for (int64_t i = i0; i < i1; ++i) {
         uint16_t* drow = pd + i * c;
         if (pt[i] == ignore_index) {
           std::fill(drow, drow + c, uint16_t{0});
           continue;
         }
-        widen_row(row, probs, i, c);
-        softmax_row(row, prow, c);
-        for (int64_t j = 0; j < c; ++j) {
-          const float d = g * (prow[j] - (j == pt[i] ? 1.0f : 0.0f));
-          drow[j] = t == DType::bf16 ? half::bf16_from_float(d) : half::f16_from_float(d);
-        }
+        softmax_row(cpu::widen_row(row_buf, probs, i), prow, c);
+        for (int64_t j = 0; j < c; ++j) prow[j] = g * (prow[j] - (j == pt[i] ? 1.0f : 0.0f));
+        cpu::narrow_span(drow, dlogits.dtype(), prow, c);
       }
     });
     return;

@@ -8,8 +8,8 @@
 
 #include <minigrad/core/tensor.h>
 #include "core/parallel.h"
-#include "kernels/convert.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/half_rows.h"
 
 #ifdef MINIGRAD_WITH_OPENBLAS
 #include <cblas.h>
@@ -92,20 +92,10 @@ void product(const GemmArgs& g) {
 const void* at(const void* p, DType t, int64_t i) { return static_cast<const char*>(p) + i * static_cast<int64_t>(dtype_size(t)); }
 void* at(void* p, DType t, int64_t i) { return static_cast<char*>(p) + i * static_cast<int64_t>(dtype_size(t)); }
 
-float load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::bf16: return half::float_from_bf16(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return half::float_from_f16(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-void store(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = half::bf16_from_float(v); break;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = half::f16_from_float(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
+float widen_element(const void* p, DType t, int64_t i) {
+  float v;
+  widen_span(&v, at(p, t, i), t, 1);
+  return v;
 }
 
 // rows x cols of p (leading dimension ld, dtype t) as a compact float32 block, in a tensor the
@@ -113,22 +103,16 @@ void store(void* p, DType t, int64_t i, float v) {
 Tensor widen_block(const void* p, DType t, int64_t rows, int64_t cols, int64_t ld) {
   Tensor out = Tensor::empty({rows * cols}, TensorOptions{DType::f32, Device::cpu()});
   float* o = out.data<float>();
-  const auto each_row = [&](auto widen) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint16_t* src = static_cast<const uint16_t*>(p) + r * ld;
-      for (int64_t j = 0; j < cols; ++j) o[r * cols + j] = widen(src[j]);
-    }
-  };
-  if (t == DType::bf16) {
-    each_row(half::float_from_bf16);
-  } else if (t == DType::f16) {
-    each_row(half::float_from_f16);
-  } else {
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(static_cast<const float*>(p) + r * ld, cols, o + r * cols);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) widen_span(o + r * cols, at(p, t, r * ld), t, cols);
   return out;
+}
+
+// g's B as a float32 block, into f (when it is bf16/f16); the block's owner goes in `b`.
+void widen_b(const GemmArgs& g, GemmArgs& f, Tensor& b) {
+  if (g.b_type == DType::f32) return;
+  const int64_t cols = g.trans_b ? g.k : g.n;
+  b = widen_block(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb);
+  f.b = b.data<float>(), f.ldb = cols, f.b_type = DType::f32;
 }
 
 // Rows of C per block in a sample_rows piece with half operands: a multiple of Eigen's row group (4).
@@ -160,11 +144,7 @@ void gemm_serial(const GemmArgs& g) {
   if (g.sample_rows && g.m > kHalfRows) {
     // Rows of samples (a multiple of kRowGroup here) in blocks of kHalfRows: the same bits (Note
     // [rows that do not depend on the batch]), A's and C's copies a block's; B widened once.
-    if (g.b_type != DType::f32) {
-      const int64_t cols = g.trans_b ? g.k : g.n;
-      b = widen_block(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb);
-      f.b = b.data<float>(), f.ldb = cols, f.b_type = DType::f32;
-    }
+    widen_b(g, f, b);
     for (int64_t r0 = 0; r0 < g.m; r0 += kHalfRows) {
       GemmArgs rows = f;
       rows.m = std::min(kHalfRows, g.m - r0);
@@ -179,11 +159,7 @@ void gemm_serial(const GemmArgs& g) {
     a = widen_block(g.a, g.a_type, g.trans_a ? g.k : g.m, cols, g.lda);
     f.a = a.data<float>(), f.lda = cols, f.a_type = DType::f32;
   }
-  if (g.b_type != DType::f32) {
-    const int64_t cols = g.trans_b ? g.k : g.n;
-    b = widen_block(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb);
-    f.b = b.data<float>(), f.ldb = cols, f.b_type = DType::f32;
-  }
+  widen_b(g, f, b);
   const bool in_place = g.c_type == DType::f32 && g.c_init == nullptr;
   if (!in_place) {
     if (g.c_init) {
@@ -198,20 +174,7 @@ void gemm_serial(const GemmArgs& g) {
   }
   gemm_serial(f);
   if (in_place) return;
-  const float* cp = c.data<float>();
-  for (int64_t i = 0; i < g.m; ++i) {
-    const float* row = cp + i * g.n;
-    if (g.c_type == DType::f32) {
-      std::copy_n(row, g.n, static_cast<float*>(g.c) + i * g.ldc);
-    } else {
-      uint16_t* dst = static_cast<uint16_t*>(g.c) + i * g.ldc;
-      if (g.c_type == DType::bf16) {
-        for (int64_t j = 0; j < g.n; ++j) dst[j] = half::bf16_from_float(row[j]);
-      } else {
-        for (int64_t j = 0; j < g.n; ++j) dst[j] = half::f16_from_float(row[j]);
-      }
-    }
-  }
+  for (int64_t i = 0; i < g.m; ++i) narrow_span(at(g.c, g.c_type, i * g.ldc), g.c_type, c.data<float>() + i * g.n, g.n);
 }
 
 namespace {
@@ -226,11 +189,9 @@ constexpr int64_t kNominalRows = 32, kColumnAlign = 48, kRowBlock = 256, kRowGro
 void padded_rows(const GemmArgs& g) {
   std::vector<float> a(static_cast<size_t>(kRowGroup * g.k), 0.0f), c(static_cast<size_t>(kRowGroup * g.n), 0.0f);
   for (int64_t i = 0; i < g.m; ++i) {
-    for (int64_t j = 0; j < g.k; ++j) a[i * g.k + j] = load(g.a, g.a_type, g.trans_a ? j * g.lda + i : i * g.lda + j);
+    for (int64_t j = 0; j < g.k; ++j) a[i * g.k + j] = widen_element(g.a, g.a_type, g.trans_a ? j * g.lda + i : i * g.lda + j);
     if (g.c_init) std::copy(g.c_init, g.c_init + g.n, c.begin() + i * g.n);
-    else if (g.accumulate) {
-      for (int64_t j = 0; j < g.n; ++j) c[i * g.n + j] = load(g.c, g.c_type, i * g.ldc + j);
-    }
+    else if (g.accumulate) widen_span(c.data() + i * g.n, at(g.c, g.c_type, i * g.ldc), g.c_type, g.n);
   }
   GemmArgs group = g;
   group.trans_a = false;
@@ -244,9 +205,7 @@ void padded_rows(const GemmArgs& g) {
   group.c_init = nullptr;
   group.accumulate = g.accumulate || g.c_init != nullptr;
   gemm_serial(group);
-  for (int64_t i = 0; i < g.m; ++i) {
-    for (int64_t j = 0; j < g.n; ++j) store(g.c, g.c_type, i * g.ldc + j, c[i * g.n + j]);
-  }
+  for (int64_t i = 0; i < g.m; ++i) narrow_span(at(g.c, g.c_type, i * g.ldc), g.c_type, c.data() + i * g.n, g.n);
 }
 
 void gemm_sample_rows(const GemmArgs& g) {

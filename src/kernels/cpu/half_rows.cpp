@@ -17,61 +17,71 @@ int64_t row_numel(const Tensor& t) { return t.size(0) == 0 ? 0 : t.numel() / t.s
 
 }  // namespace
 
+void widen_span(float* dst, const void* src, DType from, int64_t n) {
+  MG_CHECK(from == DType::f32 || is_half(from), "widen: from " << dtype_name(from));
+  if (from == DType::f32) {
+    std::copy_n(static_cast<const float*>(src), n, dst);
+    return;
+  }
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (from == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_bf16(s[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_f16(s[i]);
+  }
+}
+
+void narrow_span(void* dst, DType to, const float* src, int64_t n) {
+  MG_CHECK(to == DType::f32 || is_half(to), "narrow: into " << dtype_name(to));
+  if (to == DType::f32) {
+    std::copy_n(src, n, static_cast<float*>(dst));
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (to == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) d[i] = half::f16_from_float(src[i]);
+  }
+}
+
 Tensor widened(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
 
 Tensor widen_rows(const Tensor& t, int64_t first, int64_t rows) {
   Shape shape = t.shape();
   shape[0] = rows;
   Tensor out = Tensor::empty(shape, TensorOptions{DType::f32, Device::cpu()});
-  const int64_t base = first * row_numel(t);
-  const DType from = t.dtype();
-  MG_CHECK(from == DType::f32 || is_half(from), "widen_rows: from " << dtype_name(from));
+  const size_t size = dtype_size(t.dtype());
+  const char* src = static_cast<const char*>(t.raw_data()) + static_cast<size_t>(first * row_numel(t)) * size;
   float* dst = out.data<float>();
   parallel_for(out.numel(), kParallelGrain, [&](int64_t i0, int64_t i1) {
-    if (from == DType::f32) {
-      const float* s = t.data<float>() + base;
-      std::copy(s + i0, s + i1, dst + i0);
-      return;
-    }
-    const uint16_t* s = static_cast<const uint16_t*>(t.raw_data()) + base;
-    if (from == DType::bf16) {
-      for (int64_t i = i0; i < i1; ++i) dst[i] = half::float_from_bf16(s[i]);
-    } else {
-      for (int64_t i = i0; i < i1; ++i) dst[i] = half::float_from_f16(s[i]);
-    }
+    widen_span(dst + i0, src + static_cast<size_t>(i0) * size, t.dtype(), i1 - i0);
   });
   return out;
 }
 
 const float* widen_row(const Tensor& out, const Tensor& t, int64_t r) {
   const int64_t n = out.numel();
-  const uint16_t* s = static_cast<const uint16_t*>(t.raw_data()) + r * n;
-  float* o = out.data<float>();
-  if (t.dtype() == DType::bf16) {
-    for (int64_t j = 0; j < n; ++j) o[j] = half::float_from_bf16(s[j]);
-  } else {
-    for (int64_t j = 0; j < n; ++j) o[j] = half::float_from_f16(s[j]);
-  }
-  return o;
+  widen_span(out.data<float>(), static_cast<const char*>(t.raw_data()) + static_cast<size_t>(r * n) * dtype_size(t.dtype()),
+             t.dtype(), n);
+  return out.data<float>();
 }
 
 void store_rows(Tensor& dst, int64_t first, const Tensor& src) {
-  const int64_t base = first * row_numel(dst);
+  const size_t size = dtype_size(dst.dtype());
+  char* d = static_cast<char*>(dst.raw_data()) + static_cast<size_t>(first * row_numel(dst)) * size;
   const float* s = src.data<float>();
-  const DType to = dst.dtype();
-  MG_CHECK(to == DType::f32 || is_half(to), "store_rows: into " << dtype_name(to));
   parallel_for(src.numel(), kParallelGrain, [&](int64_t i0, int64_t i1) {
-    if (to == DType::f32) {
-      std::copy(s + i0, s + i1, dst.data<float>() + base + i0);
-      return;
-    }
-    uint16_t* d = static_cast<uint16_t*>(dst.raw_data()) + base;
-    if (to == DType::bf16) {
-      for (int64_t i = i0; i < i1; ++i) d[i] = half::bf16_from_float(s[i]);
-    } else {
-      for (int64_t i = i0; i < i1; ++i) d[i] = half::f16_from_float(s[i]);
-    }
+    narrow_span(d + static_cast<size_t>(i0) * size, dst.dtype(), s + i0, i1 - i0);
   });
+}
+
+Tensor float32_sum(const Tensor& g) {
+  return !g.defined() || g.dtype() == DType::f32 ? g : Tensor::empty(g.shape(), TensorOptions{DType::f32, g.device()});
+}
+
+void store_sum(Tensor& g, const Tensor& sum) {
+  if (g.defined() && sum.impl_ptr() != g.impl_ptr()) g.copy_(sum);
 }
 
 int64_t half_chunk_bytes() { return g_chunk_bytes; }

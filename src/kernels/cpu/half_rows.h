@@ -11,6 +11,15 @@ namespace mg::cpu {
 
 inline bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 
+// n values of src (float32, bf16 or f16) into dst as float32; and back, rounded to dst's dtype.
+void widen_span(float* dst, const void* src, DType from, int64_t n);
+void narrow_span(void* dst, DType to, const float* src, int64_t n);
+
+// A float32 buffer for summing into g: g itself when it is float32, else a new one, which
+// store_sum then rounds into g (a bf16 weight's own gradient is summed in float32).
+Tensor float32_sum(const Tensor& g);
+void store_sum(Tensor& g, const Tensor& sum);
+
 // The whole tensor as float32: itself when it is float32.
 Tensor widened(const Tensor& t);
 

@@ -41,29 +41,24 @@ void linear_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
                .ldc = k, .sample_rows = true, .a_type = dy.dtype(), .b_type = w.dtype(), .c_type = dx.dtype()});
   }
   // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.
-  const auto sum_in_float = [&](Tensor& g, auto&& sum) {
-    if (g.dtype() == DType::f32) return sum(g);
-    Tensor g32 = Tensor::empty(g.shape(), TensorOptions{DType::f32, g.device()});
-    sum(g32);
-    g.copy_(g32);
-  };
   if (dw.defined()) {  // in sample order (Note [sums in sample order] in kernels/cpu/gemm.h)
-    sum_in_float(dw, [&](Tensor& g) {
-      cpu::sum_outer_products(n, m, k, dy.raw_data(), dy.dtype(), m, x.raw_data(), x.dtype(), k, g.data<float>(), k,
-                              accumulate);
-    });
+    Tensor sum = cpu::float32_sum(dw);
+    cpu::sum_outer_products(n, m, k, dy.raw_data(), dy.dtype(), m, x.raw_data(), x.dtype(), k, sum.data<float>(), k,
+                            accumulate);
+    cpu::store_sum(dw, sum);
   }
   if (db.defined()) {  // likewise: db = ((db + dy_0) + dy_1) + ...
-    sum_in_float(db, [&](Tensor& g) {
-      float* dbp = g.data<float>();
-      if (!accumulate) std::fill(dbp, dbp + m, 0.0f);
-      const Tensor row = dy.dtype() == DType::f32 ? Tensor() : Tensor::empty({m});
-      for (int64_t r = 0; r < n; ++r) {
-        const float* dyr = dy.dtype() == DType::f32 ? dy.data<float>() + r * m : cpu::widen_row(row, dy, r);
+    Tensor sum = cpu::float32_sum(db);
+    float* dbp = sum.data<float>();
+    if (!accumulate) std::fill(dbp, dbp + m, 0.0f);
+    const bool wide = dy.dtype() == DType::f32;
+    const Tensor row = wide ? Tensor() : Tensor::empty({m});
+    for (int64_t r = 0; r < n; ++r) {
+      const float* dyr = wide ? dy.data<float>() + r * m : cpu::widen_row(row, dy, r);
 #pragma omp simd
-        for (int64_t j = 0; j < m; ++j) dbp[j] += dyr[j];
-      }
-    });
+      for (int64_t j = 0; j < m; ++j) dbp[j] += dyr[j];
+    }
+    cpu::store_sum(db, sum);
   }
 }
 
