@@ -304,6 +304,108 @@ TEST_CASE("a few SGD steps of a small VGG16 with dropout: weights bit-identical 
   }
 }
 
+// ---- offloaded segments (Note [offload]) -------------------------------------------------------
+
+namespace {
+std::vector<nn::Segment> offloaded(std::vector<nn::Segment> plan) {
+  for (nn::Segment& g : plan) g.offload = true;
+  return plan;
+}
+}  // namespace
+
+TEST_CASE("offloaded segments: gradients bit for bit (MLP and CNN with dropout), mixed with replayed ones") {
+  manual_seed(3);
+  auto mlp = mlp_with_dropout();
+  mlp->train();
+  Tensor x = rand_tensor({7, 4, 5}, 11);
+  Tensor t = targets({0, 4, 2, 2, 1, 3, 0});
+  const StepResult ref = step(*mlp, {}, x, t, true);
+  for (const auto& plan : std::vector<std::vector<nn::Segment>>{
+           offloaded({{0, 8}}), offloaded({{1, 4}, {4, 7}}), offloaded({{3, 4}}),
+           {{0, 2, 0, true}, {2, 5}, {5, 8, 0, true}}}) {
+    nn::Plan p;
+    p.segments = plan;
+    INFO("MLP, plan " << p.str());
+    check_bit_equal(ref, step(*mlp, plan, x, t, true));
+    CHECK(host_memory_stats().in_use == 0);  // every offloaded byte came back and went
+  }
+  manual_seed(5);
+  auto cnn = small_cnn();
+  cnn->train();
+  Tensor xc = rand_tensor({3, 3, 11, 13}, 12);
+  Tensor tc = targets({2, 0, 1});
+  const StepResult ref_cnn = step(*cnn, {}, xc, tc, true);
+  for (const auto& plan : std::vector<std::vector<nn::Segment>>{
+           offloaded({{0, 3}}), offloaded({{0, 11}}), {{1, 2}, {4, 8, 0, true}, {9, 10, 1}},
+           {{0, 5, 0, true}, {5, 9, 0, true}}}) {
+    nn::Plan p;
+    p.segments = plan;
+    INFO("CNN, plan " << p.str());
+    check_bit_equal(ref_cnn, step(*cnn, plan, xc, tc, true));
+    CHECK(host_memory_stats().in_use == 0);
+  }
+}
+
+TEST_CASE("an offloaded segment moves its activations to the host pool, and back for backward") {
+  // The net of "checkpoint drops the segment's activations ...": segment [1, 6) offloaded keeps
+  // on the device what the checkpointed one keeps (its input, R5's output), and moves R1's and
+  // R3's outputs (the saved inputs of L2 and L4) to the host pool; the weights L2 and L4 save
+  // are parameters, and stay.
+  manual_seed(9);
+  nn::Sequential m;
+  m.add<nn::Linear>(64, 256);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(256, 128);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(128, 96);
+  m.add<nn::ReLU>();
+  m.add<nn::Linear>(96, 8);
+  const int64_t n = 32;
+  const size_t f = sizeof(float);
+  Tensor x = rand_tensor({n, 64}, 21);
+  Tensor g = rand_tensor({n, 8}, 22);
+  for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
+  const size_t before = memory_stats(kCpu).in_use;
+  reset_host_peak_memory_stats();
+  size_t on_device = 0, on_host = 0;
+  {
+    Tensor y = nn::forward_with_plan(m, offloaded({{1, 6}}), x);
+    on_device = memory_stats(kCpu).in_use - before;
+    on_host = host_memory_stats().in_use;
+    y.backward(g);
+  }
+  CHECK(on_device == n * (256 + 96 + 8) * f);
+  CHECK(on_host == n * (256 + 128) * f);
+  CHECK(host_memory_stats().peak_in_use == on_host);
+  CHECK(host_memory_stats().in_use == 0);
+  CHECK(memory_stats(kCpu).in_use == before);
+
+  // A second backward is the same error as for a replayed segment; with retain_graph it works,
+  // and the gradients add up as without the segment.
+  Tensor y = nn::forward_with_plan(m, offloaded({{1, 6}}), x);
+  y.backward(g);
+  CHECK_THROWS_WITH_AS(y.backward(g), doctest::Contains("second time"), Error);
+  for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
+  Tensor y2 = nn::forward_with_plan(m, offloaded({{1, 6}}), x);
+  y2.backward(g, /*retain_graph=*/true);
+  y2.backward(g);
+  std::vector<Tensor> twice;
+  for (const Tensor& p : m.parameters()) twice.push_back(p.grad().clone());
+  for (const Tensor& p : m.parameters()) p.set_grad(Tensor::zeros(p.shape()));
+  Tensor y3 = m.forward(x);
+  y3.backward(g, true);
+  y3.backward(g);
+  const std::vector<Tensor> params = m.parameters();
+  for (size_t i = 0; i < params.size(); ++i) CHECK(bit_equal(twice[i], params[i].grad()));
+}
+
+TEST_CASE("offload and tiles together are a clear error") {
+  nn::Linear lin(6, 5);
+  Tensor x = rand_tensor({4, 6}, 3, true);
+  auto fn = [&](const std::vector<Tensor>& in) { return relu(lin.forward(in[0])); };
+  CHECK_THROWS_WITH_AS(checkpoint(fn, {x}, {.tile_rows = 2, .offload = true}), doctest::Contains("not both"), Error);
+}
+
 // ---- tiled segments (Note [tiled segments]) ----------------------------------------------------
 
 TEST_CASE("tiled segments: gradients bit for bit for any tile size (CNN with dropout)") {

@@ -213,6 +213,99 @@ size_t CpuAllocator::capacity() {
   return cap != 0 && cap < reachable ? cap : reachable;
 }
 
+namespace {
+
+// The host pool (minigrad/core/memory.h): page-locked blocks where CUDA can give them, aligned
+// ordinary ones otherwise, chosen by the first allocation. Every freed block is kept by its
+// rounded size: the next step offloads the same sizes, and a page-locked allocation is slow.
+class HostPool final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    size_t peak_before = 0;
+    if (!stats_.try_alloc(nbytes, &peak_before)) throw_over_limit("host pool", nbytes, stats_.get(), stats_.limit());
+    const size_t rounded = rounded_size(nbytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = kept_.find(rounded); it != kept_.end()) {
+        void* p = it->second;
+        kept_.erase(it);
+        return p;
+      }
+      if (pinned_ < 0) pinned_ = probe_pinned() ? 1 : 0;
+    }
+    void* p = nullptr;
+    if (rounded >= nbytes) p = pinned_ == 1 ? cuda_host_alloc(rounded) : std::aligned_alloc(kAlign, rounded);
+    if (p == nullptr) {
+      stats_.cancel_alloc(nbytes, peak_before);
+      std::ostringstream os;
+      os << "host pool out of memory: the system could not allocate " << exact_bytes(nbytes) << " ("
+         << exact_bytes(stats_.get().in_use) << " offloaded already). Offload less: a smaller batch, "
+         << "or set_host_memory_limit so that the planner recomputes instead.";
+      throw OutOfMemoryError(os.str(), nbytes);
+    }
+    stats_.on_reserve(rounded);
+    return p;
+  }
+  void deallocate(void* ptr, size_t nbytes) override {
+    if (ptr == nullptr) return;
+    stats_.on_free(nbytes);
+    if (!kKeepBlocks) {  // Note [reusing large CPU blocks]: nothing kept under AddressSanitizer
+      release(ptr);
+      stats_.on_release(rounded_size(nbytes));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.emplace(rounded_size(nbytes), ptr);
+  }
+  MemoryStats stats() const override { return stats_.get(); }
+  void reset_peak() override { stats_.reset_peak(); }
+  void empty_cache() override {
+    std::multimap<size_t, void*> kept;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kept.swap(kept_);
+    }
+    for (const auto& [size, p] : kept) {
+      release(p);
+      stats_.on_release(size);
+    }
+  }
+  void set_limit(size_t bytes) override { stats_.set_limit(bytes); }
+  size_t limit() const override { return stats_.limit(); }
+  size_t capacity() override { return allocator_for(Device::cpu()).capacity(); }
+
+ private:
+  void release(void* p) const {
+    if (pinned_ == 1) cuda_host_free(p);
+    else std::free(p);
+  }
+  // cuda_host_alloc(0) is null even with a device; ask for one page to learn whether it works.
+  static bool probe_pinned() {
+    void* p = cuda_host_alloc(4096);
+    if (p == nullptr) return false;
+    cuda_host_free(p);
+    return true;
+  }
+  StatsCounter stats_;
+  std::mutex mu_;
+  std::multimap<size_t, void*> kept_;
+  int pinned_ = -1;  // unknown until the first allocation
+};
+
+}  // namespace
+
+Allocator& host_pool() {
+  static HostPool* pool = new HostPool;  // leaked: offloaded tensors may outlive other statics
+  return *pool;
+}
+
+MemoryStats host_memory_stats() { return host_pool().stats(); }
+void reset_host_peak_memory_stats() { host_pool().reset_peak(); }
+void set_host_memory_limit(size_t bytes) { host_pool().set_limit(bytes); }
+size_t host_memory_limit() { return host_pool().limit(); }
+void host_empty_cache() { host_pool().empty_cache(); }
+
 Allocator& allocator_for(Device d) {
   if (d.is_cpu()) {
     static CpuAllocator cpu;

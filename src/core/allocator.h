@@ -103,5 +103,13 @@ class CpuAllocator final : public Allocator {
 
 // Defined in src/kernels/cuda/allocator.cu when the build has CUDA; throws otherwise.
 Allocator& cuda_allocator(int device_index);
+// Page-locked host memory (cudaHostAlloc / cudaFreeHost): null without CUDA or a device, and when
+// the driver refuses (the host pool then takes ordinary memory).
+void* cuda_host_alloc(size_t nbytes);
+void cuda_host_free(void* ptr);
+
+// The host pool of mg::host_memory_stats (minigrad/core/memory.h): counted like the CPU
+// allocator, every freed block kept for reuse by size.
+Allocator& host_pool();
 
 }  // namespace mg

@@ -13,10 +13,18 @@ thread_local bool t_grad_enabled = true;
 std::atomic<uint64_t> g_next_seq{1};
 thread_local const GradReadyHook::Fn* t_ready_hook = nullptr;
 thread_local int t_backward_depth = 0;  // > 1: a checkpoint segment's backward inside another
+thread_local bool t_retain_graph = false;
 
 struct DepthScope {
-  DepthScope() { ++t_backward_depth; }
-  ~DepthScope() { --t_backward_depth; }
+  bool prev_retain = t_retain_graph;
+  explicit DepthScope(bool retain) {
+    ++t_backward_depth;
+    t_retain_graph = retain;
+  }
+  ~DepthScope() {
+    --t_backward_depth;
+    t_retain_graph = prev_retain;
+  }
 };
 
 // Note [gradient-ready hooks]: for each position in `order`, the leaves whose last gradient
@@ -65,6 +73,8 @@ bool GradMode::enabled() { return t_grad_enabled; }
 void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
 const char* node_name(const Node& n) { return n.segment ? "checkpoint" : op_name(*n.op); }
 
+bool backward_retains_graph() { return t_retain_graph; }
+
 uint64_t next_node_seq() { return g_next_seq.fetch_add(1, std::memory_order_relaxed); }
 
 bool sole_owner(const Tensor& t) {
@@ -87,7 +97,7 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
 }
 
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
-  const DepthScope depth;
+  const DepthScope depth(retain_graph);
   const GradReadyHook::Fn* hook = t_backward_depth == 1 ? t_ready_hook : nullptr;
   if (root.is_leaf()) {
     accumulate_grad(root, grad);

@@ -2,6 +2,7 @@
 #include <minigrad/core/autocast.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -105,6 +106,74 @@ void check_tileable(const CheckpointSegment& seg) {
                                                << " rows; tiles need every output to keep the batch first");
   }
 }
+// Copies a storage's bytes into another of the same size (any two devices, the host pool
+// included) through tensors of `dtype` over them.
+void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype) {
+  if (dst->device().is_cpu() && src->device().is_cpu()) {
+    std::memcpy(dst->data(), src->data(), src->nbytes());
+    return;
+  }
+  auto view = [&](const std::shared_ptr<StorageImpl>& st) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = st;
+    impl->dtype = dtype;
+    impl->shape = {static_cast<int64_t>(st->nbytes() / dtype_size(dtype))};
+    return Tensor(std::move(impl));
+  };
+  Tensor d = view(dst);
+  copy_kernel(d, view(src));
+}
+
+// Note [offload]: moves every storage that only the segment's saved tensors hold (not the
+// boundary's, nor one something outside holds: a parameter, a cached low-precision weight, the
+// segment's output) to the host pool, in the order the nodes first saved them. The device copy
+// goes as the last tensor on it is moved.
+void send_away(CheckpointSegment& seg) {
+  std::unordered_set<const StorageImpl*> boundary;
+  for (const Tensor& b : seg.boundary) boundary.insert(b.impl().storage.get());
+  struct Held {
+    long saved = 0, all = 0;  // handles among the saved tensors, and in all
+  };
+  std::unordered_map<TensorImpl*, Held> handles;
+  std::vector<std::pair<StorageImpl*, std::vector<TensorImpl*>>> storages;  // in first-saved order
+  std::unordered_map<StorageImpl*, size_t> index;
+  for (const auto& n : seg.nodes) {
+    for (const Tensor& t : n->saved) {
+      if (!t.defined() || !t.impl().storage || t.impl().storage->nbytes() == 0) continue;
+      TensorImpl* impl = t.impl_ptr().get();
+      StorageImpl* st = impl->storage.get();
+      if (boundary.count(st) || st->in_host_pool()) continue;
+      Held& h = handles[impl];
+      h.all = t.impl_ptr().use_count();
+      if (h.saved++ > 0) continue;
+      auto [it, fresh] = index.emplace(st, storages.size());
+      if (fresh) storages.push_back({st, {}});
+      storages[it->second].second.push_back(impl);
+    }
+  }
+  for (auto& [st, users] : storages) {
+    // Held by nothing but these tensors, and they by nothing but the nodes' saved lists.
+    bool only_saved = users.front()->storage.use_count() == static_cast<long>(users.size());
+    for (TensorImpl* impl : users) only_saved = only_saved && handles[impl].all == handles[impl].saved;
+    if (!only_saved) continue;
+    CheckpointSegment::Away a{std::make_shared<StorageImpl>(st->nbytes(), StorageImpl::InHostPool{}), st->device(),
+                              users.front()->dtype, users};
+    copy_storage(a.host, users.front()->storage, a.dtype);
+    for (TensorImpl* impl : users) impl->storage = a.host;  // the last one frees the device's copy
+    seg.away.push_back(std::move(a));
+  }
+}
+
+// Brings the segment's storages back from the host pool, to the devices they came from.
+void bring_back(CheckpointSegment& seg) {
+  for (CheckpointSegment::Away& a : seg.away) {
+    auto dev = std::make_shared<StorageImpl>(a.host->nbytes(), a.device);
+    copy_storage(dev, a.host, a.dtype);
+    for (TensorImpl* impl : a.users) impl->storage = dev;
+  }
+  seg.away.clear();  // the host pool's blocks go with the last reference
+}
+
 }  // namespace
 
 bool checkpoint_recording() { return t_recording_depth > 0; }
@@ -125,6 +194,9 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
   MG_CHECK(opts.tile_rows == 0 || !inputs.empty(), "checkpoint tiles: a segment without inputs has no batch to tile");
   const int64_t batch = opts.tile_rows > 0 ? batch_rows(inputs) : 0;
   const bool tiled = opts.tile_rows > 0 && opts.tile_rows < batch;
+  MG_CHECK(!(tiled && opts.offload), "checkpoint: a segment is offloaded or runs in tiles, not both (tile_rows "
+                                         << opts.tile_rows << " of a batch of " << batch << ", offload on)");
+  seg->offload = opts.offload;
   // What the function sees: the boundary, or the first tile's rows of it.
   std::vector<Tensor> recorded = seg->boundary;
   if (tiled) {
@@ -179,8 +251,10 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
   for (size_t i = 0; i < recorded.size(); ++i) boundary_index[recorded[i].impl_ptr().get()] = i;
   for (size_t k = 0; k < seg->nodes.size(); ++k) {  // drop the activations: replay recomputes them
     Node& n = *seg->nodes[k];
-    n.saved.clear();
-    n.saved.shrink_to_fit();
+    if (!seg->offload) {
+      n.saved.clear();
+      n.saved.shrink_to_fit();
+    }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       if (!n.inputs[i].leaf.defined()) continue;
       auto it = boundary_index.find(n.inputs[i].leaf.impl_ptr().get());
@@ -192,6 +266,7 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
   recorded.clear();
 
   Tensor out = y.detach();
+  if (seg->offload) send_away(*seg);
   if (tiled) {  // the other tiles: replayed without recording, each into its rows of the output
     out = Tensor::empty(with_rows(y.shape(), batch), TensorOptions{y.dtype(), y.device()});
     rows_view(out, 0, seg->tile_rows).copy_(y);
@@ -226,7 +301,35 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
   return out;
 }
 
+namespace {
+
+// An offloaded segment's backward (Note [offload]): its saved tensors come back, and backward
+// runs through the nodes of the first pass, with fresh leaves for the boundary as in a replay.
+void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
+  CheckpointSegment& seg = *node.segment;
+  bring_back(seg);
+  std::vector<Tensor> fresh;
+  for (const Tensor& b : node.saved) {
+    Tensor f = b.detach();
+    if (b.requires_grad()) f.requires_grad_(true);
+    fresh.push_back(f);
+  }
+  for (const auto& u : seg.boundary_uses) seg.nodes[u.node]->inputs[u.input].leaf = fresh[u.boundary];
+  Tensor root(std::make_shared<TensorImpl>());
+  root.impl().shape = node.out_shape;
+  root.impl().requires_grad = true;
+  root.impl().grad_fn = seg.nodes.back();  // the output's node: the last one recorded
+  run_backward(root, std::move(grad_out), backward_retains_graph());
+  for (const auto& u : seg.boundary_uses) seg.nodes[u.node]->inputs[u.input].leaf = Tensor();
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (node.inputs[i].requires_grad) grads[i] = fresh[i].grad();
+  }
+}
+
+}  // namespace
+
 void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
+  if (node.segment->offload) return offloaded_backward(node, std::move(grad_out), grads);
   const CheckpointSegment& seg = *node.segment;
   const bool tiled = seg.tile_rows > 0;
   const int64_t batch = tiled ? seg.batch_rows : 1, step = tiled ? seg.tile_rows : 1;

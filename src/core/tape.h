@@ -77,6 +77,8 @@ uint64_t next_node_seq();
 // Runs backward from `root` with incoming gradient `grad` (same shape as root). `grad` is taken
 // by value and, like every gradient in flight, dropped as soon as its node's rule has run.
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph);
+// The retain_graph of the backward running on this thread (false outside one).
+bool backward_retains_graph();
 
 // Adds `g` into the leaf's gradient: `grad += g`; when the leaf has none yet, `g` itself if
 // nothing else refers to it (one handle, its storage not shared), else a copy of it.
@@ -96,6 +98,17 @@ struct CheckpointSegment {
   // Tiled segments (Note [tiled segments]): the nodes were recorded on rows [0, tile_rows) of a
   // batch of batch_rows; 0 when the segment runs whole.
   int64_t tile_rows = 0, batch_rows = 0;
+  // Offloaded segments (Note [offload]): the nodes keep their saved tensors, whose storages wait
+  // in the host pool between forward and backward; backward brings them back instead of
+  // replaying. `away` lists the storages still in the host pool.
+  bool offload = false;
+  struct Away {
+    std::shared_ptr<StorageImpl> host;
+    Device device;                    // where the storage came from, and goes back to
+    DType dtype = DType::f32;         // a dtype of the tensors on it (its size divides the bytes)
+    std::vector<TensorImpl*> users;   // the saved tensors on it (owned by the nodes)
+  };
+  std::vector<Away> away;
 };
 
 // True while a segment's forward pass records (ops then keep inputs that have no history).

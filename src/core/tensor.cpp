@@ -39,7 +39,11 @@ StorageImpl::StorageImpl(size_t nbytes, Device device) : nbytes_(nbytes), device
   data_ = allocator_for(device).allocate(nbytes);
 }
 
-StorageImpl::~StorageImpl() { allocator_for(device_).deallocate(data_, nbytes_); }
+StorageImpl::StorageImpl(size_t nbytes, InHostPool) : nbytes_(nbytes), device_(Device::cpu()), host_pool_(true) {
+  data_ = host_pool().allocate(nbytes);
+}
+
+StorageImpl::~StorageImpl() { (host_pool_ ? host_pool() : allocator_for(device_)).deallocate(data_, nbytes_); }
 
 Tensor Tensor::empty(const Shape& shape, const TensorOptions& opts) {
   for (int64_t d : shape) MG_CHECK(d >= 0, "tensor shape " << shape_str(shape) << " has a negative size");

@@ -15,6 +15,9 @@ Allocator& cuda_allocator(int) {
           "with the CUDA toolkit)");
 }
 
+void* cuda_host_alloc(size_t) { return nullptr; }
+void cuda_host_free(void*) {}
+
 namespace detail {
 void no_cuda_build(const char* what) {
   MG_FAIL(what << ": this libminigrad was built without CUDA, so CUDA tensors are not available");

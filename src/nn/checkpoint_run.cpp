@@ -20,7 +20,7 @@ Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, 
   for (const Segment& g : segments) {
     run_plain(g.begin);
     h = mg::checkpoint([&seq, g](const std::vector<Tensor>& in) { return seq.forward_range(in[0], g.begin, g.end); },
-                       {h}, {.tile_rows = g.tile_rows});
+                       {h}, {.tile_rows = g.tile_rows, .offload = g.offload});
     pos = g.end;
   }
   run_plain(seq.size());

@@ -275,6 +275,7 @@ std::string Plan::str() const {
       s += '/';
       s += std::to_string(g.tile_rows);
     }
+    if (g.offload) s += "@host";
   }
   return s;
 }

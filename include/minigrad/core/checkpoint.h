@@ -49,6 +49,23 @@
 // replayed, and its tile_rows is not used). The checkpoint planner keeps a unit that checkpoints
 // itself out of its segments (UnitCost::checkpoints_inside in minigrad/nn/checkpoint_plan.h), so
 // the plans it makes are predicted right.
+//
+// Note [offload]
+// ~~~~~~~~~~~~~~~
+// An offloaded segment (CheckpointOptions::offload) records its sub-tape as a checkpointed one
+// does, and keeps the boundary on the device the same way, but keeps what its nodes saved: when
+// the function returns, each storage that only those saved tensors hold is copied to the host pool
+// (mg::host_memory_stats in minigrad/core/memory.h) and its device copy freed. Storages held by
+// something else stay where they are: parameters, cached low-precision weights, the boundary, and
+// the segment's output (a layer that saves its output keeps it on the device, as a plain one
+// would). When backward reaches the segment, the storages come back to the devices they left,
+// and backward runs through the recorded nodes themselves, with fresh leaves for the boundary as
+// in a replay: the nodes, their order and their kernels are those of a run without the segment,
+// so the gradients have the same bits. Nothing is recomputed; the cost is two copies of the
+// offloaded bytes. On the CPU the host pool is ordinary memory apart from the CPU allocator: an
+// emulation in which the "device" is the capped CPU allocator, for tests of the bytes and the
+// math. With CUDA it is page-locked, and the copies run on the device's stream (the cost model
+// counts them as not overlapping compute: see docs/checkpointing.md).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +82,9 @@ struct CheckpointOptions {
   // Rows of the batch (the inputs' first dimension, equal for all of them) per tile
   // (Note [tiled segments]); 0, or at least the batch, runs the segment whole.
   int64_t tile_rows = 0;
+  // Keep the activations instead of recomputing them, in the host pool between forward and
+  // backward (Note [offload]). Not with tiles.
+  bool offload = false;
 };
 
 // Runs fn(inputs) as a checkpoint segment (see the Notes). With grad mode off, it is just fn.

@@ -49,4 +49,18 @@ size_t memory_limit(Device d);  // 0 when there is none
 // "what the device has" (minigrad/nn/train_plan.h) is this.
 size_t memory_capacity(Device d);
 
+// The host pool: where offloaded activations wait between their forward and their backward
+// (Note [offload] in minigrad/core/checkpoint.h). Page-locked memory (cudaHostAlloc) where the
+// build has CUDA and a device is present, so that copies run at the link's full rate; ordinary
+// memory otherwise, kept apart from the CPU allocator so that on a CPU the "device" (the CPU
+// allocator, capped with set_memory_limit) and the host are counted separately. Freed blocks are
+// kept for the next step's requests of the same size; host_empty_cache returns them.
+// set_host_memory_limit caps it (0: no cap, the default): the checkpoint planner then offloads no
+// more than the cap (ChainCost::host_limit in minigrad/nn/checkpoint_plan.h).
+MemoryStats host_memory_stats();
+void reset_host_peak_memory_stats();
+void set_host_memory_limit(size_t bytes);
+size_t host_memory_limit();
+void host_empty_cache();
+
 }  // namespace mg

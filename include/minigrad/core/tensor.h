@@ -43,6 +43,10 @@ struct TensorOptions {
 class StorageImpl {
  public:
   StorageImpl(size_t nbytes, Device device);
+  // A block of the host pool (mg::host_memory_stats): an offloaded activation (Note [offload] in
+  // minigrad/core/checkpoint.h). Its device() is the CPU.
+  struct InHostPool {};
+  StorageImpl(size_t nbytes, InHostPool);
   ~StorageImpl();
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
@@ -50,11 +54,13 @@ class StorageImpl {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool in_host_pool() const { return host_pool_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  bool host_pool_ = false;
 };
 
 struct TensorImpl {

@@ -56,10 +56,12 @@
 namespace mg::nn {
 
 // A checkpointed range of layers [begin, end) of a Sequential, run whole or in tiles of
-// tile_rows samples (Note [tiled segments] in minigrad/core/checkpoint.h; 0: whole).
+// tile_rows samples (Note [tiled segments] in minigrad/core/checkpoint.h; 0: whole), or
+// offloaded: its activations kept in the host pool instead of recomputed (Note [offload]).
 struct Segment {
   size_t begin = 0, end = 0;
   int64_t tile_rows = 0;
+  bool offload = false;
   bool operator==(const Segment&) const = default;
 };
 
@@ -69,7 +71,8 @@ struct Plan {
   size_t predicted_peak = 0;      // bytes in use at the peak of a training step (the cost model)
   double recompute_flops = 0;     // forward work done again in backward
   size_t budget = 0;              // budget= plans only
-  std::string str() const;        // "[0,6) [6,12)", "[0,3)/2 [3,12)" (tiles of 2), or "no checkpointing"
+  // "[0,6) [6,12)", "[0,3)/2 [3,12)" (tiles of 2), "[0,6)@host" (offloaded), or "no checkpointing"
+  std::string str() const;
 };
 
 // Runs seq's layers; every segment of the plan runs under mg::checkpoint, the rest normally.

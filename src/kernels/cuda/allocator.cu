@@ -68,6 +68,22 @@ class CudaCachingAllocator final : public Allocator {
 
 }  // namespace
 
+void* cuda_host_alloc(size_t nbytes) {
+  if (cuda_device_count() == 0) return nullptr;
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, nbytes, cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void cuda_host_free(void* ptr) {
+  // A copy out of the block may still be queued: wait for the device's work first.
+  MG_CUDA_CHECK(cudaDeviceSynchronize());
+  MG_CUDA_CHECK(cudaFreeHost(ptr));
+}
+
 Allocator& cuda_allocator(int device_index) {
   // Every tensor's allocation and free comes here: after the first call for a device, one
   // atomic load. The table is trivially destructible and the allocators are leaked on purpose,
