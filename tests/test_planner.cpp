@@ -154,6 +154,121 @@ TEST_CASE("planner: with tiled segments, still optimal against enumeration on ra
   CHECK(tiled_chosen > 10);  // tiles are what fits some of these budgets
 }
 
+namespace {
+
+// Every segmentation of the chain, each segment replayed or offloaded.
+std::vector<std::vector<nn::Segment>> plans_with_offload(size_t n) {
+  std::vector<std::vector<nn::Segment>> out;
+  for (const auto& base : mg::test::all_plans(n)) {
+    std::vector<std::vector<nn::Segment>> grown{{}};
+    for (const nn::Segment& g : base) {
+      std::vector<std::vector<nn::Segment>> next;
+      for (const auto& p : grown) {
+        for (bool off : {false, true}) {
+          next.push_back(p);
+          next.back().push_back({g.begin, g.end, 0, off});
+        }
+      }
+      grown = std::move(next);
+    }
+    out.insert(out.end(), grown.begin(), grown.end());
+  }
+  return out;
+}
+
+// The planner's objective for a plan: recomputed FLOPs, plus the offload's copy time at the
+// chain's forward rate (FLOPs per millisecond).
+double plan_cost(const nn::ChainCost& c, const std::vector<nn::Segment>& p) {
+  double flops = 0, ms = 0;
+  for (const nn::UnitCost& u : c.units) flops += u.flops, ms += u.forward_ms;
+  return nn::recompute_flops(c, p) + nn::offload_ms(c, p) * flops / ms;
+}
+
+}  // namespace
+
+TEST_CASE("planner: with offload, still optimal against enumeration on random chains, host cap included") {
+  std::mt19937_64 rng(31);
+  int budgets_checked = 0, offloaded = 0, replayed = 0, capped_by_host = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const size_t n = 1 + trial % 7;
+    nn::ChainCost c = random_chain(n, rng);
+    for (nn::UnitCost& u : c.units) u.forward_ms = u.flops / 100.0;  // 100 FLOPs per millisecond
+    // Copies that cost about as much as recomputing: bytes per millisecond each way.
+    c.to_host_bytes_per_ms = 20.0 + static_cast<double>(rng() % 40);
+    c.from_host_bytes_per_ms = 20.0 + static_cast<double>(rng() % 40);
+    REQUIRE(nn::offload_offered(c));
+    if (trial % 3 == 2) {  // a host cap below what the cheapest plan at the floor offloads
+      const size_t host = nn::plan_budget(c, nn::min_feasible_peak(c)).predicted_host_peak;
+      c.host_limit = std::max<size_t>(1, host / 2);
+    }
+    const auto plans = plans_with_offload(n);
+    size_t min_peak = std::numeric_limits<size_t>::max(), max_peak = 0;
+    struct Scored {
+      size_t peak, host;
+      double cost;
+    };
+    std::vector<Scored> scored;
+    for (const auto& p : plans) {
+      const size_t host = nn::predict_host_peak(c, p);
+      if (c.host_limit != 0 && host > c.host_limit) continue;
+      scored.push_back({nn::predict_peak(c, p), host, plan_cost(c, p)});
+      min_peak = std::min(min_peak, scored.back().peak);
+      max_peak = std::max(max_peak, scored.back().peak);
+    }
+    INFO("trial " << trial << ", " << n << " units, " << scored.size() << " plans within the host cap " << c.host_limit);
+    CHECK(nn::min_feasible_peak(c) == min_peak);
+    std::vector<size_t> budgets = {min_peak, max_peak};
+    for (int k = 0; k < 8; ++k) budgets.push_back(scored[rng() % scored.size()].peak);
+    for (size_t budget : budgets) {
+      double best = std::numeric_limits<double>::infinity();
+      for (const Scored& x : scored) {
+        if (x.peak <= budget) best = std::min(best, x.cost);
+      }
+      const nn::Plan p = nn::plan_budget(c, budget);
+      INFO("budget " << budget << ", plan " << p.str());
+      CHECK(p.predicted_peak <= budget);
+      CHECK(p.predicted_peak == nn::predict_peak(c, p.segments));
+      CHECK(p.predicted_host_peak == nn::predict_host_peak(c, p.segments));
+      if (c.host_limit != 0) CHECK(p.predicted_host_peak <= c.host_limit);
+      CHECK(plan_cost(c, p.segments) == doctest::Approx(best).epsilon(1e-9));
+      for (const nn::Segment& g : p.segments) (g.offload ? offloaded : replayed) += 1;
+      ++budgets_checked;
+    }
+    capped_by_host += c.host_limit > 1;
+  }
+  CHECK(budgets_checked > 300);
+  CHECK(offloaded > 20);  // both choices are what some budgets call for
+  CHECK(replayed > 20);
+  CHECK(capped_by_host > 0);
+}
+
+TEST_CASE("planner: chains whose best plan keeps, recomputes and offloads") {
+  // Random chains of 8 units with a host link: under some budgets the least-cost plan (optimal, as
+  // the test above checks against enumeration) leaves units plain, replays some and offloads others.
+  std::mt19937_64 rng(8);
+  int mixed = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    nn::ChainCost c = random_chain(8, rng);
+    for (nn::UnitCost& u : c.units) u.forward_ms = u.flops / 100.0;
+    c.to_host_bytes_per_ms = c.from_host_bytes_per_ms = 40.0;
+    const size_t lo = nn::min_feasible_peak(c), hi = nn::plan_none(c).predicted_peak;
+    for (int k = 0; k <= 10; ++k) {
+      const nn::Plan p = nn::plan_budget(c, lo + (hi - lo) * static_cast<size_t>(k) / 10);
+      bool off = false, replay = false;
+      size_t covered = 0;
+      for (const nn::Segment& g : p.segments) {
+        (g.offload ? off : replay) = true;
+        covered += g.end - g.begin;
+      }
+      if (off && replay && covered < 8 && p.predicted_host_peak > 0) {
+        if (mixed == 0) MESSAGE("trial " << trial << ": " << p.str() << " (host " << p.predicted_host_peak << " bytes)");
+        ++mixed;
+      }
+    }
+  }
+  CHECK(mixed > 5);
+}
+
 TEST_CASE("planner: sizes and plan specs") {
   CHECK(nn::parse_bytes("512MB") == 512'000'000u);
   CHECK(nn::parse_bytes("1.5GiB") == 1'610'612'736u);
@@ -379,4 +494,53 @@ TEST_CASE("planner: below the whole-layer floor, a tiled plan fits a memory cap 
     REQUIRE(ref[i].size() == got[i].size());
     CHECK(std::memcmp(ref[i].data(), got[i].data(), ref[i].size() * sizeof(float)) == 0);
   }
+}
+
+// ---- offload (Note [offload] in minigrad/core/checkpoint.h) ----------------------------------
+
+TEST_CASE("planner: offloaded plans of VGG16/8, device and host peaks as predicted") {
+  // Random plans that mix offloaded and replayed segments, measured in a real step. This harness
+  // holds 8 bytes the cost model does not count (the step with no checkpointing shows them too);
+  // beyond those, the device's peak is the predicted one to the byte, and the host pool's too.
+  manual_seed(6);
+  auto m = nn::make_vgg16(3, 8);
+  m->train();
+  optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+  const Shape in{4, 3, 32, 32};
+  const nn::ChainCost cost = nn::measure_chain(*m, in, {.offload = nn::MeasureOptions::Offload::on});
+  REQUIRE(nn::offload_offered(cost));
+  const size_t n = cost.units.size();
+  auto segment = [&](size_t s, size_t e, bool offload) {
+    return nn::Segment{cost.units[s].begin, cost.units[e - 1].end, 0, offload};
+  };
+  const long harness = static_cast<long>(measured_step_peak(*m, opt, {}, in, 3)) - static_cast<long>(nn::predict_peak(cost, {}));
+  CHECK(harness == 8);
+  std::vector<std::vector<nn::Segment>> plans = {
+      {segment(0, n, true)}, {segment(0, 3, true)}, {segment(n - 3, n, true)}, {segment(0, 1, true)},
+      {segment(n - 1, n, true)}, {segment(2, 9, true), segment(9, 12, false), segment(12, n - 2, true)},
+      {segment(0, n, false)}, {segment(n - 4, n, false)}};
+  std::mt19937_64 rng(9);
+  for (int k = 0; k < 10; ++k) {
+    std::vector<nn::Segment> p;
+    size_t u = rng() % 3;
+    while (u < n) {
+      const size_t e = std::min(n, u + 1 + rng() % 6);
+      p.push_back(segment(u, e, rng() % 3 != 0));
+      u = e + rng() % 3;
+    }
+    plans.push_back(p);
+  }
+  int offloaded = 0;
+  for (const auto& segs : plans) {
+    nn::Plan p;
+    p.segments = segs;
+    reset_host_peak_memory_stats();
+    const size_t measured = measured_step_peak(*m, opt, segs, in, 3);
+    INFO("plan " << p.str());
+    CHECK(static_cast<long>(measured) - static_cast<long>(nn::predict_peak(cost, segs)) == harness);
+    CHECK(host_memory_stats().peak_in_use == nn::predict_host_peak(cost, segs));
+    CHECK(host_memory_stats().in_use == 0);
+    offloaded += nn::predict_host_peak(cost, segs) > 0;
+  }
+  CHECK(offloaded >= 12);
 }

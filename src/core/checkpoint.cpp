@@ -106,24 +106,6 @@ void check_tileable(const CheckpointSegment& seg) {
                                                << " rows; tiles need every output to keep the batch first");
   }
 }
-// Copies a storage's bytes into another of the same size (any two devices, the host pool
-// included) through tensors of `dtype` over them.
-void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype) {
-  if (dst->device().is_cpu() && src->device().is_cpu()) {
-    std::memcpy(dst->data(), src->data(), src->nbytes());
-    return;
-  }
-  auto view = [&](const std::shared_ptr<StorageImpl>& st) {
-    auto impl = std::make_shared<TensorImpl>();
-    impl->storage = st;
-    impl->dtype = dtype;
-    impl->shape = {static_cast<int64_t>(st->nbytes() / dtype_size(dtype))};
-    return Tensor(std::move(impl));
-  };
-  Tensor d = view(dst);
-  copy_kernel(d, view(src));
-}
-
 // Note [offload]: moves every storage that only the segment's saved tensors hold (not the
 // boundary's, nor one something outside holds: a parameter, a cached low-precision weight, the
 // segment's output) to the host pool, in the order the nodes first saved them. The device copy
@@ -175,6 +157,22 @@ void bring_back(CheckpointSegment& seg) {
 }
 
 }  // namespace
+
+void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype) {
+  if (dst->device().is_cpu() && src->device().is_cpu()) {
+    std::memcpy(dst->data(), src->data(), src->nbytes());
+    return;
+  }
+  auto view = [&](const std::shared_ptr<StorageImpl>& st) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = st;
+    impl->dtype = dtype;
+    impl->shape = {static_cast<int64_t>(st->nbytes() / dtype_size(dtype))};
+    return Tensor(std::move(impl));
+  };
+  Tensor d = view(dst);
+  copy_kernel(d, view(src));
+}
 
 bool checkpoint_recording() { return t_recording_depth > 0; }
 const TileRecording* tile_recording() { return t_tile; }

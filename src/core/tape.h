@@ -111,6 +111,10 @@ struct CheckpointSegment {
   std::vector<Away> away;
 };
 
+// Copies a storage's bytes into another of the same size, between any two devices or the host
+// pool (Note [offload]); `dtype` is one of the dtypes on them (its size divides the bytes).
+void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype);
+
 // True while a segment's forward pass records (ops then keep inputs that have no history).
 bool checkpoint_recording();
 

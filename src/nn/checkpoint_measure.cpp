@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <unordered_set>
 
 #include <minigrad/core/autocast.h>
@@ -252,6 +253,25 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
   return h;
 }
 
+// The host link's rate each way (Note [offload]), in bytes per millisecond: the best of three
+// copies of `bytes` between the device and the host pool, as an offloaded segment makes them.
+void measure_host_link(Device dev, size_t bytes, ChainCost& cost) {
+  auto on_device = std::make_shared<StorageImpl>(bytes, dev);
+  auto on_host = std::make_shared<StorageImpl>(bytes, StorageImpl::InHostPool{});
+  auto best_ms = [&](const std::shared_ptr<StorageImpl>& to, const std::shared_ptr<StorageImpl>& from) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      copy_storage(to, from, DType::f32);
+      synchronize(dev);
+      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return std::max(best, 1e-6);
+  };
+  cost.to_host_bytes_per_ms = static_cast<double>(bytes) / best_ms(on_host, on_device);
+  cost.from_host_bytes_per_ms = static_cast<double>(bytes) / best_ms(on_device, on_host);
+}
+
 }  // namespace
 
 ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOptions& opts) {
@@ -328,10 +348,18 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   // What the pass left allocated for good (a CUDA context's cuBLAS workspace) is fixed too.
   const size_t in_use_at_end = in_use(dev);
   if (opts.fixed_from_allocator && in_use_at_end > in_use_at_start) cost.fixed_bytes += in_use_at_end - in_use_at_start;
+  if (opts.offload == MeasureOptions::Offload::on || (opts.offload == MeasureOptions::Offload::automatic && dev.is_cuda())) {
+    // As large as the largest activation (a real offload's size), within [1 MiB, 64 MiB].
+    size_t largest = 0;
+    for (const UnitCost& u : cost.units) largest = std::max(largest, u.out_bytes);
+    measure_host_link(dev, std::clamp<size_t>(largest / 4 * 4, size_t{1} << 20, size_t{64} << 20), cost);
+    cost.host_limit = host_memory_limit();
+  }
   reset_peak_memory_stats(dev);
 
   MeasureOptions tile_opts = opts;
   tile_opts.tile_rows.clear();
+  tile_opts.offload = MeasureOptions::Offload::off;  // tiled segments are not offloaded
   for (int64_t r : opts.tile_rows) {
     MG_CHECK(r >= 1, "measure_chain: tile rows must be >= 1, got " << r);
     if (r >= cost.rows || cost.tile_cost(r)) continue;

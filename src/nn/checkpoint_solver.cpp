@@ -22,6 +22,7 @@ namespace {
 struct PieceCost {
   size_t peak = 0;        // the piece's peak (forward and backward) is R + peak
   size_t kept = 0;        // R grows by this
+  size_t host = 0;        // bytes it moves to the host pool (offloaded pieces)
   bool holds_out = false;  // the piece's last unit keeps its output
   size_t where_unit = 0;   // the moment of the peak: a unit and a phase
   const char* where_phase = "";
@@ -36,7 +37,8 @@ struct PieceCost {
 // The backward of a checkpointed segment [s, e), whole or one tile: the units replayed on top of
 // `base` (with `incoming` bytes of incoming gradient waiting besides it), then backpropagated in
 // reverse, and the input gradient handed to the boundary leaf. `t` is the chain at the rows
-// replayed (the batch's, or a tile's).
+// replayed (the batch's, or a tile's). An offloaded segment (`replay` null) is not replayed: what
+// its units keep comes back from the host pool whole, beside a saved output kept on the device.
 void note_replay_backward(PieceCost& pc, const ChainCost& t, size_t s, size_t e, size_t base, size_t incoming,
                           bool wants_dx0, const char* replay, const char* backward, const char* end) {
   auto A = [&](size_t k) { return t.activation_bytes(k); };
@@ -46,12 +48,13 @@ void note_replay_backward(PieceCost& pc, const ChainCost& t, size_t s, size_t e,
   bool h = true;
   for (size_t u = s; u < e; ++u) {
     const UnitCost& U = t.units[u];
-    pc.note(base + incoming + R + (u > s ? A(u) : 0) + U.fwd_peak, u, replay);
+    if (replay) pc.note(base + incoming + R + (u > s ? A(u) : 0) + U.fwd_peak, u, replay);
     r_before[u - s] = R;
     keep_in[u - s] = u > s && (h || U.saves_input);
     R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
     h = U.saves_output;
   }
+  if (!replay) pc.note(base + incoming + R + (h ? A(e) : 0), e - 1, "backward of an offloaded segment (its activations back)");
   for (size_t u = e; u-- > s;) {
     const UnitCost& U = t.units[u];
     const size_t in_flight = u + 1 == e ? incoming : A(u + 1);  // the gradient in flight
@@ -105,7 +108,8 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   pc.holds_out = false;
   // Backward: the boundary and (for the last piece) the caller's logits stay live throughout;
   // the incoming gradient through the replay, until the segment's last unit has used it.
-  const size_t base = F + A(s) + (e == n ? A(n) : 0);
+  // The caller's logits stay live unless a cross-entropy head took them (as for a plain last unit).
+  const size_t base = F + A(s) + (e == n && c.head_bytes == 0 ? A(n) : 0);
   note_replay_backward(pc, c, s, e, base, A(e), wants_dx0, "replay (forward again during backward)",
                        "backward of a replayed segment",
                        "end of a replayed segment (the input gradient, taken by the boundary leaf)");
@@ -145,6 +149,33 @@ PieceCost eval_tiled_piece(const ChainCost& c, const ChainCost& t, size_t s, siz
   return pc;
 }
 
+// Units [s, e) offloaded (Note [offload] in minigrad/core/checkpoint.h): the forward of a
+// checkpointed segment's first pass; then what the units keep goes to the host pool, but for the
+// boundary (kept on the device, as a checkpointed segment keeps it) and a saved output (the last
+// unit's, kept on the device as a plain unit keeps it). In backward it all comes back, and the
+// units backpropagate as plain ones.
+PieceCost eval_offload_piece(const ChainCost& c, size_t s, size_t e) {
+  const size_t n = c.units.size();
+  auto A = [&](size_t k) { return c.activation_bytes(k); };
+  const size_t F = c.fixed_bytes;
+  PieceCost pc;
+  size_t R = 0;
+  bool h = true;
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = c.units[u];
+    pc.note(F + R + A(u) + U.fwd_peak, u, "forward (offloaded segment)");
+    R += ((h || U.saves_input) ? A(u) : 0) + U.extra_bytes;
+    h = U.saves_output;
+  }
+  pc.kept = A(s);
+  pc.host = R - A(s);
+  pc.holds_out = h;
+  const size_t base = F + A(s) + (e == n && !h && c.head_bytes == 0 ? A(n) : 0);
+  note_replay_backward(pc, c, s, e, base, A(e), s > 0 || c.input_requires_grad, nullptr,
+                       "backward of an offloaded segment", "end of an offloaded segment (the input gradient)");
+  return pc;
+}
+
 // The chain at `tile_rows` rows for a tiled segment over units [s, e), checked.
 const ChainCost& tile_chain(const ChainCost& c, size_t s, size_t e, int64_t tile_rows) {
   const ChainCost* t = c.tile_cost(tile_rows);
@@ -160,7 +191,9 @@ const ChainCost& tile_chain(const ChainCost& c, size_t s, size_t e, int64_t tile
   return *t;
 }
 
-PieceCost eval_any_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool holds, int64_t tile_rows) {
+PieceCost eval_any_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool holds, int64_t tile_rows,
+                         bool offload) {
+  if (offload) return eval_offload_piece(c, s, e);
   if (ckpt && tile_rows > 0 && tile_rows < c.rows) return eval_tiled_piece(c, tile_chain(c, s, e, tile_rows), s, e);
   return eval_piece(c, s, e, ckpt, holds);
 }
@@ -169,6 +202,7 @@ struct UnitPiece {
   size_t s, e;
   bool ckpt;
   int64_t tile_rows = 0;
+  bool offload = false;
 };
 
 // Layer segments -> the unit pieces that cover the chain.
@@ -188,7 +222,9 @@ std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>&
   for (const Segment& g : segments) {
     const size_t s = unit_at(g.begin, false), e = unit_at(g.end, true);
     for (; pos < s; ++pos) pieces.push_back({pos, pos + 1, false});
-    pieces.push_back({s, e, true, g.tile_rows});
+    MG_CHECK(!(g.offload && g.tile_rows > 0), "checkpoint plan: segment [" << g.begin << ", " << g.end
+                                                                          << ") is offloaded and in tiles; choose one");
+    pieces.push_back({s, e, true, g.tile_rows, g.offload});
     pos = e;
   }
   for (; pos < c.units.size(); ++pos) pieces.push_back({pos, pos + 1, false});
@@ -212,7 +248,40 @@ double recompute_of(const ChainCost& c, size_t s, size_t e, const ChainCost* til
   return piece_flops(*tile, s, e) * static_cast<double>(c.rows) / static_cast<double>(tile->rows);
 }
 
+// Milliseconds to move `bytes` to the host pool and back (no overlap with compute counted).
+double link_ms(const ChainCost& c, size_t bytes) {
+  if (!offload_offered(c)) return std::numeric_limits<double>::infinity();
+  const double b = static_cast<double>(bytes);
+  return b / c.to_host_bytes_per_ms + b / c.from_host_bytes_per_ms;
+}
+
+// The planner's cost of an offloaded piece, in the unit of UnitCost::flops (FLOPs, or
+// milliseconds for the joint planner): its copy time at the chain's forward rate.
+double offload_cost(const ChainCost& c, size_t bytes) {
+  double flops = 0, ms = 0;
+  for (const UnitCost& u : c.units) flops += u.flops, ms += u.forward_ms;
+  if (ms <= 0) return std::numeric_limits<double>::infinity();
+  return link_ms(c, bytes) * flops / ms;
+}
+
 }  // namespace
+
+bool offload_offered(const ChainCost& cost) {
+  return cost.to_host_bytes_per_ms > 0 && cost.from_host_bytes_per_ms > 0;
+}
+
+size_t predict_host_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
+  size_t host = 0;
+  for (const UnitPiece& p : to_pieces(cost, segments)) {
+    if (p.offload) host += eval_offload_piece(cost, p.s, p.e).host;
+  }
+  return host;
+}
+
+double offload_ms(const ChainCost& cost, const std::vector<Segment>& segments) {
+  const size_t host = predict_host_peak(cost, segments);
+  return host == 0 ? 0.0 : link_ms(cost, host);
+}
 
 PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
   MG_CHECK(!cost.units.empty(), "predict_peak: the chain has no units (measure it first)");
@@ -220,7 +289,7 @@ PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& se
   size_t R = 0;
   bool holds = true;  // the caller holds the input
   for (const UnitPiece& p : to_pieces(cost, segments)) {
-    PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows);
+    PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows, p.offload);
     if (R + pc.peak > out.peak) {
       out.peak = R + pc.peak;
       out.unit = pc.where_unit;
@@ -250,7 +319,7 @@ size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments)
 double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments) {
   double f = 0;
   for (const UnitPiece& p : to_pieces(cost, segments)) {
-    if (!p.ckpt) continue;
+    if (!p.ckpt || p.offload) continue;
     const bool tiled = p.tile_rows > 0 && p.tile_rows < cost.rows;
     f += recompute_of(cost, p.s, p.e, tiled ? &tile_chain(cost, p.s, p.e, p.tile_rows) : nullptr);
   }
@@ -288,6 +357,8 @@ Plan finish(const ChainCost& c, std::string kind, std::vector<Segment> segments)
   p.segments = std::move(segments);
   p.predicted_peak = predict_peak(c, p.segments);
   p.recompute_flops = recompute_flops(c, p.segments);
+  p.predicted_host_peak = predict_host_peak(c, p.segments);
+  p.offload_ms = offload_ms(c, p.segments);
   return p;
 }
 
@@ -312,6 +383,7 @@ enum class Objective { least_recompute, least_peak };
 
 struct Label {
   size_t R = 0;
+  size_t H = 0;  // bytes offloaded so far (the host pool's peak is all of them)
   double cost = 0;
   size_t peak = 0;
   bool holds = true;
@@ -319,6 +391,7 @@ struct Label {
   size_t from = 0;  // the piece that led here: units [from, here)
   bool ckpt = false;
   int64_t tile_rows = 0;
+  bool offload = false;
   int64_t tiles = 0;  // tiles run per step: of two plans with equal cost, fewer tiles run faster
 };
 
@@ -349,6 +422,12 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
       for (size_t e = s + 1; e <= n && c.units[e - 1].tiles; ++e) tk[k][s].push_back(eval_tiled_piece(c, *tiles[k], s, e));
     }
   }
+  // Offloaded segments, when the chain has a host link.
+  const bool offload = offload_offered(c);
+  std::vector<std::vector<PieceCost>> off(offload ? n : 0, std::vector<PieceCost>(n + 1));
+  for (size_t s = 0; s < off.size(); ++s) {
+    for (size_t e = s + 1; e <= n; ++e) off[s][e] = eval_offload_piece(c, s, e);
+  }
   auto key = [&](const Label& l) { return obj == Objective::least_recompute ? l.cost : static_cast<double>(l.peak); };
   // Ties: fewer tiles, then the other of (cost, peak).
   auto tie = [&](const Label& l) {
@@ -371,25 +450,37 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
         const Label &x = all[a], &y = all[b];
         if (x.R != y.R) return x.R < y.R;
         if (key(x) != key(y)) return key(x) < key(y);
-        return tie(x) < tie(y);
+        if (tie(x) != tie(y)) return tie(x) < tie(y);
+        return x.H < y.H;
       });
-      double best = std::numeric_limits<double>::infinity();
+      // A label is dominated by an earlier one (R no larger) with no larger key and, where the
+      // host pool has a cap, no more bytes offloaded.
+      const bool host_capped = c.host_limit != 0;
+      std::vector<int> front;  // kept so far within this holds value
       for (int i : idx) {
-        if (key(all[i]) < best) {
-          kept.push_back(i);
-          best = key(all[i]);
+        bool dominated = false;
+        for (int j : front) {
+          if (key(all[j]) <= key(all[i]) && (!host_capped || all[j].H <= all[i].H)) {
+            dominated = true;
+            break;
+          }
         }
+        if (!dominated) front.push_back(i);
       }
+      kept.insert(kept.end(), front.begin(), front.end());
     }
     at[s] = std::move(kept);
     if (s == n) break;
     for (int li : at[s]) {
       const Label l = all[li];
-      auto extend = [&](size_t e, bool ckpt, const PieceCost& pc, const ChainCost* tile = nullptr) {
+      auto extend = [&](size_t e, bool ckpt, const PieceCost& pc, const ChainCost* tile = nullptr, bool offloaded = false) {
         Label m;
         m.R = l.R + pc.kept;
+        m.H = l.H + pc.host;
+        if (c.host_limit != 0 && m.H > c.host_limit) return;
         m.peak = std::max(l.peak, l.R + pc.peak);
-        m.cost = l.cost + (ckpt ? recompute_of(c, s, e, tile) : 0.0);
+        m.cost = l.cost + (offloaded ? offload_cost(c, pc.host) : ckpt ? recompute_of(c, s, e, tile) : 0.0);
+        m.offload = offloaded;
         m.tiles = l.tiles + (tile ? (c.rows + tile->rows - 1) / tile->rows : 0);
         m.holds = pc.holds_out;
         m.parent = li;
@@ -405,6 +496,9 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
       for (size_t e = s + 1; e <= n && !c.units[e - 1].checkpoints_inside; ++e) extend(e, true, ck[s][e]);
       for (size_t k = 0; k < tiles.size(); ++k) {
         for (size_t i = 0; i < tk[k][s].size(); ++i) extend(s + 1 + i, true, tk[k][s][i], tiles[k]);
+      }
+      for (size_t e = s + 1; offload && e <= n && !c.units[e - 1].checkpoints_inside; ++e) {
+        extend(e, true, off[s][e], nullptr, true);
       }
     }
   }
@@ -425,7 +519,7 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
   for (size_t k = 1; k < chain.size(); ++k) {
     const Label& l = all[chain[k]];
     const size_t here = k + 1 < chain.size() ? all[chain[k + 1]].from : n;
-    if (l.ckpt) segs.push_back({c.units[l.from].begin, c.units[here - 1].end, l.tile_rows});
+    if (l.ckpt) segs.push_back({c.units[l.from].begin, c.units[here - 1].end, l.tile_rows, l.offload});
   }
   return segs;
 }

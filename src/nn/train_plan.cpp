@@ -134,7 +134,7 @@ double predict_step_ms(const ChainProfile& profile, size_t i, const std::vector<
   MG_CHECK(i < profile.costs.size(), "predict_step_ms: no micro-batch " << i << " in a profile of " << profile.costs.size());
   const int64_t b = profile.micro_batches[i];
   const ChainCost cost = cost_with_tiles(profile, i);
-  double t = recompute_flops(with_times_as_flops(cost), segments);
+  double t = recompute_flops(with_times_as_flops(cost), segments) + offload_ms(cost, segments);
   for (const UnitCost& u : cost.units) t += u.forward_ms + u.backward_ms;
   for (const Segment& g : segments) {  // a tiled segment's forward and backward run at the tile's rows
     if (g.tile_rows == 0 || g.tile_rows >= b) continue;

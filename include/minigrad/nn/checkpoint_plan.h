@@ -71,6 +71,8 @@ struct Plan {
   size_t predicted_peak = 0;      // bytes in use at the peak of a training step (the cost model)
   double recompute_flops = 0;     // forward work done again in backward
   size_t budget = 0;              // budget= plans only
+  size_t predicted_host_peak = 0; // bytes its offloaded segments hold in the host pool at once
+  double offload_ms = 0;          // the link's time for them, to the host and back
   // "[0,6) [6,12)", "[0,3)/2 [3,12)" (tiles of 2), "[0,6)@host" (offloaded), or "no checkpointing"
   std::string str() const;
 };
@@ -115,6 +117,11 @@ struct ChainCost {
   // (Note [tiled segments]). Only their units are read.
   std::vector<ChainCost> tile_costs;
   int64_t rows = 0;  // the batch this chain was measured at
+  // The host link for offloaded segments (Note [offload] in minigrad/core/checkpoint.h): bytes
+  // per millisecond to the host pool and back, measured by measure_chain (MeasureOptions::offload).
+  // 0: plans offload nothing.
+  double to_host_bytes_per_ms = 0, from_host_bytes_per_ms = 0;
+  size_t host_limit = 0;  // the host pool's cap (mg::set_host_memory_limit) when measured; 0: none
   size_t activation_bytes(size_t k) const { return k == 0 ? input_bytes : units.at(k - 1).out_bytes; }
   const ChainCost* tile_cost(int64_t tile_rows) const;  // null when not measured at tile_rows
 };
@@ -127,6 +134,12 @@ struct MeasureOptions {
   bool cross_entropy_head = true;
   // Also measure the chain at these numbers of rows (those below the batch), for tiled segments.
   std::vector<int64_t> tile_rows;
+  // Whether plans may offload segments (Note [offload] in minigrad/core/checkpoint.h): on, the
+  // host link's rate is measured (ChainCost::to_host_bytes_per_ms). automatic: on CUDA devices
+  // only; on a CPU the host pool is the same memory, so offloading there is an emulation (the
+  // tests' and --offload's), not a saving.
+  enum class Offload { automatic, on, off };
+  Offload offload = Offload::automatic;
   // profile_chain (minigrad/nn/train_plan.h) calls this before measuring each micro-batch size
   // (progress: measuring a large one can take a while).
   std::function<void(int64_t rows)> on_measure;
@@ -150,6 +163,12 @@ ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const Measure
 // end on unit boundaries).
 size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments);
+// Offload: whether plans may use it (the chain has a host link), the host pool's predicted peak
+// (every offloaded segment's bytes: they are all there at the end of forward), and the link's
+// milliseconds for them.
+bool offload_offered(const ChainCost& cost);
+size_t predict_host_peak(const ChainCost& cost, const std::vector<Segment>& segments);
+double offload_ms(const ChainCost& cost, const std::vector<Segment>& segments);
 
 // The predicted peak and the moment it happens at.
 struct PeakBreakdown {
