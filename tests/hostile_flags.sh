@@ -188,7 +188,7 @@ mnist_ga | --memory-budget | --accum excludes --memory-budget          | $M --me
 mnist_ga | --memory-budget | unknown unit 'apples'                     | $M --memory-budget 12apples
 mnist_ga | --memory-limit | cpu out of memory                          | $M --memory-limit 100kB
 vgg_ckpt | --model        | not in {vgg16,resnet18,resnet34,resnet50}   | $V --model resnet101
-vgg_ckpt | --checkpoint   | expected none, sqrt, min, segments=K or budget=SIZE | $V --checkpoint bogus
+vgg_ckpt | --checkpoint   | expected none, sqrt, min, segments=K, budget=SIZE | $V --checkpoint bogus
 vgg_ckpt | --checkpoint   | segments must be >= 1, got 0               | $V --checkpoint segments=0
 vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --checkpoint segments=x
 vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --checkpoint segments=-3
@@ -231,12 +231,12 @@ gpt_train | --config      | bogus not in {tiny,small,gpt2}             | $G --co
 gpt_train | --seq-len     | is longer than the context of 64           | --steps 1 --seq-len 65
 gpt_train | --n-head      | must divide                                | $G --n-head 5
 gpt_train | --lr          | is not a finite number                     | $G --lr nan
-gpt_train | --checkpoint  | expected none, sqrt, min, segments=K or budget=SIZE | $G --checkpoint bogus
+gpt_train | --checkpoint  | expected none, sqrt, min, segments=K, budget=SIZE | $G --checkpoint bogus
 gpt_train | --checkpoint  | is below the smallest feasible peak        | $G --checkpoint budget=1B
 gpt_train | --memory-budget | no plan fits a budget of                 | $G --memory-budget 1kB
 gpt_train | --memory-limit | cpu out of memory                         | $G --memory-limit 10kB
 gpt_train | --memory-limit | and no plan fits what the device has      | $G --memory-limit 2.2MB
-gpt_train | --checkpoint  | expected none, sqrt, min, segments=K or budget=SIZE | $G --checkpoint bogus --memory-limit 2.25MB
+gpt_train | --checkpoint  | expected none, sqrt, min, segments=K, budget=SIZE | $G --checkpoint bogus --memory-limit 2.25MB
 gpt_train | --memory-budget | --accum excludes --memory-budget         | $G --memory-budget 1GB --accum 2
 gpt_train | --data        | cannot open                                | $G --data "$T/missing.bin"
 gpt_train | --data        | not a regular file                         | $G --data "$T/empty"

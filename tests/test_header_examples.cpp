@@ -189,6 +189,14 @@ TEST_CASE("dist/dist.h") {  // no launcher here: a world of one, the same traini
 #include "nn/checkpoint_plan.h.inc"
 }
 
+TEST_CASE("nn/memory_report.h") {
+#include "nn/memory_report.h.inc"
+  size_t sum = 0;
+  for (const mg::nn::MemoryTerm& t : r.terms) sum += t.bytes;
+  CHECK(sum == plan.predicted_peak);
+  CHECK(r.terms[0].bytes == (16 * 32 + 32 + 32 * 4 + 4) * sizeof(float));  // the parameters
+}
+
 TEST_CASE("nn/models.h") {
 #include "nn/models.h.inc"
   auto count = [](const mg::nn::Sequential& m) {

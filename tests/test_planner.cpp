@@ -306,6 +306,19 @@ TEST_CASE("planner: sizes and plan specs") {
   CHECK(nn::make_plan(c, "segments=3").segments == std::vector<nn::Segment>{{0, 2}, {2, 4}});
   CHECK(nn::make_plan(c, "sqrt").segments == nn::pytorch_segments(6, 2));
   CHECK(nn::make_plan(c, "budget=1GB").budget == 1'000'000'000u);
+  // The segments spelled out, as Plan::str() prints them, read back.
+  const std::vector<nn::Segment> listed = {{0, 2, 0, true}, {2, 3, 4}, {4, 6}};
+  const nn::Plan given = nn::make_plan(c, "[0,2)@host [2,3)/4 [4,6)");
+  CHECK(given.segments == listed);
+  CHECK(given.kind == "given");
+  CHECK(given.str() == "[0,2)@host [2,3)/4 [4,6)");
+  CHECK(nn::make_plan(c, given.str()).segments == listed);
+  for (const char* bad : {"[0,2", "[2,0)", "[0,2)[2,3)", "[0,2)/0", "[0,2)/4@host", "[0,3) [2,4)", "[a,2)", "[0,2)@hos",
+                          "[0,2) x"}) {
+    INFO("'" << bad << "'");
+    CHECK_THROWS_WITH_AS(nn::check_plan_spec(bad), doctest::Contains("expected segments such as"), Error);
+  }
+  CHECK_THROWS_WITH_AS(nn::make_plan(c, "[0,9)"), doctest::Contains("within [0, 6)"), Error);
 }
 
 namespace {

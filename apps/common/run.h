@@ -42,6 +42,8 @@ struct RunFlags {
   std::string device = "cpu";
   uint64_t seed = 0;
   std::string memory_budget, memory_limit, checkpoint = "none", tiles = "on", precision = "fp32";
+  std::string offload = "auto", host_memory_limit;
+  bool explain_memory = false;
   std::string save_dir, json_path, timeline_path;
   StepProfile prof;
   bool timeline = false;  // offer --timeline (the apps that train data-parallel on CUDA)
@@ -53,7 +55,8 @@ struct RunFlags {
 inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_step) {
   app.add_option("--device", f.device, "auto, cpu or cuda[:i]")->check(nonempty())->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the weights, the sample order and dropout")->check(unsigned64())->capture_default_str();
-  auto* checkpoint = app.add_option("--checkpoint", f.checkpoint, "none | sqrt | min | segments=K | budget=SIZE")
+  auto* checkpoint = app.add_option("--checkpoint", f.checkpoint, "none | sqrt | min | segments=K | budget=SIZE, or the "
+                                    "segments as plans print them: '[0,3)@host [3,6)/4 [8,12)' (@host: offloaded, /R: tiles)")
                          ->check(nonempty())->capture_default_str();
   auto* budget = app.add_option("--memory-budget", f.memory_budget,
                                 "plan micro-batch, accumulation and checkpointing for this many bytes (e.g. 200MB, or "
@@ -65,6 +68,13 @@ inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_ste
   app.add_option("--tiles", f.tiles, "on: plans may run checkpointed segments in tiles of the batch (min, budget=, "
                  "--memory-budget) | off: whole layers only")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_option("--offload", f.offload, "auto (CUDA only) | on | off: plans may keep a segment's activations in the host "
+                 "pool instead of recomputing them (on the CPU an emulation: Note [offload])")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  app.add_option("--host-memory-limit", f.host_memory_limit, "cap the host pool offloaded activations wait in "
+                 "(mg::set_host_memory_limit); plans offload no more")->check(nonempty());
+  app.add_flag("--explain-memory", f.explain_memory, "before training, print where the step's memory goes, term by "
+               "term (mg::nn::explain_memory), and add it to --json");
   app.add_option("--precision", f.precision, "fp32 | tf32 (CUDA's TF32 products) | bf16 | fp16: what the steps compute "
                  "in; parameters, gradients and optimizer state stay float32 (Note [autocast])")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))->capture_default_str();
@@ -103,6 +113,9 @@ inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
   if (!f.memory_budget.empty() && f.memory_budget != "free") for_flag("--memory-budget", [&] { return mg::parse_bytes(f.memory_budget); });
   if (f.memory_budget.empty()) for_flag("--checkpoint", [&] { mg::nn::check_plan_spec(f.checkpoint); });
   if (s.limit != 0) mg::set_memory_limit(s.dev, s.limit);
+  if (!f.host_memory_limit.empty()) {
+    mg::set_host_memory_limit(for_flag("--host-memory-limit", [&] { return mg::parse_bytes(f.host_memory_limit); }));
+  }
   if (!f.json_path.empty()) mg::check_writable(f.json_path, "--json");
   check_timeline_flag(f.timeline_path, s.dev);
   if (!f.save_dir.empty()) {
@@ -110,6 +123,11 @@ inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
     mg::check_writable(f.save_dir + "/" + save_file, "--save-dir");
   }
   return s;
+}
+
+inline mg::nn::MeasureOptions::Offload offload_mode(const RunFlags& f) {
+  using O = mg::nn::MeasureOptions::Offload;
+  return f.offload == "on" ? O::on : f.offload == "off" ? O::off : O::automatic;
 }
 
 // The trainer's plan, printed (rank 0) as the apps do: the split, the checkpoint plan, its
@@ -132,13 +150,19 @@ inline const mg::nn::TrainPlan& print_plan(mg::Trainer& trainer, const RunFlags&
               plan.recompute_flops / 1e9, mg::format_bytes(floor).c_str(),
               floor < floor_whole ? (" (" + mg::format_bytes(floor_whole) + " in whole layers)").c_str() : "",
               mg::format_bytes(cost.fixed_bytes).c_str());
+  if (plan.predicted_host_peak > 0) {
+    LEAD_PRINTF("  offloaded: %s in the host pool at once, %.2f ms on the link a step (%.2f GB/s to the host, %.2f back)\n",
+                mg::format_bytes(plan.predicted_host_peak).c_str(), plan.offload_ms, cost.to_host_bytes_per_ms / 1e6,
+                cost.from_host_bytes_per_ms / 1e6);
+  }
   if (!f.memory_limit.empty()) LEAD_PRINTF("memory limit %s (mg::set_memory_limit)\n", f.memory_limit.c_str());
   LEAD_PRINTF("  peak at %s\n", mg::nn::explain_peak(cost, plan.segments).where.c_str());
+  if (f.explain_memory) LEAD_PRINTF("%s", trainer.explain_memory().str().c_str());
   return tp;
 }
 
 // What every app writes to --json about the plan and the run: the split, the checkpoint plan and
-// its segments ([begin, end] or [begin, end, tile rows]), predicted and measured peaks, re-plans
+// its segments ([begin, end], [begin, end, tile rows] or [begin, end, "host"] when offloaded), predicted and measured peaks, re-plans
 // (steps counted from 1; 0: while planning), step times.
 inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::FitReport& r, const RunFlags& f) {
   const mg::nn::TrainPlan& last = r.plan;  // after any re-plan
@@ -153,6 +177,7 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   for (const auto& s : last.checkpoint.segments) {
     nlohmann::ordered_json seg = nlohmann::ordered_json::array({s.begin, s.end});
     if (s.tile_rows) seg.push_back(s.tile_rows);
+    if (s.offload) seg.push_back("host");
     j["segments"].push_back(seg);
   }
   const mg::nn::ChainCost& c = trainer.cost();  // what the plan was made from
@@ -161,6 +186,13 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["predicted_peak_at"] = mg::nn::explain_peak(c, last.checkpoint.segments).where;
   if (last.checkpoint.budget) j["budget_bytes"] = last.checkpoint.budget;
   j["recompute_gflop"] = last.checkpoint.recompute_flops / 1e9;
+  j["offload"] = f.offload;
+  j["predicted_host_peak_bytes"] = last.checkpoint.predicted_host_peak;
+  j["host_peak_in_use_bytes"] = mg::host_memory_stats().peak_in_use;
+  if (mg::nn::offload_offered(c)) {
+    j["offload_ms"] = last.checkpoint.offload_ms;
+    j["host_link_bytes_per_ms"] = {c.to_host_bytes_per_ms, c.from_host_bytes_per_ms};
+  }
   j["min_feasible_peak_bytes"] = mg::nn::min_feasible_peak(c);
   mg::nn::ChainCost whole = c;
   whole.tile_costs.clear();
@@ -197,6 +229,23 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["seed"] = f.seed;
   j["threads"] = mg::num_threads();
   if (f.prof.on) j["profile"] = f.prof.json();
+  if (f.explain_memory) {
+    const mg::nn::MemoryReport m = trainer.explain_memory();
+    nlohmann::ordered_json mj;
+    mj["predicted_peak_bytes"] = m.predicted_peak;
+    mj["terms"] = nlohmann::json::array();
+    for (const auto& t : m.terms) mj["terms"].push_back({{"name", t.name}, {"bytes", t.bytes}, {"note", t.note}});
+    mj["units"] = nlohmann::json::array();
+    for (size_t u = 0; u < m.units.size(); ++u) {
+      mj["units"].push_back({{"name", m.unit_names[u]}, {"choice", m.units[u].choice}, {"kept_bytes", m.units[u].kept},
+                             {"recomputed_bytes", m.units[u].dropped}, {"offloaded_bytes", m.units[u].offloaded}});
+    }
+    mj["host_bytes"] = m.host_bytes;
+    mj["capacity_bytes"] = m.capacity;
+    mj["min_feasible_peak_bytes"] = m.min_feasible_peak;
+    mj["advice"] = m.advice;
+    j["memory"] = mj;
+  }
   return j;
 }
 

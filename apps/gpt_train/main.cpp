@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
                            // The logits are not held past the loss (the loss keeps what backward needs).
                            return mg::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), mg::Reduction::sum);
                          },
-                         .seed = f.seed, .tiles = f.tiles == "on",
+                         .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
                          .precision = mg::parse_precision(f.precision)},
                         cb);
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
     mg::Trainer trainer(*model, data.set, opt,
                         {.batch_size = step_images, .memory_budget = f.memory_budget, .checkpoint = f.checkpoint,
                          .epochs = (total_steps + batches_per_epoch - 1) / batches_per_epoch, .max_steps = total_steps,
-                         .save_dir = f.save_dir, .resume = resume, .seed = f.seed, .tiles = f.tiles == "on",
+                         .save_dir = f.save_dir, .resume = resume, .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
                          .precision = mg::parse_precision(f.precision)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);

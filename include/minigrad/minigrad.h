@@ -32,6 +32,7 @@
 #include <minigrad/data/tokens.h>
 #include <minigrad/dist/dist.h>
 #include <minigrad/nn/checkpoint_plan.h>
+#include <minigrad/nn/memory_report.h>
 #include <minigrad/nn/models.h>
 #include <minigrad/nn/module.h>
 #include <minigrad/nn/serialize.h>

@@ -292,6 +292,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     seq.forward(x_in.detach());
     seq.train(training);
   }
+  const size_t weight_copies = autocast_cache_bytes();
   const Device dev = x_in.device();
   const size_t in_use_at_start = in_use(dev);
   ChainCost cost;
@@ -310,7 +311,8 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     for (const Tensor& p : params) {
       if (!p.grad().defined()) fixed += p.nbytes();
     }
-    if (opts.cross_entropy_head) fixed += static_cast<size_t>(x_in.size(0)) * sizeof(int64_t);
+    if (opts.cross_entropy_head) fixed += cost.target_bytes = static_cast<size_t>(x_in.size(0)) * sizeof(int64_t);
+    cost.weight_copy_bytes = weight_copies;
   }
   cost.fixed_bytes = fixed;
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -287,28 +288,53 @@ PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& se
   MG_CHECK(!cost.units.empty(), "predict_peak: the chain has no units (measure it first)");
   PeakBreakdown out;
   size_t R = 0;
+  size_t by[3] = {0, 0, 0};  // plain, replayed, offloaded
   bool holds = true;  // the caller holds the input
+  auto take = [&](size_t peak, size_t unit, std::string phase) {
+    out.peak = peak;
+    out.unit = unit;
+    out.phase = std::move(phase);
+    out.kept_by_earlier = R;
+    out.kept_plain = by[0], out.kept_replayed = by[1], out.kept_offloaded = by[2];
+  };
   for (const UnitPiece& p : to_pieces(cost, segments)) {
     PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows, p.offload);
-    if (R + pc.peak > out.peak) {
-      out.peak = R + pc.peak;
-      out.unit = pc.where_unit;
-      out.phase = pc.where_phase;
-      out.kept_by_earlier = R;
-    }
+    if (R + pc.peak > out.peak) take(R + pc.peak, pc.where_unit, pc.where_phase);
     R += pc.kept;
+    by[p.offload ? 2 : p.ckpt ? 1 : 0] += pc.kept;
     holds = pc.holds_out;
   }
-  if (head_peak(cost, R) > out.peak) {
-    out.peak = head_peak(cost, R);
-    out.unit = cost.units.size() - 1;
-    out.phase = "loss (end of forward, start of backward)";
-    out.kept_by_earlier = R;
-  }
+  if (head_peak(cost, R) > out.peak) take(head_peak(cost, R), cost.units.size() - 1, "loss (end of forward, start of backward)");
   const UnitCost& u = cost.units[out.unit];
   out.where = out.phase + " of unit " + std::to_string(out.unit) + " (layers [" + std::to_string(u.begin) + ", " +
               std::to_string(u.end) + "): " + u.name + "), with " + format_bytes(out.kept_by_earlier) +
               " kept by earlier units and " + format_bytes(cost.fixed_bytes) + " fixed";
+  return out;
+}
+
+std::vector<UnitMemory> unit_memory(const ChainCost& cost, const std::vector<Segment>& segments) {
+  std::vector<UnitMemory> out(cost.units.size());
+  bool holds = true;
+  for (const UnitPiece& p : to_pieces(cost, segments)) {
+    const PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows, p.offload);
+    if (!p.ckpt) {
+      out[p.s] = {"keep", pc.kept, 0, 0};
+    } else {
+      // What the units would keep as plain ones, inside the segment (its boundary aside).
+      bool h = true;
+      for (size_t u = p.s; u < p.e; ++u) {
+        const UnitCost& U = cost.units[u];
+        const size_t own = (u > p.s && (h || U.saves_input) ? cost.activation_bytes(u) : 0) + U.extra_bytes;
+        h = U.saves_output;
+        UnitMemory& m = out[u];
+        m.choice = p.offload ? "offload" : p.tile_rows > 0 && p.tile_rows < cost.rows ? "tiles of " + std::to_string(p.tile_rows)
+                                                                                      : "recompute";
+        (p.offload ? m.offloaded : m.dropped) = own;
+      }
+      out[p.s].kept = pc.kept;
+    }
+    holds = pc.holds_out;
+  }
   return out;
 }
 
@@ -581,18 +607,74 @@ struct PlanSpec {
   std::string kind;
   int64_t segments = 0;
   size_t budget = 0;
+  std::vector<Segment> list;  // kind "list": the segments spelled out, as Plan::str() prints them
 };
 
+// "[0,3)@host [3,6)/4 [8,12)": Plan::str()'s spelling read back (layer ranges; /R tiles of R rows;
+// @host offloaded). The ranges are checked against the chain when the plan is made.
+std::vector<Segment> read_segment_list(const std::string& spec) {
+  auto bad = [&](const std::string& why) {
+    MG_FAIL("checkpoint plan: expected segments such as '[0,3)@host [3,6)/4 [8,12)' ([begin,end) layer ranges, /R "
+            "for tiles of R rows, @host for offloaded), got '"
+            << spec << "': " << why);
+  };
+  std::vector<Segment> out;
+  size_t i = 0;
+  auto number = [&]() -> uint64_t {
+    const size_t start = i;
+    while (i < spec.size() && std::isdigit(static_cast<unsigned char>(spec[i]))) ++i;
+    if (i == start || i - start > 9) bad("a number expected at character " + std::to_string(start + 1));
+    return std::stoull(spec.substr(start, i - start));
+  };
+  auto expect = [&](char ch) {
+    if (i >= spec.size() || spec[i] != ch) bad(std::string("'") + ch + "' expected at character " + std::to_string(i + 1));
+    ++i;
+  };
+  while (i < spec.size()) {
+    if (spec[i] == ' ') {
+      ++i;
+      continue;
+    }
+    Segment g;
+    expect('[');
+    g.begin = number();
+    expect(',');
+    g.end = number();
+    expect(')');
+    if (i < spec.size() && spec[i] == '/') {
+      ++i;
+      g.tile_rows = static_cast<int64_t>(number());
+      if (g.tile_rows == 0) bad("tiles of 0 rows");
+    }
+    if (spec.compare(i, 5, "@host") == 0) {
+      i += 5;
+      g.offload = true;
+    }
+    if (g.offload && g.tile_rows > 0) bad("a segment is offloaded or in tiles, not both");
+    if (i < spec.size() && spec[i] != ' ') bad("a space expected between segments at character " + std::to_string(i + 1));
+    out.push_back(g);
+  }
+  if (out.empty()) bad("no segment");
+  size_t prev_end = 0;
+  for (const Segment& g : out) {
+    if (g.begin >= g.end || g.begin < prev_end) bad("segments must be non-empty, increasing and disjoint");
+    prev_end = g.end;
+  }
+  return out;
+}
+
 PlanSpec read_plan_spec(const std::string& spec) {
-  if (spec == "none" || spec == "sqrt" || spec == "min") return {spec};
+  if (spec == "none" || spec == "sqrt" || spec == "min") return {spec, 0, 0, {}};
   if (spec.rfind("segments=", 0) == 0) {
     const std::string v = spec.substr(9);
     MG_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10,
              "checkpoint plan: segments=K needs a positive integer K, got '" << spec << "'");
-    return {"segments", std::stoll(v)};
+    return {"segments", std::stoll(v), 0, {}};
   }
-  if (spec.rfind("budget=", 0) == 0) return {"budget", 0, parse_bytes(spec.substr(7))};
-  MG_FAIL("checkpoint plan: expected none, sqrt, min, segments=K or budget=SIZE, got '" << spec << "'");
+  if (spec.rfind("budget=", 0) == 0) return {"budget", 0, parse_bytes(spec.substr(7)), {}};
+  if (!spec.empty() && spec[0] == '[') return {"list", 0, 0, read_segment_list(spec)};
+  MG_FAIL("checkpoint plan: expected none, sqrt, min, segments=K, budget=SIZE or segments such as '[0,3)@host [3,6)', got '"
+          << spec << "'");
 }
 
 }  // namespace
@@ -605,6 +687,7 @@ Plan make_plan(const ChainCost& cost, const std::string& spec) {
   if (s.kind == "sqrt") return plan_sqrt(cost);
   if (s.kind == "min") return plan_min_peak(cost);
   if (s.kind == "segments") return plan_segments(cost, s.segments);
+  if (s.kind == "list") return finish(cost, "given", s.list);
   return plan_budget(cost, s.budget);
 }
 

@@ -147,6 +147,11 @@ void Trainer::check_options() {
 
 Tensor Trainer::example(int64_t rows) const { return windows_->window_rows(0, 0, rows).x.to(dev_); }
 
+nn::MemoryReport Trainer::explain_memory() const {
+  MG_CHECK(planned_, "Trainer::explain_memory: call plan() first");
+  return nn::explain_memory(cost_, plan_.checkpoint, nn::fixed_parts(model_, &opt_), budget_ ? budget_ : memory_capacity(dev_));
+}
+
 nn::ChainCost Trainer::measure(int64_t rows, const nn::MeasureOptions& opts) {
   if (windows_) return nn::measure_chain(model_, example(rows), opts);
   return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), opts);
@@ -163,6 +168,7 @@ void Trainer::plan_for(size_t memory) {
   auto measure_at = [&](int64_t b) {
     nn::MeasureOptions mo;
     if (opts_.tiles) mo.tile_rows = nn::tile_rows_below(b);
+    mo.offload = opts_.offload;
     return measure(b, mo);
   };
   if (memory == 0) {  // no budget: the split and the checkpoint spec as given
@@ -201,6 +207,7 @@ void Trainer::plan_for(size_t memory) {
         format_bytes(memory));
   nn::MeasureOptions mo;
   mo.stop_when_flat = true;
+  mo.offload = opts_.offload;
   if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show
     mo.on_measure = [&](int64_t b) { print("  measuring micro-batch " + std::to_string(b)); };
   }

@@ -122,6 +122,9 @@ struct ChainCost {
   // 0: plans offload nothing.
   double to_host_bytes_per_ms = 0, from_host_bytes_per_ms = 0;
   size_t host_limit = 0;  // the host pool's cap (mg::set_host_memory_limit) when measured; 0: none
+  // Parts of fixed_bytes the measuring knows: the int64 targets of the loss, and under autocast the
+  // parameters' low-precision copies (Note [autocast]).
+  size_t target_bytes = 0, weight_copy_bytes = 0;
   size_t activation_bytes(size_t k) const { return k == 0 ? input_bytes : units.at(k - 1).out_bytes; }
   const ChainCost* tile_cost(int64_t tile_rows) const;  // null when not measured at tile_rows
 };
@@ -176,11 +179,26 @@ struct PeakBreakdown {
   size_t unit = 0;             // the unit running at the peak
   std::string phase;           // forward, backward, replay, loss, ...
   size_t kept_by_earlier = 0;  // R at that moment: bytes earlier units keep
+  // R by what keeps it: plain units, the boundaries of replayed (and tiled) segments, the
+  // boundaries and saved outputs of offloaded ones.
+  size_t kept_plain = 0, kept_replayed = 0, kept_offloaded = 0;
   std::string where;           // all of it in words
 };
 PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 
-// Plans. `spec` is none | sqrt | segments=K | budget=SIZE | min. sqrt is segments=K with
+// What a plan does with each unit's activations: kept on the device from its forward to its
+// backward, dropped and recomputed, or offloaded to the host pool. A segment's boundary (its input,
+// kept on the device) is counted for the segment's first unit.
+struct UnitMemory {
+  std::string choice;     // keep | recompute | offload | tiles of R
+  size_t kept = 0;        // device bytes it keeps through the step (by the cost model)
+  size_t dropped = 0;     // bytes a plain run would keep that replay recomputes
+  size_t offloaded = 0;   // bytes it moves to the host pool
+};
+std::vector<UnitMemory> unit_memory(const ChainCost& cost, const std::vector<Segment>& segments);
+
+// Plans. `spec` is none | sqrt | segments=K | budget=SIZE | min, or the segments themselves as
+// Plan::str() prints them ("[0,3)@host [3,6)/4 [8,12)", kind "given"). sqrt is segments=K with
 // K = round(sqrt(number of layers)), as Chen et al. (2016) and PyTorch's split.
 Plan plan_none(const ChainCost& cost);
 Plan plan_segments(const ChainCost& cost, int64_t segments);  // PyTorch's split, snapped to units

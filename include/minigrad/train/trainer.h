@@ -64,6 +64,7 @@
 
 #include <minigrad/core/autocast.h>
 #include <minigrad/data/dataset.h>
+#include <minigrad/nn/memory_report.h>
 #include <minigrad/nn/module.h>
 #include <minigrad/nn/serialize.h>
 #include <minigrad/nn/train_plan.h>
@@ -99,6 +100,9 @@ struct TrainerOptions {
   nn::Metadata signature;          // saved in each training state, a resume that differs warned of; the same on every rank
   uint64_t seed = 0;               // the sample order
   bool tiles = true;               // tiled segments (Note [tiled segments])
+  // Whether plans may offload segments to the host pool (Note [offload] in minigrad/core/checkpoint.h):
+  // automatic on CUDA devices, not on the CPU (where it is an emulation, for tests).
+  nn::MeasureOptions::Offload offload = nn::MeasureOptions::Offload::automatic;
   // fp32 | tf32 (CUDA's TF32 products, set on for the run) | bf16 | fp16: the forward and backward
   // of every step, and the measuring, run under an AutocastGuard of it (Note [autocast] in
   // minigrad/core/autocast.h); the parameters, gradient buffers and optimizer state stay float32.
@@ -191,6 +195,9 @@ class Trainer {
   // what the plan was made from, for reports (minigrad/nn/checkpoint_plan.h: min_feasible_peak,
   // explain_peak). After plan().
   const nn::ChainCost& cost() const { return cost_; }
+  // Where the plan's step puts its memory, term by term (minigrad/nn/memory_report.h), against the
+  // budget or, without one, what the device has. After plan().
+  nn::MemoryReport explain_memory() const;
   // Re-plans so far, the measuring's included (step -1: measuring the micro-batch ran out of memory,
   // and the batch was planned jointly for what the device has).
   const std::vector<Replan>& replans() const { return replans_; }

@@ -1,0 +1,87 @@
+// mg::nn::explain_memory (minigrad/nn/memory_report.h) through the Trainer, as --explain-memory
+// prints it: on VGG16/8, ResNet-50/8 and the tiny GPT the terms sum to the predicted peak, and a
+// real step's peak is that prediction. Offloaded plans report their host bytes.
+#include <numeric>
+
+#include "helpers.h"
+#include <minigrad/data/tokens.h>
+#include <minigrad/nn/memory_report.h>
+#include <minigrad/train/trainer.h>
+
+using namespace mg;
+
+namespace {
+
+size_t sum_of_terms(const nn::MemoryReport& r) {
+  return std::accumulate(r.terms.begin(), r.terms.end(), size_t{0},
+                         [](size_t s, const nn::MemoryTerm& t) { return s + t.bytes; });
+}
+
+// Plans, explains, trains two steps; checks the report against the plan and the measured peak.
+void check_report(Trainer& t, const char* what) {
+  const nn::TrainPlan& plan = t.plan();
+  const nn::MemoryReport r = t.explain_memory();
+  MESSAGE(std::string(what) << ": " << r.str());
+  CHECK(sum_of_terms(r) == r.predicted_peak);
+  CHECK(r.predicted_peak == plan.checkpoint.predicted_peak);
+  CHECK(r.units.size() == t.cost().units.size());
+  CHECK(r.host_bytes == plan.checkpoint.predicted_host_peak);
+  CHECK_FALSE(r.advice.empty());
+  reset_host_peak_memory_stats();
+  const FitReport fit = t.fit();
+  INFO(std::string(what) << ": measured " << fit.peak_in_use << ", predicted " << r.predicted_peak);
+  CHECK(static_cast<double>(fit.peak_in_use) == doctest::Approx(static_cast<double>(r.predicted_peak)).epsilon(0.005));
+  CHECK(host_memory_stats().peak_in_use == r.host_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("explain_memory: VGG16/8, the terms are the predicted peak, and the step's peak is it") {
+  const auto data = test::random_dataset(32, {3, 64, 64}, 2, 8);
+  for (const char* plan : {"none", "sqrt", "[2,9)@host [9,16) [16,30)@host"}) {
+    manual_seed(1);
+    auto m = nn::make_vgg16(2, 8);
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    Trainer t(*m, data, opt, {.batch_size = 16, .checkpoint = plan, .epochs = 1, .max_steps = 2,
+                              .offload = nn::MeasureOptions::Offload::on, .progress = Progress::off});
+    check_report(t, plan);
+    const nn::MemoryReport r = t.explain_memory();
+    if (std::string(plan).find("@host") != std::string::npos) {
+      CHECK(r.host_bytes > 0);
+      CHECK(r.units[4].choice == "offload");
+      CHECK(r.units[4].offloaded > 0);
+    }
+    if (std::string(plan) == "none") {
+      CHECK(r.units[0].choice == "keep");
+      CHECK(r.terms[1].bytes == r.terms[0].bytes);  // gradient buffers as large as the parameters
+    }
+  }
+}
+
+TEST_CASE("explain_memory: ResNet-50/8 and the tiny GPT") {
+  SUBCASE("ResNet-50/8 at 32x32, batch 8") {
+    const auto data = test::random_dataset(16, {3, 32, 32}, 3, 9);
+    manual_seed(2);
+    auto m = nn::make_resnet50(3, 8);
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    Trainer t(*m, data, opt, {.batch_size = 8, .checkpoint = "sqrt", .epochs = 1, .max_steps = 2, .progress = Progress::off});
+    check_report(t, "ResNet-50/8");
+  }
+  SUBCASE("tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens") {
+    const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
+    std::vector<uint16_t> tokens(1 << 14);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
+    auto windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
+    manual_seed(1);
+    auto m = nn::make_gpt2(cfg);
+    optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
+    const int64_t V = cfg.vocab_size;
+    Trainer t(*m, windows, opt,
+              {.batch_size = 8, .epochs = 1, .max_steps = 2,
+               .loss = [V](const Tensor& logits, const Tensor& y) {
+                 return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
+               },
+               .tiles = false, .progress = Progress::off});
+    check_report(t, "tiny GPT");
+  }
+}
