@@ -557,3 +557,44 @@ TEST_CASE("planner: offloaded plans of VGG16/8, device and host peaks as predict
   }
   CHECK(offloaded >= 12);
 }
+
+TEST_CASE("planner: a VGG16/8 budget plan that offloads, under a cap of its budget: the weights of no checkpointing") {
+  // The issue's must-show: a budget between the floor and no checkpointing, chosen so that the
+  // plan offloads; three SGD steps under a memory cap of that budget, with dropout; the weights
+  // bit-identical to three steps without checkpointing (no cap), and each step's device peak the
+  // prediction (plus the harness's 8 bytes), within the cap; the host pool's peak as predicted.
+  const Shape in{4, 3, 32, 32};
+  auto train = [&](bool offload) {
+    manual_seed(12);
+    auto m = nn::make_vgg16(3, 8);
+    m->train();
+    optim::SGD opt(m->parameters(), {.lr = 0.01f, .momentum = 0.9f});
+    nn::Plan plan;
+    if (offload) {
+      const nn::ChainCost cost = nn::measure_chain(*m, in, {.offload = nn::MeasureOptions::Offload::on});
+      const size_t lo = nn::min_feasible_peak(cost), hi = nn::plan_none(cost).predicted_peak;
+      for (int k = 1; k < 20 && plan.predicted_host_peak == 0; ++k) plan = nn::plan_budget(cost, lo + (hi - lo) * k / 20);
+      REQUIRE(plan.predicted_host_peak > 0);
+      MESSAGE("budget " << plan.budget << ": " << plan.str() << ", host " << plan.predicted_host_peak);
+      set_memory_limit(Device::cpu(), plan.budget);
+    }
+    for (int step = 0; step < 3; ++step) {
+      reset_host_peak_memory_stats();
+      const size_t peak = measured_step_peak(*m, opt, plan.segments, in, 3);
+      if (offload) {
+        CHECK(peak == plan.predicted_peak + 8);
+        CHECK(peak <= plan.budget);
+        CHECK(host_memory_stats().peak_in_use == plan.predicted_host_peak);
+      }
+    }
+    set_memory_limit(Device::cpu(), 0);
+    return m;
+  };
+  auto none = train(false), offloaded = train(true);
+  auto a = none->named_parameters(), b = offloaded->named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(mg::test::bit_equal(a[i].second, b[i].second));
+  }
+}
