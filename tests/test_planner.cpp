@@ -194,11 +194,13 @@ TEST_CASE("planner: with offload, still optimal against enumeration on random ch
     nn::ChainCost c = random_chain(n, rng);
     for (nn::UnitCost& u : c.units) u.forward_ms = u.flops / 100.0;  // 100 FLOPs per millisecond
     // Copies that cost about as much as recomputing: bytes per millisecond each way.
-    c.to_host_bytes_per_ms = 20.0 + static_cast<double>(rng() % 40);
-    c.from_host_bytes_per_ms = 20.0 + static_cast<double>(rng() % 40);
+    c.to_host_bytes_per_ms = 100.0 + static_cast<double>(rng() % 900);
+    c.from_host_bytes_per_ms = 100.0 + static_cast<double>(rng() % 900);
     REQUIRE(nn::offload_offered(c));
-    if (trial % 3 == 2) {  // a host cap below what the cheapest plan at the floor offloads
-      const size_t host = nn::plan_budget(c, nn::min_feasible_peak(c)).predicted_host_peak;
+    if (trial % 3 == 2) {  // a host cap below what the cheapest plan offloads at some budget
+      const size_t lo = nn::min_feasible_peak(c), hi = nn::plan_none(c).predicted_peak;
+      size_t host = 0;
+      for (int k = 0; k <= 8 && host == 0; ++k) host = nn::plan_budget(c, lo + (hi - lo) * static_cast<size_t>(k) / 8).predicted_host_peak;
       c.host_limit = std::max<size_t>(1, host / 2);
     }
     const auto plans = plans_with_offload(n);
@@ -247,13 +249,13 @@ TEST_CASE("planner: chains whose best plan keeps, recomputes and offloads") {
   // the test above checks against enumeration) leaves units plain, replays some and offloads others.
   std::mt19937_64 rng(8);
   int mixed = 0;
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 80; ++trial) {
     nn::ChainCost c = random_chain(8, rng);
     for (nn::UnitCost& u : c.units) u.forward_ms = u.flops / 100.0;
-    c.to_host_bytes_per_ms = c.from_host_bytes_per_ms = 40.0;
+    c.to_host_bytes_per_ms = c.from_host_bytes_per_ms = 40.0 * static_cast<double>(1 + trial % 4);
     const size_t lo = nn::min_feasible_peak(c), hi = nn::plan_none(c).predicted_peak;
-    for (int k = 0; k <= 10; ++k) {
-      const nn::Plan p = nn::plan_budget(c, lo + (hi - lo) * static_cast<size_t>(k) / 10);
+    for (int k = 0; k <= 20; ++k) {
+      const nn::Plan p = nn::plan_budget(c, lo + (hi - lo) * static_cast<size_t>(k) / 20);
       bool off = false, replay = false;
       size_t covered = 0;
       for (const nn::Segment& g : p.segments) {

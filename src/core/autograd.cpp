@@ -98,6 +98,7 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
 
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   const DepthScope depth(retain_graph);
+  if (t_backward_depth == 1) offload_backward_starts();  // Note [offload schedule]
   const GradReadyHook::Fn* hook = t_backward_depth == 1 ? t_ready_hook : nullptr;
   if (root.is_leaf()) {
     accumulate_grad(root, grad);

@@ -106,11 +106,44 @@ void check_tileable(const CheckpointSegment& seg) {
                                                << " rows; tiles need every output to keep the batch first");
   }
 }
+// Note [offload schedule]: this thread's offloaded segments, in recording order, and the device
+// copies of their storages that wait to be released: `fresh` the last segment's, `pending` those
+// of a segment before the unit now running.
+struct Release {
+  std::shared_ptr<StorageImpl> storage;
+  void* copied = nullptr;  // CUDA: the event of its copy to the host
+};
+struct OffloadSchedule {
+  std::vector<std::weak_ptr<CheckpointSegment>> segments;
+  std::vector<Release> fresh, pending;
+};
+thread_local OffloadSchedule t_offload;
+
+void release(std::vector<Release>& list) {
+  for (Release& r : list) {
+    if (r.copied) cuda_offload_wait(r.copied);
+  }
+  list.clear();  // the device's blocks go with the last references
+}
+
+// A copy of a storage's bytes into another, queued on the copy stream when a CUDA device is on
+// either side (the event to wait for), done at once on the CPU (null).
+void* start_copy(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype) {
+  const bool to_host = src->device().is_cuda() && dst->device().is_cpu();
+  const bool from_host = src->device().is_cpu() && dst->device().is_cuda();
+  if (!to_host && !from_host) {
+    copy_storage(dst, src, dtype);
+    return nullptr;
+  }
+  return cuda_offload_copy(dst->data(), src->data(), src->nbytes(), (to_host ? src : dst)->device().index, to_host);
+}
+
 // Note [offload]: moves every storage that only the segment's saved tensors hold (not the
 // boundary's, nor one something outside holds: a parameter, a cached low-precision weight, the
-// segment's output) to the host pool, in the order the nodes first saved them. The device copy
-// goes as the last tensor on it is moved.
-void send_away(CheckpointSegment& seg) {
+// segment's output) to the host pool, in the order the nodes first saved them. The device copies
+// wait in the schedule's `fresh` list (Note [offload schedule]).
+void send_away(const std::shared_ptr<CheckpointSegment>& segment) {
+  CheckpointSegment& seg = *segment;
   std::unordered_set<const StorageImpl*> boundary;
   for (const Tensor& b : seg.boundary) boundary.insert(b.impl().storage.get());
   struct Held {
@@ -138,22 +171,57 @@ void send_away(CheckpointSegment& seg) {
     bool only_saved = users.front()->storage.use_count() == static_cast<long>(users.size());
     for (TensorImpl* impl : users) only_saved = only_saved && handles[impl].all == handles[impl].saved;
     if (!only_saved) continue;
-    CheckpointSegment::Away a{std::make_shared<StorageImpl>(st->nbytes(), StorageImpl::InHostPool{}), st->device(),
-                              users.front()->dtype, users};
-    copy_storage(a.host, users.front()->storage, a.dtype);
-    for (TensorImpl* impl : users) impl->storage = a.host;  // the last one frees the device's copy
+    CheckpointSegment::Away a;
+    a.host = std::make_shared<StorageImpl>(st->nbytes(), StorageImpl::InHostPool{});
+    a.device = st->device();
+    a.dtype = users.front()->dtype;
+    a.users = users;
+    std::shared_ptr<StorageImpl> device_copy = users.front()->storage;
+    void* copied = start_copy(a.host, device_copy, a.dtype);
+    for (TensorImpl* impl : users) impl->storage = a.host;
+    t_offload.fresh.push_back({std::move(device_copy), copied});
     seg.away.push_back(std::move(a));
+  }
+  if (seg.away.empty()) return;
+  auto& list = t_offload.segments;
+  list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
+  list.push_back(segment);
+}
+
+// Queues the segment's storages back to the devices they came from (device memory taken now).
+void fetch(CheckpointSegment& seg) {
+  for (CheckpointSegment::Away& a : seg.away) {
+    if (a.back) continue;
+    a.back = std::make_shared<StorageImpl>(a.host->nbytes(), a.device);
+    a.arrived = start_copy(a.back, a.host, a.dtype);
   }
 }
 
-// Brings the segment's storages back from the host pool, to the devices they came from.
+// The segment's storages on their devices again, its saved tensors pointing there.
 void bring_back(CheckpointSegment& seg) {
+  fetch(seg);
   for (CheckpointSegment::Away& a : seg.away) {
-    auto dev = std::make_shared<StorageImpl>(a.host->nbytes(), a.device);
-    copy_storage(dev, a.host, a.dtype);
-    for (TensorImpl* impl : a.users) impl->storage = dev;
+    if (a.arrived) cuda_offload_wait(a.arrived);
+    for (TensorImpl* impl : a.users) impl->storage = a.back;
   }
-  seg.away.clear();  // the host pool's blocks go with the last reference
+  seg.away.clear();  // the host pool's blocks go with the last references
+}
+
+// Starts bringing back the latest offloaded segment recorded before `seg` (all of them when `seg`
+// is null) that is still away: Note [offload schedule].
+void prefetch_before(const CheckpointSegment* seg) {
+  auto& list = t_offload.segments;
+  size_t k = list.size();
+  if (seg != nullptr) {
+    while (k > 0 && list[k - 1].lock().get() != seg) --k;
+    if (k > 0) --k;  // list[k] is seg: look before it
+  }
+  while (k > 0) {
+    if (auto s = list[--k].lock(); s && !s->away.empty()) {
+      fetch(*s);
+      return;
+    }
+  }
 }
 
 }  // namespace
@@ -172,6 +240,18 @@ void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr
   };
   Tensor d = view(dst);
   copy_kernel(d, view(src));
+}
+
+void offload_unit_end() {
+  release(t_offload.pending);
+  t_offload.pending = std::move(t_offload.fresh);
+  t_offload.fresh.clear();
+}
+
+void offload_backward_starts() {
+  release(t_offload.pending);
+  release(t_offload.fresh);
+  prefetch_before(nullptr);
 }
 
 bool checkpoint_recording() { return t_recording_depth > 0; }
@@ -264,7 +344,7 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
   recorded.clear();
 
   Tensor out = y.detach();
-  if (seg->offload) send_away(*seg);
+  if (seg->offload) send_away(seg);
   if (tiled) {  // the other tiles: replayed without recording, each into its rows of the output
     out = Tensor::empty(with_rows(y.shape(), batch), TensorOptions{y.dtype(), y.device()});
     rows_view(out, 0, seg->tile_rows).copy_(y);
@@ -306,6 +386,7 @@ namespace {
 void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
   CheckpointSegment& seg = *node.segment;
   bring_back(seg);
+  prefetch_before(&seg);  // the previous offloaded segment comes back during this one's backward
   std::vector<Tensor> fresh;
   for (const Tensor& b : node.saved) {
     Tensor f = b.detach();

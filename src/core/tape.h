@@ -100,16 +100,31 @@ struct CheckpointSegment {
   int64_t tile_rows = 0, batch_rows = 0;
   // Offloaded segments (Note [offload]): the nodes keep their saved tensors, whose storages wait
   // in the host pool between forward and backward; backward brings them back instead of
-  // replaying. `away` lists the storages still in the host pool.
+  // replaying. `away` lists the storages still in the host pool (Note [offload schedule]).
   bool offload = false;
   struct Away {
     std::shared_ptr<StorageImpl> host;
-    Device device;                    // where the storage came from, and goes back to
-    DType dtype = DType::f32;         // a dtype of the tensors on it (its size divides the bytes)
-    std::vector<TensorImpl*> users;   // the saved tensors on it (owned by the nodes)
+    std::shared_ptr<StorageImpl> back;  // its device copy once a fetch has been queued
+    void* arrived = nullptr;            // CUDA: the event of that copy (null on the CPU)
+    Device device;                      // where the storage came from, and goes back to
+    DType dtype = DType::f32;           // a dtype of the tensors on it (its size divides the bytes)
+    std::vector<TensorImpl*> users;     // the saved tensors on it (owned by the nodes)
   };
   std::vector<Away> away;
 };
+
+// Note [offload schedule] (include/minigrad/core/checkpoint.h): the end of a unit of a plan's chain
+// (forward_with_plan), where the device copies of an offloaded segment that ended before it are
+// released; and the start of a backward (run_backward), where they are all released and the last
+// offloaded segment's activations start coming back.
+void offload_unit_end();
+void offload_backward_starts();
+
+// Offload copies, defined by the CUDA backend (no_cuda.cpp: never called there). Queued on the
+// device's copy stream after what its stream has queued so far; the host waits for the event they
+// return (before the source may be freed or the destination read), which frees it.
+void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_index, bool to_host);
+void cuda_offload_wait(void* event);
 
 // Copies a storage's bytes into another of the same size, between any two devices or the host
 // pool (Note [offload]); `dtype` is one of the dtypes on them (its size divides the bytes).

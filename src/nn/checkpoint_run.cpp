@@ -4,6 +4,7 @@
 
 #include <minigrad/core/checkpoint.h>
 
+#include "core/tape.h"
 #include "nn/checkpoint_segments.h"
 
 namespace mg::nn {
@@ -14,13 +15,19 @@ Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, 
   // forward_range(h, ...) call would hold h until the whole range is done).
   Tensor h = x;
   size_t pos = 0;
+  // Note [offload schedule]: the end of each unit of the cost model (a view layer such as Flatten
+  // belongs to the layer after it) releases what an offloaded segment before it copied out.
   auto run_plain = [&](size_t end) {
-    for (; pos < end; ++pos) h = seq[pos].forward(h);
+    for (; pos < end; ++pos) {
+      h = seq[pos].forward(h);
+      if (dynamic_cast<Flatten*>(&seq[pos]) == nullptr) offload_unit_end();
+    }
   };
   for (const Segment& g : segments) {
     run_plain(g.begin);
     h = mg::checkpoint([&seq, g](const std::vector<Tensor>& in) { return seq.forward_range(in[0], g.begin, g.end); },
                        {h}, {.tile_rows = g.tile_rows, .offload = g.offload});
+    offload_unit_end();
     pos = g.end;
   }
   run_plain(seq.size());

@@ -7,6 +7,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <minigrad/util/bytes.h>
@@ -19,19 +20,30 @@ namespace mg::nn {
 
 namespace {
 
-// What a piece of the chain adds, relative to R (the bytes earlier units keep).
+// A moment of a step: bytes in use (relative to R), the unit running and the phase.
+struct Moment {
+  size_t bytes = 0;
+  size_t unit = 0;
+  const char* phase = "";
+};
+
+// What a piece of the chain adds, relative to R (the bytes earlier units keep). Its forward and
+// backward peaks are kept apart: an offloaded segment just before the piece still holds its
+// device copies through the piece's forward, and the last offloaded segment before it is coming
+// back during the piece's backward (Note [offload schedule] in minigrad/core/checkpoint.h).
 struct PieceCost {
-  size_t peak = 0;        // the piece's peak (forward and backward) is R + peak
-  size_t kept = 0;        // R grows by this
-  size_t host = 0;        // bytes it moves to the host pool (offloaded pieces)
+  Moment fwd, bwd;
+  size_t kept = 0;         // R grows by this
+  size_t host = 0;         // bytes it moves to the host pool (offloaded pieces)
   bool holds_out = false;  // the piece's last unit keeps its output
-  size_t where_unit = 0;   // the moment of the peak: a unit and a phase
-  const char* where_phase = "";
   void note(size_t bytes, size_t unit, const char* phase) {
-    if (bytes <= peak) return;
-    peak = bytes;
-    where_unit = unit;
-    where_phase = phase;
+    Moment& m = std::strncmp(phase, "forward", 7) == 0 ? fwd : bwd;
+    if (bytes > m.bytes) m = {bytes, unit, phase};
+  }
+  // The peak above R with q bytes pending in forward and p bytes prefetched in backward.
+  size_t peak(size_t q, size_t p) const { return std::max(fwd.bytes + q, bwd.bytes + p); }
+  Moment peak_moment(size_t q, size_t p) const {
+    return fwd.bytes + q >= bwd.bytes + p ? Moment{fwd.bytes + q, fwd.unit, fwd.phase} : Moment{bwd.bytes + p, bwd.unit, bwd.phase};
   }
 };
 
@@ -232,8 +244,14 @@ std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>&
   return pieces;
 }
 
-size_t head_peak(const ChainCost& c, size_t R) {
-  return c.fixed_bytes + R + c.activation_bytes(c.units.size()) + c.head_bytes;
+// The loss: its forward with the logits and the probabilities (and the device copies of an
+// offloaded last segment, pending), and the start of backward, where those go and the last
+// offloaded segment starts coming back (with the logits, when the last unit keeps them).
+Moment head_moment(const ChainCost& c, size_t R, size_t q, size_t p, bool holds) {
+  const size_t n = c.units.size();
+  const size_t fwd = c.fixed_bytes + R + c.activation_bytes(n) + c.head_bytes + q;
+  const size_t bwd = c.fixed_bytes + R + c.head_bytes + p + (holds ? c.activation_bytes(n) : 0);
+  return fwd >= bwd ? Moment{fwd, n - 1, "loss (end of forward)"} : Moment{bwd, n - 1, "loss (start of backward)"};
 }
 
 double piece_flops(const ChainCost& c, size_t s, size_t e) {
@@ -297,14 +315,19 @@ PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& se
     out.kept_by_earlier = R;
     out.kept_plain = by[0], out.kept_replayed = by[1], out.kept_offloaded = by[2];
   };
-  for (const UnitPiece& p : to_pieces(cost, segments)) {
-    PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows, p.offload);
-    if (R + pc.peak > out.peak) take(R + pc.peak, pc.where_unit, pc.where_phase);
+  size_t q = 0, p = 0;  // Note [offload schedule]: pending in forward, prefetched in backward
+  for (const UnitPiece& x : to_pieces(cost, segments)) {
+    PieceCost pc = eval_any_piece(cost, x.s, x.e, x.ckpt, holds, x.tile_rows, x.offload);
+    const Moment m = pc.peak_moment(q, p);
+    if (R + m.bytes > out.peak) take(R + m.bytes, m.unit, m.phase);
     R += pc.kept;
-    by[p.offload ? 2 : p.ckpt ? 1 : 0] += pc.kept;
+    by[x.offload ? 2 : x.ckpt ? 1 : 0] += pc.kept;
     holds = pc.holds_out;
+    q = x.offload ? pc.host : 0;
+    if (x.offload && pc.host > 0) p = pc.host;
   }
-  if (head_peak(cost, R) > out.peak) take(head_peak(cost, R), cost.units.size() - 1, "loss (end of forward, start of backward)");
+  const Moment h = head_moment(cost, R, q, p, holds);
+  if (h.bytes > out.peak) take(h.bytes, h.unit, h.phase);
   const UnitCost& u = cost.units[out.unit];
   out.where = out.phase + " of unit " + std::to_string(out.unit) + " (layers [" + std::to_string(u.begin) + ", " +
               std::to_string(u.end) + "): " + u.name + "), with " + format_bytes(out.kept_by_earlier) +
@@ -410,6 +433,8 @@ enum class Objective { least_recompute, least_peak };
 struct Label {
   size_t R = 0;
   size_t H = 0;  // bytes offloaded so far (the host pool's peak is all of them)
+  size_t Q = 0;  // the last piece's offloaded bytes, when it was offloaded (pending in the next forward)
+  size_t P = 0;  // the last offloaded piece's bytes (prefetched in the backward of the pieces after it)
   double cost = 0;
   size_t peak = 0;
   bool holds = true;
@@ -486,7 +511,8 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
       for (int i : idx) {
         bool dominated = false;
         for (int j : front) {
-          if (key(all[j]) <= key(all[i]) && (!host_capped || all[j].H <= all[i].H)) {
+          if (key(all[j]) <= key(all[i]) && all[j].Q <= all[i].Q && all[j].P <= all[i].P &&
+              (!host_capped || all[j].H <= all[i].H)) {
             dominated = true;
             break;
           }
@@ -504,7 +530,9 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
         m.R = l.R + pc.kept;
         m.H = l.H + pc.host;
         if (c.host_limit != 0 && m.H > c.host_limit) return;
-        m.peak = std::max(l.peak, l.R + pc.peak);
+        m.peak = std::max(l.peak, l.R + pc.peak(l.Q, l.P));
+        m.Q = offloaded ? pc.host : 0;
+        m.P = offloaded && pc.host > 0 ? pc.host : l.P;
         m.cost = l.cost + (offloaded ? offload_cost(c, pc.host) : ckpt ? recompute_of(c, s, e, tile) : 0.0);
         m.offload = offloaded;
         m.tiles = l.tiles + (tile ? (c.rows + tile->rows - 1) / tile->rows : 0);
@@ -513,7 +541,7 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
         m.from = s;
         m.ckpt = ckpt;
         m.tile_rows = tile ? tile->rows : 0;
-        if (e == n) m.peak = std::max(m.peak, head_peak(c, m.R));
+        if (e == n) m.peak = std::max(m.peak, head_moment(c, m.R, m.Q, m.P, m.holds).bytes);
         if (m.peak > budget) return;
         all.push_back(m);
         at[e].push_back(static_cast<int>(all.size() - 1));

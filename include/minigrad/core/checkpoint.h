@@ -64,9 +64,24 @@
 // so the gradients have the same bits. Nothing is recomputed; the cost is two copies of the
 // offloaded bytes. On the CPU the host pool is ordinary memory apart from the CPU allocator: an
 // emulation in which the "device" is the capped CPU allocator, for tests of the bytes and the
-// math. With CUDA it is page-locked, and the copies run on the device's stream (the cost model
-// counts them as not overlapping compute: see docs/checkpointing.md).
-#pragma once
+// math. With CUDA it is page-locked, and the copies run on a copy stream of the device's own
+// (src/kernels/cuda/offload.cu), beside the kernels.
+//
+// Note [offload schedule]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// When the copies happen and when their memory goes, the same on every device, so that the
+// checkpoint cost model (minigrad/nn/checkpoint_plan.h) predicts the peak on the CPU emulation
+// and on a GPU alike:
+//   - to the host: queued when the segment's forward ends; the device copies stay allocated
+//     through the next unit's forward (forward_with_plan marks the end of each unit), so that on
+//     a GPU the copy runs beside that unit's kernels; then the host waits for the copy (done by
+//     then, if the link kept up) and frees them. A backward starting frees any still waiting.
+//   - back: the last offloaded segment's activations start coming back when backward starts;
+//     each offloaded segment, when backward reaches it, waits for its own, then starts bringing
+//     back the offloaded segment before it, so that its copy runs beside this segment's backward
+//     and that of the units between the two. Device memory for a fetch is taken when it starts.
+// mg::checkpoint(..., {.offload = true}) called outside forward_with_plan keeps the device copies
+// until the next offloaded segment ends or backward starts.#pragma once
 
 #include <cstdint>
 #include <functional>
