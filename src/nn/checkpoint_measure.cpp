@@ -356,6 +356,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     for (const UnitCost& u : cost.units) largest = std::max(largest, u.out_bytes);
     measure_host_link(dev, std::clamp<size_t>(largest / 4 * 4, size_t{1} << 20, size_t{64} << 20), cost);
     cost.host_limit = host_memory_limit();
+    cost.copies_overlap = dev.is_cuda();
   }
   reset_peak_memory_stats(dev);
 

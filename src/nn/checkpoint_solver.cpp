@@ -267,26 +267,66 @@ double recompute_of(const ChainCost& c, size_t s, size_t e, const ChainCost* til
   return piece_flops(*tile, s, e) * static_cast<double>(c.rows) / static_cast<double>(tile->rows);
 }
 
-// Milliseconds to move `bytes` to the host pool and back (no overlap with compute counted).
-double link_ms(const ChainCost& c, size_t bytes) {
-  if (!offload_offered(c)) return std::numeric_limits<double>::infinity();
-  const double b = static_cast<double>(bytes);
-  return b / c.to_host_bytes_per_ms + b / c.from_host_bytes_per_ms;
+// The link's time that a plan cannot hide (Note [offload schedule]). Where copies run beside
+// compute (ChainCost::copies_overlap: CUDA), the copy to the host of an offloaded segment hides
+// behind the next piece's forward, and the copy back behind the backward of everything from the
+// next offloaded segment (or the loss) down to it; elsewhere (the CPU's copies, done by the thread
+// that runs the model) every copy is exposed. Walked piece by piece in forward order, with
+// `pending` the last piece's offloaded bytes (0 unless it was offloaded), `coming` the last
+// offloaded piece's and `window` the backward milliseconds since it.
+struct LinkClock {
+  size_t pending = 0, coming = 0;
+  double window = 0;
+  double to_host(const ChainCost& c, size_t b) const { return static_cast<double>(b) / c.to_host_bytes_per_ms; }
+  double from_host(const ChainCost& c, size_t b) const { return static_cast<double>(b) / c.from_host_bytes_per_ms; }
+  // The exposed milliseconds a piece settles, and the clock moved past it.
+  double step(const ChainCost& c, bool offloaded, size_t host, double fwd_ms, double bwd_ms) {
+    if (!c.copies_overlap) return offloaded ? to_host(c, host) + from_host(c, host) : 0.0;
+    double ms = pending ? std::max(0.0, to_host(c, pending) - fwd_ms) : 0.0;
+    pending = offloaded ? host : 0;
+    if (offloaded && host > 0) {
+      ms += coming ? std::max(0.0, from_host(c, coming) - (window + bwd_ms)) : 0.0;
+      coming = host;
+      window = 0;
+    } else {
+      window += bwd_ms;
+    }
+    return ms;
+  }
+  // What the end of the chain settles: the last copy to the host, and the last copy back (from
+  // the start of backward).
+  double end(const ChainCost& c) const {
+    if (!c.copies_overlap) return 0.0;
+    return (pending ? to_host(c, pending) : 0.0) + (coming ? std::max(0.0, from_host(c, coming) - window) : 0.0);
+  }
+};
+
+// A piece's forward and backward milliseconds (a replayed piece's backward runs its forward again).
+double piece_forward_ms(const ChainCost& c, size_t s, size_t e) {
+  double ms = 0;
+  for (size_t u = s; u < e; ++u) ms += c.units[u].forward_ms;
+  return ms;
+}
+double piece_backward_ms(const ChainCost& c, size_t s, size_t e, bool replayed) {
+  double ms = replayed ? piece_forward_ms(c, s, e) : 0.0;
+  for (size_t u = s; u < e; ++u) ms += c.units[u].backward_ms;
+  return ms;
 }
 
-// The planner's cost of an offloaded piece, in the unit of UnitCost::flops (FLOPs, or
-// milliseconds for the joint planner): its copy time at the chain's forward rate.
-double offload_cost(const ChainCost& c, size_t bytes) {
+// The chain's forward FLOPs per millisecond: the planner prices link time in the unit of
+// UnitCost::flops (FLOPs, or milliseconds for the joint planner, where this is 1).
+double flops_per_ms(const ChainCost& c) {
   double flops = 0, ms = 0;
   for (const UnitCost& u : c.units) flops += u.flops, ms += u.forward_ms;
-  if (ms <= 0) return std::numeric_limits<double>::infinity();
-  return link_ms(c, bytes) * flops / ms;
+  return flops / ms;
 }
 
 }  // namespace
 
 bool offload_offered(const ChainCost& cost) {
-  return cost.to_host_bytes_per_ms > 0 && cost.from_host_bytes_per_ms > 0;
+  double ms = 0;
+  for (const UnitCost& u : cost.units) ms += u.forward_ms;
+  return cost.to_host_bytes_per_ms > 0 && cost.from_host_bytes_per_ms > 0 && ms > 0;
 }
 
 size_t predict_host_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
@@ -298,8 +338,17 @@ size_t predict_host_peak(const ChainCost& cost, const std::vector<Segment>& segm
 }
 
 double offload_ms(const ChainCost& cost, const std::vector<Segment>& segments) {
-  const size_t host = predict_host_peak(cost, segments);
-  return host == 0 ? 0.0 : link_ms(cost, host);
+  if (predict_host_peak(cost, segments) == 0) return 0.0;
+  LinkClock clock;
+  double ms = 0;
+  bool holds = true;
+  for (const UnitPiece& p : to_pieces(cost, segments)) {
+    const PieceCost pc = eval_any_piece(cost, p.s, p.e, p.ckpt, holds, p.tile_rows, p.offload);
+    ms += clock.step(cost, p.offload, pc.host, piece_forward_ms(cost, p.s, p.e),
+                     piece_backward_ms(cost, p.s, p.e, p.ckpt && !p.offload));
+    holds = pc.holds_out;
+  }
+  return ms + clock.end(cost);
 }
 
 PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& segments) {
@@ -435,6 +484,7 @@ struct Label {
   size_t H = 0;  // bytes offloaded so far (the host pool's peak is all of them)
   size_t Q = 0;  // the last piece's offloaded bytes, when it was offloaded (pending in the next forward)
   size_t P = 0;  // the last offloaded piece's bytes (prefetched in the backward of the pieces after it)
+  LinkClock clock;  // the link's time so far (Note [offload schedule])
   double cost = 0;
   size_t peak = 0;
   bool holds = true;
@@ -475,6 +525,7 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
   }
   // Offloaded segments, when the chain has a host link.
   const bool offload = offload_offered(c);
+  const double rate = offload ? flops_per_ms(c) : 0.0;
   std::vector<std::vector<PieceCost>> off(offload ? n : 0, std::vector<PieceCost>(n + 1));
   for (size_t s = 0; s < off.size(); ++s) {
     for (size_t e = s + 1; e <= n; ++e) off[s][e] = eval_offload_piece(c, s, e);
@@ -511,8 +562,10 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
       for (int i : idx) {
         bool dominated = false;
         for (int j : front) {
+          const LinkClock &cj = all[j].clock, &ci = all[i].clock;
           if (key(all[j]) <= key(all[i]) && all[j].Q <= all[i].Q && all[j].P <= all[i].P &&
-              (!host_capped || all[j].H <= all[i].H)) {
+              (!host_capped || all[j].H <= all[i].H) && cj.pending <= ci.pending && cj.coming <= ci.coming &&
+              cj.window >= ci.window) {
             dominated = true;
             break;
           }
@@ -533,7 +586,13 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
         m.peak = std::max(l.peak, l.R + pc.peak(l.Q, l.P));
         m.Q = offloaded ? pc.host : 0;
         m.P = offloaded && pc.host > 0 ? pc.host : l.P;
-        m.cost = l.cost + (offloaded ? offload_cost(c, pc.host) : ckpt ? recompute_of(c, s, e, tile) : 0.0);
+        m.cost = l.cost + (ckpt && !offloaded ? recompute_of(c, s, e, tile) : 0.0);
+        if (offload) {
+          m.clock = l.clock;
+          double link = m.clock.step(c, offloaded, pc.host, piece_forward_ms(c, s, e), piece_backward_ms(c, s, e, ckpt && !offloaded));
+          if (e == n) link += m.clock.end(c);
+          m.cost += link * rate;
+        }
         m.offload = offloaded;
         m.tiles = l.tiles + (tile ? (c.rows + tile->rows - 1) / tile->rows : 0);
         m.holds = pc.holds_out;

@@ -81,7 +81,8 @@
 //     back the offloaded segment before it, so that its copy runs beside this segment's backward
 //     and that of the units between the two. Device memory for a fetch is taken when it starts.
 // mg::checkpoint(..., {.offload = true}) called outside forward_with_plan keeps the device copies
-// until the next offloaded segment ends or backward starts.#pragma once
+// until the next offloaded segment ends or backward starts.
+#pragma once
 
 #include <cstdint>
 #include <functional>

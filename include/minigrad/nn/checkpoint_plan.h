@@ -72,7 +72,7 @@ struct Plan {
   double recompute_flops = 0;     // forward work done again in backward
   size_t budget = 0;              // budget= plans only
   size_t predicted_host_peak = 0; // bytes its offloaded segments hold in the host pool at once
-  double offload_ms = 0;          // the link's time for them, to the host and back
+  double offload_ms = 0;          // the link's time for them that compute does not hide
   // "[0,6) [6,12)", "[0,3)/2 [3,12)" (tiles of 2), "[0,6)@host" (offloaded), or "no checkpointing"
   std::string str() const;
 };
@@ -122,6 +122,9 @@ struct ChainCost {
   // 0: plans offload nothing.
   double to_host_bytes_per_ms = 0, from_host_bytes_per_ms = 0;
   size_t host_limit = 0;  // the host pool's cap (mg::set_host_memory_limit) when measured; 0: none
+  // The copies run beside compute (CUDA's copy stream), hidden where there is compute to hide
+  // behind (Note [offload schedule]); on the CPU the thread that runs the model makes them.
+  bool copies_overlap = false;
   // Parts of fixed_bytes the measuring knows: the int64 targets of the loss, and under autocast the
   // parameters' low-precision copies (Note [autocast]).
   size_t target_bytes = 0, weight_copy_bytes = 0;
@@ -166,9 +169,10 @@ ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const Measure
 // end on unit boundaries).
 size_t predict_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 double recompute_flops(const ChainCost& cost, const std::vector<Segment>& segments);
-// Offload: whether plans may use it (the chain has a host link), the host pool's predicted peak
-// (every offloaded segment's bytes: they are all there at the end of forward), and the link's
-// milliseconds for them.
+// Offload: whether plans may use it (the chain has a host link and measured times), the host
+// pool's predicted peak (every offloaded segment's bytes: they are all there at the end of
+// forward), and the link's milliseconds a step that compute does not hide (all of them unless
+// ChainCost::copies_overlap).
 bool offload_offered(const ChainCost& cost);
 size_t predict_host_peak(const ChainCost& cost, const std::vector<Segment>& segments);
 double offload_ms(const ChainCost& cost, const std::vector<Segment>& segments);
