@@ -5,6 +5,7 @@
 
 #ifdef MINIGRAD_WITH_CUDA
 #include <minigrad/core/checkpoint.h>
+#include <minigrad/core/memory.h>
 #include <minigrad/nn/checkpoint_plan.h>
 #include <minigrad/nn/models.h>
 #include <minigrad/optim/optimizer.h>
@@ -123,6 +124,78 @@ TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchma
       CHECK(ratio > 0.9);
       CHECK(ratio < 1.1);
     }
+  }
+}
+
+TEST_CASE("cuda: offloaded segments give the plain gradients' bits; the host pool is page-locked and empties") {
+  // Note [offload schedule]: the copies run on the copy stream; a missing wait would show here as
+  // gradients from stale or half-copied activations.
+  Tf32Conv off(false);
+  manual_seed(5);
+  auto m = test::small_cnn();
+  m->to(kGpu);
+  const Shape in{3, 3, 11, 13};
+  const Tensor x = rand_tensor(in, 12);
+  const Tensor t = labels(in[0], 3, 13);
+  const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
+  const std::vector<std::vector<nn::Segment>> plans = {
+      {{0, 3, 0, true}}, {{0, 11, 0, true}}, {{0, 5, 0, true}, {5, 9, 0, true}}, {{1, 2}, {4, 8, 0, true}, {9, 10, 1}}};
+  for (const auto& plan : plans) {
+    nn::Plan p;
+    p.segments = plan;
+    reset_host_peak_memory_stats();
+    const std::vector<Tensor> got = ckpt_grads(*m, plan, x, t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
+      CHECK(test::bit_equal(got[i], ref[i]));
+    }
+    CHECK(host_memory_stats().peak_in_use > 0);
+    CHECK(host_memory_stats().in_use == 0);
+  }
+}
+
+TEST_CASE("cuda: offloaded plans' device and host peaks as predicted") {
+  manual_seed(1);
+  auto m = test::small_cnn();
+  m->to(kGpu);
+  m->train();
+  optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+  const Shape in{64, 3, 131, 129};
+  const nn::ChainCost cost = nn::measure_chain(*m, in, {.offload = nn::MeasureOptions::Offload::on});
+  REQUIRE(nn::offload_offered(cost));
+  CHECK(cost.copies_overlap);
+  MESSAGE("host link: " << cost.to_host_bytes_per_ms / 1e6 << " GB/s to the host, " << cost.from_host_bytes_per_ms / 1e6
+                        << " GB/s back");
+  const size_t n = cost.units.size();
+  auto seg = [&](size_t s, size_t e, bool off) { return nn::Segment{cost.units[s].begin, cost.units[e - 1].end, 0, off}; };
+  const size_t lo = nn::min_feasible_peak(cost), hi = nn::plan_none(cost).predicted_peak;
+  std::vector<std::vector<nn::Segment>> plans = {{seg(0, n / 2, true)}, {seg(0, 3, true), seg(3, n - 2, true)},
+                                                 {seg(0, 2, false), seg(2, n - 1, true)},
+                                                 nn::plan_budget(cost, lo + (hi - lo) / 2).segments};
+  for (const auto& plan : plans) {
+    nn::Plan p;
+    p.segments = plan;
+    Tensor x = rand_tensor(in, 31).to(kGpu);
+    Tensor target = labels(in[0], 3, 32).to(kGpu);
+    synchronize(Device::cuda(0));
+    reset_peak_memory_stats(kGpu);
+    reset_host_peak_memory_stats();
+    opt.zero_grad();
+    {
+      Tensor loss = cross_entropy(nn::forward_with_plan(*m, plan, x), target);
+      loss.backward();
+      opt.step();
+    }
+    synchronize(Device::cuda(0));
+    const size_t measured = memory_stats(kGpu).peak_in_use, predicted = nn::predict_peak(cost, plan);
+    const double f = static_cast<double>(cost.fixed_bytes);
+    const double ratio = (static_cast<double>(measured) - f) / (static_cast<double>(predicted) - f);
+    INFO("plan " << p.str() << ": predicted " << predicted << ", measured " << measured);
+    MESSAGE("offload plan " << p.str() << ": measured / predicted above F " << ratio << ", host "
+                            << host_memory_stats().peak_in_use << " of " << nn::predict_host_peak(cost, plan) << " predicted");
+    CHECK(ratio > 0.99);
+    CHECK(ratio < 1.01);
+    CHECK(host_memory_stats().peak_in_use == nn::predict_host_peak(cost, plan));
   }
 }
 
