@@ -1,6 +1,7 @@
 // mg::nn::explain_memory (minigrad/nn/memory_report.h) through the Trainer, as --explain-memory
 // prints it: on VGG16/8, ResNet-50/8 and the tiny GPT the terms sum to the predicted peak, and a
-// real step's peak is that prediction. Offloaded plans report their host bytes.
+// real step's peak is that prediction (to 64 bytes). Offloaded plans report their host bytes, and
+// the host pool's peak is them.
 #include <numeric>
 
 #include "helpers.h"
@@ -30,7 +31,10 @@ void check_report(Trainer& t, const char* what) {
   reset_host_peak_memory_stats();
   const FitReport fit = t.fit();
   INFO(std::string(what) << ": measured " << fit.peak_in_use << ", predicted " << r.predicted_peak);
-  CHECK(static_cast<double>(fit.peak_in_use) == doctest::Approx(static_cast<double>(r.predicted_peak)).epsilon(0.005));
+  // The step holds a few scalars the model does not count (the loss's sum and count of samples).
+  const long off = static_cast<long>(fit.peak_in_use) - static_cast<long>(r.predicted_peak);
+  CHECK(off >= 0);
+  CHECK(off <= 64);
   CHECK(host_memory_stats().peak_in_use == r.host_bytes);
 }
 
@@ -64,8 +68,11 @@ TEST_CASE("explain_memory: ResNet-50/8 and the tiny GPT") {
     manual_seed(2);
     auto m = nn::make_resnet50(3, 8);
     optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
-    Trainer t(*m, data, opt, {.batch_size = 8, .checkpoint = "sqrt", .epochs = 1, .max_steps = 2, .progress = Progress::off});
-    check_report(t, "ResNet-50/8");
+    for (const char* plan : {"sqrt", "[0,4)@host [4,9) [9,14)@host"}) {
+      Trainer t(*m, data, opt, {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2,
+                                .offload = nn::MeasureOptions::Offload::on, .progress = Progress::off});
+      check_report(t, (std::string("ResNet-50/8, ") + plan).c_str());
+    }
   }
   SUBCASE("tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens") {
     const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
@@ -76,12 +83,14 @@ TEST_CASE("explain_memory: ResNet-50/8 and the tiny GPT") {
     auto m = nn::make_gpt2(cfg);
     optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
     const int64_t V = cfg.vocab_size;
-    Trainer t(*m, windows, opt,
-              {.batch_size = 8, .epochs = 1, .max_steps = 2,
-               .loss = [V](const Tensor& logits, const Tensor& y) {
-                 return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
-               },
-               .tiles = false, .progress = Progress::off});
-    check_report(t, "tiny GPT");
+    for (const char* plan : {"none", "[0,2)@host [2,3)", "[1,3)@host"}) {
+      Trainer t(*m, windows, opt,
+                {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2,
+                 .loss = [V](const Tensor& logits, const Tensor& y) {
+                   return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
+                 },
+                 .tiles = false, .offload = nn::MeasureOptions::Offload::on, .progress = Progress::off});
+      check_report(t, (std::string("tiny GPT, ") + plan).c_str());
+    }
   }
 }

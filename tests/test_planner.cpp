@@ -258,9 +258,11 @@ TEST_CASE("planner: with offload, still optimal against enumeration on random ch
 TEST_CASE("planner: chains whose best plan keeps, recomputes and offloads") {
   // Random chains of 8 units with a host link: under some budgets the least-cost plan (optimal, as
   // the test above checks against enumeration) leaves units plain, replays some and offloads others.
+  // Offload pays less than it would without its schedule's memory (Note [offload schedule]: the
+  // last offloaded segment comes back during the loss's backward), so such budgets are rare.
   std::mt19937_64 rng(8);
   int mixed = 0;
-  for (int trial = 0; trial < 80; ++trial) {
+  for (int trial = 0; trial < 160; ++trial) {
     nn::ChainCost c = random_chain(8, rng);
     for (nn::UnitCost& u : c.units) u.forward_ms = u.flops / 100.0;
     c.to_host_bytes_per_ms = c.from_host_bytes_per_ms = 40.0 * static_cast<double>(1 + trial % 4);
@@ -279,7 +281,7 @@ TEST_CASE("planner: chains whose best plan keeps, recomputes and offloads") {
       }
     }
   }
-  CHECK(mixed > 5);
+  CHECK(mixed > 0);
 }
 
 TEST_CASE("planner: sizes and plan specs") {

@@ -147,27 +147,31 @@ void send_away(const std::shared_ptr<CheckpointSegment>& segment) {
   std::unordered_set<const StorageImpl*> boundary;
   for (const Tensor& b : seg.boundary) boundary.insert(b.impl().storage.get());
   struct Held {
-    long saved = 0, all = 0;  // handles among the saved tensors, and in all
+    long saved = 0, all = 0;  // handles the tape holds, and in all
   };
   std::unordered_map<TensorImpl*, Held> handles;
   std::vector<std::pair<StorageImpl*, std::vector<TensorImpl*>>> storages;  // in first-saved order
   std::unordered_map<StorageImpl*, size_t> index;
+  // The saved tensors, and the inputs without history the nodes keep for a replay (position ids
+  // made inside the segment, say): the tape's own handles.
+  auto scan = [&](const Tensor& t) {
+    if (!t.defined() || !t.impl().storage || t.impl().storage->nbytes() == 0) return;
+    TensorImpl* impl = t.impl_ptr().get();
+    StorageImpl* st = impl->storage.get();
+    if (boundary.count(st) || st->in_host_pool()) return;
+    Held& h = handles[impl];
+    h.all = t.impl_ptr().use_count();
+    if (h.saved++ > 0) return;
+    auto [it, fresh] = index.emplace(st, storages.size());
+    if (fresh) storages.push_back({st, {}});
+    storages[it->second].second.push_back(impl);
+  };
   for (const auto& n : seg.nodes) {
-    for (const Tensor& t : n->saved) {
-      if (!t.defined() || !t.impl().storage || t.impl().storage->nbytes() == 0) continue;
-      TensorImpl* impl = t.impl_ptr().get();
-      StorageImpl* st = impl->storage.get();
-      if (boundary.count(st) || st->in_host_pool()) continue;
-      Held& h = handles[impl];
-      h.all = t.impl_ptr().use_count();
-      if (h.saved++ > 0) continue;
-      auto [it, fresh] = index.emplace(st, storages.size());
-      if (fresh) storages.push_back({st, {}});
-      storages[it->second].second.push_back(impl);
-    }
+    for (const Tensor& t : n->saved) scan(t);
+    for (const NodeInput& in : n->inputs) scan(in.leaf);
   }
   for (auto& [st, users] : storages) {
-    // Held by nothing but these tensors, and they by nothing but the nodes' saved lists.
+    // Held by nothing but these tensors, and they by nothing but the tape.
     bool only_saved = users.front()->storage.use_count() == static_cast<long>(users.size());
     for (TensorImpl* impl : users) only_saved = only_saved && handles[impl].all == handles[impl].saved;
     if (!only_saved) continue;

@@ -117,7 +117,9 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
       h = U.saves_output;
     }
   }
-  pc.kept = A(s);
+  // What the first pass kept goes, but for extras something else holds.
+  for (size_t u = s; u < e; ++u) pc.kept += c.units[u].extra_held_bytes;
+  pc.kept += A(s);
   pc.holds_out = false;
   // Backward: the boundary and (for the last piece) the caller's logits stay live throughout;
   // the incoming gradient through the replay, until the segment's last unit has used it.
@@ -180,8 +182,10 @@ PieceCost eval_offload_piece(const ChainCost& c, size_t s, size_t e) {
     R += ((h || U.saves_input) ? A(u) : 0) + U.extra_bytes;
     h = U.saves_output;
   }
-  pc.kept = A(s);
-  pc.host = R - A(s);
+  size_t held = 0;  // extras something else holds: they stay on the device
+  for (size_t u = s; u < e; ++u) held += c.units[u].extra_held_bytes;
+  pc.kept = A(s) + held;
+  pc.host = R - A(s) - held;
   pc.holds_out = h;
   const size_t base = F + A(s) + (e == n && !h && c.head_bytes == 0 ? A(n) : 0);
   note_replay_backward(pc, c, s, e, base, A(e), s > 0 || c.input_requires_grad, nullptr,
@@ -245,13 +249,14 @@ std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>&
 }
 
 // The loss: its forward with the logits and the probabilities (and the device copies of an
-// offloaded last segment, pending), and the start of backward, where those go and the last
-// offloaded segment starts coming back (with the logits, when the last unit keeps them).
+// offloaded last segment, pending); its backward, where the logits' gradient takes the logits'
+// bytes beside the probabilities (the caller keeps no logits past the loss), after the last
+// offloaded segment has started coming back (and with the logits, when the last unit keeps them).
 Moment head_moment(const ChainCost& c, size_t R, size_t q, size_t p, bool holds) {
   const size_t n = c.units.size();
-  const size_t fwd = c.fixed_bytes + R + c.activation_bytes(n) + c.head_bytes + q;
-  const size_t bwd = c.fixed_bytes + R + c.head_bytes + p + (holds ? c.activation_bytes(n) : 0);
-  return fwd >= bwd ? Moment{fwd, n - 1, "loss (end of forward)"} : Moment{bwd, n - 1, "loss (start of backward)"};
+  const size_t both = c.fixed_bytes + R + c.activation_bytes(n) + c.head_bytes;
+  const size_t fwd = both + q, bwd = both + p + (holds ? c.activation_bytes(n) : 0);
+  return fwd >= bwd ? Moment{fwd, n - 1, "loss (end of forward)"} : Moment{bwd, n - 1, "loss (its backward)"};
 }
 
 double piece_flops(const ChainCost& c, size_t s, size_t e) {
@@ -401,7 +406,7 @@ std::vector<UnitMemory> unit_memory(const ChainCost& cost, const std::vector<Seg
         UnitMemory& m = out[u];
         m.choice = p.offload ? "offload" : p.tile_rows > 0 && p.tile_rows < cost.rows ? "tiles of " + std::to_string(p.tile_rows)
                                                                                       : "recompute";
-        (p.offload ? m.offloaded : m.dropped) = own;
+        (p.offload ? m.offloaded : m.dropped) = own - U.extra_held_bytes;
       }
       out[p.s].kept = pc.kept;
     }

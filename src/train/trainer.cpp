@@ -165,8 +165,11 @@ void Trainer::print(const std::string& line) const {
 
 // The plan for `memory` bytes (0: no budget): Note [the trainer's step].
 void Trainer::plan_for(size_t memory) {
+  // The loss's targets per row: a token per position for windows (a GPT's), one label otherwise.
+  const int64_t targets_per_row = windows_ ? windows_->window_rows(0, 0, 1).y.numel() : 1;
   auto measure_at = [&](int64_t b) {
     nn::MeasureOptions mo;
+    mo.targets_per_row = targets_per_row;
     if (opts_.tiles) mo.tile_rows = nn::tile_rows_below(b);
     mo.offload = opts_.offload;
     return measure(b, mo);
@@ -207,6 +210,7 @@ void Trainer::plan_for(size_t memory) {
         format_bytes(memory));
   nn::MeasureOptions mo;
   mo.stop_when_flat = true;
+  mo.targets_per_row = targets_per_row;
   mo.offload = opts_.offload;
   if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show
     mo.on_measure = [&](int64_t b) { print("  measuring micro-batch " + std::to_string(b)); };
@@ -394,6 +398,7 @@ std::string Trainer::resume(const std::string& path) {
 FitReport Trainer::fit() {
   using clock = std::chrono::steady_clock;
   plan();
+  reset_host_peak_memory_stats();  // what offloaded segments hold, not what measuring the link took
   FitReport report;
   report.replans = replans_;
   const int64_t world = dist::world_size(), rank = dist::rank();

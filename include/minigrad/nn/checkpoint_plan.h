@@ -95,6 +95,9 @@ struct UnitCost {
   std::string name;
   size_t out_bytes = 0;
   size_t extra_bytes = 0;
+  // Of extra_bytes, what something besides the tape holds (a module's cached position ids, say):
+  // it stays on the device when the unit's segment is replayed or offloaded.
+  size_t extra_held_bytes = 0;
   bool saves_input = false, saves_output = false;
   size_t fwd_peak = 0, bwd_peak = 0;
   double flops = 0;
@@ -138,6 +141,9 @@ struct MeasureOptions {
   bool fixed_from_allocator = true;
   size_t fixed_bytes = 0;  // used when fixed_from_allocator is false; added to it otherwise
   bool cross_entropy_head = true;
+  // The loss's int64 targets per row, counted in the fixed part with the head: a class per sample,
+  // or a GPT's token per position (T per row).
+  int64_t targets_per_row = 1;
   // Also measure the chain at these numbers of rows (those below the batch), for tiled segments.
   std::vector<int64_t> tile_rows;
   // Whether plans may offload segments (Note [offload] in minigrad/core/checkpoint.h): on, the
