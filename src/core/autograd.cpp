@@ -140,6 +140,7 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
     }
     Tensor g = std::move(it->second);
     pending.erase(it);
+    if (t_backward_depth == 1) offload_node_reached(n);  // Note [offload schedule]
     MG_CHECK(!n->released,
              "backward through the graph a second time: the tensors saved by "
                  << node_name(*n)

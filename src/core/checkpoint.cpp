@@ -116,6 +116,8 @@ struct Release {
 struct OffloadSchedule {
   std::vector<std::weak_ptr<CheckpointSegment>> segments;
   std::vector<Release> fresh, pending;
+  std::weak_ptr<Node> chain_output;  // the first fetch starts when backward reaches it
+  bool first_fetch_due = false;      // backward started, and reaches no chain output yet
 };
 thread_local OffloadSchedule t_offload;
 
@@ -252,9 +254,20 @@ void offload_unit_end() {
   t_offload.fresh.clear();
 }
 
+void offload_chain_end(const std::shared_ptr<Node>& output) { t_offload.chain_output = output; }
+
 void offload_backward_starts() {
   release(t_offload.pending);
   release(t_offload.fresh);
+  // Without a chain's output to wait for (mg::checkpoint called directly), the first fetch now.
+  if (t_offload.chain_output.expired()) prefetch_before(nullptr);
+  else t_offload.first_fetch_due = true;
+}
+
+void offload_node_reached(const Node* n) {
+  if (!t_offload.first_fetch_due || n != t_offload.chain_output.lock().get()) return;
+  t_offload.first_fetch_due = false;
+  t_offload.chain_output.reset();
   prefetch_before(nullptr);
 }
 

@@ -115,10 +115,13 @@ struct CheckpointSegment {
 
 // Note [offload schedule] (include/minigrad/core/checkpoint.h): the end of a unit of a plan's chain
 // (forward_with_plan), where the device copies of an offloaded segment that ended before it are
-// released; and the start of a backward (run_backward), where they are all released and the last
-// offloaded segment's activations start coming back.
+// released; the end of the chain (forward_with_plan: the node of its output); the start of a
+// backward (run_backward), where the copies are all released; and each node a backward reaches,
+// the chain's output among them, where the last offloaded segment's activations start coming back.
 void offload_unit_end();
+void offload_chain_end(const std::shared_ptr<Node>& output);
 void offload_backward_starts();
+void offload_node_reached(const Node* n);
 
 // Offload copies, defined by the CUDA backend (no_cuda.cpp: never called there). Queued on the
 // device's copy stream after what its stream has queued so far; the host waits for the event they

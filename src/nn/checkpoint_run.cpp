@@ -31,6 +31,7 @@ Tensor forward_with_plan(Sequential& seq, const std::vector<Segment>& segments, 
     pos = g.end;
   }
   run_plain(seq.size());
+  if (h.grad_fn()) offload_chain_end(h.grad_fn());  // the first fetch waits for backward to get here
   return h;
 }
 

@@ -250,12 +250,13 @@ std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>&
 
 // The loss: its forward with the logits and the probabilities (and the device copies of an
 // offloaded last segment, pending); its backward, where the logits' gradient takes the logits'
-// bytes beside the probabilities (the caller keeps no logits past the loss), after the last
-// offloaded segment has started coming back (and with the logits, when the last unit keeps them).
-Moment head_moment(const ChainCost& c, size_t R, size_t q, size_t p, bool holds) {
+// bytes beside the probabilities (the caller keeps no logits past the loss; the last unit may).
+// The last offloaded segment starts coming back only after it, when backward reaches the chain's
+// output (Note [offload schedule]).
+Moment head_moment(const ChainCost& c, size_t R, size_t q, bool holds) {
   const size_t n = c.units.size();
   const size_t both = c.fixed_bytes + R + c.activation_bytes(n) + c.head_bytes;
-  const size_t fwd = both + q, bwd = both + p + (holds ? c.activation_bytes(n) : 0);
+  const size_t fwd = both + q, bwd = both + (holds ? c.activation_bytes(n) : 0);
   return fwd >= bwd ? Moment{fwd, n - 1, "loss (end of forward)"} : Moment{bwd, n - 1, "loss (its backward)"};
 }
 
@@ -380,7 +381,7 @@ PeakBreakdown explain_peak(const ChainCost& cost, const std::vector<Segment>& se
     q = x.offload ? pc.host : 0;
     if (x.offload && pc.host > 0) p = pc.host;
   }
-  const Moment h = head_moment(cost, R, q, p, holds);
+  const Moment h = head_moment(cost, R, q, holds);
   if (h.bytes > out.peak) take(h.bytes, h.unit, h.phase);
   const UnitCost& u = cost.units[out.unit];
   out.where = out.phase + " of unit " + std::to_string(out.unit) + " (layers [" + std::to_string(u.begin) + ", " +
@@ -605,7 +606,7 @@ std::vector<Segment> solve(const ChainCost& c, Objective obj, size_t budget, siz
         m.from = s;
         m.ckpt = ckpt;
         m.tile_rows = tile ? tile->rows : 0;
-        if (e == n) m.peak = std::max(m.peak, head_moment(c, m.R, m.Q, m.P, m.holds).bytes);
+        if (e == n) m.peak = std::max(m.peak, head_moment(c, m.R, m.Q, m.holds).bytes);
         if (m.peak > budget) return;
         all.push_back(m);
         at[e].push_back(static_cast<int>(all.size() - 1));

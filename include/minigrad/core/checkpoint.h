@@ -76,12 +76,15 @@
 //     through the next unit's forward (forward_with_plan marks the end of each unit), so that on
 //     a GPU the copy runs beside that unit's kernels; then the host waits for the copy (done by
 //     then, if the link kept up) and frees them. A backward starting frees any still waiting.
-//   - back: the last offloaded segment's activations start coming back when backward starts;
-//     each offloaded segment, when backward reaches it, waits for its own, then starts bringing
+//   - back: the last offloaded segment's activations start coming back when backward reaches the
+//     chain's output (forward_with_plan's result: after the loss's backward, the largest moment
+//     of a GPT's step); each offloaded segment, when backward reaches it, waits for its own, then
+//     starts bringing
 //     back the offloaded segment before it, so that its copy runs beside this segment's backward
 //     and that of the units between the two. Device memory for a fetch is taken when it starts.
 // mg::checkpoint(..., {.offload = true}) called outside forward_with_plan keeps the device copies
-// until the next offloaded segment ends or backward starts.
+// until the next offloaded segment ends or backward starts, and its first fetch starts with the
+// backward.
 #pragma once
 
 #include <cstdint>
