@@ -594,7 +594,7 @@ TEST_CASE("gradient-ready hooks: once per parameter, when its gradient is final,
   const Tensor t = targets({2, 0, 1, 1, 2});
   const std::vector<Tensor> params = cnn->parameters();
   using S = std::vector<nn::Segment>;
-  for (const S& plan : {S{}, S{{0, 3}}, S{{0, 4, 2}}, S{{2, 9}}, S{{0, 2}, {4, 9}}}) {
+  for (const S& plan : {S{}, S{{0, 3}}, S{{0, 4, 2}}, S{{2, 9}}, S{{0, 2}, {4, 9}}, S{{0, 3, 0, true}, {4, 9, 0, true}}}) {
     nn::Plan p;
     p.segments = plan;
     INFO("plan " << p.str());
