@@ -15,6 +15,7 @@
 #   bash scripts/gpu_verify.sh cnn          # VGG16 and ResNet-50 against PyTorch, every plan and precision
 #   bash scripts/gpu_verify.sh memory_record  # the largest batch that trains, PyTorch and ours (MEMREC_MODELS)
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
+#   bash scripts/gpu_verify.sh offload      # issue 38: offload against recompute at equal budgets, 4x the batch
 #   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
 #
@@ -472,6 +473,56 @@ stage_overlap() {
   return $rc
 }
 
+# Issue 38 (docs/gpu-queue.md item 9): VGG16 224 at OFFLOAD_BATCH (default 64) without
+# checkpointing; then the same batch under a budget of its fixed part and OFFLOAD_BUDGET (default
+# 0.6) of the activations above it,
+# offload on against off (the planner's best recompute-only plan); then 4x the batch under a cap of
+# the plain run's peak, offload on, against the plain run's time per sample. Each run's --json and
+# --explain-memory under $log/offload_*.
+stage_offload() {
+  have_build || return 1
+  local rc=0 r b=${OFFLOAD_BATCH:-64} frac=${OFFLOAD_BUDGET:-0.6}
+  local vgg=("$build/bin/vgg_ckpt" --device cuda --steps 6 --tf32 conv --explain-memory)
+  timeout 120 "${vgg[@]}" --batch-size "$b" --checkpoint none --json "$log/offload_none.json" >"$log/offload_none.log" 2>&1
+  r=$?
+  note "offload: vgg16 B=$b, no checkpointing: exit $r; $(grep -E '^median step' "$log/offload_none.log" | tail -1)"
+  [ $r -ne 0 ] && return 1
+  local peak budget
+  peak=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['peak_in_use_bytes'])" "$log/offload_none.json")
+  # The fixed part and OFFLOAD_BUDGET of the activations above it.
+  budget=$("$py" -c "import json,sys; j=json.load(open(sys.argv[1])); f=j['fixed_bytes']; print(int(f + $frac * (j['peak_in_use_bytes'] - f)))" \
+    "$log/offload_none.json")
+  for o in on off; do
+    timeout 150 "${vgg[@]}" --batch-size "$b" --checkpoint "budget=$budget" --offload $o --json "$log/offload_budget_$o.json" \
+      >"$log/offload_budget_$o.log" 2>&1
+    r=$?
+    note "offload: vgg16 B=$b, budget $budget (x$frac of plain), --offload $o: exit $r; $(grep -E '^plan budget|^median step' "$log/offload_budget_$o.log" | tr '\n' ' ')"
+    [ $r -ne 0 ] && rc=1
+  done
+  timeout 240 "${vgg[@]}" --batch-size $((4 * b)) --memory-limit "$peak" --checkpoint "budget=$peak" --offload on \
+    --json "$log/offload_4x.json" >"$log/offload_4x.log" 2>&1
+  r=$?
+  note "offload: vgg16 B=$((4 * b)) under the plain B=$b run's peak ($peak bytes), --offload on: exit $r; $(grep -E '^plan budget|^median step' "$log/offload_4x.log" | tr '\n' ' ')"
+  [ $r -ne 0 ] && rc=1
+  "$py" - "$log" "$b" >>"$log/summary.txt" <<'PY'
+import json, os, sys
+log, b = sys.argv[1], int(sys.argv[2])
+def rd(n):
+    p = os.path.join(log, n)
+    return json.load(open(p)) if os.path.exists(p) else None
+none, on, off, four = rd("offload_none.json"), rd("offload_budget_on.json"), rd("offload_budget_off.json"), rd("offload_4x.json")
+if on and off:
+    print(f"  equal budgets: offload on {on['median_step_ms']:.1f} ms ({on['plan']}), off {off['median_step_ms']:.1f} ms: "
+          f"on/off {on['median_step_ms'] / off['median_step_ms']:.3f}; host {on.get('host_peak_in_use_bytes')} bytes, "
+          f"link {on.get('host_link_bytes_per_ms')} B/ms, unhidden copies predicted {on.get('offload_ms')} ms")
+if none and four:
+    per = lambda j, n: j['median_step_ms'] / n
+    print(f"  4x batch: {per(four, 4 * b):.3f} ms/sample against {per(none, b):.3f} without checkpointing "
+          f"({per(four, 4 * b) / per(none, b):.3f}x; the issue asks <= 1.15), peak {four['peak_in_use_bytes']} of {none['peak_in_use_bytes']}")
+PY
+  return $rc
+}
+
 # Any command with the stages' environment (the build's libraries, NCCL's and cuDNN's, PYTHON),
 # after the build is made or unpacked: GPU_VERIFY_CMD="..." bash scripts/gpu_verify.sh exec.
 # $build and $log name the build and the log folder for it.
@@ -487,8 +538,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | pack | exec) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, pack or exec)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status
