@@ -117,7 +117,7 @@ inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
     mg::set_host_memory_limit(for_flag("--host-memory-limit", [&] { return mg::parse_bytes(f.host_memory_limit); }));
   }
   if (!f.json_path.empty()) mg::check_writable(f.json_path, "--json");
-  check_timeline_flag(f.timeline_path, s.dev);
+  check_timeline_flag(f.timeline_path, s.dev, f.offload != "off");
   if (!f.save_dir.empty()) {
     for_flag("--save-dir", [&] { return std::filesystem::create_directories(f.save_dir); });
     mg::check_writable(f.save_dir + "/" + save_file, "--save-dir");

@@ -1,5 +1,6 @@
 // --timeline FILE, shared by vgg_ckpt and gpt_train: where each CUDA reduction ran against the
-// backward that produced its gradients (Note [reduction timeline] in minigrad/dist/dist.h),
+// backward that produced its gradients (Note [reduction timeline] in minigrad/dist/dist.h), and
+// each copy of offloaded activations on the copy stream (Note [offload schedule]),
 // written by rank 0 as a trace for chrome://tracing or ui.perfetto.dev; bench/timeline.py prints
 // the overlap window by window.
 //
@@ -17,14 +18,15 @@
 
 #include "common/ranks.h"
 
-inline void check_timeline_flag(const std::string& path, mg::Device dev) {
+// `offload`: plans may offload on this device, whose copies the timeline shows too.
+inline void check_timeline_flag(const std::string& path, mg::Device dev, bool offload = false) {
   if (path.empty()) return;
   MG_CHECK(dev.is_cuda(), "--timeline " << path << ": it records the reductions of CUDA tensors (NCCL), and the "
                           "device is " << dev.str() << ". ---> HINT: --device cuda");
   MG_CHECK(mg::dist::nccl_built(), "--timeline " << path << ": this build has no NCCL (MINIGRAD_NCCL=ON)");
-  MG_CHECK(mg::dist::active(), "--timeline " << path << ": a single process without a launcher reduces nothing. "
+  MG_CHECK(offload || mg::dist::active(), "--timeline " << path << ": a single process without a launcher reduces nothing. "
                                "---> HINT: start it under mpirun, or alone with MG_DIST_WORLD_OF_ONE=1 (NCCL over "
-                               "one rank)");
+                               "one rank), or offload (--offload)");
   mg::check_writable(path, "--timeline");
 }
 

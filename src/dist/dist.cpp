@@ -475,7 +475,7 @@ std::string timeline_trace_json(const std::vector<TimelineSpan>& spans) {
   // Trace Event Format: complete events ("X") for spans, instant events ("i") for marks; pid is
   // the rank, tid the stream.
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
-  for (const char* stream : {"compute", "nccl"}) {
+  for (const char* stream : {"compute", "nccl", "copy"}) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g_world.rank},
                       {"tid", stream}, {"args", {{"name", std::string(stream) + " stream"}}}});
   }

@@ -142,7 +142,7 @@ void settle(Comm& c, What&& what, double timeout_s) {
 // mark's begin and end are one event.
 struct Recorded {
   std::string name;
-  bool nccl = false;
+  const char* stream = "compute";  // "compute", "nccl" or "copy" (offload: Note [offload schedule])
   cudaEvent_t begin = nullptr, end = nullptr;
 };
 struct Timeline {
@@ -231,7 +231,7 @@ void enqueue_ordered(Comm& c, Name&& name, double timeout_s, Issue&& issue) {
   MG_CUDA_RT_CHECK(cudaStreamWaitEvent(c.stream, c.ready, 0));
   const bool timed = recording();
   if (timed) {
-    g_timeline.spans.push_back({name(), true, timing_event(), timing_event()});
+    g_timeline.spans.push_back({name(), "nccl", timing_event(), timing_event()});
     MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().begin, c.stream));
   }
   auto drop_span = [&] {
@@ -362,8 +362,20 @@ void nccl_timeline_mark(std::string_view name) {
   int device = 0;
   MG_CUDA_RT_CHECK(cudaGetDevice(&device));
   const cudaEvent_t e = timing_event();
-  g_timeline.spans.push_back({std::string(name), false, e, e});
+  g_timeline.spans.push_back({std::string(name), "compute", e, e});
   MG_CUDA_RT_CHECK(cudaEventRecord(e, cuda::stream(device)));  // the compute stream (Note [cuda stream])
+}
+
+size_t nccl_timeline_span_begin(std::string name, const char* stream, void* cuda_stream) {
+  if (!recording()) return 0;
+  g_timeline.spans.push_back({std::move(name), stream, timing_event(), timing_event()});
+  MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().begin, static_cast<cudaStream_t>(cuda_stream)));
+  return g_timeline.spans.size();
+}
+
+void nccl_timeline_span_end(size_t span, void* cuda_stream) {
+  if (span == 0 || span > g_timeline.spans.size()) return;  // not recorded, or forgotten since
+  MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans[span - 1].end, static_cast<cudaStream_t>(cuda_stream)));
 }
 
 std::vector<TimelineSpan> nccl_timeline() {
@@ -378,7 +390,7 @@ std::vector<TimelineSpan> nccl_timeline() {
   };
   MG_CUDA_RT_CHECK(cudaEventSynchronize(origin));
   for (const Recorded& r : g_timeline.spans) {
-    out.push_back({r.name, r.nccl ? "nccl" : "compute", ms(r.begin), ms(r.end)});
+    out.push_back({r.name, r.stream, ms(r.begin), ms(r.end)});
   }
   if (g_timeline.full) {
     out.push_back({"timeline full: recording stopped after " + std::to_string(kMaxSpans) + " spans", "compute",

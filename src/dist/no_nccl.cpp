@@ -29,6 +29,8 @@ void nccl_shutdown(bool, double) {}
 // No CUDA collectives to time (Note [reduction timeline]).
 void nccl_record_timeline(bool) {}
 void nccl_timeline_mark(std::string_view) {}
+size_t nccl_timeline_span_begin(std::string, const char*, void*) { return 0; }
+void nccl_timeline_span_end(size_t, void*) {}
 std::vector<TimelineSpan> nccl_timeline() { return {}; }
 
 }  // namespace mg::dist::detail

@@ -151,7 +151,7 @@ int64_t bytes_reduced();
 //   // open in chrome://tracing or ui.perfetto.dev; bench/timeline.py prints the overlap per window
 struct TimelineSpan {
   std::string name;    // "bucket 2: 3 tensors, 4194304 bytes", "backward begins", ...
-  std::string stream;  // "nccl" or "compute"
+  std::string stream;  // "nccl", "compute" or "copy" (offloaded activations: Note [offload schedule])
   double begin_ms = 0, end_ms = 0;  // GPU time since the first span began; a mark has begin == end
 };
 void record_timeline(bool on);  // true: forget what was recorded, and record; false: stop
