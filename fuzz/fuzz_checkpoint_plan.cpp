@@ -5,8 +5,10 @@
 // ChainCost of 1 to 12 units, each of one or two layers, sizes up to 1 TiB); without them the
 // spec is planned for a fixed 8-unit chain. A plan make_plan returns must be valid layer ranges
 // on unit boundaries, its predicted peak and recomputation must be what predict_peak and
-// recompute_flops say of its segments, a budget plan must fit its budget, and "min" must reach
-// min_feasible_peak; the planner's own "internal error" is a finding.
+// recompute_flops say of its segments (and its host bytes predict_host_peak's), a budget plan must
+// fit its budget (and the host cap, offloading only where the chain has a host link), and "min"
+// must reach min_feasible_peak; the planner's own "internal error" is a finding. Specs may spell
+// the segments out ("[0,3)@host [3,5)/2").
 // Seeds: make_corpus.cpp (checkpoint_plan/); dictionary: dicts/checkpoint_plan.dict.
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -65,6 +67,18 @@ mg::nn::ChainCost chain_from(FuzzedDataProvider& p) {
     c.units.push_back(u);
   }
   c.head_bytes = 2 * c.units.back().out_bytes + p.ConsumeIntegralInRange<size_t>(0, 64);
+  // A host link (Note [offload]) on some chains: measured times, link rates, overlap, a host cap.
+  if (p.ConsumeBool()) {
+    for (mg::nn::UnitCost& u : c.units) {
+      u.forward_ms = static_cast<double>(p.ConsumeIntegralInRange<uint32_t>(1, 1 << 20)) / 64.0;
+      u.backward_ms = static_cast<double>(p.ConsumeIntegralInRange<uint32_t>(0, 1 << 20)) / 64.0;
+      u.extra_held_bytes = p.ConsumeIntegralInRange<size_t>(0, u.extra_bytes);
+    }
+    c.to_host_bytes_per_ms = static_cast<double>(p.ConsumeIntegralInRange<uint64_t>(1, uint64_t{1} << 40));
+    c.from_host_bytes_per_ms = static_cast<double>(p.ConsumeIntegralInRange<uint64_t>(1, uint64_t{1} << 40));
+    c.copies_overlap = p.ConsumeBool();
+    c.host_limit = p.ConsumeBool() ? p.ConsumeIntegralInRange<size_t>(1, kMaxBytes) : 0;
+  }
   return c;
 }
 
@@ -85,9 +99,15 @@ void check_plan(const mg::nn::ChainCost& c, const std::string& spec, const mg::n
                 spec + ": the plan's predicted peak is not predict_peak of its segments");
   MG_FUZZ_CHECK(plan.recompute_flops == mg::nn::recompute_flops(c, plan.segments),
                 spec + ": the plan's recomputation is not recompute_flops of its segments");
+  MG_FUZZ_CHECK(plan.predicted_host_peak == mg::nn::predict_host_peak(c, plan.segments),
+                spec + ": the plan's host bytes are not predict_host_peak of its segments");
   if (spec.rfind("budget=", 0) == 0) {
     MG_FUZZ_CHECK(plan.budget == mg::parse_bytes(spec.substr(7)), spec + ": the plan's budget is not the spec's");
     MG_FUZZ_CHECK(plan.predicted_peak <= plan.budget, spec + ": the plan does not fit its budget");
+    MG_FUZZ_CHECK(c.host_limit == 0 || plan.predicted_host_peak <= c.host_limit, spec + ": the plan offloads past the host cap");
+    for (const mg::nn::Segment& g : plan.segments) {
+      MG_FUZZ_CHECK(!g.offload || mg::nn::offload_offered(c), spec + ": the plan offloads without a host link");
+    }
   }
   if (spec == "min") {
     MG_FUZZ_CHECK(plan.predicted_peak == mg::nn::min_feasible_peak(c), "min: not the smallest feasible peak");

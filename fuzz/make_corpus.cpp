@@ -185,11 +185,11 @@ void image_seeds() {
 void text_seeds() {
   int i = 0;
   for (const char* spec : {"none", "sqrt", "min", "segments=1", "segments=3", "segments=8", "budget=12MB",
-                           "budget=30MiB", "budget=1.5GB"}) {
+                           "budget=30MiB", "budget=1.5GB", "[0,3)@host [3,5)", "[1,2)/2 [4,9)@host"}) {
     write_text("checkpoint_plan", "spec" + std::to_string(i++), spec);
   }
   // A spec and a chain of its own (fuzz_checkpoint_plan.cpp reads the bytes after the newline).
-  for (const char* spec : {"min", "budget=5TB", "segments=4", "sqrt"}) {
+  for (const char* spec : {"min", "budget=5TB", "segments=4", "sqrt", "budget=2TB", "[0,2)@host"}) {
     const std::vector<uint8_t> chain = pattern(48 + 16 * i, static_cast<unsigned>(i));
     write_text("checkpoint_plan", "spec" + std::to_string(i++), spec + std::string("\n") + std::string(chain.begin(), chain.end()));
   }
