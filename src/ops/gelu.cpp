@@ -7,8 +7,8 @@ namespace mg {
 namespace {
 
 Tensor gelu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
-  check_float("gelu", "input", in[0]);
-  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  check_float_or_half("gelu", "input", in[0]);
+  Tensor y = Tensor::empty(in[0].shape(), TensorOptions{half_out(in), in[0].device()});
   MG_DISPATCH(y.device(), gelu_forward, y, in[0]);
   save(saved, {in[0]});
   return y;
@@ -26,7 +26,8 @@ std::vector<OpCase> gelu_cases() {
   return {{{{.shape = {3, 5, 7}}}, {}}, {{{.shape = {3, 1007}}}, {}}};  // the second: large
 }
 
-const OpDef kGelu{"gelu", OpKind::elementwise, gelu_fwd, gelu_bwd, gelu_flops, gelu_cases, rows_apart};
+const OpDef kGelu{"gelu", OpKind::elementwise, gelu_fwd, gelu_bwd, gelu_flops, gelu_cases, rows_apart,
+                  OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kGelu);
 
 }  // namespace
