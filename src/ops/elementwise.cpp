@@ -10,11 +10,11 @@ namespace mg {
 namespace {
 
 Tensor add_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>*) {
-  check_float("add", "a", in[0]);
-  check_float("add", "b", in[1]);
+  check_float_or_half("add", "a", in[0]);
+  check_float_or_half("add", "b", in[1]);
   MG_CHECK(in[0].shape() == in[1].shape(), "add: shapes differ: " << shape_str(in[0].shape())
                                                 << " and " << shape_str(in[1].shape()));
-  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  Tensor y = Tensor::empty(in[0].shape(), TensorOptions{half_out(in), in[0].device()});
   MG_DISPATCH(y.device(), add_forward, y, in[0], in[1]);
   return y;
 }
@@ -30,15 +30,16 @@ std::vector<OpCase> add_cases() {
           {{{.shape = {3, 1007}}, {.shape = {3, 1007}}}, {}}};  // large
 }
 
-const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases, rows_apart};
+const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases, rows_apart,
+                 OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kAdd);
 
 Tensor mul_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
-  check_float("mul", "a", in[0]);
-  check_float("mul", "b", in[1]);
+  check_float_or_half("mul", "a", in[0]);
+  check_float_or_half("mul", "b", in[1]);
   MG_CHECK(in[0].shape() == in[1].shape(), "mul: shapes differ: " << shape_str(in[0].shape())
                                                 << " and " << shape_str(in[1].shape()));
-  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  Tensor y = Tensor::empty(in[0].shape(), TensorOptions{half_out(in), in[0].device()});
   MG_DISPATCH(y.device(), mul_forward, y, in[0], in[1]);
   save(saved, {in[0], in[1]});
   return y;
@@ -62,12 +63,13 @@ std::vector<OpCase> mul_cases() {
           {{{.shape = {3, 1007}}, {.shape = {3, 1007}}}, {}}};  // large
 }
 
-const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases, rows_apart};
+const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases, rows_apart,
+                 OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kMul);
 
 Tensor scale_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
-  check_float("scale", "input", in[0]);
-  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  check_float_or_half("scale", "input", in[0]);
+  Tensor y = Tensor::empty(in[0].shape(), TensorOptions{half_out(in), in[0].device()});
   MG_DISPATCH(y.device(), scale_forward, y, in[0], a.scalar);
   return y;
 }
@@ -84,7 +86,8 @@ std::vector<OpCase> scale_cases() {
   return {{{{.shape = {2, 9}}}, a}, {{{.shape = {3, 1007}}}, a}};  // the second: large
 }
 
-const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases, rows_apart};
+const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases, rows_apart,
+                   OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kScale);
 
 }  // namespace

@@ -6,10 +6,20 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/packet_math.h"
 
 namespace mg {
 
+namespace {
+bool any_half(const Tensor& y, const Tensor& a, const Tensor& b) {
+  return cpu::is_half(y.dtype()) || cpu::is_half(a.dtype()) || cpu::is_half(b.dtype());
+}
+}  // namespace
+
+// add, mul and scale take bf16 and f16 as they are (OpDef::half_kernels): cpu::map_any in
+// packet_math.h, whose packet sums and products round as these loops' float ones do.
 template <> void add_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
+  if (any_half(y, a, b)) return cpu::map_any(y, a, b, [](cpu::Packet u, cpu::Packet v) { return Eigen::internal::padd(u, v); });
   const float *pa = a.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
@@ -20,6 +30,7 @@ template <> void add_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
 }
 
 template <> void mul_forward<Cpu>(Tensor& y, const Tensor& a, const Tensor& b) {
+  if (any_half(y, a, b)) return cpu::map_any(y, a, b, [](cpu::Packet u, cpu::Packet v) { return Eigen::internal::pmul(u, v); });
   const float *pa = a.data<float>(), *pb = b.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();
@@ -41,6 +52,10 @@ template <> void add_inplace<Cpu>(Tensor& y, const Tensor& x) {
 }
 
 template <> void scale_forward<Cpu>(Tensor& y, const Tensor& x, float s) {
+  if (any_half(y, x, x)) {
+    const cpu::Packet ps = Eigen::internal::pset1<cpu::Packet>(s);
+    return cpu::map_any(y, x, [&](cpu::Packet v) { return Eigen::internal::pmul(ps, v); });
+  }
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const int64_t n = y.numel();

@@ -5,7 +5,6 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
-#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packet_math.h"
 
 namespace mg {
@@ -13,43 +12,6 @@ namespace mg {
 namespace {
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
-
-// bf16 and f16 (Note [half operands] in kernels/cpu/gemm.h): each thread's range is widened
-// kBlock values at a time into float32 on its stack, run through the float32 packets (whose
-// result for a value does not depend on where it lies: packet_math.h), and rounded into y (or
-// dx). The same bits as the float32 kernel on widened copies, without the copies.
-constexpr int64_t kBlock = 1024;
-
-template <class F> void half_unary(Tensor& y, const Tensor& x, F&& f) {
-  const char* px = static_cast<const char*>(x.raw_data());
-  char* py = static_cast<char*>(y.raw_data());
-  const size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
-  cpu::parallel_for(y.numel(), cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
-    float a[kBlock], out[kBlock];
-    for (int64_t b = i0; b < i1; b += kBlock) {
-      const int64_t n = std::min(kBlock, i1 - b);
-      cpu::widen_span(a, px + b * xs, x.dtype(), n);
-      cpu::map_packets(out, a, n, f);
-      cpu::narrow_span(py + b * ys, y.dtype(), out, n);
-    }
-  });
-}
-
-template <class F> void half_binary(Tensor& y, const Tensor& x, const Tensor& g, F&& f) {
-  const char *px = static_cast<const char*>(x.raw_data()), *pg = static_cast<const char*>(g.raw_data());
-  char* py = static_cast<char*>(y.raw_data());
-  const size_t xs = dtype_size(x.dtype()), gs = dtype_size(g.dtype()), ys = dtype_size(y.dtype());
-  cpu::parallel_for(y.numel(), cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
-    float a[kBlock], b2[kBlock], out[kBlock];
-    for (int64_t b = i0; b < i1; b += kBlock) {
-      const int64_t n = std::min(kBlock, i1 - b);
-      cpu::widen_span(a, px + b * xs, x.dtype(), n);
-      cpu::widen_span(b2, pg + b * gs, g.dtype(), n);
-      cpu::map_packets(out, a, b2, n, f);
-      cpu::narrow_span(py + b * ys, y.dtype(), out, n);  // y may be g itself: its block is read already
-    }
-  });
-}
 
 bool any_half(const Tensor& a, const Tensor& b) { return cpu::is_half(a.dtype()) || cpu::is_half(b.dtype()); }
 
@@ -65,7 +27,7 @@ template <> void gelu_forward<Cpu>(Tensor& y, const Tensor& x) {
     const cpu::Packet t = ptanh(pmul(k, padd(v, pmul(c, pmul(v, pmul(v, v))))));
     return pmul(pmul(half, v), padd(one, t));
   };
-  if (any_half(y, x)) return half_unary(y, x, f);
+  if (any_half(y, x)) return cpu::map_any(y, x, f);  // bf16, f16: packet_math.h
   const float* px = x.data<float>();
   float* py = y.data<float>();
   cpu::parallel_for(y.numel(), cpu::kParallelGrain,
@@ -83,7 +45,7 @@ template <> void gelu_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& 
     const cpu::Packet dt = pmul(pmul(psub(one, pmul(t, t)), k), padd(one, pmul(c3, v2)));
     return pmul(g, padd(pmul(half, padd(one, t)), pmul(pmul(half, v), dt)));
   };
-  if (any_half(dx, x) || cpu::is_half(dy.dtype())) return half_binary(dx, x, dy, f);
+  if (any_half(dx, x) || cpu::is_half(dy.dtype())) return cpu::map_any(dx, x, dy, f);
   const float *pdy = dy.data<float>(), *px = x.data<float>();
   float* pdx = dx.data<float>();
   cpu::parallel_for(dx.numel(), cpu::kParallelGrain,

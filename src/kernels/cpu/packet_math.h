@@ -13,6 +13,11 @@
 #include <cstdint>
 #include <limits>
 
+#include <minigrad/core/tensor.h>
+
+#include "core/parallel.h"
+#include "kernels/cpu/half_rows.h"
+
 namespace mg::cpu {
 
 // Internal to each file that includes this: the bodies depend on the file's -march (the
@@ -45,6 +50,44 @@ template <class F> inline void map_packets(float* y, const float* a, const float
   std::copy(b + i, b + n, pb);
   pstoreu(out, f(ploadu<Packet>(pa), ploadu<Packet>(pb)));
   std::copy(out, out + (n - i), y + i);
+}
+
+// The same maps over tensors of any float dtype (float32, bf16, f16: Note [half operands] in
+// kernels/cpu/gemm.h), y = f(x) and y = f(a, b) element by element on every thread: bf16 and f16
+// are widened kHalfBlock values at a time on the thread's stack and the results rounded into y, so
+// an element gets the bits of f on its widened value, with no float32 copy of the tensors. y may
+// be one of the inputs (its block is read before it is written).
+constexpr int64_t kHalfBlock = 1024;
+
+template <class F> void map_any(Tensor& y, const Tensor& x, F&& f) {
+  const char* px = static_cast<const char*>(x.raw_data());
+  char* py = static_cast<char*>(y.raw_data());
+  const size_t xs = dtype_size(x.dtype()), ys = dtype_size(y.dtype());
+  parallel_for(y.numel(), kParallelGrain, [&](int64_t i0, int64_t i1) {
+    float a[kHalfBlock], out[kHalfBlock];
+    for (int64_t b = i0; b < i1; b += kHalfBlock) {
+      const int64_t n = std::min(kHalfBlock, i1 - b);
+      widen_span(a, px + b * xs, x.dtype(), n);
+      map_packets(out, a, n, f);
+      narrow_span(py + b * ys, y.dtype(), out, n);
+    }
+  });
+}
+
+template <class F> void map_any(Tensor& y, const Tensor& x0, const Tensor& x1, F&& f) {
+  const char *p0 = static_cast<const char*>(x0.raw_data()), *p1 = static_cast<const char*>(x1.raw_data());
+  char* py = static_cast<char*>(y.raw_data());
+  const size_t s0 = dtype_size(x0.dtype()), s1 = dtype_size(x1.dtype()), ys = dtype_size(y.dtype());
+  parallel_for(y.numel(), kParallelGrain, [&](int64_t i0, int64_t i1) {
+    float a[kHalfBlock], b2[kHalfBlock], out[kHalfBlock];
+    for (int64_t b = i0; b < i1; b += kHalfBlock) {
+      const int64_t n = std::min(kHalfBlock, i1 - b);
+      widen_span(a, p0 + b * s0, x0.dtype(), n);
+      widen_span(b2, p1 + b * s1, x1.dtype(), n);
+      map_packets(out, a, b2, n, f);
+      narrow_span(py + b * ys, y.dtype(), out, n);
+    }
+  });
 }
 
 // The sum of a[0, n) in one packet's lanes (lane l adds a[l], a[l + lanes], ...), then the lanes
