@@ -155,6 +155,43 @@ inline std::shared_ptr<nn::Sequential> small_cnn() {
 }
 
 // The tensor `name` of a safetensors file a reference script wrote (fails the test if absent).
+// Linear 64->256, ReLU, Linear 256->128, ReLU, Linear 128->96, ReLU, Linear 96->8: activations of
+// distinct sizes, for counting what a segment keeps (tests/test_checkpoint.cpp).
+inline std::shared_ptr<nn::Sequential> seven_layer_mlp() {
+  auto m = std::make_shared<nn::Sequential>();
+  m->add<nn::Linear>(64, 256);
+  m->add<nn::ReLU>();
+  m->add<nn::Linear>(256, 128);
+  m->add<nn::ReLU>();
+  m->add<nn::Linear>(128, 96);
+  m->add<nn::ReLU>();
+  m->add<nn::Linear>(96, 8);
+  return m;
+}
+
+// The tiny GPT of the memory tests: 2 layers, width 64, vocabulary 512, trained by a Trainer on
+// 8 sequences of 64 tokens a step (a fixed token stream), with the summed loss over positions.
+struct TinyGpt {
+  nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
+  std::vector<uint16_t> tokens = std::vector<uint16_t>(1 << 14);  // TokenBatches reads them where they are
+  std::shared_ptr<data::TokenBatches> windows;
+  std::shared_ptr<nn::Sequential> model;
+  TinyGpt() {
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
+    windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
+    manual_seed(1);
+    model = nn::make_gpt2(cfg);
+  }
+  TinyGpt(const TinyGpt&) = delete;  // windows reads this object's tokens
+  TinyGpt& operator=(const TinyGpt&) = delete;
+  optim::LossFn loss() const {
+    const int64_t V = cfg.vocab_size;
+    return [V](const Tensor& logits, const Tensor& y) {
+      return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
+    };
+  }
+};
+
 inline const Tensor& tensor_in(const nn::SafetensorsFile& f, const std::string& name) {
   const Tensor* t = f.find(name);
   REQUIRE_MESSAGE(t != nullptr, "the reference has no tensor " << name);

@@ -146,14 +146,8 @@ TEST_CASE("checkpoint drops the segment's activations after forward and frees ev
   // (N x 256), which without checkpointing is freed after R1. R5's output is the segment's
   // output, kept by L6 either way.
   manual_seed(9);
-  nn::Sequential m;
-  m.add<nn::Linear>(64, 256);
-  m.add<nn::ReLU>();
-  m.add<nn::Linear>(256, 128);
-  m.add<nn::ReLU>();
-  m.add<nn::Linear>(128, 96);
-  m.add<nn::ReLU>();
-  m.add<nn::Linear>(96, 8);
+  auto net = mg::test::seven_layer_mlp();
+  nn::Sequential& m = *net;
   const int64_t n = 32;
   Tensor x = rand_tensor({n, 64}, 21);
   Tensor g = rand_tensor({n, 8}, 22);
@@ -352,14 +346,8 @@ TEST_CASE("an offloaded segment moves its activations to the host pool, and back
   // R3's outputs (the saved inputs of L2 and L4) to the host pool; the weights L2 and L4 save
   // are parameters, and stay.
   manual_seed(9);
-  nn::Sequential m;
-  m.add<nn::Linear>(64, 256);
-  m.add<nn::ReLU>();
-  m.add<nn::Linear>(256, 128);
-  m.add<nn::ReLU>();
-  m.add<nn::Linear>(128, 96);
-  m.add<nn::ReLU>();
-  m.add<nn::Linear>(96, 8);
+  auto net = mg::test::seven_layer_mlp();
+  nn::Sequential& m = *net;
   const int64_t n = 32;
   const size_t f = sizeof(float);
   Tensor x = rand_tensor({n, 64}, 21);

@@ -75,21 +75,12 @@ TEST_CASE("explain_memory: ResNet-50/8 and the tiny GPT") {
     }
   }
   SUBCASE("tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens") {
-    const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
-    std::vector<uint16_t> tokens(1 << 14);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
-    auto windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
-    manual_seed(1);
-    auto m = nn::make_gpt2(cfg);
-    optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
-    const int64_t V = cfg.vocab_size;
+    test::TinyGpt gpt;
+    optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
     for (const char* plan : {"none", "[0,2)@host [2,3)", "[1,3)@host"}) {
-      Trainer t(*m, windows, opt,
-                {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2,
-                 .loss = [V](const Tensor& logits, const Tensor& y) {
-                   return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
-                 },
-                 .tiles = false, .offload = nn::MeasureOptions::Offload::on, .progress = Progress::off});
+      Trainer t(*gpt.model, gpt.windows, opt,
+                {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2, .loss = gpt.loss(), .tiles = false,
+                 .offload = nn::MeasureOptions::Offload::on, .progress = Progress::off});
       check_report(t, (std::string("tiny GPT, ") + plan).c_str());
     }
   }

@@ -212,20 +212,11 @@ TEST_CASE("bf16: activations at most 0.55x fp32's, and predicted = measured (VGG
   }
   SUBCASE("tiny GPT (2 layers, width 64, vocabulary 512), 8 sequences of 64 tokens") {
     const auto run = [](Precision p) {
-      const nn::GPTConfig cfg{.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};
-      std::vector<uint16_t> tokens(1 << 14);
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
-      auto windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
-      manual_seed(1);
-      auto m = nn::make_gpt2(cfg);
-      optim::AdamW opt(m->parameters(), {.lr = 1e-3f});
-      const int64_t V = cfg.vocab_size;
-      Trainer t(*m, windows, opt,
-                {.batch_size = 8, .epochs = 1, .max_steps = 2,
-                 .loss = [V](const Tensor& logits, const Tensor& y) {
-                   return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
-                 },
-                 .tiles = false, .precision = p, .progress = Progress::off});
+      test::TinyGpt gpt;
+      optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+      Trainer t(*gpt.model, gpt.windows, opt,
+                {.batch_size = 8, .epochs = 1, .max_steps = 2, .loss = gpt.loss(), .tiles = false, .precision = p,
+                 .progress = Progress::off});
       return measured(t);
     };
     const Measured f32 = run(Precision::fp32), b16 = run(Precision::bf16);

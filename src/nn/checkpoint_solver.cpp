@@ -78,6 +78,21 @@ void note_replay_backward(PieceCost& pc, const ChainCost& t, size_t s, size_t e,
   if (wants_dx0) pc.note(base + A(s), s, end);
 }
 
+// The forward of a checkpointed (or offloaded) segment [s, e): its units run as plain ones, on
+// the boundary A_s. Returns what they keep, A_s included, and whether the last keeps its output.
+size_t note_first_pass(PieceCost& pc, const ChainCost& c, size_t s, size_t e, const char* phase, bool* holds_out) {
+  size_t R = 0;
+  bool h = true;
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = c.units[u];
+    pc.note(c.fixed_bytes + R + c.activation_bytes(u) + U.fwd_peak, u, phase);
+    R += ((h || U.saves_input) ? c.activation_bytes(u) : 0) + U.extra_bytes;
+    h = U.saves_output;
+  }
+  if (holds_out) *holds_out = h;
+  return R;
+}
+
 // Units [s, e), checkpointed or plain, entered with `holds` = the previous unit keeps A_s.
 PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool holds) {
   const size_t n = c.units.size();
@@ -107,16 +122,7 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
     return pc;
   }
   // First pass: the units run as plain ones, then all but the input is dropped.
-  {
-    size_t R = 0;
-    bool h = true;
-    for (size_t u = s; u < e; ++u) {
-      const UnitCost& U = c.units[u];
-      pc.note(F + R + A(u) + U.fwd_peak, u, "forward (checkpointed segment, first pass)");
-      R += ((h || U.saves_input) ? A(u) : 0) + U.extra_bytes;
-      h = U.saves_output;
-    }
-  }
+  note_first_pass(pc, c, s, e, "forward (checkpointed segment, first pass)", nullptr);
   // What the first pass kept goes, but for extras something else holds.
   for (size_t u = s; u < e; ++u) pc.kept += c.units[u].extra_held_bytes;
   pc.kept += A(s);
@@ -174,14 +180,8 @@ PieceCost eval_offload_piece(const ChainCost& c, size_t s, size_t e) {
   auto A = [&](size_t k) { return c.activation_bytes(k); };
   const size_t F = c.fixed_bytes;
   PieceCost pc;
-  size_t R = 0;
   bool h = true;
-  for (size_t u = s; u < e; ++u) {
-    const UnitCost& U = c.units[u];
-    pc.note(F + R + A(u) + U.fwd_peak, u, "forward (offloaded segment)");
-    R += ((h || U.saves_input) ? A(u) : 0) + U.extra_bytes;
-    h = U.saves_output;
-  }
+  const size_t R = note_first_pass(pc, c, s, e, "forward (offloaded segment)", &h);
   size_t held = 0;  // extras something else holds: they stay on the device
   for (size_t u = s; u < e; ++u) held += c.units[u].extra_held_bytes;
   pc.kept = A(s) + held;
