@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <minigrad/core/autograd.h>
@@ -181,6 +182,13 @@ void synchronize_cuda(int device_index);                   // waits for a CUDA d
 void* cuda_mark(int device_index);
 double cuda_mark_ms(void* from, void* to);
 void cuda_mark_free(void* mark);
+
+// ---- hooks: defined by dist (src/dist/nccl.cpp; no_nccl.cpp without NCCL) --------------------------
+// A span of the --timeline trace on a CUDA stream (Note [reduction timeline] in
+// minigrad/dist/dist.h): `stream` names its row ("copy": offload's copies, Note [offload
+// schedule]). 0 when the timeline does not record, else a handle for the span's end.
+size_t timeline_span_begin(std::string name, const char* stream, void* cuda_stream);
+void timeline_span_end(size_t span, void* cuda_stream);
 
 // ---- the profiler's passes (src/core/profiler.cpp) ----------------------------------------------
 // The pass an op's forward counts under: "replay" while a ReplayPass lives on this thread

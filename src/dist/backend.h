@@ -33,10 +33,6 @@ void nccl_shutdown(bool failing, double timeout_s);
 // Note [reduction timeline] in minigrad/dist/dist.h: the events behind mg::dist::timeline.
 void nccl_record_timeline(bool on);
 void nccl_timeline_mark(std::string_view name);
-// A span of other work on a CUDA stream (`stream` names its row: "copy" for offload's copies,
-// Note [offload schedule]): 0 when not recording, else a handle for its end.
-size_t nccl_timeline_span_begin(std::string name, const char* stream, void* cuda_stream);
-void nccl_timeline_span_end(size_t span, void* cuda_stream);
 std::vector<TimelineSpan> nccl_timeline();
 
 }  // namespace mg::dist::detail

@@ -475,7 +475,9 @@ std::string timeline_trace_json(const std::vector<TimelineSpan>& spans) {
   // Trace Event Format: complete events ("X") for spans, instant events ("i") for marks; pid is
   // the rank, tid the stream.
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
+  const bool copies = std::any_of(spans.begin(), spans.end(), [](const TimelineSpan& s) { return s.stream == "copy"; });
   for (const char* stream : {"compute", "nccl", "copy"}) {
+    if (std::string(stream) == "copy" && !copies) continue;  // offload's row, when it copied
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", g_world.rank},
                       {"tid", stream}, {"args", {{"name", std::string(stream) + " stream"}}}});
   }

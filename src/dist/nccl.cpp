@@ -20,6 +20,7 @@
 
 #include <minigrad/core/error.h>
 
+#include "core/tape.h"
 #include "dist/backend.h"
 #include "kernels/cuda/common.cuh"
 
@@ -366,14 +367,14 @@ void nccl_timeline_mark(std::string_view name) {
   MG_CUDA_RT_CHECK(cudaEventRecord(e, cuda::stream(device)));  // the compute stream (Note [cuda stream])
 }
 
-size_t nccl_timeline_span_begin(std::string name, const char* stream, void* cuda_stream) {
+size_t span_begin(std::string name, const char* stream, void* cuda_stream) {
   if (!recording()) return 0;
   g_timeline.spans.push_back({std::move(name), stream, timing_event(), timing_event()});
   MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans.back().begin, static_cast<cudaStream_t>(cuda_stream)));
   return g_timeline.spans.size();
 }
 
-void nccl_timeline_span_end(size_t span, void* cuda_stream) {
+void span_end(size_t span, void* cuda_stream) {
   if (span == 0 || span > g_timeline.spans.size()) return;  // not recorded, or forgotten since
   MG_CUDA_RT_CHECK(cudaEventRecord(g_timeline.spans[span - 1].end, static_cast<cudaStream_t>(cuda_stream)));
 }
@@ -400,3 +401,13 @@ std::vector<TimelineSpan> nccl_timeline() {
 }
 
 }  // namespace mg::dist::detail
+
+namespace mg {
+
+// The hooks of core/tape.h: offload's copies on the timeline (Note [reduction timeline]).
+size_t timeline_span_begin(std::string name, const char* stream, void* cuda_stream) {
+  return dist::detail::span_begin(std::move(name), stream, cuda_stream);
+}
+void timeline_span_end(size_t span, void* cuda_stream) { dist::detail::span_end(span, cuda_stream); }
+
+}  // namespace mg

@@ -1,6 +1,7 @@
 // mg::dist without NCCL (a CPU build, or NCCL not found): CUDA tensors cannot be reduced.
 #include <minigrad/core/error.h>
 
+#include "core/tape.h"
 #include "dist/backend.h"
 
 namespace mg::dist::detail {
@@ -29,8 +30,12 @@ void nccl_shutdown(bool, double) {}
 // No CUDA collectives to time (Note [reduction timeline]).
 void nccl_record_timeline(bool) {}
 void nccl_timeline_mark(std::string_view) {}
-size_t nccl_timeline_span_begin(std::string, const char*, void*) { return 0; }
-void nccl_timeline_span_end(size_t, void*) {}
 std::vector<TimelineSpan> nccl_timeline() { return {}; }
 
 }  // namespace mg::dist::detail
+
+namespace mg {
+// The hooks of core/tape.h: no timeline without NCCL.
+size_t timeline_span_begin(std::string, const char*, void*) { return 0; }
+void timeline_span_end(size_t, void*) {}
+}  // namespace mg

@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "core/tape.h"
-#include "dist/backend.h"
 #include "kernels/cuda/common.cuh"
 
 namespace mg {
@@ -42,10 +41,10 @@ void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_in
   MG_CUDA_CHECK(cudaStreamWaitEvent(copies, ready, 0));
   MG_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait has run
   // A span on the timeline's copy row while --timeline records (Note [reduction timeline]).
-  const size_t span = dist::detail::nccl_timeline_span_begin(
+  const size_t span = timeline_span_begin(
       std::string(to_host ? "offload to host, " : "offload back, ") + std::to_string(nbytes) + " bytes", "copy", copies);
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copies));
-  dist::detail::nccl_timeline_span_end(span, copies);
+  timeline_span_end(span, copies);
   cudaEvent_t done = new_event();
   MG_CUDA_CHECK(cudaEventRecord(done, copies));
   return done;
