@@ -146,37 +146,16 @@ void* start_copy(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<
 // wait in the schedule's `fresh` list (Note [offload schedule]).
 void send_away(const std::shared_ptr<CheckpointSegment>& segment) {
   CheckpointSegment& seg = *segment;
-  std::unordered_set<const StorageImpl*> boundary;
-  for (const Tensor& b : seg.boundary) boundary.insert(b.impl().storage.get());
-  struct Held {
-    long saved = 0, all = 0;  // handles the tape holds, and in all
-  };
-  std::unordered_map<TensorImpl*, Held> handles;
-  std::vector<std::pair<StorageImpl*, std::vector<TensorImpl*>>> storages;  // in first-saved order
-  std::unordered_map<StorageImpl*, size_t> index;
+  std::vector<const StorageImpl*> boundary;
+  for (const Tensor& b : seg.boundary) boundary.push_back(b.impl().storage.get());
   // The saved tensors, and the inputs without history the nodes keep for a replay (position ids
   // made inside the segment, say): the tape's own handles.
-  auto scan = [&](const Tensor& t) {
-    if (!t.defined() || !t.impl().storage || t.impl().storage->nbytes() == 0) return;
-    TensorImpl* impl = t.impl_ptr().get();
-    StorageImpl* st = impl->storage.get();
-    if (boundary.count(st) || st->in_host_pool()) return;
-    Held& h = handles[impl];
-    h.all = t.impl_ptr().use_count();
-    if (h.saved++ > 0) return;
-    auto [it, fresh] = index.emplace(st, storages.size());
-    if (fresh) storages.push_back({st, {}});
-    storages[it->second].second.push_back(impl);
-  };
+  std::vector<const Tensor*> handles;
   for (const auto& n : seg.nodes) {
-    for (const Tensor& t : n->saved) scan(t);
-    for (const NodeInput& in : n->inputs) scan(in.leaf);
+    for (const Tensor& t : n->saved) handles.push_back(&t);
+    for (const NodeInput& in : n->inputs) handles.push_back(&in.leaf);
   }
-  for (auto& [st, users] : storages) {
-    // Held by nothing but these tensors, and they by nothing but the tape.
-    bool only_saved = users.front()->storage.use_count() == static_cast<long>(users.size());
-    for (TensorImpl* impl : users) only_saved = only_saved && handles[impl].all == handles[impl].saved;
-    if (!only_saved) continue;
+  for (const auto& [st, users] : tape_only_storages(handles, boundary)) {
     CheckpointSegment::Away a;
     a.host = std::make_shared<StorageImpl>(st->nbytes(), StorageImpl::InHostPool{});
     a.device = st->device();
@@ -246,6 +225,34 @@ void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr
   };
   Tensor d = view(dst);
   copy_kernel(d, view(src));
+}
+
+std::vector<TapeStorage> tape_only_storages(const std::vector<const Tensor*>& handles,
+                                            const std::vector<const StorageImpl*>& skip) {
+  struct Held {
+    long tape = 0, all = 0;  // handles the tape holds, and in all
+  };
+  std::unordered_map<TensorImpl*, Held> held;
+  std::vector<TapeStorage> storages;
+  std::unordered_map<StorageImpl*, size_t> index;
+  for (const Tensor* t : handles) {
+    if (!t->defined() || !t->impl().storage || t->impl().storage->nbytes() == 0) continue;
+    TensorImpl* impl = t->impl_ptr().get();
+    StorageImpl* st = impl->storage.get();
+    if (st->in_host_pool() || std::find(skip.begin(), skip.end(), st) != skip.end()) continue;
+    Held& h = held[impl];
+    h.all = t->impl_ptr().use_count();
+    if (h.tape++ > 0) continue;
+    auto [it, fresh] = index.emplace(st, storages.size());
+    if (fresh) storages.push_back({st, {}});
+    storages[it->second].users.push_back(impl);
+  }
+  // Held by nothing but these tensors, and they by nothing but the tape.
+  std::erase_if(storages, [&](const TapeStorage& s) {
+    if (s.users.front()->storage.use_count() != static_cast<long>(s.users.size())) return true;
+    return std::any_of(s.users.begin(), s.users.end(), [&](TensorImpl* i) { return held[i].all != held[i].tape; });
+  });
+  return storages;
 }
 
 void offload_unit_end() {

@@ -130,6 +130,16 @@ void offload_node_reached(const Node* n);
 void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_index, bool to_host);
 void cuda_offload_wait(void* event);
 
+// Note [offload]: the storages under `handles` (tensors the tape holds) that nothing else holds:
+// each with the tensors on it, in the order first seen. Storages in `skip`, empty ones and the
+// host pool's are left out. An offloaded segment moves exactly these; measure_chain counts them.
+struct TapeStorage {
+  StorageImpl* storage;
+  std::vector<TensorImpl*> users;
+};
+std::vector<TapeStorage> tape_only_storages(const std::vector<const Tensor*>& handles,
+                                            const std::vector<const StorageImpl*>& skip);
+
 // Copies a storage's bytes into another of the same size, between any two devices or the host
 // pool (Note [offload]); `dtype` is one of the dtypes on them (its size divides the bytes).
 void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype);

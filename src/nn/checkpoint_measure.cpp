@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <unordered_map>
 #include <unordered_set>
 
 #include <minigrad/core/autocast.h>
@@ -50,31 +49,6 @@ size_t in_use(Device d) { return memory_stats(d).in_use; }
 // millisecond were measured at up to 1.8x their time in a step without it.)
 void wake_workers(Device d) {
   if (d.is_cpu()) cpu::parallel_pieces(cpu::parallel_slots(1 << 10), [](int64_t, int) {});
-}
-
-// Bytes of the storages under `saved` that nothing but those tensors holds (an offloaded segment
-// moves exactly these: Note [offload] in minigrad/core/checkpoint.h).
-size_t tape_only_bytes(const std::vector<const Tensor*>& saved) {
-  std::unordered_map<const TensorImpl*, long> handles;
-  std::unordered_map<const StorageImpl*, std::unordered_set<const TensorImpl*>> users;
-  for (const Tensor* t : saved) {
-    ++handles[t->impl_ptr().get()];
-    users[t->impl().storage.get()].insert(t->impl_ptr().get());
-  }
-  size_t bytes = 0;
-  for (const auto& [st, impls] : users) {
-    bool only = (*impls.begin())->storage.use_count() == static_cast<long>(impls.size());
-    for (const TensorImpl* i : impls) {
-      for (const Tensor* t : saved) {
-        if (t->impl_ptr().get() == i) {
-          only = only && t->impl_ptr().use_count() == handles[i];
-          break;
-        }
-      }
-    }
-    if (only) bytes += st->nbytes();
-  }
-  return bytes;
 }
 
 // The model's state that a measured pass changes, kept in host memory and put back by restore()
@@ -218,7 +192,7 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
     // The unit's nodes: what they keep, their work, and whether they can run in tiles.
     u.tiles = y.dim() >= 1 && y.size(0) == xin.size(0);
     if (y.grad_fn()) {
-      std::vector<const Tensor*> saved;  // the nodes' saved tensors on neither the input nor the output
+      std::vector<const Tensor*> saved;  // the nodes' saved tensors
       std::vector<Node*> stack{y.grad_fn().get()};
       std::unordered_set<Node*> seen{stack.back()};
       while (!stack.empty()) {
@@ -233,13 +207,18 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
         for (const Tensor& t : n->saved) {
           u.saves_input |= t.shares_storage(xin);
           u.saves_output |= t.shares_storage(y);
-          if (t.defined() && t.impl().storage && !t.shares_storage(xin) && !t.shares_storage(y)) saved.push_back(&t);
+          saved.push_back(&t);
         }
         for (const NodeInput& in : n->inputs) {
           if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
         }
       }
-      u.extra_held_bytes = u.extra_bytes - std::min(u.extra_bytes, tape_only_bytes(saved));
+      // Of the extras, what only the tape holds an offloaded segment moves (Note [offload]).
+      size_t tape_only = 0;
+      for (const TapeStorage& t : tape_only_storages(saved, {xin.impl().storage.get(), y.impl().storage.get()})) {
+        tape_only += t.storage->nbytes();
+      }
+      u.extra_held_bytes = u.extra_bytes - std::min(u.extra_bytes, tape_only);
       // The input's gradient lands in xin without a copy (accumulate_grad takes a gradient nothing
       // else holds), as a step passes it on: the unit's backward holds what it holds in a step.
       if (xin.requires_grad()) xin.set_grad(Tensor());
