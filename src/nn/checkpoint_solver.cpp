@@ -36,6 +36,7 @@ struct PieceCost {
   size_t kept = 0;         // R grows by this
   size_t host = 0;         // bytes it moves to the host pool (offloaded pieces)
   bool holds_out = false;  // the piece's last unit keeps its output
+  // A moment's phase names its side: the forward's phases begin with "forward".
   void note(size_t bytes, size_t unit, const char* phase) {
     Moment& m = std::strncmp(phase, "forward", 7) == 0 ? fwd : bwd;
     if (bytes > m.bytes) m = {bytes, unit, phase};
