@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "kernels/optim.h"
+#include <minigrad/core/autocast.h>
 #include <minigrad/data/idx.h>
 #include <minigrad/data/loader.h>
 #include <minigrad/nn/models.h>
@@ -129,6 +131,69 @@ TEST_CASE("cuda: MLP training steps (SGD with momentum) match the CPU") {
     INFO(pc[i].first);
     CHECK(pg[i].second.is_cuda());
     CHECK(rel_err(pg[i].second, pc[i].second) < kStrict);
+  }
+}
+
+namespace {
+// Steps of SGD under autocast(bf16) on a model on the CPU and its twin on the device, from the same
+// weights and batches (Note [cuda half kernels] in src/kernels/cuda/storage.cuh): each step's loss
+// within 2e-2 relative (the bound for bf16 against a reference) and the final weights within
+// 2e-2 relative error of the CPU's. `batch(step, device)` gives (input, target).
+template <class Batch>
+void bf16_steps_match(const std::function<std::shared_ptr<nn::Module>()>& make, int steps, float lr, Batch batch,
+                      const optim::LossFn& loss_fn) {
+  auto cpu_model = make(), gpu_model = make();
+  gpu_model->to(kGpu);
+  optim::SGD cpu_opt(cpu_model->parameters(), {.lr = lr, .momentum = 0.9f});
+  optim::SGD gpu_opt(gpu_model->parameters(), {.lr = lr, .momentum = 0.9f});
+  const AutocastGuard bf16(DType::bf16);
+  for (int step = 0; step < steps; ++step) {
+    const auto [xc, yc] = batch(step, Device::cpu());
+    const auto [xg, yg] = batch(step, kGpu);
+    cpu_opt.zero_grad();
+    gpu_opt.zero_grad();
+    Tensor loss_c = loss_fn(cpu_model->forward(xc), yc), loss_g = loss_fn(gpu_model->forward(xg), yg);
+    loss_c.backward();
+    loss_g.backward();
+    cpu_opt.step();
+    gpu_opt.step();
+    INFO("step " << step << " loss cpu " << loss_c.item() << " cuda " << loss_g.item());
+    CHECK(std::isfinite(loss_g.item()));
+    CHECK(std::abs(loss_g.item() - loss_c.item()) <= 2e-2 * std::abs(loss_c.item()));
+  }
+  auto pc = cpu_model->named_parameters(), pg = gpu_model->named_parameters();
+  REQUIRE(pc.size() == pg.size());
+  for (size_t i = 0; i < pc.size(); ++i) {
+    INFO(pc[i].first);
+    CHECK(pg[i].second.dtype() == DType::f32);  // the masters stay float32
+    CHECK(rel_err(pg[i].second, pc[i].second) < 2e-2);
+  }
+}
+}  // namespace
+
+TEST_CASE("cuda: bf16 training steps (autocast) of an MLP, a VGG16/16 and a tiny GPT follow the CPU's") {
+  const optim::LossFn ce = [](const Tensor& logits, const Tensor& y) { return cross_entropy(logits, y); };
+  SUBCASE("MLP") {
+    bf16_steps_match([] { manual_seed(7); return std::static_pointer_cast<nn::Module>(nn::make_mlp({37, 64, 29, 10})); },
+                     6, 0.05f,
+                     [](int step, Device d) { return std::pair{rand_tensor({23, 37}, 800 + step).to(d), labels(23, 10, 900 + step).to(d)}; },
+                     ce);
+  }
+  SUBCASE("VGG16/16 (conv2d, max_pool2d, batch of 8 at 32x32)") {
+    bf16_steps_match([] { manual_seed(8); return std::static_pointer_cast<nn::Module>(nn::make_vgg16(10, 16, 0.0f)); },
+                     4, 0.01f,
+                     [](int step, Device d) { return std::pair{rand_tensor({8, 3, 32, 32}, 810 + step).to(d), labels(8, 10, 910 + step).to(d)}; },
+                     ce);
+  }
+  SUBCASE("tiny GPT (the ops without CUDA half kernels widen)") {
+    const nn::GPTConfig cfg{.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64};
+    bf16_steps_match([cfg] { manual_seed(9); return std::static_pointer_cast<nn::Module>(nn::make_gpt2(cfg)); }, 4,
+                     0.01f,
+                     [](int step, Device d) {
+                       return std::pair{labels(4 * 32, 256, 820 + step).reshape({4, 32}).to(d),
+                                        labels(4 * 32, 256, 920 + step).to(d)};
+                     },
+                     [](const Tensor& logits, const Tensor& y) { return cross_entropy(logits.reshape({-1, 256}), y); });
   }
 }
 

@@ -298,8 +298,8 @@ struct StrictFp32 {
   }
 };
 
-// Per element |got - want| <= kCudaTol * max |want|.
-void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
+// Per element |got - want| <= tol * max |want|.
+void check_close(const Tensor& got, const Tensor& want, const std::string& what, double tol = kCudaTol) {
   REQUIRE_MESSAGE(got.shape() == want.shape(), what << ": shape " << shape_str(got.shape()) << ", expected "
                                                     << shape_str(want.shape()));
   const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
@@ -310,16 +310,16 @@ void check_close(const Tensor& got, const Tensor& want, const std::string& what)
   worst.element = 0;
   for (size_t i = 0; i < w.size(); ++i) {
     const double err = std::abs(static_cast<double>(g[i]) - w[i]) / scale;
-    if (!(err <= kCudaTol)) ++worst.failures;
+    if (!(err <= tol)) ++worst.failures;
     if (!(err <= worst.err)) {  // NaN counts as the worst
       worst.err = err;
       worst.element = static_cast<int64_t>(i);
     }
   }
-  CHECK_MESSAGE(worst.err <= kCudaTol,
+  CHECK_MESSAGE(worst.err <= tol,
                 what << ", " << element_str(want.shape(), worst.element) << ": cuda "
                      << g[static_cast<size_t>(worst.element)] << ", cpu " << w[static_cast<size_t>(worst.element)]
-                     << ", |diff| / max |cpu| = " << worst.err << " > " << kCudaTol << " (" << worst.failures
+                     << ", |diff| / max |cpu| = " << worst.err << " > " << tol << " (" << worst.failures
                      << " of " << w.size() << " elements out of tolerance)");
 }
 
@@ -492,6 +492,57 @@ TEST_CASE("ops: CUDA against CPU, every op and case") {
         check_close(dev[k].grad().cpu(), cpu.tensors[k].grad(), what);
       }
     }
+    }
+  }
+}
+
+// The same on bf16 and f16 inputs (Note [cuda half kernels] in src/kernels/cuda/storage.cuh): the
+// output and every gradient in the CPU's dtype, and per element within two units of the dtype's
+// rounding of max |cpu|. Both devices sum in float32, in their own orders, and round once, so an
+// element may round the other way: one unit, at most half of max |cpu| away from the exact sum.
+TEST_CASE("ops: CUDA against CPU in bf16 and f16, every op and case") {
+  if (!cuda_available()) {
+    if (test::gpu_required()) FAIL("MG_REQUIRE_GPU=1, but " << cuda_unavailable_reason());
+    MESSAGE("no CUDA device (" << cuda_unavailable_reason() << "): bf16 and f16 CUDA against CPU not run");
+    return;
+  }
+  StrictFp32 strict;  // the float32 products of ops that widen their inputs
+  const Device gpu = Device::cuda(0);
+  for (const auto& [dtype, tol] : {std::pair{DType::bf16, 0x1p-7}, std::pair{DType::f16, 0x1p-10}}) {
+    for (const OpDef* op : selected_ops()) {
+      SUBCASE((std::string(dtype_name(dtype)) + " " + op->name).c_str()) {
+      const std::vector<OpCase> cases = op->cases();
+      for (size_t ci = 0; ci < cases.size(); ++ci) {
+        const OpCase& c = cases[ci];
+        CaseInputs in = make_inputs(*op, ci, c);
+        std::vector<Tensor> cpu, dev;
+        for (size_t k = 0; k < in.tensors.size(); ++k) {
+          const Tensor& t = in.tensors[k];
+          const bool real = t.defined() && is_floating(t.dtype());
+          const Tensor low = real ? t.detach().to(dtype) : t;
+          cpu.push_back(real ? low.detach().requires_grad_(in.step[k] != 0) : low);
+          dev.push_back(!t.defined() ? Tensor() : real ? low.to(gpu).requires_grad_(in.step[k] != 0) : low.to(gpu));
+        }
+        const std::string name = std::string(dtype_name(dtype)) + " ";
+        Tensor y_cpu = apply(*op, c.attrs, cpu), y_dev = apply(*op, c.attrs, dev);
+        REQUIRE_MESSAGE(y_dev.is_cuda(), name << where(*op, ci, "output is not on the device"));
+        CHECK_MESSAGE(y_dev.dtype() == y_cpu.dtype(), name << where(*op, ci, "output") << " is "
+                                                           << dtype_name(y_dev.dtype()) << " on CUDA, "
+                                                           << dtype_name(y_cpu.dtype()) << " on the CPU");
+        check_close(y_dev.cpu(), y_cpu, name + where(*op, ci, "output"), tol);
+
+        const Tensor r = r_tensor(make_r(y_cpu.numel(), name_hash(op->name) + 7 * ci + 1), y_cpu.shape()).to(y_cpu.dtype());
+        y_cpu.backward(r);
+        y_dev.backward(r.to(gpu));
+        for (size_t k = 0; k < dev.size(); ++k) {
+          if (in.step[k] == 0) continue;
+          const std::string what = name + where(*op, ci, "gradient of input", k);
+          REQUIRE_MESSAGE(dev[k].grad().defined(), what << ": none on the device");
+          CHECK_MESSAGE(dev[k].grad().dtype() == cpu[k].grad().dtype(), what << " is " << dtype_name(dev[k].grad().dtype()));
+          check_close(dev[k].grad().cpu(), cpu[k].grad(), what, tol);
+        }
+      }
+      }
     }
   }
 }

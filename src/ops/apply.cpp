@@ -88,6 +88,15 @@ struct Casting {
   std::vector<Tensor> wide;         // input i as the kernel reads it: float32
 };
 
+// Every floating input has one dtype, bf16 or f16.
+bool one_low_dtype(const std::vector<Tensor>& in) {
+  const DType first = half_out(in);
+  for (const Tensor& t : in) {
+    if (t.defined() && is_floating(t.dtype()) && t.dtype() != first) return false;
+  }
+  return low(first);
+}
+
 Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast, Device device) {
   Casting c;
   DType seen = DType::f32;  // a low dtype among the inputs
@@ -108,11 +117,12 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast,
   if (op.kind == OpKind::loss) c.out = DType::f32;
   else if (op.precision != OpPrecision::follow && cast != DType::f32) c.out = cast;
   else c.out = any_low ? run : DType::f32;
-  // CPU kernels that read bf16/f16 themselves take the inputs as they are, when the output's dtype
-  // is the one they would give it (Note [half operands] in kernels/cpu/gemm.h).
-  // (A loss's output is float32 whatever its inputs.)
-  c.half_kernels = op.half_kernels && device.is_cpu() && half_kernels_enabled() &&
-                   (op.kind == OpKind::loss || half_out(c.stored) == c.out);
+  // Kernels that read bf16/f16 themselves take the inputs as they are, when the output's dtype is
+  // the one they would give it (Note [half operands] in kernels/cpu/gemm.h; a loss's output is
+  // float32 whatever its inputs). CUDA's take one storage type for all their floating inputs
+  // (Note [cuda half kernels] in kernels/cuda/storage.cuh).
+  const bool kernels = device.is_cpu() ? op.half_kernels : op.cuda_half_kernels && one_low_dtype(c.stored);
+  c.half_kernels = kernels && half_kernels_enabled() && (op.kind == OpKind::loss || half_out(c.stored) == c.out);
   if (c.half_kernels) return c;
   c.wide.resize(c.stored.size());
   for (size_t i = 0; i < c.stored.size(); ++i) {
@@ -246,9 +256,10 @@ void copy_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(Device::cuda(), c
 
 void convert_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(dst.device(), convert, dst, src); }
 
-// Gradient sums (a leaf's, a node's output used twice) in float32, stored in the sum's dtype.
+// Gradient sums (a leaf's, a node's output used twice) in float32, stored in the sum's dtype. The
+// CUDA kernels widen and round themselves (Note [cuda half kernels]).
 void add_into_kernel(Tensor& acc, const Tensor& g) {
-  if (acc.dtype() == DType::f32 && g.dtype() == DType::f32) {
+  if ((acc.dtype() == DType::f32 && g.dtype() == DType::f32) || acc.device().is_cuda()) {
     MG_DISPATCH(acc.device(), add_inplace, acc, g);
     return;
   }
@@ -259,6 +270,11 @@ void add_into_kernel(Tensor& acc, const Tensor& g) {
 }
 
 Tensor add_kernel(const Tensor& a, const Tensor& b) {
+  if (a.device().is_cuda() && a.dtype() == b.dtype()) {
+    Tensor sum = Tensor::empty(a.shape(), TensorOptions{a.dtype(), a.device()});
+    MG_DISPATCH(sum.device(), add_forward, sum, a, b);
+    return sum;
+  }
   if (a.dtype() != DType::f32 || b.dtype() != DType::f32) {
     const Tensor wa = a.to(DType::f32), wb = b.to(DType::f32);
     Tensor sum = Tensor::empty(a.shape(), like(a));

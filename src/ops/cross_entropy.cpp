@@ -22,7 +22,7 @@ Tensor cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::v
                                          << logits.size(0) << "] for logits "
                                          << shape_str(logits.shape()));
   MG_CHECK(logits.size(0) > 0, "cross_entropy: empty batch");
-  // bf16/f16 logits (CPU, half_kernels): no float32 probabilities are kept; backward makes them again
+  // bf16/f16 logits (half_kernels, CPU and CUDA): no float32 probabilities are kept; backward makes them again
   // from the logits, which it keeps instead (half the bytes, the same bits).
   const bool half = logits.dtype() != DType::f32;
   Tensor loss = Tensor::empty({}, like(logits));
@@ -53,7 +53,7 @@ std::vector<OpCase> cross_entropy_cases() {
 
 const OpDef kCrossEntropy{"cross_entropy", OpKind::loss, cross_entropy_fwd, cross_entropy_bwd,
                           cross_entropy_flops, cross_entropy_cases, /*tile: sums over samples*/ nullptr,
-                          OpPrecision::follow, /*half_kernels*/ true};
+                          OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
 MG_REGISTER_OP(kCrossEntropy);
 
 }  // namespace

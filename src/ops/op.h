@@ -82,6 +82,9 @@ struct OpDef {
   // kernels/cpu/gemm.h): apply() hands it the low-precision inputs as they are instead of float32
   // copies, and it makes its output and gradients in the dtypes of Note [autocast].
   bool half_kernels = false;
+  // Its CUDA kernels do the same (Note [cuda half kernels] in src/kernels/cuda/storage.cuh), for
+  // inputs of one low dtype.
+  bool cuda_half_kernels = false;
 };
 
 // Every registered op, in registration order.
@@ -101,8 +104,8 @@ void check_float(const char* op, const char* what, const Tensor& t);
 // float32, or bf16 or f16 for an op with half_kernels.
 void check_float_or_half(const char* op, const char* what, const Tensor& t);
 
-// Whether ops with half_kernels use them (on by default); off, they run on float32 copies as other
-// ops do. tests/test_ops.cpp checks that both give the same bits.
+// Whether ops with half_kernels (and cuda_half_kernels) use them (on by default); off, they run on
+// float32 copies as other ops do. tests/test_ops.cpp checks that both give the same bits on the CPU.
 void set_half_kernels(bool on);
 bool half_kernels_enabled();
 

@@ -29,7 +29,7 @@ Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
   int64_t ow = window_count(x.size(3), a.kernel_h, a.stride_h, a.pad_h);
   MG_CHECK(oh >= 1 && ow >= 1, "max_pool2d: input " << shape_str(x.shape()) << " is smaller than kernel "
                                    << a.kernel_h);
-  if (cpu::is_half(x.dtype())) {
+  if (cpu::is_half(x.dtype()) && x.device().is_cpu()) {
     // bf16/f16 on the CPU (OpDef::half_kernels): the float32 kernels on chunks of images widened in
     // turn. What backward keeps is the input (a ReLU before the pool keeps it anyway), not int64
     // argmaxes four times its bytes: backward finds them again, the same ones.
@@ -43,7 +43,8 @@ Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
     save(saved, {x});
     return y;
   }
-  Tensor y = Tensor::empty({x.size(0), x.size(1), oh, ow}, like(x));
+  // float32, or bf16/f16 on CUDA (OpDef::cuda_half_kernels): the argmaxes are kept.
+  Tensor y = Tensor::empty({x.size(0), x.size(1), oh, ow}, TensorOptions{x.dtype(), x.device()});
   Tensor idx = Tensor::empty(y.shape(), TensorOptions{DType::i64, x.device()});
   MG_DISPATCH(x.device(), max_pool2d_forward, y, idx, x, a.kernel_h, a.stride_h, a.pad_h);
   save(saved, {idx});  // the argmax of each window, not the values
@@ -91,7 +92,8 @@ std::vector<OpCase> max_pool2d_cases() {
 }
 
 const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
-                       max_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true};
+                       max_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true,
+                       /*cuda_half_kernels*/ true};
 MG_REGISTER_OP(kMaxPool2d);
 
 Tensor adaptive_avg_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {

@@ -1,10 +1,17 @@
-// 2-D convolution through cuDNN's legacy (frontend-free) API, NCHW float32.
+// 2-D convolution through cuDNN's legacy (frontend-free) API, NCHW.
 //   x: (N, C, H, W)   w: (O, C, KH, KW)   b: (O)   y: (N, O, OH, OW)
 //   OH = (H + 2 pad - KH) / stride + 1, likewise OW
-//   forward:  y = conv(x, w) (cudnnConvolutionForward), then y += b (cudnnAddTensor)        (=)
+//   forward:  y = b (broadcast), then y = conv(x, w) + y (cudnnConvolutionForward, beta = 1)   (=)
 //   backward: dx = conv_transpose(dy, w) (cudnnConvolutionBackwardData)    (=), skipped if undefined
 //             dw = corr(x, dy)  (cudnnConvolutionBackwardFilter, beta = accumulate)  (= or +=)
 //             db = sum_{n,i,j} dy (cudnnConvolutionBackwardBias, beta = accumulate)  (= or +=)
+// Storage (Note [cuda half kernels] in src/kernels/cuda/storage.cuh): x, w, b, y and dy all
+// float32, or all bf16 or all f16 (cuDNN's "pseudo half" configurations: float32 sums, tensor
+// cores), rounded once. Each gradient may be float32 under bf16/f16 operands (dw and db: a
+// parameter's buffer; dx: a float32 input that autocast rounded): dw and dx then come from cuDNN
+// in the operands' dtype, rounded once, and are added or widened into the float32 tensor (cuDNN's
+// legacy API writes its outputs in its inputs' dtype, as PyTorch's autocast gets them); db is
+// summed in float32 by our own kernel, straight into the buffer.
 // Algorithms: chosen once per (device, shape, stride, pad, math mode, workspace limit, mode, determinism) and
 // cached. Default: cuDNN's heuristics (cudnnGet*_v7); benchmark mode (set_cudnn_benchmark)
 // times them all once (cudnnFind*Ex). Only algorithms whose workspace fits
@@ -23,13 +30,17 @@
 #include <unordered_map>
 
 #include "kernels/conv2d.h"
+#include "kernels/convert.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
+#include "kernels/elementwise.h"
 
 namespace mg {
 namespace {
 
 struct ConvKey {
   int dev, n, c, h, w, o, kh, kw, stride, pad;
+  DType dtype;  // of x, w, y and their gradients
   bool tf32, benchmark, deterministic;
   size_t ws_limit;
   bool operator==(const ConvKey&) const = default;
@@ -37,8 +48,8 @@ struct ConvKey {
 struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
     size_t hsh = 1469598103934665603ull;
-    for (int v : {k.dev, k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, int{k.tf32}, int{k.benchmark},
-                  int{k.deterministic}})
+    for (int v : {k.dev, k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, static_cast<int>(k.dtype),
+                  int{k.tf32}, int{k.benchmark}, int{k.deterministic}})
       hsh = (hsh ^ static_cast<size_t>(v)) * 1099511628211ull;
     return hsh ^ k.ws_limit;
   }
@@ -57,6 +68,19 @@ struct ConvAlgos {
 std::mutex g_cache_mu;
 std::unordered_map<ConvKey, ConvAlgos, ConvKeyHash> g_cache;
 
+cudnnDataType_t data_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    case DType::f16: return CUDNN_DATA_HALF;
+    default: MG_FAIL("conv2d on CUDA: expected float32, bfloat16 or float16, got " << dtype_name(dtype));
+  }
+}
+
+// Float32 operands in strict FP32 (FMA math only). bf16/f16 operands run on tensor cores whatever
+// the TF32 switch: their products are exact in float32 either way.
+bool strict_fp32(const ConvKey& k) { return k.dtype == DType::f32 && !k.tf32; }
+
 // The descriptors of one call (creating them is a few host microseconds).
 struct Descs {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
@@ -69,10 +93,11 @@ struct Descs {
       MG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
       MG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
       MG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.c, k.h, k.w));
-      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, k.n, k.o, oh, ow));
-      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k.o, 1, 1));
-      MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k.o, k.c, k.kh, k.kw));
+      const cudnnDataType_t type = data_type(k.dtype);
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, type, k.n, k.c, k.h, k.w));
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, type, k.n, k.o, oh, ow));
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, type, 1, k.o, 1, 1));
+      MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NCHW, k.o, k.c, k.kh, k.kw));
       MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, k.pad, k.pad, k.stride, k.stride, 1, 1,
                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       reset_math(k);
@@ -91,7 +116,7 @@ struct Descs {
   // Back to the key's math type: a choice made for one direction sets its own on `conv`, and the
   // next direction's search must not inherit it.
   void reset_math(const ConvKey& k) {
-    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, k.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, strict_fp32(k) ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
   }
   void release() noexcept {
     if (x) cudnnDestroyTensorDescriptor(x);
@@ -109,7 +134,7 @@ template <class Perf>
 Choice pick(const Perf* perf, int count, const ConvKey& k) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > k.ws_limit) continue;
-    if (!k.tf32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (strict_fp32(k) && perf[i].mathType != CUDNN_FMA_MATH) continue;
     if (k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
     return Choice{true, static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].memory};
   }
@@ -134,7 +159,7 @@ constexpr int kMaxAlgos = 16;
 // under mg::set_memory_limit, that allocation can fail where running the convolution would not:
 // the choice then falls back to cuDNN's heuristic ranking (cudnnGet*_v7), as with benchmark off.
 
-Choice choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* x, const float* w, float* y) {
+Choice choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x, const void* w, void* y) {
   d.reset_math(k);
   cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
@@ -157,8 +182,7 @@ Choice choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* 
   return c;
 }
 
-Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* w, const float* dy,
-                            float* dx) {
+Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* w, const void* dy, void* dx) {
   d.reset_math(k);
   cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
@@ -182,8 +206,8 @@ Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const f
   return c;
 }
 
-Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const float* x,
-                              const float* dy, size_t dw_bytes) {
+Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x, const void* dy,
+                              size_t dw_bytes) {
   d.reset_math(k);
   cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
@@ -194,7 +218,7 @@ Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const
       cuda::Workspace scratch(k.dev, dw_bytes);
       cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
       MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, dy, d.conv, d.w,
-                                                                   static_cast<float*>(scratch.get()), kMaxAlgos,
+                                                                   scratch.get(), kMaxAlgos,
                                                                    &count, perf, ws.get(), ws.size()));
     } catch (const OutOfMemoryError&) {
     }
@@ -207,6 +231,29 @@ Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const
     MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &c.workspace));
   }
   return c;
+}
+
+// y[n, o, i] = b[o]: the bias, before the convolution is added to it (one rounding in bf16/f16).
+template <class T> __global__ void bias_channels_kernel(T* y, const T* b, int64_t total, int64_t channels, int64_t hw) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = b[(i / hw) % channels];
+}
+
+// db[o] (+)= sum over n and the hw positions of dy[n, o, :], in float32: one block per channel,
+// each thread a fixed share and a fixed tree (deterministic).
+template <class T, class G>
+__global__ void bias_grad_kernel(G* db, const T* dy, int64_t n, int64_t channels, int64_t hw, bool accumulate) {
+  __shared__ float sh[cuda::kThreads];
+  const int64_t o = blockIdx.x;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += cuda::load(dy, (i / hw) * channels * hw + o * hw + i % hw);
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (int step = blockDim.x / 2; step > 0; step >>= 1) {
+    if (threadIdx.x < step) sh[threadIdx.x] += sh[threadIdx.x + step];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) cuda::store(db, o, (accumulate ? cuda::load(db, o) : 0.0f) + sh[0]);
 }
 
 int as_int(int64_t v) {
@@ -236,6 +283,7 @@ ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, i
   k.kw = as_int(w.size(3));
   k.stride = stride;
   k.pad = pad;
+  k.dtype = x.dtype();
   k.tf32 = cuda::tf32_conv();
   k.benchmark = cuda::cudnn_benchmark();
   k.deterministic = cuda::cudnn_deterministic();
@@ -261,28 +309,39 @@ Choice cached(const ConvKey& k, Choice ConvAlgos::*which, Choose choose) {
 
 template <>
 void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
+  cuda::check_same_dtype("conv2d", {&y, &x, &w, &b});
   if (y.numel() == 0) return;
   const ConvKey k = key_for(x, w, y, stride, pad);
   cuda::DeviceGuard guard(k.dev);
   cudnnHandle_t h = cuda::cudnn_handle(k.dev);
   Descs d(k, as_int(y.size(2)), as_int(y.size(3)));
-  const Choice c = cached(k, &ConvAlgos::fwd, [&] {
-    return choose_forward(h, d, k, x.data<float>(), w.data<float>(), y.data<float>());
-  });
+  const Choice c = cached(k, &ConvAlgos::fwd, [&] { return choose_forward(h, d, k, x.raw_data(), w.raw_data(), y.raw_data()); });
+  if (b.defined()) {  // after the choice: benchmark mode's timing writes y
+    const int64_t hw = y.size(2) * y.size(3);
+    cuda::with_storage("conv2d", y.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      bias_channels_kernel<<<cuda::grid_for(y.numel()), cuda::kThreads, 0, cuda::stream(k.dev)>>>(
+          cuda::elems<T>(y), cuda::elems<T>(b), y.numel(), k.o, hw);
+    });
+    MG_CUDA_CHECK_LAUNCH();
+  }
   MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
   cuda::Workspace ws(k.dev, c.workspace);
-  const float one = 1.0f, zero = 0.0f;
-  MG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x.data<float>(), d.w, w.data<float>(), d.conv,
+  const float one = 1.0f, beta = b.defined() ? 1.0f : 0.0f;
+  MG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x.raw_data(), d.w, w.raw_data(), d.conv,
                                          static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(), ws.size(),
-                                         &zero, d.y, y.data<float>()));
-  if (b.defined()) MG_CUDNN_CHECK(cudnnAddTensor(h, &one, d.b, b.data<float>(), &one, d.y, y.data<float>()));
+                                         &beta, d.y, y.raw_data()));
 }
 
 template <>
 void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
                            const Tensor& w, int stride, int pad, bool accumulate) {
+  const DType dtype = cuda::check_same_dtype("conv2d", {&dy, &x, &w});
+  for (const Tensor* g : {&dx, &dw, &db}) {
+    MG_CHECK(!g->defined() || g->dtype() == DType::f32 || g->dtype() == dtype,
+             "conv2d on CUDA: a gradient must be float32 or " << dtype_name(dtype) << ", got " << dtype_name(g->dtype()));
+  }
   const float one = 1.0f, zero = 0.0f;
-  const float beta_w = accumulate ? 1.0f : 0.0f;
   if (dy.numel() == 0) {  // an empty batch or no output channels: plain (=) outputs become zero
     if (dx.defined() && dx.numel() > 0) dx.fill_(0.0f);  // O = 0: dx sums over no channel
     if (!accumulate) {
@@ -296,27 +355,50 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
   cudnnHandle_t h = cuda::cudnn_handle(k.dev);
   Descs d(k, as_int(dy.size(2)), as_int(dy.size(3)));
   if (dx.defined()) {
+    // A float32 dx under bf16/f16 operands (a float32 input autocast rounded) comes from a rounded
+    // copy, as dw below.
+    Tensor out = dx.dtype() != dtype ? Tensor::empty(dx.shape(), TensorOptions{dtype, dx.device()}) : dx;
     const Choice c = cached(k, &ConvAlgos::bwd_data, [&] {
-      return choose_backward_data(h, d, k, w.data<float>(), dy.data<float>(), dx.data<float>());
+      return choose_backward_data(h, d, k, w.raw_data(), dy.raw_data(), out.raw_data());
     });
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     cuda::Workspace ws(k.dev, c.workspace);
-    MG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.data<float>(), d.y, dy.data<float>(), d.conv,
+    MG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.raw_data(), d.y, dy.raw_data(), d.conv,
                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(),
-                                                ws.size(), &zero, d.x, dx.data<float>()));
+                                                ws.size(), &zero, d.x, out.raw_data()));
+    if (dx.dtype() != dtype) convert<Cuda>(dx, out);
   }
   if (dw.defined()) {
+    // cuDNN writes the operands' dtype: a float32 buffer under bf16/f16 operands takes the result
+    // of a rounded copy (Note at the top).
+    const bool widen = dw.dtype() != dtype;
+    Tensor out = widen ? Tensor::empty(dw.shape(), TensorOptions{dtype, dw.device()}) : dw;
     const Choice c = cached(k, &ConvAlgos::bwd_filter, [&] {
-      return choose_backward_filter(h, d, k, x.data<float>(), dy.data<float>(), dw.nbytes());
+      return choose_backward_filter(h, d, k, x.raw_data(), dy.raw_data(), out.nbytes());
     });
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     cuda::Workspace ws(k.dev, c.workspace);
-    MG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x.data<float>(), d.y, dy.data<float>(), d.conv,
+    const float beta_w = accumulate && !widen ? 1.0f : 0.0f;
+    MG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x.raw_data(), d.y, dy.raw_data(), d.conv,
                                                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.get(),
-                                                  ws.size(), &beta_w, d.w, dw.data<float>()));
+                                                  ws.size(), &beta_w, d.w, out.raw_data()));
+    if (widen && accumulate) add_inplace<Cuda>(dw, out);
+    else if (widen) convert<Cuda>(dw, out);
   }
-  if (db.defined()) {
-    MG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, dy.data<float>(), &beta_w, d.b, db.data<float>()));
+  if (db.defined() && dtype == DType::f32) {
+    const float beta_b = accumulate ? 1.0f : 0.0f;
+    MG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, dy.raw_data(), &beta_b, d.b, db.raw_data()));
+  } else if (db.defined()) {
+    const int64_t hw = dy.size(2) * dy.size(3);
+    cuda::with_storage("conv2d", dtype, [&](auto dy_tag) {
+      cuda::with_storage("conv2d", db.dtype(), [&](auto db_tag) {
+        using T = decltype(dy_tag);
+        using G = decltype(db_tag);
+        bias_grad_kernel<<<static_cast<unsigned>(k.o), cuda::kThreads, 0, cuda::stream(k.dev)>>>(
+            cuda::elems<G>(db), cuda::elems<T>(dy), k.n, k.o, hw, accumulate);
+      });
+    });
+    MG_CUDA_CHECK_LAUNCH();
   }
 }
 

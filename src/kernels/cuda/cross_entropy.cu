@@ -9,10 +9,14 @@
 // error flag and the next host synchronisation (a copy to the host, mg::synchronize)
 // throws mg::Error naming them (src/kernels/cuda/context.cu). dloss stays on the device: backward
 // reads it there, so a training step does not wait for the loss.
+// bf16/f16 logits (Note [cuda half kernels] in src/kernels/cuda/storage.cuh), as on the CPU: no
+// float32 probabilities are kept (`probs` is undefined in forward); backward gets the logits in
+// their place and makes the probabilities again, one block per row; dlogits in the logits' dtype.
 #include <cfloat>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace mg {
 namespace {
@@ -37,25 +41,30 @@ struct SumOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
 
-__global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, const float* logits,
-                                             const int64_t* target, int64_t c, int64_t ignore_index,
-                                             long long* error_flag) {
-  __shared__ float sh[cuda::kThreads];
-  const int64_t row = blockIdx.x;
-  const float* l = logits + row * c;
-  float* p = probs + row * c;
+// The row's maximum and sum of exp(l - max), block-wide.
+template <class T> __device__ float2 row_max_sum(const T* l, int64_t c, float* sh) {
   float mx = -FLT_MAX;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = fmaxf(mx, cuda::load(l, j));
   mx = block_reduce(mx, MaxOp{}, sh);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float e = expf(l[j] - mx);
-    p[j] = e;
-    sum += e;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(cuda::load(l, j) - mx);
+  return {mx, block_reduce(sum, SumOp{}, sh)};
+}
+
+// probs may be null (bf16/f16 logits: backward makes them again).
+template <class T>
+__global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, const T* logits, const int64_t* target,
+                                             int64_t c, int64_t ignore_index, long long* error_flag) {
+  __shared__ float sh[cuda::kThreads];
+  const int64_t row = blockIdx.x;
+  const T* l = logits + row * c;
+  const float2 ms = row_max_sum(l, c, sh);
+  const float mx = ms.x, sum = ms.y;
+  if (probs != nullptr) {
+    float* p = probs + row * c;
+    const float inv = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) p[j] = expf(cuda::load(l, j) - mx) * inv;
   }
-  sum = block_reduce(sum, SumOp{}, sh);
-  const float inv = 1.0f / sum;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) p[j] *= inv;
   if (threadIdx.x == 0) {
     const int64_t t = target[row];
     if (t == ignore_index) {
@@ -68,7 +77,7 @@ __global__ void cross_entropy_forward_kernel(float* row_loss, float* probs, cons
       }
       row_loss[row] = 0.0f;
     } else {
-      row_loss[row] = logf(sum) + mx - l[t];
+      row_loss[row] = logf(sum) + mx - cuda::load(l, t);
     }
   }
 }
@@ -112,6 +121,27 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* dloss
   }
 }
 
+// The same from the logits (bf16/f16): one block per row makes the row's probabilities again.
+template <class T>
+__global__ void cross_entropy_backward_logits_kernel(T* dlogits, const float* dloss, const T* logits,
+                                                     const float* count, const int64_t* target, int64_t c, bool mean,
+                                                     int64_t ignore_index) {
+  __shared__ float sh[cuda::kThreads];
+  const int64_t row = blockIdx.x;
+  const T* l = logits + row * c;
+  T* d = dlogits + row * c;
+  const int64_t t = target[row];
+  if (t == ignore_index) {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) cuda::store(d, j, 0.0f);
+    return;
+  }
+  const float g = mean ? *dloss / *count : *dloss;
+  const float2 ms = row_max_sum(l, c, sh);
+  const float inv = 1.0f / ms.y;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    cuda::store(d, j, g * (expf(cuda::load(l, j) - ms.x) * inv - (j == t ? 1.0f : 0.0f)));
+}
+
 }  // namespace
 
 template <>
@@ -126,9 +156,15 @@ void cross_entropy_forward<Cuda>(Tensor& loss, Tensor& probs, Tensor& count, con
   cuda::DeviceGuard guard(dev);
   cuda::Context& ctx = cuda::context(dev);
   cuda::Workspace row_loss(dev, static_cast<size_t>(n) * sizeof(float));
-  cross_entropy_forward_kernel<<<static_cast<unsigned>(n), cuda::kThreads, 0, ctx.stream>>>(
-      static_cast<float*>(row_loss.get()), probs.data<float>(), logits.data<float>(), target.data<int64_t>(),
-      c, ignore_index, ctx.error_flag);
+  MG_CHECK(probs.defined() == (logits.dtype() == DType::f32),
+           "cross_entropy on CUDA: float32 probabilities are kept for float32 logits only, got "
+               << dtype_name(logits.dtype()) << " logits " << (probs.defined() ? "with" : "without") << " them");
+  cuda::with_storage("cross_entropy", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_forward_kernel<<<static_cast<unsigned>(n), cuda::kThreads, 0, ctx.stream>>>(
+        static_cast<float*>(row_loss.get()), probs.defined() ? probs.data<float>() : nullptr, cuda::elems<T>(logits),
+        target.data<int64_t>(), c, ignore_index, ctx.error_flag);
+  });
   MG_CUDA_CHECK_LAUNCH();
   sum_rows_kernel<<<1, cuda::kThreads, 0, ctx.stream>>>(loss.data<float>(), count.data<float>(),
                                                        static_cast<float*>(row_loss.get()), target.data<int64_t>(),
@@ -146,9 +182,18 @@ void cross_entropy_backward<Cuda>(Tensor& dlogits, const Tensor& dloss, const Te
   const int dev = cuda::device_of(probs);
   cuda::DeviceGuard guard(dev);
   cuda::Context& ctx = cuda::context(dev);
-  cross_entropy_backward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, ctx.stream>>>(
-      dlogits.data<float>(), dloss.data<float>(), probs.data<float>(), count.data<float>(), target.data<int64_t>(), n,
-      c, reduction == Reduction::mean, ignore_index);
+  if (probs.dtype() != DType::f32) {  // `probs` holds the logits (see forward)
+    cuda::with_storage("cross_entropy", cuda::check_same_dtype("cross_entropy", {&dlogits, &probs}), [&](auto tag) {
+      using T = decltype(tag);
+      cross_entropy_backward_logits_kernel<<<static_cast<unsigned>(n), cuda::kThreads, 0, ctx.stream>>>(
+          cuda::elems<T>(dlogits), dloss.data<float>(), cuda::elems<T>(probs), count.data<float>(),
+          target.data<int64_t>(), c, reduction == Reduction::mean, ignore_index);
+    });
+  } else {
+    cross_entropy_backward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, ctx.stream>>>(
+        dlogits.data<float>(), dloss.data<float>(), probs.data<float>(), count.data<float>(), target.data<int64_t>(),
+        n, c, reduction == Reduction::mean, ignore_index);
+  }
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,6 @@
-// Element-wise kernels. All tensors contiguous float32 of n elements, on one device.
+// Element-wise kernels. All tensors contiguous of n elements, on one device; add, mul, scale and
+// add_inplace in float32, bf16 or f16 (Note [cuda half kernels] in src/kernels/cuda/storage.cuh),
+// the others float32.
 //   add:          y = a + b            (=)
 //   mul:          y = a * b            (=)
 //   add_inplace:  y += x               (+=)  the gradient add-in-place used by accumulation
@@ -13,29 +15,31 @@
 //   copy_bytes:   cudaMemcpy(Async) between any two devices (host waits only when the host reads).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/multi_tensor.cuh"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/elementwise.h"
 
 namespace mg {
 namespace {
 
-__global__ void add_forward_kernel(float* y, const float* a, const float* b, int64_t n) {
+template <class T> __global__ void add_forward_kernel(T* y, const T* a, const T* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = a[i] + b[i];
+    cuda::store(y, i, cuda::load(a, i) + cuda::load(b, i));
 }
 
-__global__ void mul_forward_kernel(float* y, const float* a, const float* b, int64_t n) {
+template <class T> __global__ void mul_forward_kernel(T* y, const T* a, const T* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = a[i] * b[i];
+    cuda::store(y, i, cuda::load(a, i) * cuda::load(b, i));
 }
 
-__global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {
+// y and x may differ in storage type (a float32 buffer taking a bf16 gradient).
+template <class Y, class X> __global__ void add_inplace_kernel(Y* y, const X* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] += x[i];
+    cuda::store(y, i, cuda::load(y, i) + cuda::load(x, i));
 }
 
-__global__ void scale_forward_kernel(float* y, const float* x, float s, int64_t n) {
+template <class T> __global__ void scale_forward_kernel(T* y, const T* x, float s, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = s * x[i];
+    cuda::store(y, i, s * cuda::load(x, i));
 }
 
 __global__ void fill_kernel(float* y, float v, int64_t n) {
@@ -144,8 +148,11 @@ template <> void add_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& b) 
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  add_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(
-      y.data<float>(), a.data<float>(), b.data<float>(), n);
+  cuda::with_storage("add", cuda::check_same_dtype("add", {&y, &a, &b}), [&](auto tag) {
+    using T = decltype(tag);
+    add_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(cuda::elems<T>(y), cuda::elems<T>(a),
+                                                                        cuda::elems<T>(b), n);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -157,8 +164,11 @@ template <> void mul_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& b) 
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  mul_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(
-      y.data<float>(), a.data<float>(), b.data<float>(), n);
+  cuda::with_storage("mul", cuda::check_same_dtype("mul", {&y, &a, &b}), [&](auto tag) {
+    using T = decltype(tag);
+    mul_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(cuda::elems<T>(y), cuda::elems<T>(a),
+                                                                        cuda::elems<T>(b), n);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -169,7 +179,13 @@ template <> void add_inplace<Cuda>(Tensor& y, const Tensor& x) {
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  add_inplace_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), n);
+  cuda::with_storage("add_inplace", y.dtype(), [&](auto y_tag) {
+    cuda::with_storage("add_inplace", x.dtype(), [&](auto x_tag) {
+      using Y = decltype(y_tag);
+      using X = decltype(x_tag);
+      add_inplace_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(cuda::elems<Y>(y), cuda::elems<X>(x), n);
+    });
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -180,7 +196,10 @@ template <> void scale_forward<Cuda>(Tensor& y, const Tensor& x, float s) {
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  scale_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), s, n);
+  cuda::with_storage("scale", cuda::check_same_dtype("scale", {&y, &x}), [&](auto tag) {
+    using T = decltype(tag);
+    scale_forward_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(cuda::elems<T>(y), cuda::elems<T>(x), s, n);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 

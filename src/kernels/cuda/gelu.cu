@@ -1,5 +1,7 @@
 // GELU, tanh form (kernels/gelu.h): one thread per element, the same formulas as the CPU kernel.
+// Storage float32, bf16 or f16, float32 math (Note [cuda half kernels] in src/kernels/cuda/storage.cuh).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/gelu.h"
 
 namespace mg {
@@ -8,19 +10,19 @@ namespace {
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* y, const float* x, int64_t n) {
+template <class T> __global__ void gelu_forward_kernel(T* y, const T* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+    const float v = cuda::load(x, i);
+    cuda::store(y, i, 0.5f * v * (1.0f + tanhf(kGeluK * (v + kGeluC * v * v * v))));
   }
 }
 
-__global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x, int64_t n) {
+template <class T> __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = x[i];
+    const float v = cuda::load(x, i);
     const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
     const float dt = (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+    cuda::store(dx, i, cuda::load(dy, i) * (0.5f * (1.0f + t) + 0.5f * v * dt));
   }
 }
 
@@ -32,7 +34,10 @@ template <> void gelu_forward<Cuda>(Tensor& y, const Tensor& x) {
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  gelu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(y.data<float>(), x.data<float>(), n);
+  cuda::with_storage("gelu", cuda::check_same_dtype("gelu", {&y, &x}), [&](auto tag) {
+    using T = decltype(tag);
+    gelu_forward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(cuda::elems<T>(y), cuda::elems<T>(x), n);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -42,8 +47,11 @@ template <> void gelu_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor&
   const int dev = cuda::device_of(dx);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  gelu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
-      dx.data<float>(), dy.data<float>(), x.data<float>(), n);
+  cuda::with_storage("gelu", cuda::check_same_dtype("gelu", {&dx, &dy, &x}), [&](auto tag) {
+    using T = decltype(tag);
+    gelu_backward_kernel<<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(cuda::elems<T>(dx), cuda::elems<T>(dy),
+                                                                            cuda::elems<T>(x), n);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 

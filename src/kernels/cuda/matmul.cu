@@ -1,9 +1,13 @@
 // Batched matrix products on CUDA (kernels/matmul.h): one cublasGemmStridedBatchedEx per product
 // kind. cuBLAS is column-major: the three calls are described by src/kernels/cuda/matmul_math.h
 // (matmul_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU. Math mode as linear's
-// (Note [cuda math modes]): strict FP32 unless mg::cuda::set_tf32_matmul(true).
+// (Note [cuda math modes]): strict FP32 unless mg::cuda::set_tf32_matmul(true). Storage as
+// linear's (Note [cuda half kernels] in src/kernels/cuda/storage.cuh): a, b and dy float32, or all
+// bf16 or all f16, with float32 sums; each product's C in its own dtype (a parameter's gradient
+// may be float32 from bf16 operands).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matmul_math.h"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/matmul.h"
 
 namespace mg {
@@ -18,22 +22,24 @@ void check_int_sizes(const MatmulDims& d) {
 
 // C_i = op(A_i) op(B_i) for every product i of the batch.
 void batched_gemm(const cuda::math::GemmCall& g, const MatmulDims& d, const Tensor& a, const Tensor& b,
-                  const Tensor& dy, float* c) {
+                  const Tensor& dy, Tensor& c) {
   using cuda::math::GemmOperand;
-  auto operand = [&](GemmOperand o) {
-    return o == GemmOperand::x ? a.data<float>() : o == GemmOperand::w ? b.data<float>() : dy.data<float>();
-  };
+  auto operand = [&](GemmOperand o) -> const Tensor& { return o == GemmOperand::x ? a : o == GemmOperand::w ? b : dy; };
   auto stride = [&](GemmOperand o) {
     return static_cast<long long>(o == GemmOperand::x ? d.m * d.k : o == GemmOperand::w ? d.k * d.n : d.m * d.n);
   };
+  const Tensor &ta = operand(g.a), &tb = operand(g.b);
+  const DType ab = cuda::check_same_dtype("matmul", {&ta, &tb});
+  const cublasComputeType_t compute =
+      ab == DType::f32 && cuda::tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const float alpha = 1.0f, beta = 0.0f;
   cuda::Context& ctx = cuda::context(cuda::device_of(dy.defined() ? dy : a));
   MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       ctx.cublas, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.m),
-      static_cast<int>(g.n), static_cast<int>(g.k), &alpha, operand(g.a), CUDA_R_32F, static_cast<int>(g.lda),
-      stride(g.a), operand(g.b), CUDA_R_32F, static_cast<int>(g.ldb), stride(g.b), &beta, c, CUDA_R_32F,
-      static_cast<int>(g.ldc), static_cast<long long>(g.m * g.n), static_cast<int>(d.batch),
-      cuda::tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      static_cast<int>(g.n), static_cast<int>(g.k), &alpha, ta.raw_data(), cuda::cuda_type(ab), static_cast<int>(g.lda),
+      stride(g.a), tb.raw_data(), cuda::cuda_type(ab), static_cast<int>(g.ldb), stride(g.b), &beta, c.raw_data(),
+      cuda::cuda_type(c.dtype()), static_cast<int>(g.ldc), static_cast<long long>(g.m * g.n), static_cast<int>(d.batch),
+      compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace
@@ -42,7 +48,7 @@ template <> void matmul_forward<Cuda>(Tensor& y, const Tensor& a, const Tensor& 
   check_int_sizes(d);
   if (y.numel() == 0) return;
   cuda::DeviceGuard guard(cuda::device_of(y));
-  batched_gemm(cuda::math::matmul_forward_gemm(d.m, d.k, d.n), d, a, b, Tensor(), y.data<float>());
+  batched_gemm(cuda::math::matmul_forward_gemm(d.m, d.k, d.n), d, a, b, Tensor(), y);
 }
 
 template <>
@@ -50,8 +56,8 @@ void matmul_backward<Cuda>(Tensor& da, Tensor& db, const Tensor& dy, const Tenso
                            const MatmulDims& d) {
   check_int_sizes(d);
   cuda::DeviceGuard guard(cuda::device_of(dy));
-  if (da.defined() && da.numel() > 0) batched_gemm(cuda::math::matmul_da_gemm(d.m, d.k, d.n), d, a, b, dy, da.data<float>());
-  if (db.defined() && db.numel() > 0) batched_gemm(cuda::math::matmul_db_gemm(d.m, d.k, d.n), d, a, b, dy, db.data<float>());
+  if (da.defined() && da.numel() > 0) batched_gemm(cuda::math::matmul_da_gemm(d.m, d.k, d.n), d, a, b, dy, da);
+  if (db.defined() && db.numel() > 0) batched_gemm(cuda::math::matmul_db_gemm(d.m, d.k, d.n), d, a, b, dy, db);
 }
 
 }  // namespace mg

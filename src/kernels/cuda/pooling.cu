@@ -10,31 +10,36 @@
 //   backward: dx[h, w] = sum over windows containing (h, w) of dy / window size: one thread
 //             per input element gathers from the few windows that contain it (no atomics).  (=)
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/cuda/pooling_math.h"
 #include "kernels/pooling.h"
 
 namespace mg {
 namespace {
 
-__global__ void max_pool2d_forward_kernel(float* y, int64_t* idx, const float* x, int64_t planes, int h, int w,
-                                          int oh, int ow, int k, int s, int pad) {
+template <class T>
+__global__ void max_pool2d_forward_kernel(T* y, int64_t* idx, const T* x, int64_t planes, int h, int w, int oh, int ow,
+                                          int k, int s, int pad) {
   const int64_t total = planes * oh * ow;
   for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
     const int j = static_cast<int>(o % ow);
     const int i = static_cast<int>((o / ow) % oh);
     const int64_t plane = o / (int64_t{oh} * ow);
-    cuda::math::max_pool_window(x + plane * h * w, h, w, k, s, pad, i, j, y + o, idx + o);
+    float best = 0.0f;
+    cuda::math::max_pool_window(x + plane * h * w, h, w, k, s, pad, i, j, &best, idx + o);
+    cuda::store(y, o, best);
   }
 }
 
-__global__ void max_pool2d_backward_kernel(float* dx, const float* dy, const int64_t* idx, int64_t planes, int h,
-                                           int w, int oh, int ow, int k, int s, int pad) {
+template <class T>
+__global__ void max_pool2d_backward_kernel(T* dx, const T* dy, const int64_t* idx, int64_t planes, int h, int w,
+                                           int oh, int ow, int k, int s, int pad) {
   const int64_t total = planes * h * w;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int ww = static_cast<int>(e % w);
     const int hh = static_cast<int>((e / w) % h);
     const int64_t out = (e / (int64_t{h} * w)) * oh * ow;
-    dx[e] = cuda::math::max_pool_grad(dy + out, idx + out, w, oh, ow, k, s, pad, hh, ww);
+    cuda::store(dx, e, cuda::math::max_pool_grad(dy + out, idx + out, w, oh, ow, k, s, pad, hh, ww));
   }
 }
 
@@ -80,8 +85,11 @@ void max_pool2d_forward<Cuda>(Tensor& y, Tensor& idx, const Tensor& x, int kerne
   const int dev = cuda::device_of(x);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  max_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads, 0, stream>>>(
-      y.data<float>(), idx.data<int64_t>(), x.data<float>(), planes, h, w, oh, ow, kernel, stride, pad);
+  cuda::with_storage("max_pool2d", cuda::check_same_dtype("max_pool2d", {&y, &x}), [&](auto tag) {
+    using T = decltype(tag);
+    max_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads, 0, stream>>>(
+        cuda::elems<T>(y), idx.data<int64_t>(), cuda::elems<T>(x), planes, h, w, oh, ow, kernel, stride, pad);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -97,8 +105,11 @@ void max_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tensor& idx, 
   const int dev = cuda::device_of(dx);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  max_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads, 0, stream>>>(
-      dx.data<float>(), dy.data<float>(), idx.data<int64_t>(), planes, h, w, oh, ow, kernel, stride, pad);
+  cuda::with_storage("max_pool2d", cuda::check_same_dtype("max_pool2d", {&dx, &dy}), [&](auto tag) {
+    using T = decltype(tag);
+    max_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads, 0, stream>>>(
+        cuda::elems<T>(dx), cuda::elems<T>(dy), idx.data<int64_t>(), planes, h, w, oh, ow, kernel, stride, pad);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -11,11 +11,16 @@ namespace mg::cuda::math {
 
 MG_HOST_DEVICE int min_int(int a, int b) { return a < b ? a : b; }
 
+// An element as float32: the max-pool bodies below take x and dy of any storage type for which
+// widen(v) is defined (float here; bf16 and f16 in kernels/cuda/storage.cuh).
+MG_HOST_DEVICE float widen(float v) { return v; }
+
 // Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
 // in row-major window order wins, a NaN wins over numbers and the last NaN wins (as PyTorch's
 // CPU and CUDA kernels and src/kernels/cpu/pooling.cpp). idx = hh * w + ww.
-MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s, int pad, int i, int j,
-                                    float* y, int64_t* idx) {
+template <class X>
+MG_HOST_DEVICE void max_pool_window(const X* xp, int h, int w, int k, int s, int pad, int i, int j, float* y,
+                                    int64_t* idx) {
   float best = 0.0f;
   int64_t best_idx = -1;
   const int h0 = i * s - pad, w0 = j * s - pad;
@@ -25,7 +30,7 @@ MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s,
     for (int q = 0; q < k; ++q) {
       const int ww = w0 + q;
       if (ww < 0 || ww >= w) continue;
-      const float v = xp[hh * w + ww];
+      const float v = widen(xp[hh * w + ww]);
       if (best_idx < 0 || v > best || v != v) {
         best = v;
         best_idx = int64_t{hh} * w + ww;
@@ -41,8 +46,9 @@ MG_HOST_DEVICE void max_pool_window(const float* xp, int h, int w, int k, int s,
 // Visiting them in row-major output order adds the same values in the same order as the CPU
 // kernel's scatter (src/kernels/cpu/pooling.cpp), so the result is bit-identical to it, with no
 // atomics (deterministic).
-MG_HOST_DEVICE float max_pool_grad(const float* dyp, const int64_t* idxp, int w, int oh, int ow, int k, int s,
-                                   int pad, int hh, int ww) {
+template <class X>
+MG_HOST_DEVICE float max_pool_grad(const X* dyp, const int64_t* idxp, int w, int oh, int ow, int k, int s, int pad,
+                                   int hh, int ww) {
   // First window reaching row hh: i >= (hh + pad - k + 1) / s, rounded up, and >= 0.
   const int r0 = hh + pad - k + 1, c0 = ww + pad - k + 1;
   const int i0 = r0 <= 0 ? 0 : (r0 + s - 1) / s, j0 = c0 <= 0 ? 0 : (c0 + s - 1) / s;
@@ -51,7 +57,7 @@ MG_HOST_DEVICE float max_pool_grad(const float* dyp, const int64_t* idxp, int w,
   float g = 0.0f;
   for (int i = i0; i <= i1; ++i)
     for (int j = j0; j <= j1; ++j)
-      if (idxp[int64_t{i} * ow + j] == self) g += dyp[int64_t{i} * ow + j];
+      if (idxp[int64_t{i} * ow + j] == self) g += widen(dyp[int64_t{i} * ow + j]);
   return g;
 }
 
