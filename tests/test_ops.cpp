@@ -642,6 +642,45 @@ TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies"
   }
 }
 
+// Note [loss gradient in place] (src/ops/cross_entropy.cpp): the logits' gradient takes the place
+// of what the loss kept, so its backward adds no logits-sized buffer; a caller that keeps what the
+// loss kept (bf16 logits), or retain_graph, gets one of its own. The gradients' bits are the same.
+TEST_CASE("ops: cross_entropy's gradient takes the place of what it kept, unless someone else holds it") {
+  const Device cpu = Device::cpu();
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const std::string name = dtype_name(dtype);
+    CAPTURE(name);
+    const int64_t n = 64, c = 1000;
+    const size_t logits_bytes = static_cast<size_t>(n * c) * dtype_size(dtype);
+    const Tensor x0 = test::rand_tensor({n, c}, 41).to(dtype);
+    std::vector<int64_t> t(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37) % c;
+    const Tensor target = Tensor::from_vector(t, {n});
+    // The bytes backward adds at its peak, and the gradient it gives x.
+    auto run = [&](bool keep_logits, bool retain) {
+      Tensor x = x0.detach().requires_grad_();
+      Tensor logits = scale(x, 2.0f);
+      Tensor loss = cross_entropy(logits, target);
+      if (!keep_logits) logits = Tensor();
+      const size_t before = memory_stats(cpu).in_use;
+      reset_peak_memory_stats(cpu);
+      loss.backward(Tensor(), retain);
+      return std::pair{memory_stats(cpu).peak_in_use - before, test::raw_bytes(x.grad())};
+    };
+    const auto [in_place, g0] = run(false, false);
+    const auto [kept, g1] = run(true, false);
+    const auto [retained, g2] = run(false, true);
+    CHECK_MESSAGE(in_place < logits_bytes / 2, "backward added " << in_place << " bytes, logits are " << logits_bytes);
+    // float32 logits are not what the loss keeps (it keeps the probabilities): the caller's hold
+    // on them changes nothing.
+    if (dtype == DType::f32) CHECK(kept < logits_bytes / 2);
+    else CHECK_MESSAGE(kept >= logits_bytes, "backward added " << kept << " bytes with the logits kept");
+    CHECK_MESSAGE(retained >= logits_bytes, "backward added " << retained << " bytes with retain_graph");
+    CHECK(g0 == g1);
+    CHECK(g0 == g2);
+  }
+}
+
 // A node must not hold its own output's handle (that handle points back at the node: a cycle that
 // outlives the output when no backward runs). softmax saved its output so until 2026-11-27, and
 // autocast's rounding did too (LeakSanitizer found the second in test_precision).

@@ -338,23 +338,27 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   }
   const size_t out_bytes = h.nbytes();
   // The probabilities, beside the logits in the loss's forward; in its backward the logits' gradient
-  // takes the logits' place (the caller keeps no logits past the loss: a step writes
-  // cross_entropy(forward(x), y), and a GPT's logits are its largest tensor). Plus the loss, its
-  // gradient and the count of rows (ignore_index).
-  // Low-precision logits (Note [autocast]): on the CPU the loss's kernels read them as they are
-  // (OpDef::half_kernels): it keeps the logits instead of the probabilities, their gradient
-  // beside them in backward, and each thread widens a row and its probabilities into two rows of
-  // float32. Elsewhere the loss reads them widened, and its gradient is made in float32 before it
-  // is rounded: two float32 copies beside them, whichever pass.
+  // takes the probabilities' place (Note [loss gradient in place] in src/ops/cross_entropy.cpp; the
+  // caller keeps no logits past the loss: a step writes cross_entropy(forward(x), y), and a GPT's
+  // logits are its largest tensor). Plus the loss, its gradient and the count of rows (ignore_index).
+  // Low-precision logits (Note [autocast]): the loss's kernels read them as they are
+  // (OpDef::half_kernels, cuda_half_kernels): it keeps the logits instead of the probabilities,
+  // their gradient takes their place in backward, and on the CPU each thread widens a row and its
+  // probabilities into two rows of float32. With set_half_kernels(false) the loss reads them
+  // widened: two float32 copies beside them in its forward; in its backward a float32 copy that
+  // becomes their gradient, and that gradient rounded.
   const bool low_logits = h.dtype() != DType::f32;
-  size_t head = out_bytes;
-  if (low_logits && dev.is_cpu() && half_kernels_enabled()) {
+  size_t head = out_bytes, head_backward = 0;
+  if (low_logits && half_kernels_enabled()) {
     const int64_t classes = h.dim() == 2 ? h.size(1) : 0;
-    head += static_cast<size_t>(cpu::parallel_slots(h.dim() == 2 ? h.size(0) : 0)) * 2 * classes * sizeof(float);
-  } else if (low_logits) {
+    const size_t slots = dev.is_cpu() ? static_cast<size_t>(cpu::parallel_slots(h.dim() == 2 ? h.size(0) : 0)) : 0;
+    head = head_backward = slots * 2 * static_cast<size_t>(classes) * sizeof(float);
+  } else if (low_logits) {  // backward: a float32 copy that becomes the gradient, then its rounding
     head = 2 * static_cast<size_t>(h.numel()) * sizeof(float);
+    head_backward = static_cast<size_t>(h.numel()) * (sizeof(float) + dtype_size(h.dtype()));
   }
   cost.head_bytes = opts.cross_entropy_head ? head + 3 * sizeof(float) : 0;
+  cost.head_backward_bytes = opts.cross_entropy_head ? head_backward + 3 * sizeof(float) : 0;
 
   h = Tensor();
   state.restore();  // before in_use_at_end is read

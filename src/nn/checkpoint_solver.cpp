@@ -250,14 +250,15 @@ std::vector<UnitPiece> to_pieces(const ChainCost& c, const std::vector<Segment>&
 }
 
 // The loss: its forward with the logits and the probabilities (and the device copies of an
-// offloaded last segment, pending); its backward, where the logits' gradient takes the logits'
-// bytes beside the probabilities (the caller keeps no logits past the loss; the last unit may).
+// offloaded last segment, pending); its backward, where the logits' gradient takes the
+// probabilities' bytes (the caller keeps no logits past the loss; the last unit may).
 // The last offloaded segment starts coming back only after it, when backward reaches the chain's
 // output (Note [offload schedule]).
 Moment head_moment(const ChainCost& c, size_t R, size_t q, bool holds) {
   const size_t n = c.units.size();
-  const size_t both = c.fixed_bytes + R + c.activation_bytes(n) + c.head_bytes;
-  const size_t fwd = both + q, bwd = both + (holds ? c.activation_bytes(n) : 0);
+  const size_t base = c.fixed_bytes + R + c.activation_bytes(n);
+  const size_t fwd = base + c.head_bytes + q;
+  const size_t bwd = base + c.head_backward_bytes + (holds ? c.activation_bytes(n) : 0);
   return fwd >= bwd ? Moment{fwd, n - 1, "loss (end of forward)"} : Moment{bwd, n - 1, "loss (its backward)"};
 }
 

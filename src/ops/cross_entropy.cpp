@@ -33,8 +33,20 @@ Tensor cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::v
   return loss;
 }
 
+// Note [loss gradient in place]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The logits' gradient takes the place of what forward kept (the float32 probabilities, or the
+// bf16/f16 logits themselves) when nothing else holds it and no second backward will read it: the
+// kernels read a row before they write it. So a language model's largest tensor is not held twice
+// in the loss's backward (llm.c's fused classifier does the same with its logits). A caller that
+// keeps the logits, or retain_graph, gets a gradient of its own.
 void cross_entropy_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
-  grads[0] = empty_like_input(n, 0, gy.device());
+  const Tensor& kept = n.saved[0];
+  const DType dtype = n.half_kernels ? n.inputs[0].dtype : DType::f32;
+  const bool in_place = !backward_retains_graph() && kept.impl_ptr().use_count() == 1 &&
+                        kept.impl().storage.use_count() == 1 && kept.impl().offset == 0 && kept.dtype() == dtype &&
+                        kept.shape() == n.inputs[0].shape;
+  grads[0] = in_place ? kept.detach() : empty_like_input(n, 0, gy.device());
   MG_DISPATCH(gy.device(), cross_entropy_backward, grads[0], gy, n.saved[0], n.saved[2], n.saved[1], n.attrs.reduction,
               n.attrs.ignore_index);
 }

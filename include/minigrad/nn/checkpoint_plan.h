@@ -24,8 +24,10 @@
 //             A_k when a plain neighbour keeps it (so_{k-1} or si_k) or it is the input of a
 //             checkpointed segment, plus extra_u of plain units. A segment runs like plain units,
 //             then drops everything but its input.
-//   loss      F + R + A_n + A_n: the logits and the probabilities; in the loss's backward the
-//             logits' gradient in the logits' place (the caller keeps no logits past the loss).
+//   loss      F + R + A_n + A_n: the logits and the probabilities; in the loss's backward
+//             F + R + A_n: the logits' gradient in the probabilities' place (the caller keeps no
+//             logits past the loss). bf16/f16 logits are kept instead of the probabilities, and
+//             their gradient takes their place: F + R + A_n and rows of float32 in both.
 //   backward  in reverse; earlier units still hold R. A plain unit: F + R + kept A_u, extra_u,
 //             kept A_{u+1}, dA_{u+1} + bwd_u. A segment [s, e): its input stays live while the
 //             segment is replayed like plain units (with the incoming gradient waiting) and
@@ -113,6 +115,9 @@ struct ChainCost {
   size_t fixed_bytes = 0;  // F
   size_t input_bytes = 0;  // A_0
   size_t head_bytes = 0;   // the loss's extra beside the logits (A_n for cross-entropy: the probabilities)
+  // ... and beside the logits' gradient in the loss's backward (Note [loss gradient in place] in
+  // src/ops/cross_entropy.cpp: the gradient takes the probabilities' or the low logits' place).
+  size_t head_backward_bytes = 0;
   bool input_requires_grad = false;
   size_t num_layers = 0;
   std::vector<UnitCost> units;
