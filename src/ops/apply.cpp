@@ -65,7 +65,12 @@ void check_float_or_half(const char* op, const char* what, const Tensor& t) {
 void set_half_kernels(bool on) { g_half_kernels = on; }
 bool half_kernels_enabled() { return g_half_kernels; }
 
-DType half_out(const std::vector<Tensor>& in) {
+DType half_out(const std::vector<Tensor>& in, OpPrecision row) {
+  // Where the half kernels run (plan_casting); elsewhere the inputs come widened and apply() rounds.
+  const DType cast = autocast_dtype();
+  if (row != OpPrecision::follow && cast != DType::f32 && half_kernels_enabled() && common_device("", in).is_cpu()) {
+    return cast;
+  }
   for (const Tensor& t : in) {
     if (t.defined() && low(t.dtype())) return t.dtype();
   }
@@ -112,7 +117,7 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast,
   // is the one they would give it (Note [half operands] in kernels/cpu/gemm.h).
   // (A loss's output is float32 whatever its inputs.)
   c.half_kernels = op.half_kernels && device.is_cpu() && half_kernels_enabled() &&
-                   (op.kind == OpKind::loss || half_out(c.stored) == c.out);
+                   (op.kind == OpKind::loss || half_out(c.stored, op.precision) == c.out);
   if (c.half_kernels) return c;
   c.wide.resize(c.stored.size());
   for (size_t i = 0; i < c.stored.size(); ++i) {

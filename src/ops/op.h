@@ -106,8 +106,11 @@ void check_float_or_half(const char* op, const char* what, const Tensor& t);
 void set_half_kernels(bool on);
 bool half_kernels_enabled();
 
-// The dtype of an op with half_kernels' output: the first bf16 or f16 input's, else float32.
-DType half_out(const std::vector<Tensor>& in);
+// The dtype of an op with half_kernels' output (Note [autocast]): under an AutocastGuard, where
+// the half kernels run (CPU inputs, set_half_kernels on), the guard's low dtype for an op whose
+// row is not `follow` (an fp32 op such as layer_norm makes it from float32 inputs too); else the
+// first bf16 or f16 input's, else float32.
+DType half_out(const std::vector<Tensor>& in, OpPrecision row = OpPrecision::follow);
 
 inline void save(std::vector<Tensor>* saved, std::initializer_list<Tensor> ts) {
   if (saved) saved->insert(saved->end(), ts);
