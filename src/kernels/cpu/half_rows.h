@@ -33,7 +33,7 @@ const float* widen_row(const Tensor& out, const Tensor& t, int64_t r);
 void store_rows(Tensor& dst, int64_t first, const Tensor& src);
 
 // Rows of `n` values of a tensor of a float dtype, as float32, in one piece of a kernel that runs
-// row by row (layer_norm, softmax): a float32 tensor's rows are its own memory; a bf16 or f16
+// row by row (layer_norm, softmax, embedding): a float32 tensor's rows are its own memory; a bf16 or f16
 // tensor's row is widened into a buffer of the piece's, or written there and rounded into the
 // tensor. So a half kernel holds a row per piece in float32, and the row's float32 code (one call
 // site for every dtype) runs on the same values either way.
@@ -50,6 +50,8 @@ class FloatRows {
   }
   // Where row r's float32 values go; store(r) then rounds them into the tensor.
   float* write(int64_t r) const { return buf_.defined() ? buf_.data<float>() : reinterpret_cast<float*>(base_) + r * n_; }
+  // Row r as float32, to change in place; store(r) then rounds it back.
+  float* update(int64_t r) const { return const_cast<float*>(read(r)); }
   void store(int64_t r) const {
     if (buf_.defined()) narrow_span(at(r), dtype_, buf_.data<float>(), n_);
   }
