@@ -96,12 +96,12 @@ MG_REGISTER_OP(kMaxPool2d);
 
 Tensor adaptive_avg_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
   const Tensor& x = in[0];
-  check_float("adaptive_avg_pool2d", "input", x);
+  check_float_or_half("adaptive_avg_pool2d", "input", x);
   MG_CHECK(x.dim() == 4, "adaptive_avg_pool2d: input must be 4-D (N, C, H, W), got shape "
                              << shape_str(x.shape()));
   MG_CHECK(a.out_h >= 1 && a.out_w >= 1, "adaptive_avg_pool2d: output size must be positive, got "
                                              << a.out_h << "x" << a.out_w);
-  Tensor y = Tensor::empty({x.size(0), x.size(1), a.out_h, a.out_w}, like(x));
+  Tensor y = Tensor::empty({x.size(0), x.size(1), a.out_h, a.out_w}, TensorOptions{half_out(in), x.device()});
   MG_DISPATCH(x.device(), adaptive_avg_pool2d_forward, y, x);
   return y;  // backward needs only the input's shape, kept on the node
 }
@@ -131,7 +131,7 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
 
 const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,
                                adaptive_avg_pool2d_bwd, adaptive_avg_pool2d_flops,
-                               adaptive_avg_pool2d_cases, rows_apart};
+                               adaptive_avg_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kAdaptiveAvgPool2d);
 
 }  // namespace
