@@ -597,7 +597,10 @@ TEST_CASE("ops: every op and case in bf16 and f16 against float32") {
 }
 
 // Note [half operands] (src/kernels/cpu/gemm.h): an op whose CPU kernels read bf16 and f16 as they
-// are gives the bits of the float32 kernels run on widened copies, output and every gradient.
+// are gives the bits of the float32 kernels run on widened copies, output and every gradient; with
+// every float input in the low dtype, and under an AutocastGuard with the first float input low
+// and the others float32 (parameters stay so: Note [autocast]), or all float32 (an fp32 op such as
+// layer_norm or embedding then makes its low output itself).
 TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies") {
   // Chunks of one sample per thread, so that kernels that widen a chunk of samples at a time
   // (conv2d) cut every case's batch.
@@ -607,20 +610,28 @@ TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies"
     int64_t bytes;
     ~Restore() { set_half_kernels(true), cpu::set_half_chunk_bytes(bytes); }
   } restore{chunk_bytes};
+  enum class Inputs { all_low, autocast_first_low, autocast_f32 };
+  const char* const kInputs[] = {"all low", "autocast, first low", "autocast, float32"};
   for (const DType dtype : {DType::bf16, DType::f16}) {
     for (const OpDef* op : selected_ops()) {
       if (!op->half_kernels) continue;
       SUBCASE((std::string(dtype_name(dtype)) + " " + op->name).c_str()) {
       const std::vector<OpCase> cases = op->cases();
       for (size_t ci = 0; ci < cases.size(); ++ci) {
+        for (const Inputs inputs : {Inputs::all_low, Inputs::autocast_first_low, Inputs::autocast_f32}) {
         std::vector<std::vector<uint8_t>> bits[2];
         for (const bool half : {true, false}) {
           set_half_kernels(half);
           CaseInputs in = make_inputs(*op, ci, cases[ci]);
+          const AutocastGuard autocast(inputs == Inputs::all_low ? DType::f32 : dtype);
           std::vector<Tensor> low;
+          bool first = true;
           for (size_t k = 0; k < in.tensors.size(); ++k) {
             const Tensor& t = in.tensors[k];
-            low.push_back(t.defined() && is_floating(t.dtype()) ? t.detach().to(dtype).requires_grad_(in.step[k] != 0) : t);
+            const bool floating = t.defined() && is_floating(t.dtype());
+            const bool round = floating && (inputs == Inputs::all_low || (inputs == Inputs::autocast_first_low && first));
+            first &= !floating;
+            low.push_back(floating ? t.detach().to(round ? dtype : DType::f32).requires_grad_(in.step[k] != 0) : t);
           }
           Tensor y = apply(*op, cases[ci].attrs, low);
           y.backward(r_tensor(make_r(y.numel(), name_hash(op->name) + ci), y.shape()).to(y.dtype()));
@@ -629,12 +640,14 @@ TEST_CASE("ops: half kernels give the bits of float32 kernels on widened copies"
           for (size_t k = 0; k < low.size(); ++k) {
             if (in.step[k] != 0) b.push_back(test::raw_bytes(low[k].grad()));
           }
+          clear_autocast_cache();
         }
         REQUIRE(bits[0].size() == bits[1].size());
         for (size_t j = 0; j < bits[0].size(); ++j) {
-          const std::string what = std::string(dtype_name(dtype)) + " " + where(*op, ci, j == 0 ? "output" : "gradient") +
-                                   " (result " + std::to_string(j) + ")";
+          const std::string what = std::string(dtype_name(dtype)) + " " + kInputs[static_cast<int>(inputs)] + " " +
+                                   where(*op, ci, j == 0 ? "output" : "gradient") + " (result " + std::to_string(j) + ")";
           CHECK_MESSAGE(bits[0][j] == bits[1][j], what << ": half kernels and widened copies differ");
+        }
         }
       }
       }

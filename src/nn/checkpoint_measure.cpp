@@ -342,7 +342,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   // caller keeps no logits past the loss: a step writes cross_entropy(forward(x), y), and a GPT's
   // logits are its largest tensor). Plus the loss, its gradient and the count of rows (ignore_index).
   // Low-precision logits (Note [autocast]): the loss's kernels read them as they are
-  // (OpDef::half_kernels, cuda_half_kernels): it keeps the logits instead of the probabilities,
+  // (OpDef::half_kernels, cuda_half): it keeps the logits instead of the probabilities,
   // their gradient takes their place in backward, and on the CPU each thread widens a row and its
   // probabilities into two rows of float32. With set_half_kernels(false) the loss reads them
   // widened: two float32 copies beside them in its forward; in its backward a float32 copy that

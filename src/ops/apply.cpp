@@ -65,11 +65,23 @@ void check_float_or_half(const char* op, const char* what, const Tensor& t) {
 void set_half_kernels(bool on) { g_half_kernels = on; }
 bool half_kernels_enabled() { return g_half_kernels; }
 
-DType half_out(const std::vector<Tensor>& in) {
+namespace {
+// An op's half kernels run on this thread (apply() chose them): half_out's guard rule applies.
+thread_local bool t_half_kernels_running = false;
+
+DType first_low(const std::vector<Tensor>& in) {
   for (const Tensor& t : in) {
     if (t.defined() && low(t.dtype())) return t.dtype();
   }
   return DType::f32;
+}
+}  // namespace
+
+DType half_out(const std::vector<Tensor>& in, OpPrecision row) {
+  // Where the half kernels run (plan_casting); elsewhere the inputs come widened and apply() rounds.
+  const DType cast = autocast_dtype();
+  if (row != OpPrecision::follow && cast != DType::f32 && t_half_kernels_running) return cast;
+  return first_low(in);
 }
 
 // ---- hooks ------------------------------------------------------------------------------------
@@ -88,14 +100,28 @@ struct Casting {
   std::vector<Tensor> wide;         // input i as the kernel reads it: float32
 };
 
-// Every floating input has one dtype, bf16 or f16.
-bool one_low_dtype(const std::vector<Tensor>& in) {
-  const DType first = half_out(in);
+// Whether an op's CUDA kernels take these inputs as they are (OpDef::cuda_half).
+bool cuda_takes(CudaHalf kind, const std::vector<Tensor>& in) {
+  if (kind != CudaHalf::one_dtype) return kind == CudaHalf::any_dtypes;
+  const DType first = first_low(in);  // every floating input of one dtype, bf16 or f16
   for (const Tensor& t : in) {
     if (t.defined() && is_floating(t.dtype()) && t.dtype() != first) return false;
   }
   return low(first);
 }
+
+// Says for its lifetime whether an op's half kernels run (half_out); an op run inside another's
+// forward says so for itself.
+class HalfKernelsRunning {
+ public:
+  explicit HalfKernelsRunning(bool on) : prev_(t_half_kernels_running) { t_half_kernels_running = on; }
+  ~HalfKernelsRunning() { t_half_kernels_running = prev_; }
+  HalfKernelsRunning(const HalfKernelsRunning&) = delete;
+  HalfKernelsRunning& operator=(const HalfKernelsRunning&) = delete;
+
+ private:
+  bool prev_;
+};
 
 Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast, Device device) {
   Casting c;
@@ -118,11 +144,13 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast,
   else if (op.precision != OpPrecision::follow && cast != DType::f32) c.out = cast;
   else c.out = any_low ? run : DType::f32;
   // Kernels that read bf16/f16 themselves take the inputs as they are, when the output's dtype is
-  // the one they would give it (Note [half operands] in kernels/cpu/gemm.h; a loss's output is
-  // float32 whatever its inputs). CUDA's take one storage type for all their floating inputs
-  // (Note [cuda half kernels] in kernels/cuda/storage.cuh).
-  const bool kernels = device.is_cpu() ? op.half_kernels : op.cuda_half_kernels && one_low_dtype(c.stored);
-  c.half_kernels = kernels && half_kernels_enabled() && (op.kind == OpKind::loss || half_out(c.stored) == c.out);
+  // the one they give it: the guard's for an op whose row is not `follow` (half_out), else the
+  // first low input's (Note [half operands] in kernels/cpu/gemm.h; a loss's output is float32
+  // whatever its inputs). CUDA's take one low dtype for all their floating inputs, or each tensor
+  // in its own (OpDef::cuda_half; Note [cuda half kernels] in kernels/cuda/storage.cuh).
+  const bool kernels = device.is_cpu() ? op.half_kernels : cuda_takes(op.cuda_half, c.stored);
+  const DType kernel_out = op.precision != OpPrecision::follow && cast != DType::f32 ? cast : first_low(c.stored);
+  c.half_kernels = kernels && half_kernels_enabled() && (op.kind == OpKind::loss || kernel_out == c.out);
   if (c.half_kernels) return c;
   c.wide.resize(c.stored.size());
   for (size_t i = 0; i < c.stored.size(); ++i) {
@@ -157,6 +185,7 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   Tensor out;
   {
     const profiler::Scope timed(op.name, device, forward_pass());
+    const HalfKernelsRunning running(c.half_kernels);
     if (!c.active) {
       out = op.forward(attrs, inputs, record ? &saved : nullptr);
     } else if (c.half_kernels) {

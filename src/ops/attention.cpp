@@ -3,7 +3,8 @@
 // position t seeing positions <= t, times v (kernels/attention.h). Keeps qkv and one log-sum-exp
 // per row, not the T x T attention matrix: backward recomputes it. With dropout on the
 // probabilities (attrs.scalar = p > 0, the mask drawn as dropout's: seed, offset, sample_stride)
-// backward redraws the mask.
+// backward redraws the mask. On the CPU qkv and y may stay bf16 or f16 (half_kernels): each head is
+// widened in turn, and lse stays float32.
 #include <algorithm>
 
 #include "kernels/attention.h"
@@ -17,7 +18,7 @@ AttentionDropout drop_of(const OpAttrs& a) { return {a.scalar, a.seed, a.offset,
 
 Tensor attention_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor& qkv = in[0];
-  check_float("causal_self_attention", "qkv", qkv);
+  check_float_or_half("causal_self_attention", "qkv", qkv);
   MG_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
            "causal_self_attention: qkv must be (B, T, 3C), got shape " << shape_str(qkv.shape()));
   const int64_t c = qkv.size(2) / 3;
@@ -25,7 +26,7 @@ Tensor attention_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vecto
   MG_CHECK(a.heads >= 1 && c % a.heads == 0,
            "causal_self_attention: " << a.heads << " heads do not divide the width C = " << c << " (qkv "
                                      << shape_str(qkv.shape()) << ")");
-  Tensor y = Tensor::empty({qkv.size(0), qkv.size(1), c}, like(qkv));
+  Tensor y = Tensor::empty({qkv.size(0), qkv.size(1), c}, TensorOptions{half_out(in), qkv.device()});
   Tensor lse = Tensor::empty({qkv.size(0), a.heads, qkv.size(1)}, like(qkv));
   MG_DISPATCH(qkv.device(), attention_forward, y, lse, qkv, a.heads, drop_of(a));
   save(saved, {qkv, lse});
@@ -67,7 +68,7 @@ OpAttrs attention_tile(const Node& n, int64_t, int64_t first, int64_t) {
 }
 
 const OpDef kAttention{"causal_self_attention", OpKind::attention, attention_fwd, attention_bwd, attention_flops,
-                       attention_cases, attention_tile, OpPrecision::low};
+                       attention_cases, attention_tile, OpPrecision::low, /*half_kernels*/ true};
 MG_REGISTER_OP(kAttention);
 
 }  // namespace

@@ -3,7 +3,8 @@
 // computed here; otherwise by the given (running) ones, inputs 3 and 4, which get no gradient.
 //   y = (x - mean) / sqrt(var + eps) * weight + bias            (eps: attrs.scalar)
 // The running statistics' update is the module's (nn::BatchNorm2d), outside the tape, so a
-// checkpoint segment's replay, which re-runs this op, does not repeat it.
+// checkpoint segment's replay, which re-runs this op, does not repeat it. On the CPU x may stay
+// bf16 or f16 (half_kernels), the weight and bias float32 or low: the statistics stay float32.
 #include "kernels/batch_norm.h"
 #include "ops/op.h"
 #include "ops/param_grads.h"
@@ -14,13 +15,13 @@ namespace {
 
 Tensor batch_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor &x = in[0], &w = in[1], &b = in[2];
-  check_float("batch_norm", "input", x);
+  check_float_or_half("batch_norm", "input", x);
   MG_CHECK(x.dim() >= 2, "batch_norm: input must be (N, C, ...), got shape " << shape_str(x.shape()));
   const int64_t c = x.size(1);
   MG_CHECK(a.scalar >= 0.0f, "batch_norm: eps must be >= 0, got " << a.scalar);
   auto check_channels = [&](const char* what, const Tensor& t) {
     if (!t.defined()) return;
-    check_float("batch_norm", what, t);
+    check_float_or_half("batch_norm", what, t);
     MG_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: " << what << " has shape " << shape_str(t.shape())
                                                              << ", expected [" << c << "] for input "
                                                              << shape_str(x.shape()));
@@ -39,10 +40,12 @@ Tensor batch_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
     check_channels("running_mean", in[3]);
     check_channels("running_var", in[4]);
     MG_CHECK(!in[3].requires_grad() && !in[4].requires_grad(), "batch_norm: the running statistics get no gradient; detach them");
-    mean = in[3].clone();  // the values of this forward, whatever the module does to its buffers later
-    var = in[4].clone();
+    // The values of this forward, whatever the module does to its buffers later; float32, as the
+    // kernels read them.
+    mean = in[3].dtype() == DType::f32 ? in[3].clone() : in[3].to(DType::f32);
+    var = in[4].dtype() == DType::f32 ? in[4].clone() : in[4].to(DType::f32);
   }
-  Tensor y = Tensor::empty(x.shape(), like(x));
+  Tensor y = Tensor::empty(x.shape(), TensorOptions{half_out(in, OpPrecision::fp32), x.device()});
   MG_DISPATCH(x.device(), batch_norm_forward, y, x, w, b, mean, var, a.scalar);
   save(saved, {x, w, mean, var});
   return y;
@@ -73,7 +76,7 @@ std::vector<OpCase> batch_norm_cases() {
 
 // No tiles: with batch statistics every sample's output depends on the whole batch.
 const OpDef kBatchNorm{"batch_norm", OpKind::normalization, batch_norm_fwd, batch_norm_bwd, batch_norm_flops,
-                       batch_norm_cases, /*tile*/ nullptr, OpPrecision::fp32};
+                       batch_norm_cases, /*tile*/ nullptr, OpPrecision::fp32, /*half_kernels*/ true};
 MG_REGISTER_OP(kBatchNorm);
 
 }  // namespace

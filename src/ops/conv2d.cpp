@@ -67,7 +67,7 @@ std::vector<OpCase> conv2d_cases() {
 }
 
 const OpDef kConv2d{"conv2d", OpKind::contraction, conv2d_fwd, conv2d_bwd, conv2d_flops, conv2d_cases, rows_apart,
-                    OpPrecision::low, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                    OpPrecision::low, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kConv2d);
 
 }  // namespace

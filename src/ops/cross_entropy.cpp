@@ -65,7 +65,7 @@ std::vector<OpCase> cross_entropy_cases() {
 
 const OpDef kCrossEntropy{"cross_entropy", OpKind::loss, cross_entropy_fwd, cross_entropy_bwd,
                           cross_entropy_flops, cross_entropy_cases, /*tile: sums over samples*/ nullptr,
-                          OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                          OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kCrossEntropy);
 
 }  // namespace

@@ -14,9 +14,9 @@ namespace {
 int64_t per_sample(const Tensor& x) { return x.dim() >= 1 && x.size(0) > 0 ? x.numel() / x.size(0) : 0; }
 
 Tensor dropout_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
-  check_float("dropout", "input", in[0]);
+  check_float_or_half("dropout", "input", in[0]);
   MG_CHECK(a.scalar >= 0.0f && a.scalar < 1.0f, "dropout: p must be in [0, 1), got " << a.scalar);
-  Tensor y = Tensor::empty(in[0].shape(), like(in[0]));
+  Tensor y = Tensor::empty(in[0].shape(), TensorOptions{half_out(in), in[0].device()});
   MG_DISPATCH(y.device(), dropout_forward, y, in[0], a.scalar, a.seed, a.offset, per_sample(in[0]), a.sample_stride);
   return y;
 }
@@ -50,7 +50,7 @@ OpAttrs dropout_tile(const Node& n, int64_t recorded, int64_t first, int64_t) {
 }
 
 const OpDef kDropout{"dropout", OpKind::elementwise, dropout_fwd, dropout_bwd, flops_per_output, dropout_cases,
-                     dropout_tile};
+                     dropout_tile, OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kDropout);
 
 }  // namespace

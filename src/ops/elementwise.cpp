@@ -31,7 +31,7 @@ std::vector<OpCase> add_cases() {
 }
 
 const OpDef kAdd{"add", OpKind::elementwise, add_fwd, add_bwd, flops_per_output, add_cases, rows_apart,
-                 OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                 OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kAdd);
 
 Tensor mul_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
@@ -64,7 +64,7 @@ std::vector<OpCase> mul_cases() {
 }
 
 const OpDef kMul{"mul", OpKind::elementwise, mul_fwd, mul_bwd, flops_per_output, mul_cases, rows_apart,
-                 OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                 OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kMul);
 
 Tensor scale_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
@@ -87,7 +87,7 @@ std::vector<OpCase> scale_cases() {
 }
 
 const OpDef kScale{"scale", OpKind::elementwise, scale_fwd, scale_bwd, flops_per_output, scale_cases, rows_apart,
-                   OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                   OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kScale);
 
 }  // namespace

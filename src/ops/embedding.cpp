@@ -1,6 +1,8 @@
 // embedding: idx (any shape, int64 in [0, V)), weight (V, C)  ->  (idx's shape..., C), the rows
 // of weight named by idx: torch.nn.functional.embedding(idx, weight). The gradient goes to the
-// weight only, summed per row in position order (kernels/embedding.h).
+// weight only, summed per row in position order (kernels/embedding.h). On the CPU the table may be
+// float32 (autocast keeps it so) or bf16/f16 and the output bf16/f16 (half_kernels): rows are
+// copied or rounded, and the gradient is summed in float32 into its buffer.
 #include "kernels/embedding.h"
 #include "ops/op.h"
 #include "ops/param_grads.h"
@@ -14,11 +16,11 @@ Tensor embedding_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<
   MG_CHECK(idx.defined() && idx.dtype() == DType::i64,
            "embedding: indices must be int64, got " << (idx.defined() ? dtype_name(idx.dtype()) : "undefined"));
   MG_CHECK(!idx.requires_grad(), "embedding: indices get no gradient");
-  check_float("embedding", "weight", w);
+  check_float_or_half("embedding", "weight", w);
   MG_CHECK(w.dim() == 2, "embedding: weight must be (V, C), got shape " << shape_str(w.shape()));
   Shape out = idx.shape();
   out.push_back(w.size(1));
-  Tensor y = Tensor::empty(out, like(w));
+  Tensor y = Tensor::empty(out, TensorOptions{half_out(in, OpPrecision::fp32), w.device()});
   MG_DISPATCH(w.device(), embedding_forward, y, idx, w);
   save(saved, {idx});
   return y;
@@ -37,7 +39,7 @@ std::vector<OpCase> embedding_cases() {
 }
 
 const OpDef kEmbedding{"embedding", OpKind::lookup, embedding_fwd, embedding_bwd, no_flops, embedding_cases,
-                       rows_apart, OpPrecision::fp32};
+                       rows_apart, OpPrecision::fp32, /*half_kernels*/ true};
 MG_REGISTER_OP(kEmbedding);
 
 }  // namespace

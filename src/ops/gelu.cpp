@@ -27,7 +27,7 @@ std::vector<OpCase> gelu_cases() {
 }
 
 const OpDef kGelu{"gelu", OpKind::elementwise, gelu_fwd, gelu_bwd, gelu_flops, gelu_cases, rows_apart,
-                  OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                  OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kGelu);
 
 }  // namespace

@@ -1,7 +1,9 @@
 // layer_norm: x (..., C) normalised over its last dimension, weight and bias (C) or undefined:
 //   y = (x - mean) / sqrt(var + eps) * weight + bias      (biased variance; eps: attrs.scalar)
 // as torch.nn.functional.layer_norm(x, (C,), weight, bias, eps). Rows are samples' positions,
-// so it runs in tiles.
+// so it runs in tiles. On the CPU x may stay bf16 or f16 (half_kernels) with a float32 weight and
+// bias (autocast keeps them so): mean and rstd stay float32, the weight's and bias's gradients go
+// into float32 buffers.
 #include "kernels/layer_norm.h"
 #include "ops/op.h"
 #include "ops/param_grads.h"
@@ -12,19 +14,19 @@ namespace {
 
 Tensor layer_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor &x = in[0], &w = in[1], &b = in[2];
-  check_float("layer_norm", "input", x);
+  check_float_or_half("layer_norm", "input", x);
   MG_CHECK(x.dim() >= 1 && x.size(x.dim() - 1) > 0, "layer_norm: input must have a last dimension > 0, got shape "
                                                          << shape_str(x.shape()));
   const int64_t c = x.size(x.dim() - 1);
   MG_CHECK(a.scalar >= 0.0f, "layer_norm: eps must be >= 0, got " << a.scalar);
   for (auto [what, t] : {std::pair{"weight", &w}, std::pair{"bias", &b}}) {
     if (!t->defined()) continue;
-    check_float("layer_norm", what, *t);
+    check_float_or_half("layer_norm", what, *t);
     MG_CHECK(t->dim() == 1 && t->size(0) == c, "layer_norm: " << what << " has shape " << shape_str(t->shape())
                                                               << ", expected [" << c << "] for input "
                                                               << shape_str(x.shape()));
   }
-  Tensor y = Tensor::empty(x.shape(), like(x));
+  Tensor y = Tensor::empty(x.shape(), TensorOptions{half_out(in, OpPrecision::fp32), x.device()});
   Tensor mean = Tensor::empty({x.numel() / c}, like(x)), rstd = Tensor::empty({x.numel() / c}, like(x));
   MG_DISPATCH(x.device(), layer_norm_forward, y, mean, rstd, x, w, b, a.scalar);
   save(saved, {x, w, mean, rstd});
@@ -54,7 +56,7 @@ std::vector<OpCase> layer_norm_cases() {
 }
 
 const OpDef kLayerNorm{"layer_norm", OpKind::normalization, layer_norm_fwd, layer_norm_bwd, layer_norm_flops,
-                       layer_norm_cases, rows_apart, OpPrecision::fp32};
+                       layer_norm_cases, rows_apart, OpPrecision::fp32, /*half_kernels*/ true};
 MG_REGISTER_OP(kLayerNorm);
 
 }  // namespace

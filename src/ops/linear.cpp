@@ -49,7 +49,7 @@ std::vector<OpCase> linear_cases() {
 
 const OpDef kLinear{"linear", OpKind::contraction, linear_fwd, linear_bwd, linear_flops, linear_cases,
                     /*tile: its SGEMM rounds differently for another number of rows (Note [tiled segments])*/ nullptr,
-                    OpPrecision::low, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                    OpPrecision::low, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kLinear);
 
 }  // namespace

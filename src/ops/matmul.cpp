@@ -62,7 +62,7 @@ std::vector<OpCase> matmul_cases() {
 // Tiles (Note [tiled segments]) would cut the batch of products, but a 2-D product mixes rows with
 // a shared b: not tiled.
 const OpDef kMatmul{"matmul", OpKind::contraction, matmul_fwd, matmul_bwd, matmul_flops, matmul_cases, nullptr,
-                    OpPrecision::low, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                    OpPrecision::low, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kMatmul);
 
 }  // namespace

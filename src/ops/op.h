@@ -63,6 +63,11 @@ struct OpCase {
   OpAttrs attrs;
 };
 
+// Which bf16/f16 inputs an op's CUDA kernels take as they are (OpDef::cuda_half): none (they get
+// float32 copies), floating inputs of one low dtype (cuBLAS's and cuDNN's products take one), or
+// each tensor in its own float dtype (statistics ops whose float32 parameters autocast keeps).
+enum class CudaHalf : uint8_t { none, one_dtype, any_dtypes };
+
 struct OpDef {
   const char* name;
   OpKind kind;
@@ -82,9 +87,8 @@ struct OpDef {
   // kernels/cpu/gemm.h): apply() hands it the low-precision inputs as they are instead of float32
   // copies, and it makes its output and gradients in the dtypes of Note [autocast].
   bool half_kernels = false;
-  // Its CUDA kernels do the same (Note [cuda half kernels] in src/kernels/cuda/storage.cuh), for
-  // inputs of one low dtype.
-  bool cuda_half_kernels = false;
+  // Its CUDA kernels do the same (Note [cuda half kernels] in src/kernels/cuda/storage.cuh).
+  CudaHalf cuda_half = CudaHalf::none;
 };
 
 // Every registered op, in registration order.
@@ -104,13 +108,16 @@ void check_float(const char* op, const char* what, const Tensor& t);
 // float32, or bf16 or f16 for an op with half_kernels.
 void check_float_or_half(const char* op, const char* what, const Tensor& t);
 
-// Whether ops with half_kernels (and cuda_half_kernels) use them (on by default); off, they run on
+// Whether ops with half_kernels (and cuda_half) use them (on by default); off, they run on
 // float32 copies as other ops do. tests/test_ops.cpp checks that both give the same bits on the CPU.
 void set_half_kernels(bool on);
 bool half_kernels_enabled();
 
-// The dtype of an op with half_kernels' output: the first bf16 or f16 input's, else float32.
-DType half_out(const std::vector<Tensor>& in);
+// The dtype of an op with half_kernels' output (Note [autocast]): under an AutocastGuard, where
+// the half kernels run (CPU inputs, set_half_kernels on), the guard's low dtype for an op whose
+// row is not `follow` (an fp32 op such as layer_norm makes it from float32 inputs too); else the
+// first bf16 or f16 input's, else float32.
+DType half_out(const std::vector<Tensor>& in, OpPrecision row = OpPrecision::follow);
 
 inline void save(std::vector<Tensor>* saved, std::initializer_list<Tensor> ts) {
   if (saved) saved->insert(saved->end(), ts);

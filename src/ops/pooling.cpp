@@ -43,7 +43,7 @@ Tensor max_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
     save(saved, {x});
     return y;
   }
-  // float32, or bf16/f16 on CUDA (OpDef::cuda_half_kernels): the argmaxes are kept.
+  // float32, or bf16/f16 on CUDA (OpDef::cuda_half): the argmaxes are kept.
   Tensor y = Tensor::empty({x.size(0), x.size(1), oh, ow}, TensorOptions{x.dtype(), x.device()});
   Tensor idx = Tensor::empty(y.shape(), TensorOptions{DType::i64, x.device()});
   MG_DISPATCH(x.device(), max_pool2d_forward, y, idx, x, a.kernel_h, a.stride_h, a.pad_h);
@@ -93,17 +93,17 @@ std::vector<OpCase> max_pool2d_cases() {
 
 const OpDef kMaxPool2d{"max_pool2d", OpKind::pool, max_pool2d_fwd, max_pool2d_bwd, max_pool2d_flops,
                        max_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true,
-                       /*cuda_half_kernels*/ true};
+                       CudaHalf::one_dtype};
 MG_REGISTER_OP(kMaxPool2d);
 
 Tensor adaptive_avg_pool2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>*) {
   const Tensor& x = in[0];
-  check_float("adaptive_avg_pool2d", "input", x);
+  check_float_or_half("adaptive_avg_pool2d", "input", x);
   MG_CHECK(x.dim() == 4, "adaptive_avg_pool2d: input must be 4-D (N, C, H, W), got shape "
                              << shape_str(x.shape()));
   MG_CHECK(a.out_h >= 1 && a.out_w >= 1, "adaptive_avg_pool2d: output size must be positive, got "
                                              << a.out_h << "x" << a.out_w);
-  Tensor y = Tensor::empty({x.size(0), x.size(1), a.out_h, a.out_w}, like(x));
+  Tensor y = Tensor::empty({x.size(0), x.size(1), a.out_h, a.out_w}, TensorOptions{half_out(in), x.device()});
   MG_DISPATCH(x.device(), adaptive_avg_pool2d_forward, y, x);
   return y;  // backward needs only the input's shape, kept on the node
 }
@@ -133,7 +133,7 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
 
 const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,
                                adaptive_avg_pool2d_bwd, adaptive_avg_pool2d_flops,
-                               adaptive_avg_pool2d_cases, rows_apart};
+                               adaptive_avg_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true};
 MG_REGISTER_OP(kAdaptiveAvgPool2d);
 
 }  // namespace

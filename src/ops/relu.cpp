@@ -27,7 +27,7 @@ std::vector<OpCase> relu_cases() {
 }
 
 const OpDef kRelu{"relu", OpKind::elementwise, relu_fwd, relu_bwd, flops_per_output, relu_cases, rows_apart,
-                  OpPrecision::follow, /*half_kernels*/ true, /*cuda_half_kernels*/ true};
+                  OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kRelu);
 
 }  // namespace

@@ -8,9 +8,9 @@ namespace {
 
 Tensor softmax_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor& x = in[0];
-  check_float("softmax", "input", x);
+  check_float_or_half("softmax", "input", x);
   MG_CHECK(x.dim() >= 1, "softmax: expected at least one dimension, got a scalar");
-  Tensor y = Tensor::empty(x.shape(), like(x));
+  Tensor y = Tensor::empty(x.shape(), TensorOptions{half_out(in, OpPrecision::fp32), x.device()});
   const int64_t cols = x.size(-1), rows = cols > 0 ? x.numel() / cols : 0;
   if (rows > 0) MG_DISPATCH(y.device(), softmax_forward, y, x, rows, cols);
   save(saved, {y.detach()});  // a handle of its own: the output's will point at this node
@@ -31,7 +31,7 @@ std::vector<OpCase> softmax_cases() {
 
 // Rows are independent: a tile of samples is rows of its own (when the last dimension is not the batch's).
 const OpDef kSoftmax{"softmax", OpKind::normalization, softmax_fwd, softmax_bwd, softmax_flops, softmax_cases,
-                     rows_apart, OpPrecision::fp32};
+                     rows_apart, OpPrecision::fp32, /*half_kernels*/ true};
 MG_REGISTER_OP(kSoftmax);
 
 }  // namespace

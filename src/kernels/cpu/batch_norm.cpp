@@ -1,12 +1,19 @@
 // Batch normalisation on the CPU (kernels/batch_norm.h): one piece per channel; within a channel
 // the images in order, each image's values summed in 8 fixed lanes (in double for the
 // statistics), so the result does not depend on the thread count or on where the data lies.
+// x, y, dy and dx may be bf16 or f16 (Note [half operands] in kernels/cpu/gemm.h), and the weight
+// and bias too: an (image, channel) plane at a time is widened into, or rounded from, a buffer of
+// the piece's (cpu::FloatRows), and the same calls run on float32 planes in place; the statistics
+// stay float32, and dw and db are summed in float32.
 #include "kernels/batch_norm.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/packet_math.h"
 
 namespace mg {
 
@@ -66,18 +73,18 @@ void two_sums(const float* g, const float* x, int64_t len, float mu, float rs, d
 
 template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& x) {
   const Layout L = layout(x);
-  const float* xp = x.data<float>();
   float* mp = mean.data<float>();
   float* vp = var.data<float>();
   const double m = static_cast<double>(L.n * L.s);
   cpu::parallel_for(L.c, cpu::items_per_piece(L.n * L.s), [&](int64_t c0, int64_t c1) {
+    const cpu::FloatRows xs(x, L.s);  // plane (i, c) is row i C + c
     for (int64_t c = c0; c < c1; ++c) {
       double sum = 0;
-      for (int64_t i = 0; i < L.n; ++i) sum += lanes(xp + (i * L.c + c) * L.s, L.s, [](float v, int64_t) { return static_cast<double>(v); });
+      for (int64_t i = 0; i < L.n; ++i) sum += lanes(xs.read(i * L.c + c), L.s, [](float v, int64_t) { return static_cast<double>(v); });
       const double mu = m > 0 ? sum / m : 0.0;
       double sq = 0;
       for (int64_t i = 0; i < L.n; ++i) {
-        sq += lanes(xp + (i * L.c + c) * L.s, L.s, [mu](float v, int64_t) { return (v - mu) * (v - mu); });
+        sq += lanes(xs.read(i * L.c + c), L.s, [mu](float v, int64_t) { return (v - mu) * (v - mu); });
       }
       mp[c] = static_cast<float>(mu);
       vp[c] = m > 0 ? static_cast<float>(sq / m) : 0.0f;
@@ -88,17 +95,23 @@ template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& 
 template <>
 void batch_norm_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
                              const Tensor& var, float eps) {
+  using namespace Eigen::internal;
   const Layout L = layout(x);
-  const float *xp = x.data<float>(), *mp = mean.data<float>(), *vp = var.data<float>();
-  const float* wp = w.defined() ? w.data<float>() : nullptr;
-  const float* bp = b.defined() ? b.data<float>() : nullptr;
-  float* yp = y.data<float>();
+  const Tensor w32 = w.defined() ? cpu::widened(w) : Tensor(), b32 = b.defined() ? cpu::widened(b) : Tensor();
+  const float *mp = mean.data<float>(), *vp = var.data<float>();
+  const float* wp = w.defined() ? w32.data<float>() : nullptr;
+  const float* bp = b.defined() ? b32.data<float>() : nullptr;
   cpu::parallel_for(L.n * L.c, cpu::items_per_piece(L.s), [&](int64_t r0, int64_t r1) {
+    const cpu::FloatRows xs(x, L.s), ys(y, L.s);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t c = r % L.c;
       const float rs = 1.0f / std::sqrt(vp[c] + eps);
       const float scale = rs * (wp ? wp[c] : 1.0f), shift = (bp ? bp[c] : 0.0f) - mp[c] * scale;
-      cpu::ArrMap(yp + r * L.s, L.s) = cpu::ConstArrMap(xp + r * L.s, L.s) * scale + shift;
+      const cpu::Packet k = pset1<cpu::Packet>(scale), d = pset1<cpu::Packet>(shift);
+      // In packets throughout: Eigen's array expression sent an unaligned head through scalar
+      // code (fused or not by the compiler), so y's bits depended on where the plane lay.
+      cpu::map_packets(ys.write(r), xs.read(r), L.s, [&](cpu::Packet v) { return padd(pmul(v, k), d); });
+      ys.store(r);
     }
   });
 }
@@ -107,13 +120,19 @@ template <>
 void batch_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                               const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate) {
   const Layout L = layout(x);
-  const float *xp = x.data<float>(), *dyp = dy.data<float>(), *mp = mean.data<float>(), *vp = var.data<float>();
-  const float* wp = w.defined() ? w.data<float>() : nullptr;
-  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  float* dwp = dw.defined() ? dw.data<float>() : nullptr;
-  float* dbp = db.defined() ? db.data<float>() : nullptr;
+  const Tensor w32 = w.defined() ? cpu::widened(w) : Tensor();
+  const float *mp = mean.data<float>(), *vp = var.data<float>();
+  const float* wp = w.defined() ? w32.data<float>() : nullptr;
+  // dw and db in float32: the buffers themselves, or sums rounded once into a low parameter's.
+  auto sums = [&](const Tensor& g) { return accumulate && g.defined() ? cpu::widened(g) : cpu::float32_sum(g); };
+  Tensor dw32 = sums(dw), db32 = sums(db);
+  float* dwp = dw.defined() ? dw32.data<float>() : nullptr;
+  float* dbp = db.defined() ? db32.data<float>() : nullptr;
   const double m = static_cast<double>(L.n * L.s);
   cpu::parallel_for(L.c, cpu::items_per_piece(2 * L.n * L.s), [&](int64_t c0, int64_t c1) {
+    const cpu::FloatRows xs(x, L.s), dys(dy, L.s);  // plane (i, c) is row i C + c
+    std::optional<cpu::FloatRows> dxs;
+    if (dx.defined()) dxs.emplace(dx, L.s);
     for (int64_t c = c0; c < c1; ++c) {
       const float mu = mp[c], rs = 1.0f / std::sqrt(vp[c] + eps);
       // Per image in order, each image's sum in lanes: into the buffers image by image
@@ -121,10 +140,8 @@ void batch_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
       float sb = accumulate && dbp ? dbp[c] : 0.0f, sw = accumulate && dwp ? dwp[c] : 0.0f;
       double tb = 0, tw = 0;
       for (int64_t i = 0; i < L.n; ++i) {
-        const float* g = dyp + (i * L.c + c) * L.s;
-        const float* xi = xp + (i * L.c + c) * L.s;
         double b_i, w_i;
-        two_sums(g, xi, L.s, mu, rs, b_i, w_i);
+        two_sums(dys.read(i * L.c + c), xs.read(i * L.c + c), L.s, mu, rs, b_i, w_i);
         sb += static_cast<float>(b_i);
         sw += static_cast<float>(w_i);
         tb += b_i;
@@ -132,28 +149,31 @@ void batch_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
       }
       if (dbp) dbp[c] = sb;
       if (dwp) dwp[c] = sw;
-      if (!dxp) continue;
+      if (!dx.defined()) continue;
       const float k = rs * (wp ? wp[c] : 1.0f);
-      if (!batch_stats) {
-        // Given statistics: dx = k dy, whatever x is (an infinite x gave 0 * inf = NaN through the
-        // batch-statistics formula; PyTorch and our CUDA kernel give k dy).
-        for (int64_t i = 0; i < L.n; ++i) {
-          const int64_t off = (i * L.c + c) * L.s;
-          for (int64_t j = 0; j < L.s; ++j) dxp[off + j] = k * dyp[off + j];
-        }
-        continue;
-      }
       const float mb = m > 0 ? static_cast<float>(tb / m) : 0.0f;
       const float mw = m > 0 ? static_cast<float>(tw / m) : 0.0f;
       for (int64_t i = 0; i < L.n; ++i) {
-        const int64_t off = (i * L.c + c) * L.s;
-        for (int64_t j = 0; j < L.s; ++j) {
-          const float xhat = (xp[off + j] - mu) * rs;
-          dxp[off + j] = k * (dyp[off + j] - mb - xhat * mw);
+        const int64_t r = i * L.c + c;
+        const float* g = dys.read(r);
+        float* out = dxs->write(r);
+        if (!batch_stats) {
+          // Given statistics: dx = k dy, whatever x is (an infinite x gave 0 * inf = NaN through the
+          // batch-statistics formula; PyTorch and our CUDA kernel give k dy).
+          for (int64_t j = 0; j < L.s; ++j) out[j] = k * g[j];
+        } else {
+          const float* xi = xs.read(r);
+          for (int64_t j = 0; j < L.s; ++j) {
+            const float xhat = (xi[j] - mu) * rs;
+            out[j] = k * (g[j] - mb - xhat * mw);
+          }
         }
+        dxs->store(r);
       }
     }
   });
+  cpu::store_sum(dw, dw32);
+  cpu::store_sum(db, db32);
 }
 
 }  // namespace mg

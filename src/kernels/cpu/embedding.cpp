@@ -5,6 +5,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/half_rows.h"
 
 namespace mg {
 
@@ -30,27 +31,35 @@ template <> void embedding_forward<Cpu>(Tensor& y, const Tensor& idx, const Tens
     MG_CHECK(pi[p] >= 0 && pi[p] < v, "embedding: index[" << p << "] = " << pi[p] << " is not a row of the table [0, "
                                                           << v << ")");
   }
-  const float* pw = w.data<float>();
-  float* py = y.data<float>();
+  const char* pw = static_cast<const char*>(w.raw_data());
+  char* py = static_cast<char*>(y.raw_data());
+  const size_t ws = dtype_size(w.dtype()), ys = dtype_size(y.dtype());
   cpu::parallel_for(n, cpu::items_per_piece(c), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) std::memcpy(py + p * c, pw + pi[p] * c, static_cast<size_t>(c) * sizeof(float));
+    if (w.dtype() == y.dtype()) {
+      for (int64_t p = p0; p < p1; ++p) std::memcpy(py + p * c * ys, pw + pi[p] * c * ws, static_cast<size_t>(c) * ys);
+      return;
+    }
+    // A float32 table into a bf16 or f16 output (autocast keeps the table float32), or one low
+    // dtype into the other: each value widened and rounded, as apply() would round a float32 output.
+    const cpu::FloatRows table(w, c);
+    for (int64_t p = p0; p < p1; ++p) cpu::narrow_span(py + p * c * ys, y.dtype(), table.read(pi[p]), c);
   });
 }
 
 template <> void embedding_backward<Cpu>(Tensor& dw, const Tensor& dy, const Tensor& idx, bool accumulate) {
   const int64_t v = dw.size(0), c = dw.size(1);
   const EmbeddingBuckets b = embedding_buckets(idx.data<int64_t>(), idx.numel(), v);
-  const float* pdy = dy.data<float>();
-  float* pdw = dw.data<float>();
   cpu::parallel_for(v, cpu::items_per_piece(c), [&](int64_t v0, int64_t v1) {
+    const cpu::FloatRows dys(dy, c), dws(dw, c);
     for (int64_t r = v0; r < v1; ++r) {
       const int64_t k0 = b.offset[static_cast<size_t>(r)], k1 = b.offset[static_cast<size_t>(r) + 1];
-      float* row = pdw + r * c;
+      float* row = accumulate ? dws.update(r) : dws.write(r);
       if (!accumulate) std::fill(row, row + c, 0.0f);
       for (int64_t k = k0; k < k1; ++k) {
-        const float* g = pdy + b.pos[static_cast<size_t>(k)] * c;
+        const float* g = dys.read(b.pos[static_cast<size_t>(k)]);
         for (int64_t j = 0; j < c; ++j) row[j] += g[j];
       }
+      dws.store(r);
     }
   });
 }

@@ -32,6 +32,38 @@ const float* widen_row(const Tensor& out, const Tensor& t, int64_t r);
 // dst's rows [first, first + src.size(0)) = src (float32), rounded to dst's dtype.
 void store_rows(Tensor& dst, int64_t first, const Tensor& src);
 
+// Rows of `n` values of a tensor of a float dtype, as float32, in one piece of a kernel that runs
+// row by row (layer_norm, softmax, embedding): a float32 tensor's rows are its own memory; a bf16 or f16
+// tensor's row is widened into a buffer of the piece's, or written there and rounded into the
+// tensor. So a half kernel holds a row per piece in float32, and the row's float32 code (one call
+// site for every dtype) runs on the same values either way.
+class FloatRows {
+ public:
+  FloatRows(const Tensor& t, int64_t n)
+      : base_(static_cast<char*>(t.raw_data())), dtype_(t.dtype()), n_(n),
+        buf_(is_half(t.dtype()) ? Tensor::empty({n}) : Tensor()) {}
+  // Row r as float32; a buffer's row stays valid until the next read or write.
+  const float* read(int64_t r) const {
+    if (!buf_.defined()) return reinterpret_cast<const float*>(base_) + r * n_;
+    widen_span(buf_.data<float>(), at(r), dtype_, n_);
+    return buf_.data<float>();
+  }
+  // Where row r's float32 values go; store(r) then rounds them into the tensor.
+  float* write(int64_t r) const { return buf_.defined() ? buf_.data<float>() : reinterpret_cast<float*>(base_) + r * n_; }
+  // Row r as float32, to change in place; store(r) then rounds it back.
+  float* update(int64_t r) const { return const_cast<float*>(read(r)); }
+  void store(int64_t r) const {
+    if (buf_.defined()) narrow_span(at(r), dtype_, buf_.data<float>(), n_);
+  }
+
+ private:
+  char* at(int64_t r) const { return base_ + static_cast<size_t>(r * n_) * dtype_size(dtype_); }
+  char* base_;
+  DType dtype_;
+  int64_t n_;
+  Tensor buf_;
+};
+
 // Samples per chunk for a kernel whose float32 copies take `bytes_per_row` a sample: about
 // half_chunk_bytes() of them, at least one per thread, at most `rows`.
 int64_t half_chunk_rows(int64_t rows, int64_t bytes_per_row);

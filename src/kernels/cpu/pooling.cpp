@@ -8,6 +8,8 @@
 // adaptive_avg_pool2d: window i spans rows [floor(i H / OH), ceil((i+1) H / OH)), columns likewise;
 //              y = mean over the window.                                                     (=)
 //   backward:  dx = 0, then every element of window (i,j) += dy[i,j] / window size           (=)
+//              x, y, dy and dx may be bf16 or f16 (Note [half operands] in kernels/cpu/gemm.h):
+//              a plane at a time widened into, or rounded from, a buffer of the piece's.
 #include "kernels/pooling.h"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/half_rows.h"
 
 namespace mg {
 
@@ -110,12 +113,11 @@ void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, i
 template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
   const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
   const int64_t oh = y.size(2), ow = y.size(3);
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
+    const cpu::FloatRows xs(x, h * w), ys(y, oh * ow);
     for (int64_t pl = pl0; pl < pl1; ++pl) {
-      const float* in = xp + pl * h * w;
-      float* out = yp + pl * oh * ow;
+      const float* in = xs.read(pl);
+      float* out = ys.write(pl);
       for (int64_t i = 0; i < oh; ++i) {
         const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
         for (int64_t j = 0; j < ow; ++j) {
@@ -127,6 +129,7 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
           out[i * ow + j] = sum / static_cast<float>((h1 - h0) * (w1 - w0));
         }
       }
+      ys.store(pl);
     }
   });
 }
@@ -134,12 +137,11 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
 template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy) {
   const int64_t planes = dx.size(0) * dx.size(1), h = dx.size(2), w = dx.size(3);
   const int64_t oh = dy.size(2), ow = dy.size(3);
-  const float* gp = dy.data<float>();
-  float* dp = dx.data<float>();
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
+    const cpu::FloatRows dys(dy, oh * ow), dxs(dx, h * w);
     for (int64_t pl = pl0; pl < pl1; ++pl) {
-      const float* g = gp + pl * oh * ow;
-      float* plane = dp + pl * h * w;
+      const float* g = dys.read(pl);
+      float* plane = dxs.write(pl);
       std::fill(plane, plane + h * w, 0.0f);
       for (int64_t i = 0; i < oh; ++i) {
         const int64_t h0 = window_start(i, oh, h), h1 = window_end(i, oh, h);
@@ -151,6 +153,7 @@ template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy)
           }
         }
       }
+      dxs.store(pl);
     }
   });
 }

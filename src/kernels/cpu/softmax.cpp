@@ -1,5 +1,7 @@
 // Softmax over the last dimension on the CPU (kernels/softmax.h): rows in fixed pieces, each row's
-// sums in double in column order.
+// sums in double in column order. x, y, dy and dx may be bf16 or f16 (Note [half operands] in
+// kernels/cpu/gemm.h): a row at a time widened into, or rounded from, a buffer of the piece's
+// (cpu::FloatRows), the same float32 code on it.
 #include "kernels/softmax.h"
 
 #include <cmath>
@@ -7,37 +9,38 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/cpu/half_rows.h"
 
 namespace mg {
 
 template <> void softmax_forward<Cpu>(Tensor& y, const Tensor& x, int64_t rows, int64_t cols) {
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
   cpu::parallel_for(rows, cpu::items_per_piece(cols), [&](int64_t r0, int64_t r1) {
+    const cpu::FloatRows xs(x, cols), ys(y, cols);
     for (int64_t r = r0; r < r1; ++r) {
-      const float* in = px + r * cols;
-      float* out = py + r * cols;
+      const float* in = xs.read(r);
+      float* out = ys.write(r);
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t c = 0; c < cols; ++c) m = std::max(m, in[c]);
       double sum = 0;
       for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(in[c]) - m);
       const double inv = 1.0 / sum;
       for (int64_t c = 0; c < cols; ++c) out[c] = static_cast<float>(std::exp(static_cast<double>(in[c]) - m) * inv);
+      ys.store(r);
     }
   });
 }
 
 template <> void softmax_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& y, int64_t rows, int64_t cols) {
-  const float *pdy = dy.data<float>(), *py = y.data<float>();
-  float* pdx = dx.data<float>();
   cpu::parallel_for(rows, cpu::items_per_piece(cols), [&](int64_t r0, int64_t r1) {
+    const cpu::FloatRows dys(dy, cols), ys(y, cols), dxs(dx, cols);
     for (int64_t r = r0; r < r1; ++r) {
-      const float *g = pdy + r * cols, *yr = py + r * cols;
+      const float *g = dys.read(r), *yr = ys.read(r);
       double dot = 0;
       for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(g[c]) * yr[c];
       const float e = static_cast<float>(dot);
-      float* out = pdx + r * cols;
+      float* out = dxs.write(r);
       for (int64_t c = 0; c < cols; ++c) out[c] = yr[c] * (g[c] - e);
+      dxs.store(r);
     }
   });
 }

@@ -2,18 +2,20 @@
 //
 // Note [cuda half kernels]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// An op whose CUDA kernels read bf16 and f16 themselves (OpDef::cuda_half_kernels) is launched on
+// An op whose CUDA kernels read bf16 and f16 themselves (OpDef::cuda_half) is launched on
 // the low-precision tensors as they are, where other ops get float32 copies (Note [autocast] in
-// minigrad/core/autocast.h). Its kernels are templates over the storage type T (float, Bf16 or
-// F16): each element is widened on load (load<T>), the math runs in float32, and the result is
-// rounded on store (store<T>) with the same functions as the conversion kernels (Note [half
+// minigrad/core/autocast.h). Each element is widened on load, the math runs in float32, and the
+// result is rounded on store with the same functions as the conversion kernels (Note [half
 // conversions] in src/kernels/convert.h). So an element-wise kernel gives the bits of the float32
 // kernel on widened copies, as the CPU's half kernels do (Note [half operands] in
-// src/kernels/cpu/gemm.h); a product or a reduction gives cuBLAS's or cuDNN's bits, which differ
-// from the CPU's by the order of their float32 sums, as in float32.
-// apply() takes this path on CUDA only when every floating input has one dtype (Note
-// [autocast]), so a kernel here sees one storage type for all its tensors, and says so with
-// check_same_dtype when it does not.
+// src/kernels/cpu/gemm.h); a product or a reduction gives cuBLAS's, cuDNN's or our float32
+// kernel's order of sums, as in float32. Two kinds (OpDef::cuda_half):
+//   one_dtype   every floating input of one low dtype (apply() widens other mixes): templates
+//               over the storage type T (float, Bf16 or F16), load<T> and store<T>; the products
+//               (cuBLAS, cuDNN take one type for A and B), and the element-wise ops;
+//   any_dtypes  each tensor in its own float dtype (Elems: a pointer and its dtype, the switch
+//               uniform across a launch): the statistics ops, whose parameters autocast keeps
+//               float32 and whose output it makes low from float32 inputs too.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,32 @@ template <> __device__ __forceinline__ void store<F16>(F16* p, int64_t i, float 
 // The same as overloads, for bodies shared with the CPU (kernels/cuda/pooling_math.h).
 MG_HOST_DEVICE float widen(Bf16 v) { return half::float_from_bf16(v.bits); }
 MG_HOST_DEVICE float widen(F16 v) { return half::float_from_f16(v.bits); }
+
+// A tensor's elements in their own dtype (any_dtypes kernels); p is null for an undefined tensor.
+struct Elems {
+  void* p = nullptr;
+  DType t = DType::f32;
+};
+inline Elems elems_of(const Tensor& t) {
+  if (!t.defined()) return Elems{};
+  MG_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
+           "CUDA kernel: expected float32, bfloat16 or float16, got " << dtype_name(t.dtype()));
+  return Elems{t.raw_data(), t.dtype()};
+}
+MG_HOST_DEVICE float load(Elems e, int64_t i) {
+  switch (e.t) {
+    case DType::bf16: return half::float_from_bf16(static_cast<const uint16_t*>(e.p)[i]);
+    case DType::f16: return half::float_from_f16(static_cast<const uint16_t*>(e.p)[i]);
+    default: return static_cast<const float*>(e.p)[i];
+  }
+}
+MG_HOST_DEVICE void store(Elems e, int64_t i, float v) {
+  switch (e.t) {
+    case DType::bf16: static_cast<uint16_t*>(e.p)[i] = half::bf16_from_float(v); break;
+    case DType::f16: static_cast<uint16_t*>(e.p)[i] = half::f16_from_float(v); break;
+    default: static_cast<float*>(e.p)[i] = v; break;
+  }
+}
 
 // The storage type's dtype.
 template <class T> constexpr DType dtype_of();
