@@ -98,21 +98,69 @@ float widen_element(const void* p, DType t, int64_t i) {
   return v;
 }
 
-// rows x cols of p (leading dimension ld, dtype t) as a compact float32 block, in a tensor the
-// allocator counts.
-Tensor widen_block(const void* p, DType t, int64_t rows, int64_t cols, int64_t ld) {
-  Tensor out = Tensor::empty({rows * cols}, TensorOptions{DType::f32, Device::cpu()});
-  float* o = out.data<float>();
-  for (int64_t r = 0; r < rows; ++r) widen_span(o + r * cols, at(p, t, r * ld), t, cols);
-  return out;
-}
+// Note [half scratch]
+// ~~~~~~~~~~~~~~~~~~~~
+// The float32 blocks of half operands are tensors the CPU allocator counts (Note [half operands]).
+// In a parallel product they come from room the driver allocates for every slot before the pieces
+// run (SlotRoom), not from each piece as it goes: pieces that happen to overlap in time, or not,
+// under another load would otherwise change the bytes in use at the product's moment, and the
+// planner's measurement of a unit would not be the step's (tests/test_precision.cpp saw 139 KB,
+// 2.5% of the tiny GPT's bf16 peak, move with the machine's load). A serial product, which has
+// nothing to overlap, takes tensors as it goes.
+struct Scratch {
+  float* base = nullptr;
+  int64_t size = 0, used = 0;
+};
 
-// g's B as a float32 block, into f (when it is bf16/f16); the block's owner goes in `b`.
-void widen_b(const GemmArgs& g, GemmArgs& f, Tensor& b) {
+// Room for every slot of a parallel part of `pieces` pieces, `per_slot` floats each.
+class SlotRoom {
+ public:
+  SlotRoom(int64_t pieces, int64_t per_slot) : per_(per_slot) {
+    if (per_slot > 0) room_ = Tensor::empty({parallel_slots(pieces) * per_slot}, TensorOptions{DType::f32, Device::cpu()});
+  }
+  Scratch at(int slot) const { return room_.defined() ? Scratch{room_.data<float>() + slot * per_, per_, 0} : Scratch{}; }
+
+ private:
+  int64_t per_;
+  Tensor room_;
+};
+
+// Float32 blocks for one call: from the piece's scratch when it has one (what it took goes back at
+// scope exit), else tensors of their own.
+class Blocks {
+ public:
+  explicit Blocks(Scratch* s) : s_(s), mark_(s ? s->used : 0) {}
+  ~Blocks() {
+    if (s_) s_->used = mark_;
+  }
+  Blocks(const Blocks&) = delete;
+  Blocks& operator=(const Blocks&) = delete;
+  float* take(int64_t n) {
+    if (s_ == nullptr) return own_.emplace_back(Tensor::empty({n}, TensorOptions{DType::f32, Device::cpu()})).data<float>();
+    MG_CHECK(s_->used + n <= s_->size, "gemm: a half operand's block of " << n << " floats overflows its piece's room ("
+                                                                         << s_->size - s_->used << " left)");
+    float* p = s_->base + s_->used;
+    s_->used += n;
+    return p;
+  }
+  // rows x cols of p (leading dimension ld, dtype t) as a compact float32 block.
+  float* widen(const void* p, DType t, int64_t rows, int64_t cols, int64_t ld) {
+    float* o = take(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) widen_span(o + r * cols, at(p, t, r * ld), t, cols);
+    return o;
+  }
+
+ private:
+  Scratch* s_;
+  int64_t mark_;
+  std::vector<Tensor> own_;
+};
+
+// g's B as a float32 block, into f (when it is bf16/f16).
+void widen_b(const GemmArgs& g, GemmArgs& f, Blocks& blocks) {
   if (g.b_type == DType::f32) return;
   const int64_t cols = g.trans_b ? g.k : g.n;
-  b = widen_block(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb);
-  f.b = b.data<float>(), f.ldb = cols, f.b_type = DType::f32;
+  f.b = blocks.widen(g.b, g.b_type, g.trans_b ? g.n : g.k, cols, g.ldb), f.ldb = cols, f.b_type = DType::f32;
 }
 
 // Rows of C per block in a sample_rows piece with half operands: a multiple of Eigen's row group (4).
@@ -124,9 +172,23 @@ bool all_float(const GemmArgs& g) {
   return g.a_type == DType::f32 && g.b_type == DType::f32 && g.c_type == DType::f32 && g.c_init == nullptr;
 }
 
+// The floats a serial call with half operands takes at most, for C of rows x cols: B's block, and
+// A's and C's for kHalfRows rows at a time (or all rows, when fewer).
+int64_t half_block_floats(const GemmArgs& g, int64_t rows, int64_t cols) {
+  if (all_float(g)) return 0;
+  const int64_t r = rows > kHalfRows && g.sample_rows ? kHalfRows : rows;
+  return g.k * cols + r * g.k + r * cols;
+}
+
+void gemm_serial_in(const GemmArgs& g, Scratch* scratch);
+
 }  // namespace
 
-void gemm_serial(const GemmArgs& g) {
+void gemm_serial(const GemmArgs& g) { gemm_serial_in(g, nullptr); }
+
+namespace {
+
+void gemm_serial_in(const GemmArgs& g, Scratch* scratch) {
   if (all_float(g)) {
     if (g.k == 0) {  // an empty sum: C = 0, or C unchanged
       if (!g.accumulate) {
@@ -140,42 +202,43 @@ void gemm_serial(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   // Note [half operands]: this piece's blocks in float32, the float32 product, C rounded back.
   GemmArgs f = g;
-  Tensor a, b, c;
+  Blocks blocks(scratch);
   if (g.sample_rows && g.m > kHalfRows) {
     // Rows of samples (a multiple of kRowGroup here) in blocks of kHalfRows: the same bits (Note
     // [rows that do not depend on the batch]), A's and C's copies a block's; B widened once.
-    widen_b(g, f, b);
+    widen_b(g, f, blocks);
     for (int64_t r0 = 0; r0 < g.m; r0 += kHalfRows) {
       GemmArgs rows = f;
       rows.m = std::min(kHalfRows, g.m - r0);
       rows.a = at(g.a, g.a_type, g.trans_a ? r0 : r0 * g.lda);
       rows.c = at(g.c, g.c_type, r0 * g.ldc);
-      gemm_serial(rows);
+      gemm_serial_in(rows, scratch);
     }
     return;
   }
   if (g.a_type != DType::f32) {
     const int64_t cols = g.trans_a ? g.m : g.k;
-    a = widen_block(g.a, g.a_type, g.trans_a ? g.k : g.m, cols, g.lda);
-    f.a = a.data<float>(), f.lda = cols, f.a_type = DType::f32;
+    f.a = blocks.widen(g.a, g.a_type, g.trans_a ? g.k : g.m, cols, g.lda), f.lda = cols, f.a_type = DType::f32;
   }
-  widen_b(g, f, b);
+  widen_b(g, f, blocks);
   const bool in_place = g.c_type == DType::f32 && g.c_init == nullptr;
+  float* c = nullptr;
   if (!in_place) {
     if (g.c_init) {
-      c = Tensor::empty({g.m * g.n}, TensorOptions{DType::f32, Device::cpu()});
-      for (int64_t i = 0; i < g.m; ++i) std::copy(g.c_init, g.c_init + g.n, c.data<float>() + i * g.n);
+      c = blocks.take(g.m * g.n);
+      for (int64_t i = 0; i < g.m; ++i) std::copy(g.c_init, g.c_init + g.n, c + i * g.n);
     } else {
-      c = g.accumulate ? widen_block(g.c, g.c_type, g.m, g.n, g.ldc)
-                       : Tensor::empty({g.m * g.n}, TensorOptions{DType::f32, Device::cpu()});
+      c = g.accumulate ? blocks.widen(g.c, g.c_type, g.m, g.n, g.ldc) : blocks.take(g.m * g.n);
     }
-    f.c = c.data<float>(), f.ldc = g.n, f.c_type = DType::f32, f.c_init = nullptr;
+    f.c = c, f.ldc = g.n, f.c_type = DType::f32, f.c_init = nullptr;
     f.accumulate = g.accumulate || g.c_init != nullptr;
   }
-  gemm_serial(f);
+  gemm_serial_in(f, nullptr);  // all float32 now: takes nothing
   if (in_place) return;
-  for (int64_t i = 0; i < g.m; ++i) narrow_span(at(g.c, g.c_type, i * g.ldc), g.c_type, c.data<float>() + i * g.n, g.n);
+  for (int64_t i = 0; i < g.m; ++i) narrow_span(at(g.c, g.c_type, i * g.ldc), g.c_type, c + i * g.n, g.n);
 }
+
+}  // namespace
 
 namespace {
 
@@ -211,7 +274,9 @@ void padded_rows(const GemmArgs& g) {
 void gemm_sample_rows(const GemmArgs& g) {
   const int64_t width = piece_length(g.n, kNominalRows * g.n * std::max<int64_t>(g.k, 1), kColumnAlign);
   const int64_t col_pieces = (g.n + width - 1) / width, row_pieces = (g.m + kRowBlock - 1) / kRowBlock;
-  parallel_pieces(col_pieces * row_pieces, [&](int64_t piece, int) {
+  const SlotRoom room(col_pieces * row_pieces, half_block_floats(g, kRowBlock, width));  // Note [half scratch]
+  parallel_pieces(col_pieces * row_pieces, [&](int64_t piece, int slot) {
+    Scratch scratch = room.at(slot);
     const int64_t r0 = piece / col_pieces * kRowBlock, c0 = piece % col_pieces * width;
     GemmArgs p = g;
     p.m = std::min(kRowBlock, g.m - r0) / kRowGroup * kRowGroup;
@@ -220,7 +285,7 @@ void gemm_sample_rows(const GemmArgs& g) {
     p.b = at(g.b, g.b_type, g.trans_b ? c0 * g.ldb : c0);
     p.c = at(g.c, g.c_type, r0 * g.ldc + c0);
     if (g.c_init) p.c_init = g.c_init + c0;
-    if (p.m > 0) gemm_serial(p);
+    if (p.m > 0) gemm_serial_in(p, &scratch);
     GemmArgs rest = p;  // the rows after the last full group
     rest.m = std::min(kRowBlock, g.m - r0) - p.m;
     if (rest.m == 0) return;
@@ -241,7 +306,9 @@ void gemm(const GemmArgs& g) {
   const int64_t step = piece_length(len, g.m * g.n * std::max<int64_t>(g.k, 1), kPieceAlign);
   const int64_t pieces = (len + step - 1) / step;
   if (pieces <= 1) return gemm_serial(g);
-  parallel_pieces(pieces, [&](int64_t piece, int) {
+  const SlotRoom room(pieces, half_block_floats(g, by_rows ? step : g.m, by_rows ? g.n : step));  // Note [half scratch]
+  parallel_pieces(pieces, [&](int64_t piece, int slot) {
+    Scratch scratch = room.at(slot);
     const int64_t begin = piece * step, size = std::min(step, len - begin);
     GemmArgs p = g;
     if (by_rows) {
@@ -254,7 +321,7 @@ void gemm(const GemmArgs& g) {
       p.c = at(g.c, g.c_type, begin);
       if (g.c_init) p.c_init = g.c_init + begin;
     }
-    gemm_serial(p);
+    gemm_serial_in(p, &scratch);
   });
 }
 
@@ -419,13 +486,17 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const void* a, DType a_
   // onto C as asked and the rest onto C, with the chunk's columns of a and rows of b widened: every
   // element is still one chain of multiply-adds in sample order (Note [sums in sample order]).
   const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
-  parallel_for(m, band, [&](int64_t r0, int64_t r1) {
+  const int64_t bands = (m + band - 1) / band;
+  const SlotRoom room(bands, kHalfSamples * (band + k));  // Note [half scratch]
+  parallel_pieces(bands, [&](int64_t piece, int slot) {
+    const int64_t r0 = piece * band, r1 = std::min(r0 + band, m);
+    Scratch scratch = room.at(slot);
     for (int64_t s0 = 0; s0 < std::max<int64_t>(n, 1); s0 += kHalfSamples) {
       const int64_t samples = std::min(kHalfSamples, n - s0);
-      const Tensor pa = widen_block(at(a, a_type, s0 * lda + r0), a_type, samples, r1 - r0, lda);
-      const Tensor pb = widen_block(at(b, b_type, s0 * ldb), b_type, samples, k, ldb);
-      outer_block(samples, r1 - r0, k, pa.data<float>(), r1 - r0, pb.data<float>(), k, c + r0 * ldc, ldc,
-                  accumulate || s0 > 0);
+      Blocks blocks(&scratch);
+      const float* pa = blocks.widen(at(a, a_type, s0 * lda + r0), a_type, samples, r1 - r0, lda);
+      const float* pb = blocks.widen(at(b, b_type, s0 * ldb), b_type, samples, k, ldb);
+      outer_block(samples, r1 - r0, k, pa, r1 - r0, pb, k, c + r0 * ldc, ldc, accumulate || s0 > 0);
     }
   });
 }
