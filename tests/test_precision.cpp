@@ -58,6 +58,43 @@ TEST_CASE("autocast bf16: products and statistics store bf16, the loss and the g
   CHECK(xb.grad().dtype() == DType::bf16);
 }
 
+// Note [autocast]: an optimizer step refreshes the weights' bf16 copies in place (the planner
+// counts them from the start of a step), with the bits of a fresh copy; a copy a retained graph
+// still holds is left as it was and a new one made.
+TEST_CASE("autocast: an optimizer step refreshes the weights' copies in place, unless a graph holds one") {
+  manual_seed(3);
+  auto m = nn::make_mlp({8, 16, 4});
+  optim::SGD opt(m->parameters(), {.lr = 0.5f});
+  const Tensor w = m->parameters()[0];
+  const Tensor x = test::rand_tensor({5, 8}, 1), y = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 0}, {5});
+  const AutocastGuard cast(DType::bf16);
+  cross_entropy(m->forward(x), y).backward();
+  const void* where = autocast_param(w, DType::bf16).raw_data();
+  const std::vector<uint8_t> before = test::raw_bytes(autocast_param(w, DType::bf16));
+  const size_t bytes = autocast_cache_bytes();
+  opt.step();
+  const std::vector<uint8_t> now = test::raw_bytes(autocast_param(w, DType::bf16));
+  CHECK(autocast_param(w, DType::bf16).raw_data() == where);  // the same buffer, refreshed
+  CHECK(autocast_cache_bytes() == bytes);                     // nothing dropped
+  CHECK(now == test::raw_bytes(w.detach().to(DType::bf16)));  // a fresh copy's bits
+  CHECK(now != before);                                       // w moved: the check above is not vacuous
+
+  // A graph kept with retain_graph saved the copies: the step leaves them as they were, so a second
+  // backward through it gives the first's gradients (the first layer's goes through the second
+  // layer's copy), and the cache makes new copies.
+  opt.zero_grad();
+  Tensor loss = cross_entropy(m->forward(x), y);
+  loss.backward(Tensor(), /*retain_graph*/ true);
+  const void* saved_where = autocast_param(w, DType::bf16).raw_data();
+  const std::vector<uint8_t> first = test::raw_bytes(w.grad());
+  opt.step();
+  opt.zero_grad();
+  loss.backward();
+  CHECK(test::raw_bytes(w.grad()) == first);
+  CHECK(autocast_param(w, DType::bf16).raw_data() != saved_where);
+  CHECK(test::raw_bytes(autocast_param(w, DType::bf16)) == test::raw_bytes(w.detach().to(DType::bf16)));
+}
+
 TEST_CASE("bf16 through the Trainer: 16 x 4 equals 64, checkpointed equals plain, and 1, 2, 3 threads agree") {
   const auto data = test::random_dataset(128, {3, 32, 32}, 10, 4);
   auto train = [&](int64_t micro, const std::string& checkpoint, int threads) {

@@ -82,6 +82,26 @@ void clear_autocast_cache() {
   cache().clear();
 }
 
+void refresh_autocast_cache() {
+  const std::lock_guard<std::mutex> lock(g_cache_mutex);
+  for (auto it = cache().begin(); it != cache().end();) {
+    CacheEntry& e = it->second;
+    const std::shared_ptr<TensorImpl> source = e.source.lock();
+    const Tensor master = source ? Tensor(source) : Tensor();
+    // In place only where nothing but the cache holds the copy (a graph kept with retain_graph
+    // keeps the copy it saved) and the master is where and what it was.
+    const bool in_place = master.defined() && e.low.defined() && e.data == master.raw_data() &&
+                          e.low.impl_ptr().use_count() == 1 && e.low.impl().storage.use_count() == 1 &&
+                          e.low.shape() == master.shape() && e.low.device() == master.device();
+    if (!in_place) {
+      it = cache().erase(it);
+      continue;
+    }
+    e.low.copy_(master.detach());
+    ++it;
+  }
+}
+
 size_t autocast_cache_bytes() {
   const std::lock_guard<std::mutex> lock(g_cache_mutex);
   size_t n = 0;

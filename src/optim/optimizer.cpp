@@ -63,7 +63,7 @@ void Optimizer::step(float grad_scale) {
   ++step_count_;
   const profiler::Scope timed("optimizer.step", params_[0].device());
   update(grad_scale);
-  clear_autocast_cache();  // the masters moved: their low-precision copies are stale (Note [autocast])
+  refresh_autocast_cache();  // the masters moved: their low-precision copies follow (Note [autocast])
 }
 
 void Optimizer::zero_grad() {

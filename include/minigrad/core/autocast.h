@@ -6,7 +6,7 @@
 //     mg::Tensor loss = mg::cross_entropy(model.forward(x), y, mg::Reduction::sum);
 //     loss.backward();                               // weight gradients land in the fp32 buffers
 //   }
-//   opt.step();                                      // updates the fp32 masters, drops their copies
+//   opt.step();                                      // updates the fp32 masters and their copies
 //
 // Note [autocast]
 // ~~~~~~~~~~~~~~~~
@@ -16,8 +16,9 @@
 // row of the per-op table (OpDef::precision, src/ops/op.h):
 //   - low (linear, matmul, conv2d, causal_self_attention): float32 inputs are rounded to the low
 //     dtype first, parameters through a cache that makes one copy per optimizer step, shared by
-//     the window's micro-batches (Optimizer::step and the outermost guard's end drop it; what
-//     it holds is autocast_cache_bytes(), and the planner measures it); the output is low;
+//     the window's micro-batches (Optimizer::step refreshes the copies in place, the outermost
+//     guard's end drops them; what it holds is autocast_cache_bytes(), and the planner counts it
+//     in the fixed part from the start of a step); the output is low;
 //   - fp32 (softmax, layer_norm, batch_norm, embedding): inputs as they come, the output low;
 //   - follow (element-wise ops, pooling, dropout, views): the output is low when an input is;
 //   - a loss (cross_entropy) returns float32.
@@ -67,6 +68,11 @@ DType autocast_dtype();  // this thread's low dtype; DType::f32 when autocast is
 // made on first use, then the same tensor until clear_autocast_cache().
 Tensor autocast_param(const Tensor& w, DType low);
 void clear_autocast_cache();
+// After an optimizer step: each copy takes its master's new values in place (the same bits as a
+// fresh copy), so the copies are there from the start of the next window's forward, as the
+// planner counts them (Note [autocast]); a copy something else holds (a graph kept with
+// retain_graph) is dropped from the cache instead, and made again on next use.
+void refresh_autocast_cache();
 size_t autocast_cache_bytes();
 
 }  // namespace mg
