@@ -171,7 +171,7 @@ void bf16_steps_match(const std::function<std::shared_ptr<nn::Module>()>& make, 
 }
 }  // namespace
 
-TEST_CASE("cuda: bf16 training steps (autocast) of an MLP, a VGG16/16 and a tiny GPT follow the CPU's") {
+TEST_CASE("cuda: bf16 training steps (autocast) of an MLP, VGG16/16, ResNet-18/8 and a tiny GPT follow the CPU's") {
   const optim::LossFn ce = [](const Tensor& logits, const Tensor& y) { return cross_entropy(logits, y); };
   SUBCASE("MLP") {
     bf16_steps_match([] { manual_seed(7); return std::static_pointer_cast<nn::Module>(nn::make_mlp({37, 64, 29, 10})); },
@@ -185,7 +185,13 @@ TEST_CASE("cuda: bf16 training steps (autocast) of an MLP, a VGG16/16 and a tiny
                      [](int step, Device d) { return std::pair{rand_tensor({8, 3, 32, 32}, 810 + step).to(d), labels(8, 10, 910 + step).to(d)}; },
                      ce);
   }
-  SUBCASE("tiny GPT (the ops without CUDA half kernels widen)") {
+  SUBCASE("ResNet-18/8 (batch_norm with float32 parameters, adaptive_avg_pool2d, add)") {
+    bf16_steps_match([] { manual_seed(10); return std::static_pointer_cast<nn::Module>(nn::make_resnet18(10, 8)); },
+                     4, 0.01f,
+                     [](int step, Device d) { return std::pair{rand_tensor({8, 3, 32, 32}, 830 + step).to(d), labels(8, 10, 930 + step).to(d)}; },
+                     ce);
+  }
+  SUBCASE("tiny GPT (layer_norm and embedding with float32 parameters, attention, gelu)") {
     const nn::GPTConfig cfg{.vocab_size = 256, .block_size = 32, .n_layer = 2, .n_head = 4, .n_embd = 64};
     bf16_steps_match([cfg] { manual_seed(9); return std::static_pointer_cast<nn::Module>(nn::make_gpt2(cfg)); }, 4,
                      0.01f,

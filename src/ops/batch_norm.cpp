@@ -76,7 +76,8 @@ std::vector<OpCase> batch_norm_cases() {
 
 // No tiles: with batch statistics every sample's output depends on the whole batch.
 const OpDef kBatchNorm{"batch_norm", OpKind::normalization, batch_norm_fwd, batch_norm_bwd, batch_norm_flops,
-                       batch_norm_cases, /*tile*/ nullptr, OpPrecision::fp32, /*half_kernels*/ true};
+                       batch_norm_cases, /*tile*/ nullptr, OpPrecision::fp32, /*half_kernels*/ true,
+                       CudaHalf::any_dtypes};
 MG_REGISTER_OP(kBatchNorm);
 
 }  // namespace

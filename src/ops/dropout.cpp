@@ -50,7 +50,7 @@ OpAttrs dropout_tile(const Node& n, int64_t recorded, int64_t first, int64_t) {
 }
 
 const OpDef kDropout{"dropout", OpKind::elementwise, dropout_fwd, dropout_bwd, flops_per_output, dropout_cases,
-                     dropout_tile, OpPrecision::follow, /*half_kernels*/ true};
+                     dropout_tile, OpPrecision::follow, /*half_kernels*/ true, CudaHalf::one_dtype};
 MG_REGISTER_OP(kDropout);
 
 }  // namespace

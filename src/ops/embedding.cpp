@@ -39,7 +39,8 @@ std::vector<OpCase> embedding_cases() {
 }
 
 const OpDef kEmbedding{"embedding", OpKind::lookup, embedding_fwd, embedding_bwd, no_flops, embedding_cases,
-                       rows_apart, OpPrecision::fp32, /*half_kernels*/ true};
+                       rows_apart, OpPrecision::fp32, /*half_kernels*/ true,
+                       CudaHalf::any_dtypes};
 MG_REGISTER_OP(kEmbedding);
 
 }  // namespace

@@ -56,7 +56,8 @@ std::vector<OpCase> layer_norm_cases() {
 }
 
 const OpDef kLayerNorm{"layer_norm", OpKind::normalization, layer_norm_fwd, layer_norm_bwd, layer_norm_flops,
-                       layer_norm_cases, rows_apart, OpPrecision::fp32, /*half_kernels*/ true};
+                       layer_norm_cases, rows_apart, OpPrecision::fp32, /*half_kernels*/ true,
+                       CudaHalf::any_dtypes};
 MG_REGISTER_OP(kLayerNorm);
 
 }  // namespace

@@ -133,7 +133,8 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
 
 const OpDef kAdaptiveAvgPool2d{"adaptive_avg_pool2d", OpKind::pool, adaptive_avg_pool2d_fwd,
                                adaptive_avg_pool2d_bwd, adaptive_avg_pool2d_flops,
-                               adaptive_avg_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true};
+                               adaptive_avg_pool2d_cases, rows_apart, OpPrecision::follow, /*half_kernels*/ true,
+                               CudaHalf::one_dtype};
 MG_REGISTER_OP(kAdaptiveAvgPool2d);
 
 }  // namespace

@@ -31,7 +31,8 @@ std::vector<OpCase> softmax_cases() {
 
 // Rows are independent: a tile of samples is rows of its own (when the last dimension is not the batch's).
 const OpDef kSoftmax{"softmax", OpKind::normalization, softmax_fwd, softmax_bwd, softmax_flops, softmax_cases,
-                     rows_apart, OpPrecision::fp32, /*half_kernels*/ true};
+                     rows_apart, OpPrecision::fp32, /*half_kernels*/ true,
+                       CudaHalf::any_dtypes};
 MG_REGISTER_OP(kSoftmax);
 
 }  // namespace

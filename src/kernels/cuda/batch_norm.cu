@@ -1,8 +1,12 @@
 // Batch normalisation on CUDA (kernels/batch_norm.h). Statistics and the backward's sums: one
 // block per channel, each thread striding over the channel's M values in a fixed order and a
 // fixed tree across the block, in double: deterministic. Forward and dx: one thread per value.
+// x, y, dx, dy, the weight, the bias and their gradients each float32, bf16 or f16 (Note [cuda
+// half kernels] in storage.cuh: Elems; autocast keeps the weight and bias float32); the
+// statistics float32.
 #include "kernels/batch_norm.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace mg {
 namespace {
@@ -25,15 +29,18 @@ __device__ double block_sum(double v, double* shared) {
 // Value k of channel c: image k / s, position k % s.
 __device__ int64_t at(int64_t k, int64_t c, int64_t channels, int64_t s) { return (k / s * channels + c) * s + k % s; }
 
-__global__ void stats_kernel(float* mean, float* var, const float* x, int64_t n, int64_t channels, int64_t s) {
+// The weight or bias of channel c, or `none` for an undefined one.
+__device__ float param(cuda::Elems p, int64_t c, float none) { return p.p ? cuda::load(p, c) : none; }
+
+__global__ void stats_kernel(float* mean, float* var, cuda::Elems x, int64_t n, int64_t channels, int64_t s) {
   __shared__ double shared[kReduceThreads];
   const int64_t c = blockIdx.x, m = n * s;
   double sum = 0;
-  for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) sum += x[at(k, c, channels, s)];
+  for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) sum += cuda::load(x, at(k, c, channels, s));
   const double mu = m > 0 ? block_sum(sum, shared) / m : 0.0;
   double sq = 0;
   for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) {
-    const double d = x[at(k, c, channels, s)] - mu;
+    const double d = cuda::load(x, at(k, c, channels, s)) - mu;
     sq += d * d;
   }
   const double v = block_sum(sq, shared);
@@ -43,17 +50,17 @@ __global__ void stats_kernel(float* mean, float* var, const float* x, int64_t n,
   }
 }
 
-__global__ void forward_kernel(float* y, const float* x, const float* w, const float* b, const float* mean,
+__global__ void forward_kernel(cuda::Elems y, cuda::Elems x, cuda::Elems w, cuda::Elems b, const float* mean,
                                const float* var, float eps, int64_t total, int64_t channels, int64_t s) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i / s % channels;
     const float r = rsqrtf(var[c] + eps);
-    y[i] = (x[i] - mean[c]) * r * (w ? w[c] : 1.0f) + (b ? b[c] : 0.0f);
+    cuda::store(y, i, (cuda::load(x, i) - mean[c]) * r * param(w, c, 1.0f) + param(b, c, 0.0f));
   }
 }
 
 // Per channel: sum dy and sum dy xhat, into dw / db (= or +=), and, for dx, into sums[2 c + 0/1].
-__global__ void backward_sums_kernel(float* dw, float* db, float* sums, const float* dy, const float* x,
+__global__ void backward_sums_kernel(cuda::Elems dw, cuda::Elems db, float* sums, cuda::Elems dy, cuda::Elems x,
                                      const float* mean, const float* var, float eps, bool accumulate, int64_t n,
                                      int64_t channels, int64_t s) {
   __shared__ double shared[kReduceThreads];
@@ -62,29 +69,30 @@ __global__ void backward_sums_kernel(float* dw, float* db, float* sums, const fl
   double sb = 0, sw = 0;
   for (int64_t k = threadIdx.x; k < m; k += kReduceThreads) {
     const int64_t i = at(k, c, channels, s);
-    sb += dy[i];
-    sw += static_cast<double>(dy[i]) * ((x[i] - mu) * r);
+    const float g = cuda::load(dy, i);
+    sb += g;
+    sw += static_cast<double>(g) * ((cuda::load(x, i) - mu) * r);
   }
   const double tb = block_sum(sb, shared), tw = block_sum(sw, shared);
   if (threadIdx.x == 0) {
-    if (db) db[c] = static_cast<float>(accumulate ? db[c] + tb : tb);
-    if (dw) dw[c] = static_cast<float>(accumulate ? dw[c] + tw : tw);
+    if (db.p) cuda::store(db, c, static_cast<float>(accumulate ? cuda::load(db, c) + tb : tb));
+    if (dw.p) cuda::store(dw, c, static_cast<float>(accumulate ? cuda::load(dw, c) + tw : tw));
     sums[2 * c] = static_cast<float>(m > 0 ? tb / m : 0.0);
     sums[2 * c + 1] = static_cast<float>(m > 0 ? tw / m : 0.0);
   }
 }
 
-__global__ void backward_dx_kernel(float* dx, const float* dy, const float* x, const float* w, const float* mean,
+__global__ void backward_dx_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems x, cuda::Elems w, const float* mean,
                                    const float* var, const float* sums, float eps, bool batch_stats, int64_t total,
                                    int64_t channels, int64_t s) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i / s % channels;
-    const float r = rsqrtf(var[c] + eps), k = r * (w ? w[c] : 1.0f);
+    const float r = rsqrtf(var[c] + eps), k = r * param(w, c, 1.0f);
     if (!batch_stats) {
-      dx[i] = k * dy[i];
+      cuda::store(dx, i, k * cuda::load(dy, i));
     } else {
-      const float xhat = (x[i] - mean[c]) * r;
-      dx[i] = k * (dy[i] - sums[2 * c] - xhat * sums[2 * c + 1]);
+      const float xhat = (cuda::load(x, i) - mean[c]) * r;
+      cuda::store(dx, i, k * (cuda::load(dy, i) - sums[2 * c] - xhat * sums[2 * c + 1]));
     }
   }
 }
@@ -96,8 +104,6 @@ Shape3 shape3(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1);
   return {n, c, n * c > 0 ? x.numel() / (n * c) : 0};
 }
-const float* ptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-float* mut(Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 }  // namespace
 
@@ -108,7 +114,7 @@ template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor&
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
   stats_kernel<<<static_cast<unsigned>(d.c), kReduceThreads, 0, stream>>>(
-      mean.data<float>(), var.data<float>(), x.data<float>(), d.n, d.c, d.s);
+      mean.data<float>(), var.data<float>(), cuda::elems_of(x), d.n, d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -122,7 +128,8 @@ void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
   forward_kernel<<<cuda::grid_for(total), cuda::kThreads, 0, stream>>>(
-      y.data<float>(), x.data<float>(), ptr(w), ptr(b), mean.data<float>(), var.data<float>(), eps, total, d.c, d.s);
+      cuda::elems_of(y), cuda::elems_of(x), cuda::elems_of(w), cuda::elems_of(b), mean.data<float>(),
+      var.data<float>(), eps, total, d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -136,13 +143,13 @@ void batch_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
   const cudaStream_t stream = cuda::stream(dev);
   Tensor sums = Tensor::empty({2 * d.c}, TensorOptions{DType::f32, x.device()});
   backward_sums_kernel<<<static_cast<unsigned>(d.c), kReduceThreads, 0, stream>>>(
-      mut(dw), mut(db), sums.data<float>(), dy.data<float>(), x.data<float>(), mean.data<float>(), var.data<float>(),
-      eps, accumulate, d.n, d.c, d.s);
+      cuda::elems_of(dw), cuda::elems_of(db), sums.data<float>(), cuda::elems_of(dy), cuda::elems_of(x),
+      mean.data<float>(), var.data<float>(), eps, accumulate, d.n, d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
   if (!dx.defined() || dx.numel() == 0) return;
   backward_dx_kernel<<<cuda::grid_for(dx.numel()), cuda::kThreads, 0, stream>>>(
-      dx.data<float>(), dy.data<float>(), x.data<float>(), ptr(w), mean.data<float>(), var.data<float>(),
-      sums.data<float>(), eps, batch_stats, dx.numel(), d.c, d.s);
+      cuda::elems_of(dx), cuda::elems_of(dy), cuda::elems_of(x), cuda::elems_of(w), mean.data<float>(),
+      var.data<float>(), sums.data<float>(), eps, batch_stats, dx.numel(), d.c, d.s);
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -2,10 +2,13 @@
 // no wait for the host: the positions are sorted by row on the device (CUB's radix sort, which is
 // stable, so each row's positions stay in increasing order), each row's start is found by a
 // binary search (embedding_math.h), then one thread per (row, channel) adds its row's positions in
-// order: deterministic, no atomics, the CPU kernel's order of additions.
+// order: deterministic, no atomics, the CPU kernel's order of additions. The table, y, dy and dw
+// each float32, bf16 or f16 (Note [cuda half kernels] in storage.cuh: Elems; autocast keeps the
+// table float32 and makes y low), the sums float32.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/cuda/embedding_math.h"
 #include "kernels/embedding.h"
 
@@ -21,24 +24,24 @@ __device__ void flag_bad_index(long long* error_flag, int64_t p, int64_t t) {
   }
 }
 
-__global__ void embedding_forward_kernel(float* y, const int64_t* idx, const float* w, int64_t n, int64_t v,
+__global__ void embedding_forward_kernel(cuda::Elems y, const int64_t* idx, cuda::Elems w, int64_t n, int64_t v,
                                          int64_t c, long long* error_flag) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * c; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t p = i / c, j = i % c, t = idx[p];
     if (t < 0 || t >= v) {
       flag_bad_index(error_flag, p, t);
-      y[i] = 0.0f;
+      cuda::store(y, i, 0.0f);
       continue;
     }
-    y[i] = w[t * c + j];
+    cuda::store(y, i, cuda::load(w, t * c + j));
   }
 }
 
-__global__ void embedding_backward_kernel(float* dw, const float* dy, const int64_t* offset, const int64_t* pos,
+__global__ void embedding_backward_kernel(cuda::Elems dw, cuda::Elems dy, const int64_t* offset, const int64_t* pos,
                                           int64_t v, int64_t c, bool accumulate) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < v * c; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / c, j = i % c;
-    dw[i] = cuda::math::embedding_grad(accumulate ? dw[i] : 0.0f, dy, offset, pos, r, j, c);
+    cuda::store(dw, i, cuda::math::embedding_grad(accumulate ? cuda::load(dw, i) : 0.0f, dy, offset, pos, r, j, c));
   }
 }
 
@@ -67,9 +70,8 @@ template <> void embedding_forward<Cuda>(Tensor& y, const Tensor& idx, const Ten
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  embedding_forward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, stream>>>(y.data<float>(), idx.data<int64_t>(),
-                                                                                  w.data<float>(), n, v, c,
-                                                                                  cuda::context(dev).error_flag);
+  embedding_forward_kernel<<<cuda::grid_for(n * c), cuda::kThreads, 0, stream>>>(
+      cuda::elems_of(y), idx.data<int64_t>(), cuda::elems_of(w), n, v, c, cuda::context(dev).error_flag);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -102,7 +104,7 @@ template <> void embedding_backward<Cuda>(Tensor& dw, const Tensor& dy, const Te
   embedding_offsets_kernel<<<cuda::grid_for(v + 1), cuda::kThreads, 0, stream>>>(off, sorted_keys, n, v);
   MG_CUDA_CHECK_LAUNCH();
   embedding_backward_kernel<<<cuda::grid_for(v * c), cuda::kThreads, 0, stream>>>(
-      dw.data<float>(), dy.data<float>(), off, sorted_pos, v, c, accumulate);
+      cuda::elems_of(dw), cuda::elems_of(dy), off, sorted_pos, v, c, accumulate);
   MG_CUDA_CHECK_LAUNCH();
 }
 

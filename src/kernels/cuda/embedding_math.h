@@ -8,6 +8,8 @@
 
 #include <minigrad/core/rng.h>
 
+#include "kernels/cuda/element_math.h"  // value(p, i): dy of any storage type
+
 namespace mg::cuda::math {
 
 // Position p's sort key is its row, or `rows` for an index outside [0, rows) (the error flag has
@@ -38,9 +40,10 @@ MG_HOST_DEVICE int64_t embedding_offset(const uint64_t* sorted, int64_t n, int64
 }
 
 // dw[r, j]: row r's positions' dy[p, j] added in order onto acc (the buffer, or 0).
-MG_HOST_DEVICE float embedding_grad(float acc, const float* dy, const int64_t* offset, const int64_t* pos, int64_t r,
-                                    int64_t j, int64_t c) {
-  for (int64_t k = offset[r]; k < offset[r + 1]; ++k) acc += dy[pos[k] * c + j];
+template <class G>
+MG_HOST_DEVICE float embedding_grad(float acc, G dy, const int64_t* offset, const int64_t* pos, int64_t r, int64_t j,
+                                    int64_t c) {
+  for (int64_t k = offset[r]; k < offset[r + 1]; ++k) acc += value(dy, pos[k] * c + j);
   return acc;
 }
 

@@ -7,6 +7,8 @@
 
 #include <minigrad/core/rng.h>
 
+#include "kernels/cuda/element_math.h"  // value(p, i): dy and x of any storage type
+
 namespace mg::cuda::math {
 
 // A block owns kLnCols columns, a lane each. Its kLnWarps warps copy a tile of kLnTileRows rows of
@@ -17,13 +19,13 @@ namespace mg::cuda::math {
 constexpr int kLnCols = 32, kLnWarps = 8, kLnTileRows = 128;
 
 // Row rr of the tile whose first row is r0, column j0 + lane: dy and xhat, 0 outside the matrix.
-MG_HOST_DEVICE void layer_norm_tile_load(float* tile_g, float* tile_h, const float* dy, const float* x,
-                                         const float* mean, const float* rstd, int64_t m, int64_t c, int64_t r0,
-                                         int64_t j0, int rr, int lane) {
+template <class G, class X>
+MG_HOST_DEVICE void layer_norm_tile_load(float* tile_g, float* tile_h, G dy, X x, const float* mean, const float* rstd,
+                                         int64_t m, int64_t c, int64_t r0, int64_t j0, int rr, int lane) {
   const int64_t r = r0 + rr, j = j0 + lane;
   const bool inside = r < m && j < c;
-  tile_g[rr * kLnCols + lane] = inside ? dy[r * c + j] : 0.0f;
-  tile_h[rr * kLnCols + lane] = inside ? (x[r * c + j] - mean[r]) * rstd[r] : 0.0f;
+  tile_g[rr * kLnCols + lane] = inside ? value(dy, r * c + j) : 0.0f;
+  tile_h[rr * kLnCols + lane] = inside ? (value(x, r * c + j) - mean[r]) * rstd[r] : 0.0f;
 }
 
 // The lane's column adds the tile's first `rows` rows in order: dw += dy xhat, db += dy.

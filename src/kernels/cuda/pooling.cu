@@ -9,6 +9,7 @@
 //             columns (PyTorch's rule); y = mean over the window.                     (=)
 //   backward: dx[h, w] = sum over windows containing (h, w) of dy / window size: one thread
 //             per input element gathers from the few windows that contain it (no atomics).  (=)
+// x, y, dx and dy float32, or all bf16 or all f16 (Note [cuda half kernels] in storage.cuh).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/cuda/pooling_math.h"
@@ -43,23 +44,23 @@ __global__ void max_pool2d_backward_kernel(T* dx, const T* dy, const int64_t* id
   }
 }
 
-__global__ void adaptive_avg_pool2d_forward_kernel(float* y, const float* x, int64_t planes, int h, int w,
-                                                   int oh, int ow) {
+template <class T>
+__global__ void adaptive_avg_pool2d_forward_kernel(T* y, const T* x, int64_t planes, int h, int w, int oh, int ow) {
   const int64_t total = planes * oh * ow;
   for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < total; o += int64_t{gridDim.x} * blockDim.x) {
     const int j = static_cast<int>(o % ow);
     const int i = static_cast<int>((o / ow) % oh);
-    y[o] = cuda::math::adaptive_avg_window(x + (o / (int64_t{oh} * ow)) * h * w, h, w, oh, ow, i, j);
+    cuda::store(y, o, cuda::math::adaptive_avg_window(x + (o / (int64_t{oh} * ow)) * h * w, h, w, oh, ow, i, j));
   }
 }
 
-__global__ void adaptive_avg_pool2d_backward_kernel(float* dx, const float* dy, int64_t planes, int h, int w,
-                                                    int oh, int ow) {
+template <class T>
+__global__ void adaptive_avg_pool2d_backward_kernel(T* dx, const T* dy, int64_t planes, int h, int w, int oh, int ow) {
   const int64_t total = planes * h * w;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int ww = static_cast<int>(e % w);
     const int hh = static_cast<int>((e / w) % h);
-    dx[e] = cuda::math::adaptive_avg_grad(dy + (e / (int64_t{h} * w)) * oh * ow, h, w, oh, ow, hh, ww);
+    cuda::store(dx, e, cuda::math::adaptive_avg_grad(dy + (e / (int64_t{h} * w)) * oh * ow, h, w, oh, ow, hh, ww));
   }
 }
 
@@ -126,8 +127,11 @@ template <> void adaptive_avg_pool2d_forward<Cuda>(Tensor& y, const Tensor& x) {
   const int dev = cuda::device_of(x);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  adaptive_avg_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads, 0, stream>>>(
-      y.data<float>(), x.data<float>(), planes, h, w, oh, ow);
+  cuda::with_storage("adaptive_avg_pool2d", cuda::check_same_dtype("adaptive_avg_pool2d", {&y, &x}), [&](auto tag) {
+    using T = decltype(tag);
+    adaptive_avg_pool2d_forward_kernel<<<grid_capped(y.numel()), cuda::kThreads, 0, stream>>>(
+        cuda::elems<T>(y), cuda::elems<T>(x), planes, h, w, oh, ow);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -143,8 +147,11 @@ template <> void adaptive_avg_pool2d_backward<Cuda>(Tensor& dx, const Tensor& dy
   const int dev = cuda::device_of(dx);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  adaptive_avg_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads, 0, stream>>>(
-      dx.data<float>(), dy.data<float>(), planes, h, w, oh, ow);
+  cuda::with_storage("adaptive_avg_pool2d", cuda::check_same_dtype("adaptive_avg_pool2d", {&dx, &dy}), [&](auto tag) {
+    using T = decltype(tag);
+    adaptive_avg_pool2d_backward_kernel<<<grid_capped(dx.numel()), cuda::kThreads, 0, stream>>>(
+        cuda::elems<T>(dx), cuda::elems<T>(dy), planes, h, w, oh, ow);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -7,13 +7,11 @@
 
 #include <minigrad/core/rng.h>
 
+#include "kernels/cuda/element_math.h"  // value(p, i): x and dy of any storage type
+
 namespace mg::cuda::math {
 
 MG_HOST_DEVICE int min_int(int a, int b) { return a < b ? a : b; }
-
-// An element as float32: the max-pool bodies below take x and dy of any storage type for which
-// widen(v) is defined (float here; bf16 and f16 in kernels/cuda/storage.cuh).
-MG_HOST_DEVICE float widen(float v) { return v; }
 
 // Max over the KxK window of output (i, j), stride s, implicit -inf padding: the first maximum
 // in row-major window order wins, a NaN wins over numbers and the last NaN wins (as PyTorch's
@@ -30,7 +28,7 @@ MG_HOST_DEVICE void max_pool_window(const X* xp, int h, int w, int k, int s, int
     for (int q = 0; q < k; ++q) {
       const int ww = w0 + q;
       if (ww < 0 || ww >= w) continue;
-      const float v = widen(xp[hh * w + ww]);
+      const float v = value(xp, hh * w + ww);
       if (best_idx < 0 || v > best || v != v) {
         best = v;
         best_idx = int64_t{hh} * w + ww;
@@ -57,7 +55,7 @@ MG_HOST_DEVICE float max_pool_grad(const X* dyp, const int64_t* idxp, int w, int
   float g = 0.0f;
   for (int i = i0; i <= i1; ++i)
     for (int j = j0; j <= j1; ++j)
-      if (idxp[int64_t{i} * ow + j] == self) g += widen(dyp[int64_t{i} * ow + j]);
+      if (idxp[int64_t{i} * ow + j] == self) g += value(dyp, int64_t{i} * ow + j);
   return g;
 }
 
@@ -65,18 +63,20 @@ MG_HOST_DEVICE float max_pool_grad(const X* dyp, const int64_t* idxp, int w, int
 MG_HOST_DEVICE int window_start(int i, int in, int out) { return (i * in) / out; }
 MG_HOST_DEVICE int window_end(int i, int in, int out) { return ((i + 1) * in + out - 1) / out; }
 
-MG_HOST_DEVICE float adaptive_avg_window(const float* xp, int h, int w, int oh, int ow, int i, int j) {
+template <class X>
+MG_HOST_DEVICE float adaptive_avg_window(const X* xp, int h, int w, int oh, int ow, int i, int j) {
   const int h0 = window_start(i, h, oh), h1 = window_end(i, h, oh);
   const int w0 = window_start(j, w, ow), w1 = window_end(j, w, ow);
   float sum = 0.0f;
   for (int hh = h0; hh < h1; ++hh)
-    for (int ww = w0; ww < w1; ++ww) sum += xp[hh * w + ww];
+    for (int ww = w0; ww < w1; ++ww) sum += value(xp, hh * w + ww);
   return sum / static_cast<float>((h1 - h0) * (w1 - w0));
 }
 
 // d x[hh, ww]: the windows containing row hh are i = floor(hh OH / H), ... while they start at
 // or before hh (likewise columns); each gives dy / its size.
-MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, int ow, int hh, int ww) {
+template <class X>
+MG_HOST_DEVICE float adaptive_avg_grad(const X* dyp, int h, int w, int oh, int ow, int hh, int ww) {
   float g = 0.0f;
   for (int i = (hh * oh) / h; i < oh && window_start(i, h, oh) <= hh; ++i) {
     if (window_end(i, h, oh) <= hh) continue;
@@ -84,7 +84,7 @@ MG_HOST_DEVICE float adaptive_avg_grad(const float* dyp, int h, int w, int oh, i
     for (int j = (ww * ow) / w; j < ow && window_start(j, w, ow) <= ww; ++j) {
       if (window_end(j, w, ow) <= ww) continue;
       const int cols = window_end(j, w, ow) - window_start(j, w, ow);
-      g += dyp[i * ow + j] / static_cast<float>(rows * cols);
+      g += value(dyp, i * ow + j) / static_cast<float>(rows * cols);
     }
   }
   return g;

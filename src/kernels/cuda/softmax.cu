@@ -1,7 +1,9 @@
 // Softmax over the last dimension on CUDA (kernels/softmax.h): one warp per row. Each lane walks
 // the columns lane, lane + 32, ...; the lanes' partial maxima and sums meet in a fixed butterfly
-// of shuffles: deterministic.
+// of shuffles: deterministic. x, y, dx and dy each float32, bf16 or f16 (Note [cuda half kernels]
+// in storage.cuh: Elems), float32 math.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/softmax.h"
 
 namespace mg {
@@ -19,28 +21,28 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-__global__ void softmax_forward_kernel(float* y, const float* x, int64_t rows, int64_t cols) {
+__global__ void softmax_forward_kernel(cuda::Elems y, cuda::Elems x, int64_t rows, int64_t cols) {
   const int64_t r = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.y;
   if (r >= rows) return;  // the whole warp leaves together
-  const float* in = x + r * cols;
-  float* out = y + r * cols;
+  const int64_t row = r * cols;
   float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += 32) m = fmaxf(m, in[c]);
+  for (int64_t c = threadIdx.x; c < cols; c += 32) m = fmaxf(m, cuda::load(x, row + c));
   m = warp_max(m);
   float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += 32) sum += expf(in[c] - m);
+  for (int64_t c = threadIdx.x; c < cols; c += 32) sum += expf(cuda::load(x, row + c) - m);
   const float inv = 1.0f / warp_sum(sum);
-  for (int64_t c = threadIdx.x; c < cols; c += 32) out[c] = expf(in[c] - m) * inv;
+  for (int64_t c = threadIdx.x; c < cols; c += 32) cuda::store(y, row + c, expf(cuda::load(x, row + c) - m) * inv);
 }
 
-__global__ void softmax_backward_kernel(float* dx, const float* dy, const float* y, int64_t rows, int64_t cols) {
+__global__ void softmax_backward_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems y, int64_t rows, int64_t cols) {
   const int64_t r = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.y;
   if (r >= rows) return;
-  const float *g = dy + r * cols, *yr = y + r * cols;
+  const int64_t row = r * cols;
   float dot = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += 32) dot += g[c] * yr[c];
+  for (int64_t c = threadIdx.x; c < cols; c += 32) dot += cuda::load(dy, row + c) * cuda::load(y, row + c);
   const float e = warp_sum(dot);
-  for (int64_t c = threadIdx.x; c < cols; c += 32) dx[r * cols + c] = yr[c] * (g[c] - e);
+  for (int64_t c = threadIdx.x; c < cols; c += 32)
+    cuda::store(dx, row + c, cuda::load(y, row + c) * (cuda::load(dy, row + c) - e));
 }
 
 unsigned blocks_for(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -51,8 +53,8 @@ template <> void softmax_forward<Cuda>(Tensor& y, const Tensor& x, int64_t rows,
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  softmax_forward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock), 0, stream>>>(
-      y.data<float>(), x.data<float>(), rows, cols);
+  softmax_forward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock), 0, stream>>>(cuda::elems_of(y),
+                                                                                     cuda::elems_of(x), rows, cols);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -60,8 +62,8 @@ template <> void softmax_backward<Cuda>(Tensor& dx, const Tensor& dy, const Tens
   const int dev = cuda::device_of(dx);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  softmax_backward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock), 0, stream>>>(dx.data<float>(), dy.data<float>(),
-                                                                                     y.data<float>(), rows, cols);
+  softmax_backward_kernel<<<blocks_for(rows), dim3(32, kWarpsPerBlock), 0, stream>>>(
+      cuda::elems_of(dx), cuda::elems_of(dy), cuda::elems_of(y), rows, cols);
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -56,9 +56,6 @@ template <> __device__ __forceinline__ void store<F16>(F16* p, int64_t i, float 
   p[i].bits = half::f16_from_float(v);
 }
 
-// The same as overloads, for bodies shared with the CPU (kernels/cuda/pooling_math.h).
-MG_HOST_DEVICE float widen(Bf16 v) { return half::float_from_bf16(v.bits); }
-MG_HOST_DEVICE float widen(F16 v) { return half::float_from_f16(v.bits); }
 
 // A tensor's elements in their own dtype (any_dtypes kernels); p is null for an undefined tensor.
 struct Elems {
@@ -85,6 +82,12 @@ MG_HOST_DEVICE void store(Elems e, int64_t i, float v) {
     default: static_cast<float*>(e.p)[i] = v; break;
   }
 }
+
+// Elements as float32 for the bodies shared with the CPU tests (value in
+// src/kernels/cuda/element_math.h).
+MG_HOST_DEVICE float value(const Bf16* p, int64_t i) { return half::float_from_bf16(p[i].bits); }
+MG_HOST_DEVICE float value(const F16* p, int64_t i) { return half::float_from_f16(p[i].bits); }
+MG_HOST_DEVICE float value(Elems e, int64_t i) { return load(e, i); }
 
 // The storage type's dtype.
 template <class T> constexpr DType dtype_of();
