@@ -384,7 +384,7 @@ TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-su
       // NaN first: the CPU kernel must write every element of dq, dk and dv.
       Tensor dqkv = Tensor::full({k.b, k.t, 3 * k.c}, std::nanf(""));
       attention_forward<Cpu>(y, lse, qkv, k.heads, drop);
-      attention_backward<Cpu>(dqkv, dy, qkv, lse, k.heads, drop);
+      attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, k.heads, drop);
       const std::vector<float> hlse = lse.to_vector<float>(), hd = dqkv.to_vector<float>();
 
       const km::AttentionDims s = km::attention_dims(k.b, k.t, 3 * k.c, k.heads, drop);

@@ -328,17 +328,17 @@ TEST_CASE("cuda: attention's tiles write every element of y, lse and dqkv, as th
     Tensor y = poisoned({b, t, c}, Device::cpu()), lse = poisoned({b, heads, t}, Device::cpu()),
            dqkv = poisoned({b, t, 3 * c}, Device::cpu());
     attention_forward<Cpu>(y, lse, qkv, heads, drop);
-    attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+    attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, heads, drop);
     Tensor yg = poisoned({b, t, c}, kGpu), lg = poisoned({b, heads, t}, kGpu), dg = poisoned({b, t, 3 * c}, kGpu);
     const Tensor qg = qkv.to(kGpu);
     attention_forward<Cuda>(yg, lg, qg, heads, drop);
-    attention_backward<Cuda>(dg, dy.to(kGpu), qg, lg, heads, drop);
+    attention_backward<Cuda>(dg, dy.to(kGpu), qg, Tensor(), lg, heads, drop);
     CHECK(rel_err(yg, y) < kStrict);
     CHECK(rel_err(lg, lse) < kStrict);
     CHECK(rel_err(dg, dqkv) < kStrict);
     // Deterministic: the same bits again.
     Tensor dg2 = poisoned({b, t, 3 * c}, kGpu);
-    attention_backward<Cuda>(dg2, dy.to(kGpu), qg, lg, heads, drop);
+    attention_backward<Cuda>(dg2, dy.to(kGpu), qg, Tensor(), lg, heads, drop);
     CHECK(test::bit_equal(dg2.cpu(), dg.cpu()));
   }
 }
@@ -352,14 +352,14 @@ TEST_CASE("cuda: attention's row kernels for heads of 64 (rows not 16-byte align
   const Tensor qkv = rand_tensor({b, t, 3 * c}, 83), dy = rand_tensor({b, t, c}, 84);
   Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t}), dqkv = Tensor::empty({b, t, 3 * c});
   attention_forward<Cpu>(y, lse, qkv, heads, drop);
-  attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+  attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, heads, drop);
   Tensor qg = rows_view(Tensor::empty({n + 1}, TensorOptions{}.with_device(kGpu)), 1, n);
   qg.impl().shape = qkv.shape();
   qg.copy_(qkv);
   REQUIRE(reinterpret_cast<uintptr_t>(qg.data<float>()) % 16 != 0);
   Tensor yg = poisoned({b, t, c}, kGpu), lg = poisoned({b, heads, t}, kGpu), dg = poisoned({b, t, 3 * c}, kGpu);
   attention_forward<Cuda>(yg, lg, qg, heads, drop);
-  attention_backward<Cuda>(dg, dy.to(kGpu), qg, lg, heads, drop);
+  attention_backward<Cuda>(dg, dy.to(kGpu), qg, Tensor(), lg, heads, drop);
   CHECK(rel_err(yg, y) < kStrict);
   CHECK(rel_err(lg, lse) < kStrict);
   CHECK(rel_err(dg, dqkv) < kStrict);

@@ -3,7 +3,9 @@
 // position t seeing positions <= t, times v (kernels/attention.h). Keeps qkv and one log-sum-exp
 // per row, not the T x T attention matrix: backward recomputes it. With dropout on the
 // probabilities (attrs.scalar = p > 0, the mask drawn as dropout's: seed, offset, sample_stride)
-// backward redraws the mask.
+// backward redraws the mask. On CUDA, bf16/f16 qkv is taken as it is (OpDef::cuda_half_kernels):
+// y in qkv's dtype, lse float32; where cuDNN's fused attention ran, backward reads y too, and the
+// node keeps it (the next op, c_proj's linear, keeps the same storage anyway).
 #include <algorithm>
 
 #include "kernels/attention.h"
@@ -17,7 +19,7 @@ AttentionDropout drop_of(const OpAttrs& a) { return {a.scalar, a.seed, a.offset,
 
 Tensor attention_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor& qkv = in[0];
-  check_float("causal_self_attention", "qkv", qkv);
+  check_float_or_half("causal_self_attention", "qkv", qkv);
   MG_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0,
            "causal_self_attention: qkv must be (B, T, 3C), got shape " << shape_str(qkv.shape()));
   const int64_t c = qkv.size(2) / 3;
@@ -25,16 +27,19 @@ Tensor attention_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vecto
   MG_CHECK(a.heads >= 1 && c % a.heads == 0,
            "causal_self_attention: " << a.heads << " heads do not divide the width C = " << c << " (qkv "
                                      << shape_str(qkv.shape()) << ")");
-  Tensor y = Tensor::empty({qkv.size(0), qkv.size(1), c}, like(qkv));
+  Tensor y = Tensor::empty({qkv.size(0), qkv.size(1), c}, TensorOptions{qkv.dtype(), qkv.device()});
   Tensor lse = Tensor::empty({qkv.size(0), a.heads, qkv.size(1)}, like(qkv));
-  MG_DISPATCH(qkv.device(), attention_forward, y, lse, qkv, a.heads, drop_of(a));
-  save(saved, {qkv, lse});
+  const bool wants_y = MG_DISPATCH(qkv.device(), attention_forward, y, lse, qkv, a.heads, drop_of(a));
+  if (wants_y) save(saved, {qkv, lse, y.detach()});  // a handle of its own: the output's will point at this node
+  else save(saved, {qkv, lse});
   return y;
 }
 
 void attention_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
   grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), attention_backward, grads[0], gy, n.saved[0], n.saved[1], n.attrs.heads, drop_of(n.attrs));
+  const Tensor y = n.saved.size() > 2 ? n.saved[2] : Tensor();
+  MG_DISPATCH(gy.device(), attention_backward, grads[0], gy, n.saved[0], y, n.saved[1], n.attrs.heads,
+              drop_of(n.attrs));
 }
 
 // q k^T and p v, causal: about half of 2 B H T^2 D each.
@@ -67,7 +72,8 @@ OpAttrs attention_tile(const Node& n, int64_t, int64_t first, int64_t) {
 }
 
 const OpDef kAttention{"causal_self_attention", OpKind::attention, attention_fwd, attention_bwd, attention_flops,
-                       attention_cases, attention_tile, OpPrecision::low};
+                       attention_cases, attention_tile, OpPrecision::low, /*half_kernels*/ false,
+                       /*cuda_half_kernels*/ true};
 MG_REGISTER_OP(kAttention);
 
 }  // namespace

@@ -41,7 +41,7 @@ Shape3 dims(const Tensor& qkv, int heads) {
 constexpr int64_t kRows = 64;
 
 template <>
-void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
+bool attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   const float* px = qkv.data<float>();
@@ -81,11 +81,13 @@ void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads
       }
     }
   });
+  return false;  // backward reads no y
 }
 
+// y is not read: E_t comes from the recomputed probabilities.
 template <>
-void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
-                             const AttentionDropout& drop) {
+void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor&, const Tensor& lse,
+                             int heads, const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   const float *px = qkv.data<float>(), *pdy = dy.data<float>(), *pl = lse.data<float>();
