@@ -11,6 +11,7 @@
 #include <minigrad/cuda.h>
 
 #include "helpers.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_math.h"
 #include "kernels/cuda/dropout_math.h"
 #include "kernels/cuda/embedding_math.h"
@@ -541,6 +542,48 @@ TEST_CASE("kernel math: cuDNN's SDPA views of the packed qkv, run on the CPU, gi
     for (const std::vector<int>* w : {&r.writes_y, &r.writes_lse, &r.writes_dx})
       CHECK(std::all_of(w->begin(), w->end(), [](int n) { return n == 1; }));
   }
+}
+
+// An H100 SXM (sm_90) as cuDNN 9 reads a device from JSON (CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+// cuDNN 9.8 and later): the cudaDevAttr values cuDNN queries on a device, under its own names. An
+// H200 differs in memory only.
+constexpr const char* kH100Json = R"({"maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 1024, 64],
+  "regsPerBlock": 65536, "multiProcessorCount": 132, "warpSize": 32, "maxSharedMemoryPerBlock": 49152,
+  "maxSharedMemoryPerBlockOptin": 232448, "reservedSharedMemoryPerBlock": 1024, "maxRegistersPerSM": 65536,
+  "maxCtasPerSM": 32, "maxThreadsPerBlock": 1024, "maxThreadsPerSM": 2048, "pciDeviceId": 8960, "isTccDriver": 0,
+  "supportCoopLaunch": 1, "totalGlobalMem": 85017755648, "smClockRateKHz": 1980000, "memClockRateKHz": 2619000,
+  "l2CacheSize": 52428800, "cudaDeviceId": 0, "deviceVer": 900, "driverVer": 13000,
+  "deviceName": "NVIDIA H100 80GB HBM3"})";
+
+// No GPU needed: the graphs src/kernels/cuda/attention_cudnn.cpp describes pass the frontend's SDPA
+// checks (head size, strides of the packed views, causal band, Stats, the deterministic backward)
+// and cuDNN builds their operation graphs, for sm_90. Choosing and building an engine needs a
+// driver: the GPU tests (test_cuda_ops) do that.
+TEST_CASE("kernel math: cuDNN takes the fused attention's graphs for sm_90, up to the operation graph") {
+  if (!cuda::sdpa_built()) {
+    MESSAGE("this build has no cuDNN frontend: its graphs are not described");
+    return;
+  }
+  const std::string probe = cuda::sdpa_check_description(kH100Json, 90, 2, 12, 128, 64, DType::bf16, false, false);
+  if (probe.rfind("device description:", 0) == 0) {
+    MESSAGE("this cuDNN does not read the H100's JSON description (" << probe << "): not checked");
+    return;
+  }
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const int64_t t : {128, 1024, 37}) {
+      for (const int mode : {0, 1, 2}) {  // forward; backward; backward, deterministic
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(t);
+        CAPTURE(mode);
+        const std::string why = cuda::sdpa_check_description(kH100Json, 90, 2, 12, t, 64, dtype, mode > 0, mode == 2);
+        CHECK_MESSAGE(why.empty(), why);
+      }
+    }
+  }
+  // Heads of 128 and 8, which sdpa_takes offers too; and one it does not (12), which cuDNN refuses.
+  CHECK(cuda::sdpa_check_description(kH100Json, 90, 1, 2, 64, 128, DType::bf16, true, true).empty());
+  CHECK(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 8, DType::bf16, true, true).empty());
+  CHECK_FALSE(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 12, DType::bf16, false, false).empty());
 }
 
 TEST_CASE("kernel math: the cases asked of cuDNN's fused attention") {

@@ -73,6 +73,9 @@ bool sdpa_forward(Tensor&, Tensor&, const Tensor&, int) {
 bool sdpa_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int) {
   return refuse("this build has no cuDNN frontend (docs/cuda.md, \"Fused attention\")");
 }
+std::string sdpa_check_description(const std::string&, int, int64_t, int64_t, int64_t, int64_t, DType, bool, bool) {
+  return "this build has no cuDNN frontend";
+}
 
 #else
 
@@ -123,16 +126,14 @@ math::AttentionDims dims_of_key(const GraphKey& k) {
   return math::attention_dims(k.b, k.t, 3 * k.h * k.d, static_cast<int>(k.h), AttentionDropout{});
 }
 
-// Describes the graph of key k and asks cuDNN for it; a refusal says which step refused.
-std::shared_ptr<const Built> build(const GraphKey& k, cudnnHandle_t handle) {
-  auto out = std::make_shared<Built>();
+// The graph of key k, described (tensors, views, SDPA node); nothing asked of cuDNN yet.
+void describe(fe::graph::Graph& g, const GraphKey& k) {
   const math::SdpaViews v = math::sdpa_views(dims_of_key(k));
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(k.dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+  g.set_io_data_type(k.dtype == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const float scale = 1.0f / std::sqrt(static_cast<float>(k.d));
-  auto q = view_tensor(*g, "Q", kQ, v.q), kk = view_tensor(*g, "K", kK, v.k), vv = view_tensor(*g, "V", kV, v.v);
+  auto q = view_tensor(g, "Q", kQ, v.q), kk = view_tensor(g, "K", kK, v.k), vv = view_tensor(g, "V", kV, v.v);
   if (!k.backward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("causal_self_attention")
@@ -140,13 +141,13 @@ std::shared_ptr<const Built> build(const GraphKey& k, cudnnHandle_t handle) {
                     .set_attn_scale(scale)
                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)  // causal: key j <= query t
                     .set_diagonal_band_right_bound(0);
-    auto [o, stats] = g->sdpa(q, kk, vv, opts);
+    auto [o, stats] = g.sdpa(q, kk, vv, opts);
     set_view(*o, "O", kO, v.o);
     set_view(*stats, "Stats", kStats, v.stats);
     stats->set_data_type(fe::DataType_t::FLOAT);
   } else {
-    auto o = view_tensor(*g, "O", kO, v.o), d_o = view_tensor(*g, "dO", kDo, v.o);
-    auto stats = view_tensor(*g, "Stats", kStats, v.stats);
+    auto o = view_tensor(g, "O", kO, v.o), d_o = view_tensor(g, "dO", kDo, v.o);
+    auto stats = view_tensor(g, "Stats", kStats, v.stats);
     stats->set_data_type(fe::DataType_t::FLOAT);
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("causal_self_attention_backward")
@@ -154,13 +155,24 @@ std::shared_ptr<const Built> build(const GraphKey& k, cudnnHandle_t handle) {
                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                     .set_diagonal_band_right_bound(0)
                     .set_deterministic_algorithm(k.deterministic);
-    auto [dq, dk, dv] = g->sdpa_backward(q, kk, vv, o, d_o, stats, opts);
+    auto [dq, dk, dv] = g.sdpa_backward(q, kk, vv, o, d_o, stats, opts);
     set_view(*dq, "dQ", kDq, v.q);
     set_view(*dk, "dK", kDk, v.k);
     set_view(*dv, "dV", kDv, v.v);
   }
+}
+
+std::string failure(const GraphKey& k, const char* step, fe::error_t e) {
+  return std::string(k.backward ? "backward" : "forward") + " graph: " + step + ": " + e.get_message();
+}
+
+// Describes the graph of key k and asks cuDNN for it; a refusal says which step refused.
+std::shared_ptr<const Built> build(const GraphKey& k, cudnnHandle_t handle) {
+  auto out = std::make_shared<Built>();
+  auto g = std::make_shared<fe::graph::Graph>();
+  describe(*g, k);
   const auto failed = [&](const char* step, fe::error_t e) {
-    out->why = std::string(k.backward ? "backward" : "forward") + " graph: " + step + ": " + e.get_message();
+    out->why = failure(k, step, std::move(e));
     return out;
   };
   if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
@@ -241,6 +253,20 @@ bool sdpa_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tens
   run(*b, k.dev, pack, "backward");
   ++g_backward;
   return true;
+}
+
+std::string sdpa_check_description(const std::string& device_json, int sm_version, int64_t b, int64_t h, int64_t t,
+                                   int64_t d, DType dtype, bool backward, bool deterministic) {
+  auto device = std::make_shared<fe::DeviceProperties>();
+  if (auto e = device->deserialize(std::vector<uint8_t>(device_json.begin(), device_json.end())); e.is_bad())
+    return "device description: " + e.get_message();
+  const GraphKey k{0, b, h, t, d, dtype, backward, deterministic};
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_device_properties(device).set_sm_version(sm_version);
+  describe(*g, k);
+  if (auto e = g->validate(); e.is_bad()) return failure(k, "validate", e);
+  if (auto e = g->build_operation_graph(); e.is_bad()) return failure(k, "build_operation_graph", e);
+  return "";
 }
 
 #endif  // MINIGRAD_WITH_CUDNN_FRONTEND

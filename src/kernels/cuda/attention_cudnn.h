@@ -27,6 +27,15 @@ bool sdpa_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int heads);
 // where cuDNN has none is refused (false), not run non-deterministically.
 bool sdpa_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& y, const Tensor& lse, int heads);
 
+// For tests without a GPU: describes the graph for (B, H, T, D, dtype, direction, determinism) as
+// sdpa_forward/sdpa_backward do, for a device given as cuDNN's JSON device description (cuDNN 9.8
+// and later, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION) and compute capability, and runs the
+// frontend's validation (its SDPA support checks on dims, strides, head size, mask, determinism)
+// and the operation graph's build in cuDNN. No engine is built (that needs a driver). Returns ""
+// when both pass, else the step and the message.
+std::string sdpa_check_description(const std::string& device_json, int sm_version, int64_t b, int64_t h, int64_t t,
+                                   int64_t d, DType dtype, bool backward, bool deterministic);
+
 // For tests and benchmarks: the calls cuDNN ran since the program started, and the reason of the
 // last refusal (empty when there was none).
 struct SdpaCounts {
