@@ -104,8 +104,13 @@ struct Built {
   std::string why;
 };
 
+// Kept for the whole program and never destroyed, as the devices' contexts are: the graphs hold
+// cuDNN plans, whose release at exit could come after cuDNN's and the CUDA runtime's teardown.
 std::mutex g_graphs_mu;
-std::map<GraphKey, std::shared_ptr<const Built>> g_graphs;
+std::map<GraphKey, std::shared_ptr<const Built>>& graphs() {
+  static auto* cache = new std::map<GraphKey, std::shared_ptr<const Built>>();
+  return *cache;
+}
 
 std::vector<int64_t> dims_of(const math::SdpaView& v) { return {v.dim[0], v.dim[1], v.dim[2], v.dim[3]}; }
 std::vector<int64_t> strides_of(const math::SdpaView& v) {
@@ -188,11 +193,11 @@ std::shared_ptr<const Built> build(const GraphKey& k, cudnnHandle_t handle) {
 std::shared_ptr<const Built> graph_for(const GraphKey& k) {
   {
     std::lock_guard<std::mutex> lock(g_graphs_mu);
-    if (auto it = g_graphs.find(k); it != g_graphs.end()) return it->second;
+    if (auto it = graphs().find(k); it != graphs().end()) return it->second;
   }
   std::shared_ptr<const Built> b = build(k, cudnn_handle(k.dev));
   std::lock_guard<std::mutex> lock(g_graphs_mu);
-  return g_graphs.emplace(k, std::move(b)).first->second;  // a graph another thread built first wins
+  return graphs().emplace(k, std::move(b)).first->second;  // a graph another thread built first wins
 }
 
 bool aligned(std::initializer_list<const Tensor*> ts) {
