@@ -3,11 +3,15 @@
 // runs are checked on every machine, GPU or not.
 #include <cmath>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 
+#include <minigrad/cuda.h>
+
 #include "helpers.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_math.h"
 #include "kernels/cuda/dropout_math.h"
 #include "kernels/cuda/embedding_math.h"
@@ -384,7 +388,7 @@ TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-su
       // NaN first: the CPU kernel must write every element of dq, dk and dv.
       Tensor dqkv = Tensor::full({k.b, k.t, 3 * k.c}, std::nanf(""));
       attention_forward<Cpu>(y, lse, qkv, k.heads, drop);
-      attention_backward<Cpu>(dqkv, dy, qkv, lse, k.heads, drop);
+      attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, k.heads, drop);
       const std::vector<float> hlse = lse.to_vector<float>(), hd = dqkv.to_vector<float>();
 
       const km::AttentionDims s = km::attention_dims(k.b, k.t, 3 * k.c, k.heads, drop);
@@ -418,6 +422,193 @@ TEST_CASE("kernel math: the attention rows give the CPU kernel's outputs, log-su
       }
     }
   }
+}
+
+// What cuDNN's SDPA graph (src/kernels/cuda/attention_cudnn.cpp) is asked to compute, element by
+// element through the views it is given (km::sdpa_views), in double: O and Stats, then dQ, dK and
+// dV from dO, O and Stats as cuDNN's backward does (E_t = dO_t . O_t, not from the probabilities).
+// Each view's element is written once; `writes` counts them per element of qkv, y and lse.
+struct SdpaThroughViews {
+  std::vector<float> y, lse, dx;
+  std::vector<int> writes_y, writes_lse, writes_dx;
+};
+SdpaThroughViews sdpa_through_views(const std::vector<float>& x, const std::vector<float>& dy, const km::AttentionDims& s) {
+  const km::SdpaViews v = km::sdpa_views(s);
+  const int64_t h_n = s.heads;
+  SdpaThroughViews r;
+  r.y.assign(static_cast<size_t>(s.b * s.t * s.c), std::nanf(""));
+  r.lse.assign(static_cast<size_t>(s.b * h_n * s.t), std::nanf(""));
+  r.dx.assign(static_cast<size_t>(s.b * s.t * 3 * s.c), std::nanf(""));
+  r.writes_y.assign(r.y.size(), 0);
+  r.writes_lse.assign(r.lse.size(), 0);
+  r.writes_dx.assign(r.dx.size(), 0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  const auto el = [&](const std::vector<float>& t, const km::SdpaView& w, int64_t b, int64_t h, int64_t i, int64_t c) {
+    return static_cast<double>(t[static_cast<size_t>(km::view_at(w, b, h, i, c))]);
+  };
+  for (int64_t b = 0; b < s.b; ++b) {
+    for (int64_t h = 0; h < h_n; ++h) {
+      std::vector<double> score(static_cast<size_t>(s.t * s.t)), dq(static_cast<size_t>(s.t * s.d)),
+          dk(dq.size()), dv(dq.size());
+      std::vector<double> stats(static_cast<size_t>(s.t));
+      for (int64_t t = 0; t < s.t; ++t) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < s.d; ++i) dot += el(x, v.q, b, h, t, i) * el(x, v.k, b, h, j, i);
+          score[static_cast<size_t>(t * s.t + j)] = dot * scale;
+          m = std::max(m, dot * scale);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(score[static_cast<size_t>(t * s.t + j)] - m);
+        stats[static_cast<size_t>(t)] = m + std::log(sum);
+        const auto at = static_cast<size_t>(km::view_at(v.stats, b, h, t, 0));
+        r.lse[at] = static_cast<float>(stats[static_cast<size_t>(t)]);
+        ++r.writes_lse[at];
+        for (int64_t i = 0; i < s.d; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j <= t; ++j)
+            o += std::exp(score[static_cast<size_t>(t * s.t + j)] - stats[static_cast<size_t>(t)]) * el(x, v.v, b, h, j, i);
+          const auto oat = static_cast<size_t>(km::view_at(v.o, b, h, t, i));
+          r.y[oat] = static_cast<float>(o);
+          ++r.writes_y[oat];
+        }
+      }
+      for (int64_t t = 0; t < s.t; ++t) {
+        double e = 0;
+        for (int64_t i = 0; i < s.d; ++i) e += el(dy, v.o, b, h, t, i) * el(r.y, v.o, b, h, t, i);
+        for (int64_t j = 0; j <= t; ++j) {
+          const double p = std::exp(score[static_cast<size_t>(t * s.t + j)] - stats[static_cast<size_t>(t)]);
+          double dp = 0;
+          for (int64_t i = 0; i < s.d; ++i) dp += el(dy, v.o, b, h, t, i) * el(x, v.v, b, h, j, i);
+          const double ds = p * (dp - e) * scale;
+          for (int64_t i = 0; i < s.d; ++i) {
+            dq[static_cast<size_t>(t * s.d + i)] += ds * el(x, v.k, b, h, j, i);
+            dk[static_cast<size_t>(j * s.d + i)] += ds * el(x, v.q, b, h, t, i);
+            dv[static_cast<size_t>(j * s.d + i)] += p * el(dy, v.o, b, h, t, i);
+          }
+        }
+      }
+      for (int64_t t = 0; t < s.t; ++t) {
+        for (int64_t i = 0; i < s.d; ++i) {
+          const auto n = static_cast<size_t>(t * s.d + i);
+          for (const auto& [w, g] : {std::pair{&v.q, &dq}, std::pair{&v.k, &dk}, std::pair{&v.v, &dv}}) {
+            const auto at = static_cast<size_t>(km::view_at(*w, b, h, t, i));
+            r.dx[at] = static_cast<float>((*g)[n]);
+            ++r.writes_dx[at];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// The views and the math asked of cuDNN's fused attention give the CPU kernels' y, lse and dqkv:
+// q, k and v at their places in the packed rows, y's rows, lse's natural-log meaning, and every
+// element of y, lse and dqkv written exactly once.
+TEST_CASE("kernel math: cuDNN's SDPA views of the packed qkv, run on the CPU, give the CPU kernels' results") {
+  struct Case {
+    int64_t b, t, c;
+    int heads;
+  };
+  // Heads of 8 and of 64 (GPT-2's); T not a multiple of anything cuDNN tiles by.
+  for (const Case k : {Case{2, 13, 24, 3}, Case{1, 37, 128, 2}}) {
+    CAPTURE(k.c / k.heads);
+    const km::AttentionDims s = km::attention_dims(k.b, k.t, 3 * k.c, k.heads, AttentionDropout{});
+    const km::SdpaViews v = km::sdpa_views(s);
+    // The views name the elements the row kernels read and write (qkv_at, y_at, lse's row).
+    for (int64_t b = 0; b < s.b; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t t = 0; t < s.t; ++t) {
+          CHECK(km::view_at(v.stats, b, h, t, 0) == (b * s.heads + h) * s.t + t);
+          for (const int64_t i : {int64_t{0}, s.d / 2, s.d - 1}) {
+            CHECK(km::view_at(v.q, b, h, t, i) == km::qkv_at(s, b, h, t) + i);
+            CHECK(km::view_at(v.k, b, h, t, i) == km::qkv_at(s, b, h, t) + s.c + i);
+            CHECK(km::view_at(v.v, b, h, t, i) == km::qkv_at(s, b, h, t) + 2 * s.c + i);
+            CHECK(km::view_at(v.o, b, h, t, i) == km::y_at(s, b, h, t) + i);
+          }
+        }
+    const Tensor qkv = Tensor::from_vector(random_values(k.b * k.t * 3 * k.c, 31, 0, 2.0f), {k.b, k.t, 3 * k.c});
+    const Tensor dy = Tensor::from_vector(random_values(k.b * k.t * k.c, 32), {k.b, k.t, k.c});
+    Tensor y = Tensor::empty({k.b, k.t, k.c}), lse = Tensor::empty({k.b, k.heads, k.t});
+    Tensor dqkv = Tensor::empty({k.b, k.t, 3 * k.c});
+    CHECK_FALSE(attention_forward<Cpu>(y, lse, qkv, k.heads, AttentionDropout{}));  // the CPU's backward reads no y
+    attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, k.heads, AttentionDropout{});
+    const SdpaThroughViews r = sdpa_through_views(qkv.to_vector<float>(), dy.to_vector<float>(), s);
+    CHECK(rel_err(r.y, y.to_vector<float>()) < 1e-5);
+    CHECK(rel_err(r.lse, lse.to_vector<float>()) < 1e-6);
+    CHECK(rel_err(r.dx, dqkv.to_vector<float>()) < 1e-5);
+    for (const std::vector<int>* w : {&r.writes_y, &r.writes_lse, &r.writes_dx})
+      CHECK(std::all_of(w->begin(), w->end(), [](int n) { return n == 1; }));
+  }
+}
+
+// An H100 SXM (sm_90) as cuDNN 9 reads a device from JSON (CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+// cuDNN 9.8 and later): the cudaDevAttr values cuDNN queries on a device, under its own names. An
+// H200 differs in memory only.
+constexpr const char* kH100Json = R"({"maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 1024, 64],
+  "regsPerBlock": 65536, "multiProcessorCount": 132, "warpSize": 32, "maxSharedMemoryPerBlock": 49152,
+  "maxSharedMemoryPerBlockOptin": 232448, "reservedSharedMemoryPerBlock": 1024, "maxRegistersPerSM": 65536,
+  "maxCtasPerSM": 32, "maxThreadsPerBlock": 1024, "maxThreadsPerSM": 2048, "pciDeviceId": 8960, "isTccDriver": 0,
+  "supportCoopLaunch": 1, "totalGlobalMem": 85017755648, "smClockRateKHz": 1980000, "memClockRateKHz": 2619000,
+  "l2CacheSize": 52428800, "cudaDeviceId": 0, "deviceVer": 900, "driverVer": 13000,
+  "deviceName": "NVIDIA H100 80GB HBM3"})";
+
+// No GPU needed: the graphs src/kernels/cuda/attention_cudnn.cpp describes pass the frontend's SDPA
+// checks (head size, strides of the packed views, causal band, Stats, the deterministic backward)
+// and cuDNN builds their operation graphs, for sm_90. Choosing and building an engine needs a
+// driver: the GPU tests (test_cuda_ops) do that.
+TEST_CASE("kernel math: cuDNN takes the fused attention's graphs for sm_90, up to the operation graph") {
+  if (!cuda::sdpa_built()) {
+    MESSAGE("this build has no cuDNN frontend: its graphs are not described");
+    return;
+  }
+  const std::string probe = cuda::sdpa_check_description(kH100Json, 90, 2, 12, 128, 64, DType::bf16, false, false);
+  if (probe.rfind("device description:", 0) == 0) {
+    MESSAGE("this cuDNN does not read the H100's JSON description (" << probe << "): not checked");
+    return;
+  }
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const int64_t t : {128, 1024, 37}) {
+      for (const int mode : {0, 1, 2}) {  // forward; backward; backward, deterministic
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(t);
+        CAPTURE(mode);
+        const std::string why = cuda::sdpa_check_description(kH100Json, 90, 2, 12, t, 64, dtype, mode > 0, mode == 2);
+        CHECK_MESSAGE(why.empty(), why);
+      }
+    }
+  }
+  // Heads of 128 and 8, which sdpa_takes offers too; and one it does not (12), which cuDNN refuses.
+  CHECK(cuda::sdpa_check_description(kH100Json, 90, 1, 2, 64, 128, DType::bf16, true, true).empty());
+  CHECK(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 8, DType::bf16, true, true).empty());
+  CHECK_FALSE(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 12, DType::bf16, false, false).empty());
+}
+
+TEST_CASE("kernel math: the cases asked of cuDNN's fused attention") {
+  const auto takes = [](int64_t t, int64_t c, int heads, float p) {
+    return km::sdpa_takes(km::attention_dims(2, t, 3 * c, heads, AttentionDropout{p, 1, 0, 0}));
+  };
+  CHECK(takes(1024, 768, 12, 0.0f));  // GPT-2: heads of 64
+  CHECK(takes(7, 24, 3, 0.0f));       // heads of 8
+  CHECK(takes(5, 256, 2, 0.0f));      // heads of 128
+  CHECK_FALSE(takes(1024, 768, 12, 0.1f));  // dropout: our mask, not cuDNN's
+  CHECK_FALSE(takes(5, 12, 2, 0.0f));       // heads of 6
+  CHECK_FALSE(takes(5, 36, 3, 0.0f));       // heads of 12
+  CHECK_FALSE(takes(5, 272, 2, 0.0f));      // heads of 136
+  CHECK_FALSE(takes(0, 768, 12, 0.0f));     // no positions
+}
+
+// MG_CUDNN_ATTENTION=0 in the environment turns cuDNN's fused attention off from the start
+// (minigrad/cuda.h); ctest runs this case once more with it set (tests/CMakeLists.txt).
+TEST_CASE("kernel math: MG_CUDNN_ATTENTION sets cuda::cudnn_attention()'s default") {
+  const char* env = std::getenv("MG_CUDNN_ATTENTION");
+  CHECK(cuda::cudnn_attention() == (env == nullptr || std::strcmp(env, "0") != 0));
+  cuda::set_cudnn_attention(false);
+  CHECK_FALSE(cuda::cudnn_attention());
+  cuda::set_cudnn_attention(true);
+  CHECK(cuda::cudnn_attention());
 }
 
 // Scores of -inf (an infinite key) before the first finite one: the one-pass forward must not

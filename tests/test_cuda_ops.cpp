@@ -7,12 +7,16 @@
 #include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
 
 #ifdef MINIGRAD_WITH_CUDA
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 
+#include <minigrad/core/autocast.h>
 #include "core/tape.h"  // rows_view
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -328,17 +332,17 @@ TEST_CASE("cuda: attention's tiles write every element of y, lse and dqkv, as th
     Tensor y = poisoned({b, t, c}, Device::cpu()), lse = poisoned({b, heads, t}, Device::cpu()),
            dqkv = poisoned({b, t, 3 * c}, Device::cpu());
     attention_forward<Cpu>(y, lse, qkv, heads, drop);
-    attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+    attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, heads, drop);
     Tensor yg = poisoned({b, t, c}, kGpu), lg = poisoned({b, heads, t}, kGpu), dg = poisoned({b, t, 3 * c}, kGpu);
     const Tensor qg = qkv.to(kGpu);
     attention_forward<Cuda>(yg, lg, qg, heads, drop);
-    attention_backward<Cuda>(dg, dy.to(kGpu), qg, lg, heads, drop);
+    attention_backward<Cuda>(dg, dy.to(kGpu), qg, Tensor(), lg, heads, drop);
     CHECK(rel_err(yg, y) < kStrict);
     CHECK(rel_err(lg, lse) < kStrict);
     CHECK(rel_err(dg, dqkv) < kStrict);
     // Deterministic: the same bits again.
     Tensor dg2 = poisoned({b, t, 3 * c}, kGpu);
-    attention_backward<Cuda>(dg2, dy.to(kGpu), qg, lg, heads, drop);
+    attention_backward<Cuda>(dg2, dy.to(kGpu), qg, Tensor(), lg, heads, drop);
     CHECK(test::bit_equal(dg2.cpu(), dg.cpu()));
   }
 }
@@ -352,17 +356,221 @@ TEST_CASE("cuda: attention's row kernels for heads of 64 (rows not 16-byte align
   const Tensor qkv = rand_tensor({b, t, 3 * c}, 83), dy = rand_tensor({b, t, c}, 84);
   Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t}), dqkv = Tensor::empty({b, t, 3 * c});
   attention_forward<Cpu>(y, lse, qkv, heads, drop);
-  attention_backward<Cpu>(dqkv, dy, qkv, lse, heads, drop);
+  attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, heads, drop);
   Tensor qg = rows_view(Tensor::empty({n + 1}, TensorOptions{}.with_device(kGpu)), 1, n);
   qg.impl().shape = qkv.shape();
   qg.copy_(qkv);
   REQUIRE(reinterpret_cast<uintptr_t>(qg.data<float>()) % 16 != 0);
   Tensor yg = poisoned({b, t, c}, kGpu), lg = poisoned({b, heads, t}, kGpu), dg = poisoned({b, t, 3 * c}, kGpu);
   attention_forward<Cuda>(yg, lg, qg, heads, drop);
-  attention_backward<Cuda>(dg, dy.to(kGpu), qg, lg, heads, drop);
+  attention_backward<Cuda>(dg, dy.to(kGpu), qg, Tensor(), lg, heads, drop);
   CHECK(rel_err(yg, y) < kStrict);
   CHECK(rel_err(lg, lse) < kStrict);
   CHECK(rel_err(dg, dqkv) < kStrict);
+}
+
+// ---- bf16/f16 attention: cuDNN's fused attention and the fallback -----------------------------
+// docs/cuda.md, "Fused attention". cuDNN's SDPA rounds P to the operands' dtype before P V and its
+// backward's dP and dS likewise, so against the float32 kernels on the same rounded inputs its y
+// and dqkv differ by a few units of the dtype's rounding (bf16: 2^-8 = 3.9e-3): held to 2e-2 in
+// the 2-norm (f16, 2^-11: 5e-3). lse is float32 on both and must agree closely (the same natural-log
+// meaning; a base-2 Stats would be 1.44 times ours).
+namespace {
+
+constexpr double kBf16Attention = 2e-2, kF16Attention = 5e-3;
+
+struct CudnnAttentionSwitch {
+  bool old = cuda::cudnn_attention();
+  explicit CudnnAttentionSwitch(bool on) { cuda::set_cudnn_attention(on); }
+  ~CudnnAttentionSwitch() { cuda::set_cudnn_attention(old); }
+};
+
+Tensor uniform_on_gpu(const Shape& s, uint64_t seed, float bound, DType dtype) {
+  Generator g(seed);
+  return Tensor::uniform(s, -bound, bound, g).to(dtype).to(kGpu);
+}
+
+Tensor poisoned_as(const Shape& s, DType dtype) { return poisoned(s, kGpu).to(dtype); }
+
+struct AttentionRun {
+  Tensor y, lse, dqkv;
+  bool wants_y = false;
+};
+
+// The kernels alone, forward then backward (given y where forward asks for it), outputs poisoned.
+AttentionRun run_attention(const Tensor& qkv, const Tensor& dy, int heads, const AttentionDropout& drop = {}) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  AttentionRun r{poisoned_as({b, t, c}, qkv.dtype()), poisoned({b, heads, t}, kGpu),
+                 poisoned_as({b, t, 3 * c}, qkv.dtype())};
+  r.wants_y = attention_forward<Cuda>(r.y, r.lse, qkv, heads, drop);
+  attention_backward<Cuda>(r.dqkv, dy, qkv, r.wants_y ? r.y : Tensor(), r.lse, heads, drop);
+  return r;
+}
+
+double wide_err(const Tensor& got, const Tensor& want) { return rel_err(got.to(DType::f32), want.to(DType::f32)); }
+
+// The 2-norm relative error of each of dq, dk and dv (a mix-up of the slots would hide in the whole).
+std::array<double, 3> slot_errs(const Tensor& got, const Tensor& want) {
+  const std::vector<float> g = got.to(DType::f32).to_vector<float>(), w = want.to(DType::f32).to_vector<float>();
+  const int64_t c3 = got.size(2), c = c3 / 3;
+  std::array<double, 3> num{}, den{}, out{};
+  for (size_t i = 0; i < g.size(); ++i) {
+    const auto part = static_cast<size_t>(static_cast<int64_t>(i) % c3 / c);
+    num[part] += (static_cast<double>(g[i]) - w[i]) * (static_cast<double>(g[i]) - w[i]);
+    den[part] += static_cast<double>(w[i]) * w[i];
+  }
+  for (size_t p = 0; p < 3; ++p) out[p] = std::sqrt(num[p]) / std::max(std::sqrt(den[p]), 1e-30);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: bf16 attention at GPT-2's shapes through cuDNN's fused attention, against float32") {
+  const CudnnAttentionSwitch on(true);
+  const int heads = 12;
+  const int64_t b = 2, c = 768;
+  if (!cuda::sdpa_built())
+    MESSAGE("this build has no cuDNN frontend: the bf16 fallback runs where cuDNN's fused attention would");
+  for (const int64_t t : {128, 1024}) {
+    CAPTURE(t);
+    // Scores of about unit spread (q, k in [-2, 2)): some rows peaked, not all flat.
+    const Tensor qkv = uniform_on_gpu({b, t, 3 * c}, 91, 2.0f, DType::bf16), dy = uniform_on_gpu({b, t, c}, 92, 1.0f, DType::bf16);
+    const AttentionRun ref = run_attention(qkv.to(DType::f32), dy.to(DType::f32), heads);  // the same rounded values
+    const cuda::SdpaCounts before = cuda::sdpa_counts();
+    const AttentionRun got = run_attention(qkv, dy, heads);
+    const cuda::SdpaCounts after = cuda::sdpa_counts();
+    INFO("cuDNN's last refusal: " << cuda::sdpa_refusal());
+    if (cuda::sdpa_built()) {
+      CHECK(got.wants_y);
+      CHECK(after.forward == before.forward + 1);
+      CHECK(after.backward == before.backward + 1);
+    }
+    CHECK(got.y.dtype() == DType::bf16);
+    CHECK(got.dqkv.dtype() == DType::bf16);
+    const double ey = wide_err(got.y, ref.y), ed = wide_err(got.dqkv, ref.dqkv), dl = max_abs_diff(got.lse, ref.lse);
+    const std::array<double, 3> slots = slot_errs(got.dqkv, ref.dqkv);
+    MESSAGE("bf16 T " << t << (got.wants_y ? " cuDNN" : " fallback") << ": y rel err " << ey << ", dqkv " << ed
+                      << " (dq " << slots[0] << ", dk " << slots[1] << ", dv " << slots[2] << "), lse max |diff| " << dl);
+    CHECK(ey < kBf16Attention);
+    CHECK(ed < kBf16Attention);
+    for (const double e : slots) CHECK(e < kBf16Attention);
+    CHECK(dl < 1e-3);
+    // Deterministic backward (cuda::cudnn_deterministic(), the default): the same bits again.
+    Tensor again = poisoned_as(got.dqkv.shape(), DType::bf16);
+    attention_backward<Cuda>(again, dy, qkv, got.wants_y ? got.y : Tensor(), got.lse, heads, AttentionDropout{});
+    CHECK(test::bit_equal(again, got.dqkv));
+    // cuDNN's lse in our backward (as when cuDNN refuses only the backward graph): the float32
+    // kernels' gradient on the same inputs, rounded.
+    Tensor mixed = poisoned_as(got.dqkv.shape(), DType::bf16);
+    attention_backward<Cuda>(mixed, dy, qkv, Tensor(), got.lse, heads, AttentionDropout{});
+    CHECK(wide_err(mixed, ref.dqkv) < kBf16Attention);
+  }
+}
+
+TEST_CASE("cuda: bf16 attention with cuDNN's fused attention off: the float32 kernels' bits, rounded") {
+  // MG_CUDNN_ATTENTION=0 or cuda::set_cudnn_attention(false): widened copies through the float32
+  // kernels (tiles for heads of 64), y and dqkv rounded once, lse float32.
+  const CudnnAttentionSwitch off(false);
+  const int heads = 12;
+  const int64_t b = 2, c = 768;
+  for (const int64_t t : {128, 1024}) {
+    CAPTURE(t);
+    const Tensor qkv = uniform_on_gpu({b, t, 3 * c}, 93, 2.0f, DType::bf16), dy = uniform_on_gpu({b, t, c}, 94, 1.0f, DType::bf16);
+    const AttentionRun ref = run_attention(qkv.to(DType::f32), dy.to(DType::f32), heads);
+    const cuda::SdpaCounts before = cuda::sdpa_counts();
+    const AttentionRun got = run_attention(qkv, dy, heads);
+    const cuda::SdpaCounts after = cuda::sdpa_counts();
+    CHECK_FALSE(got.wants_y);
+    CHECK(after.forward == before.forward);
+    CHECK(after.backward == before.backward);
+    CHECK(test::bit_equal(got.y, ref.y.to(DType::bf16)));
+    CHECK(test::bit_equal(got.lse, ref.lse));
+    CHECK(test::bit_equal(got.dqkv, ref.dqkv.to(DType::bf16)));
+    CHECK(wide_err(got.y, ref.y) < kBf16Attention);
+    CHECK(wide_err(got.dqkv, ref.dqkv) < kBf16Attention);
+  }
+}
+
+TEST_CASE("cuda: causal_self_attention on bf16 and f16 through the tape, autocast and dropout") {
+  const CudnnAttentionSwitch on(true);
+  const int heads = 12;
+  const int64_t b = 2, t = 128, c = 768;
+  const Tensor probe = uniform_on_gpu({b, t, c}, 96, 1.0f, DType::f32);
+  for (const auto& low_dtype : {std::pair{DType::bf16, kBf16Attention}, std::pair{DType::f16, kF16Attention}}) {
+    const DType dtype = low_dtype.first;
+    const double tol = low_dtype.second;
+    CAPTURE(dtype_name(dtype));
+    const Tensor low = uniform_on_gpu({b, t, 3 * c}, 95, 2.0f, dtype);
+    Tensor wide = low.to(DType::f32).requires_grad_(), x = low.detach().requires_grad_();
+    Tensor y32 = causal_self_attention(wide, heads);
+    y32.backward(probe.to(dtype).to(DType::f32));
+    const cuda::SdpaCounts before = cuda::sdpa_counts();
+    Tensor y = causal_self_attention(x, heads);
+    REQUIRE(y.dtype() == dtype);
+    y.backward(probe.to(dtype));
+    const cuda::SdpaCounts after = cuda::sdpa_counts();
+    INFO("cuDNN's last refusal: " << cuda::sdpa_refusal());
+    if (cuda::sdpa_built()) CHECK(after.backward == before.backward + 1);  // y was kept for it
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().dtype() == dtype);
+    CHECK(wide_err(y, y32) < tol);
+    CHECK(wide_err(x.grad(), wide.grad()) < tol);
+  }
+  // Autocast: a float32 qkv rounded to bf16 by the op's precision row; its gradient float32.
+  {
+    Tensor x = uniform_on_gpu({b, t, 3 * c}, 97, 2.0f, DType::bf16).to(DType::f32).requires_grad_();
+    Tensor ref_x = x.detach().requires_grad_();
+    Tensor y32 = causal_self_attention(ref_x, heads);
+    y32.backward(probe.to(DType::bf16).to(DType::f32));
+    Tensor y;
+    {
+      const AutocastGuard bf16(DType::bf16);
+      y = causal_self_attention(x, heads);
+    }
+    CHECK(y.dtype() == DType::bf16);
+    y.backward(probe.to(DType::bf16));
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().dtype() == DType::f32);
+    CHECK(wide_err(y, y32) < kBf16Attention);
+    CHECK(wide_err(x.grad(), ref_x.grad()) < kBf16Attention);
+  }
+  // Dropout on the probabilities: our mask, so our kernels on widened copies, the bits of float32 rounded.
+  {
+    const Tensor low = uniform_on_gpu({b, t, 3 * c}, 98, 2.0f, DType::bf16);
+    Tensor wide = low.to(DType::f32).requires_grad_(), x = low.detach().requires_grad_();
+    Generator g1(5), g2(5);
+    Tensor y32 = causal_self_attention(wide, heads, 0.1f, &g1);
+    y32.backward(probe.to(DType::bf16).to(DType::f32));
+    const cuda::SdpaCounts before = cuda::sdpa_counts();
+    Tensor y = causal_self_attention(x, heads, 0.1f, &g2);
+    y.backward(probe.to(DType::bf16));
+    const cuda::SdpaCounts after = cuda::sdpa_counts();
+    CHECK(after.forward == before.forward);
+    CHECK(after.backward == before.backward);
+    CHECK(test::bit_equal(y, y32.to(DType::bf16)));
+    CHECK(test::bit_equal(x.grad(), wide.grad().to(DType::bf16)));
+  }
+}
+
+TEST_CASE("cuda: float32 attention never takes cuDNN's fused attention") {
+  const CudnnAttentionSwitch on(true);
+  const int heads = 2;
+  const int64_t b = 2, t = 70, c = 128;
+  const Tensor qkv = rand_tensor({b, t, 3 * c}, 99), dy = rand_tensor({b, t, c}, 100);
+  Tensor y = Tensor::empty({b, t, c}), lse = Tensor::empty({b, heads, t}), dqkv = Tensor::empty({b, t, 3 * c});
+  attention_forward<Cpu>(y, lse, qkv, heads, AttentionDropout{});
+  attention_backward<Cpu>(dqkv, dy, qkv, Tensor(), lse, heads, AttentionDropout{});
+  const cuda::SdpaCounts before = cuda::sdpa_counts();
+  const AttentionRun got = run_attention(qkv.to(kGpu), dy.to(kGpu), heads);
+  const cuda::SdpaCounts after = cuda::sdpa_counts();
+  CHECK_FALSE(got.wants_y);
+  CHECK(after.forward == before.forward);
+  CHECK(after.backward == before.backward);
+  CHECK(after.refused == before.refused);  // not even asked
+  CHECK(got.y.dtype() == DType::f32);
+  CHECK(rel_err(got.y, y) < kStrict);
+  CHECK(rel_err(got.lse, lse) < kStrict);
+  CHECK(rel_err(got.dqkv, dqkv) < kStrict);
 }
 
 TEST_CASE("cuda: embedding's backward sorts on the device: the CPU's bits, accumulating, GPT-2's vocabulary") {

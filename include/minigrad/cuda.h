@@ -5,6 +5,7 @@
 //   mg::cuda::set_tf32_conv(false);         // conv2d in strict FP32 (default: TF32 allowed)
 //   mg::cuda::set_cudnn_benchmark(true);    // time cuDNN's algorithms once per shape
 //   mg::cuda::set_cudnn_deterministic(false); // admit non-deterministic cuDNN algorithms
+//   mg::cuda::set_cudnn_attention(false);   // bf16/f16 attention on our kernels, not cuDNN's SDPA
 //
 // In a build without CUDA the setters only record the value.
 //
@@ -31,6 +32,13 @@ bool cudnn_benchmark();
 // (Note [deterministic convolutions] in src/kernels/cuda/conv2d.cu). Off: the fastest of all.
 void set_cudnn_deterministic(bool on);
 bool cudnn_deterministic();
+// cuDNN's fused attention (SDPA) for causal_self_attention on bf16/f16 tensors (default: on, where
+// the build has the cuDNN frontend; the environment's MG_CUDNN_ATTENTION=0 turns it off at start).
+// Off, or where cuDNN does not take a case, the attention runs our float32 kernels on widened
+// copies (docs/cuda.md, "Fused attention"). Under set_cudnn_deterministic (the default) cuDNN's
+// backward is asked for its deterministic algorithm.
+void set_cudnn_attention(bool on);
+bool cudnn_attention();
 // Upper bound on one cuDNN workspace (bytes, default 1 GiB); algorithms needing more are skipped.
 void set_conv_workspace_limit(size_t bytes);
 size_t conv_workspace_limit();

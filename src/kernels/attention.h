@@ -14,6 +14,12 @@
 // when 0; Note [dropout by sample]), so backward redraws it and keeps nothing more:
 //   dp_tj = M_tj dy_t . v_j,  E_t = sum_j p_tj dp_tj,  ds_tj = p_tj (dp_tj - E_t),  dv_j = sum_t p'_tj dy_t
 // With p = 0 no mask is drawn: the same bits as without dropout.
+//
+// Storage: qkv, y, dy and dqkv float32; on CUDA also all bf16 or all f16 (Note [cuda half kernels]
+// in src/kernels/cuda/storage.cuh), with lse float32 always. bf16/f16 run cuDNN's fused attention
+// where it takes the case (src/kernels/cuda/attention_cudnn.cpp), else the float32 kernels on
+// widened copies. cuDNN's backward reads y (for E_t = dy_t . y_t): attention_forward returns
+// whether its backward wants y, and attention_backward gets y then, an undefined tensor otherwise.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +43,10 @@ MG_HOST_DEVICE float attention_keep(const AttentionDropout& d, int64_t b, int64_
   return philox_uniform(d.seed, i) >= d.p ? 1.0f / (1.0f - d.p) : 0.0f;
 }
 
+// Returns true when attention_backward must be given y.
 template <class D>
-void attention_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop);
+bool attention_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop);
 template <class D>
-void attention_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
-                        const AttentionDropout& drop);
+void attention_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& y, const Tensor& lse,
+                        int heads, const AttentionDropout& drop);
 }  // namespace mg

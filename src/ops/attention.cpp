@@ -3,8 +3,10 @@
 // position t seeing positions <= t, times v (kernels/attention.h). Keeps qkv and one log-sum-exp
 // per row, not the T x T attention matrix: backward recomputes it. With dropout on the
 // probabilities (attrs.scalar = p > 0, the mask drawn as dropout's: seed, offset, sample_stride)
-// backward redraws the mask. On the CPU qkv and y may stay bf16 or f16 (half_kernels): each head is
-// widened in turn, and lse stays float32.
+// backward redraws the mask. qkv and y may stay bf16 or f16: on the CPU each head is widened in
+// turn (half_kernels); on CUDA (cuda_half) cuDNN's fused attention takes them where it can, and
+// where it ran, backward reads y too, so the node keeps it (the next op, c_proj's linear, keeps the
+// same storage anyway). lse stays float32.
 #include <algorithm>
 
 #include "kernels/attention.h"
@@ -28,14 +30,17 @@ Tensor attention_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vecto
                                      << shape_str(qkv.shape()) << ")");
   Tensor y = Tensor::empty({qkv.size(0), qkv.size(1), c}, TensorOptions{half_out(in), qkv.device()});
   Tensor lse = Tensor::empty({qkv.size(0), a.heads, qkv.size(1)}, like(qkv));
-  MG_DISPATCH(qkv.device(), attention_forward, y, lse, qkv, a.heads, drop_of(a));
-  save(saved, {qkv, lse});
+  const bool wants_y = MG_DISPATCH(qkv.device(), attention_forward, y, lse, qkv, a.heads, drop_of(a));
+  if (wants_y) save(saved, {qkv, lse, y.detach()});  // a handle of its own: the output's will point at this node
+  else save(saved, {qkv, lse});
   return y;
 }
 
 void attention_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
   grads[0] = empty_like_input(n, 0, gy.device());
-  MG_DISPATCH(gy.device(), attention_backward, grads[0], gy, n.saved[0], n.saved[1], n.attrs.heads, drop_of(n.attrs));
+  const Tensor y = n.saved.size() > 2 ? n.saved[2] : Tensor();
+  MG_DISPATCH(gy.device(), attention_backward, grads[0], gy, n.saved[0], y, n.saved[1], n.attrs.heads,
+              drop_of(n.attrs));
 }
 
 // q k^T and p v, causal: about half of 2 B H T^2 D each.
@@ -68,7 +73,8 @@ OpAttrs attention_tile(const Node& n, int64_t, int64_t first, int64_t) {
 }
 
 const OpDef kAttention{"causal_self_attention", OpKind::attention, attention_fwd, attention_bwd, attention_flops,
-                       attention_cases, attention_tile, OpPrecision::low, /*half_kernels*/ true};
+                       attention_cases, attention_tile, OpPrecision::low, /*half_kernels*/ true,
+                       CudaHalf::one_dtype};
 MG_REGISTER_OP(kAttention);
 
 }  // namespace

@@ -61,7 +61,7 @@ void scatter(Tensor& t, int64_t first, int64_t stride, const cpu::MatMap& m) {
 constexpr int64_t kRows = 64;
 
 template <>
-void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
+bool attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   float* pl = lse.data<float>();
@@ -103,11 +103,13 @@ void attention_forward<Cpu>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads
       scatter(y, b * s.t * s.c + h * s.d, s.c, out);
     }
   });
+  return false;  // backward reads no y
 }
 
+// y is not read: E_t comes from the recomputed probabilities.
 template <>
-void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
-                             const AttentionDropout& drop) {
+void attention_backward<Cpu>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor&, const Tensor& lse,
+                             int heads, const AttentionDropout& drop) {
   const Shape3 s = dims(qkv, heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   const float* pl = lse.data<float>();

@@ -15,13 +15,24 @@
 // registers, the rows' bodies in attention_math.h (checked on the CPU against the CPU kernels).
 // Forward: one pass with a running maximum. Backward: E_t and dq per query row, then dk and dv
 // per key row.
+//
+// bf16/f16 qkv (OpDef::cuda_half, Note [cuda half kernels]): cuDNN's fused attention
+// (attention_cudnn.cpp) where it takes the case and mg::cuda::cudnn_attention() is on; otherwise
+// the float32 kernels above on a widened copy of qkv (and dy), their y and dqkv rounded once into
+// the tensors of qkv's dtype, lse float32 either way: the bits of the float32 kernels on widened
+// inputs, as apply() widening them would give. The two paths share lse's meaning, so a backward
+// may take the other path than its forward (cuDNN refusing only the backward graph).
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
+#include <minigrad/cuda.h>
 #include "kernels/attention.h"
-#include "kernels/cuda/common.cuh"
+#include "kernels/convert.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_math.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace mg {
 namespace {
@@ -432,10 +443,8 @@ void backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& l
   MG_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-template <>
-void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
+// The float32 kernels: the tiles where they fit, else the row kernels.
+void forward_f32(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
   const AttentionDims s = dims(qkv, heads, drop);
   const int64_t rows = s.b * heads * s.t;
   if (rows == 0) return;
@@ -450,9 +459,8 @@ void attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int head
   else forward<0>(y, lse, qkv, s, rows, stream);
 }
 
-template <>
-void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
-                              const AttentionDropout& drop) {
+void backward_f32(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& lse, int heads,
+                  const AttentionDropout& drop) {
   const AttentionDims s = dims(qkv, heads, drop);
   const int64_t rows = s.b * heads * s.t;
   if (rows == 0) return;
@@ -470,6 +478,43 @@ void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv,
     MG_CUDA_CHECK_LAUNCH();
   } else if (s.d == 64) backward<64>(dqkv, dy, qkv, lse, s, rows, ep, stream);
   else backward<0>(dqkv, dy, qkv, lse, s, rows, ep, stream);
+}
+
+}  // namespace
+
+template <>
+bool attention_forward<Cuda>(Tensor& y, Tensor& lse, const Tensor& qkv, int heads, const AttentionDropout& drop) {
+  const DType dt = cuda::check_same_dtype("causal_self_attention", {&y, &qkv});
+  MG_CHECK(lse.dtype() == DType::f32, "causal_self_attention on CUDA: lse must be float32, got " << dtype_name(lse.dtype()));
+  if (dt == DType::f32) {
+    forward_f32(y, lse, qkv, heads, drop);
+    return false;
+  }
+  if (y.numel() == 0) return false;
+  if (drop.p == 0.0f && cuda::cudnn_attention() && cuda::sdpa_forward(y, lse, qkv, heads)) return true;
+  const Tensor wide = qkv.to(DType::f32);
+  Tensor wy = Tensor::empty(y.shape(), TensorOptions{DType::f32, y.device()});
+  forward_f32(wy, lse, wide, heads, drop);
+  convert<Cuda>(y, wy);
+  return false;
+}
+
+template <>
+void attention_backward<Cuda>(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tensor& y, const Tensor& lse,
+                              int heads, const AttentionDropout& drop) {
+  const DType dt = cuda::check_same_dtype("causal_self_attention", {&dqkv, &dy, &qkv, &y});
+  MG_CHECK(lse.dtype() == DType::f32, "causal_self_attention on CUDA: lse must be float32, got " << dtype_name(lse.dtype()));
+  if (dt == DType::f32) {
+    backward_f32(dqkv, dy, qkv, lse, heads, drop);
+    return;
+  }
+  if (dqkv.numel() == 0) return;
+  if (y.defined() && drop.p == 0.0f && cuda::cudnn_attention() && cuda::sdpa_backward(dqkv, dy, qkv, y, lse, heads))
+    return;
+  const Tensor wide = qkv.to(DType::f32), wdy = dy.to(DType::f32);
+  Tensor wdx = Tensor::empty(dqkv.shape(), TensorOptions{DType::f32, dqkv.device()});
+  backward_f32(wdx, wdy, wide, lse, heads, drop);
+  convert<Cuda>(dqkv, wdx);
 }
 
 }  // namespace mg

@@ -24,6 +24,37 @@ inline AttentionDims attention_dims(int64_t b, int64_t t, int64_t c3, int heads,
   return {b, t, c, d, heads, 1.0f / std::sqrt(static_cast<float>(d)), drop};
 }
 
+// ---- cuDNN's fused attention (attention_cudnn.cpp) ----------------------------------------------
+// cuDNN's SDPA graph reads q, k, v and writes y without copies: each is a 4-D strided view, dims
+// [B, H, T, D], of the packed qkv (B, T, 3C) or of y (B, T, C); lse (B, H, T) is its "Stats", dims
+// [B, H, T, 1]. Backward's dq, dk, dv are the same views of dqkv, dy that of y. An element
+// (b, h, t, i) of a view lies at offset + b stride[0] + h stride[1] + t stride[2] + i stride[3]
+// elements from the start of its tensor. tests/test_cuda_kernel_math.cpp runs the graph's math
+// through these views on the CPU against the CPU kernels.
+struct SdpaView {
+  int64_t dim[4], stride[4], offset;
+};
+struct SdpaViews {
+  SdpaView q, k, v, o, stats;
+};
+inline SdpaViews sdpa_views(const AttentionDims& s) {
+  const int64_t h = s.heads, c3 = 3 * s.c;
+  const auto in_qkv = [&](int64_t offset) { return SdpaView{{s.b, h, s.t, s.d}, {s.t * c3, s.d, c3, 1}, offset}; };
+  return {in_qkv(0), in_qkv(s.c), in_qkv(2 * s.c), SdpaView{{s.b, h, s.t, s.d}, {s.t * s.c, s.d, s.c, 1}, 0},
+          SdpaView{{s.b, h, s.t, 1}, {h * s.t, s.t, 1, 1}, 0}};
+}
+inline int64_t view_at(const SdpaView& v, int64_t b, int64_t h, int64_t t, int64_t i) {
+  return v.offset + b * v.stride[0] + h * v.stride[1] + t * v.stride[2] + i * v.stride[3];
+}
+// The cases we ask cuDNN's SDPA to take (the caller also wants bf16 or f16 tensors whose data
+// starts 16-byte aligned, and the switch of minigrad/cuda.h on): no dropout (cuDNN's own Philox
+// stream is not our mask, Note [dropout by sample]), heads of a multiple of 8 channels up to 128
+// (its flash kernels' sizes, forward and backward, on sm_80 and sm_90). The graph's support check
+// has the last word.
+inline bool sdpa_takes(const AttentionDims& s) {
+  return s.drop.p == 0.0f && s.d % 8 == 0 && s.d >= 8 && s.d <= 128 && s.b > 0 && s.t > 0;
+}
+
 // Row r of lse (B, H, T) -> its sample, head and position.
 struct AttentionRow {
   int64_t b, h, t;

@@ -3,6 +3,8 @@
 #include <minigrad/cuda.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 namespace mg::cuda {
 
@@ -12,6 +14,11 @@ std::atomic<bool> g_tf32_conv{true};
 std::atomic<bool> g_benchmark{false};
 std::atomic<bool> g_deterministic{true};
 std::atomic<size_t> g_ws_limit{size_t{1} << 30};
+bool attention_from_env() {
+  const char* v = std::getenv("MG_CUDNN_ATTENTION");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+std::atomic<bool> g_cudnn_attention{attention_from_env()};
 }  // namespace
 
 void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
@@ -24,5 +31,7 @@ void set_cudnn_deterministic(bool on) { g_deterministic = on; }
 bool cudnn_deterministic() { return g_deterministic; }
 void set_conv_workspace_limit(size_t bytes) { g_ws_limit = bytes; }
 size_t conv_workspace_limit() { return g_ws_limit; }
+void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
+bool cudnn_attention() { return g_cudnn_attention; }
 
 }  // namespace mg::cuda
