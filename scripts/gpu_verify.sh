@@ -16,6 +16,7 @@
 #   bash scripts/gpu_verify.sh memory_record  # the largest batch that trains, PyTorch and ours (MEMREC_MODELS)
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
 #   bash scripts/gpu_verify.sh offload      # issue 38: offload against recompute at equal budgets, 4x the batch
+#   bash scripts/gpu_verify.sh precision    # issue 35: GPT-2 and VGG16 in bf16 against fp32/tf32
 #   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
 #
@@ -523,6 +524,50 @@ PY
   return $rc
 }
 
+# Issue 35 on the GPU: GPT-2 124M (B=PRECISION_GPT_BATCH, default 4, T=1024) in fp32, tf32 and
+# bf16, and VGG16 224 (B=PRECISION_VGG_BATCH, default 64) in tf32 and bf16, each our JSON record;
+# the summary gives tokens or samples per second, the peak in use against the prediction, and
+# bf16's speed and activation bytes against fp32's (the issue: at least 3x the tokens/s, about half
+# the activations). About 3 minutes.
+stage_precision() {
+  have_build || return 1
+  local rc=0 r p gb=${PRECISION_GPT_BATCH:-4} vb=${PRECISION_VGG_BATCH:-64}
+  for p in fp32 tf32 bf16; do
+    timeout 100 "$build/bin/gpt_train" --device cuda --config gpt2 --batch-size "$gb" --seq-len 1024 --steps 12 \
+      --precision $p --json "$log/precision_gpt2_$p.json" >"$log/precision_gpt2_$p.log" 2>&1
+    r=$?
+    note "precision: gpt2 B=$gb T=1024 $p: exit $r; $(grep -E '^median step' "$log/precision_gpt2_$p.log" | tail -1)"
+    [ $r -ne 0 ] && rc=1
+  done
+  for p in tf32 bf16; do
+    timeout 100 "$build/bin/vgg_ckpt" --device cuda --image-size 224 --batch-size "$vb" --steps 8 --precision $p \
+      --json "$log/precision_vgg16_$p.json" >"$log/precision_vgg16_$p.log" 2>&1
+    r=$?
+    note "precision: vgg16 224 B=$vb $p: exit $r; $(grep -E '^median step' "$log/precision_vgg16_$p.log" | tail -1)"
+    [ $r -ne 0 ] && rc=1
+  done
+  "$py" - "$log" >>"$log/summary.txt" <<'PY'
+import json, os, sys
+log = sys.argv[1]
+def rd(n):
+    p = os.path.join(log, n)
+    return json.load(open(p)) if os.path.exists(p) else None
+for model in ("gpt2", "vgg16"):
+    runs = {p: rd(f"precision_{model}_{p}.json") for p in ("fp32", "tf32", "bf16")}
+    for p, j in runs.items():
+        if j:
+            print(f"  {model} {p}: {j['median_step_ms']:.1f} ms a step, peak {j['peak_in_use_bytes']} "
+                  f"(predicted {j['predicted_peak_bytes']}), fixed {j['fixed_bytes']}")
+    base = runs["fp32"] or runs["tf32"]
+    low = runs["bf16"]
+    if base and low:
+        act = lambda j: j["peak_in_use_bytes"] - j["fixed_bytes"]
+        print(f"  {model} bf16 against {base['precision']}: {base['median_step_ms'] / low['median_step_ms']:.2f}x the speed, "
+              f"activations {act(low) / max(act(base), 1):.3f}x")
+PY
+  return $rc
+}
+
 # Any command with the stages' environment (the build's libraries, NCCL's and cuDNN's, PYTHON),
 # after the build is made or unpacked: GPU_VERIFY_CMD="..." bash scripts/gpu_verify.sh exec.
 # $build and $log name the build and the log folder for it.
@@ -538,8 +583,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | pack | exec) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, pack or exec)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | precision | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, precision, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status
