@@ -41,7 +41,7 @@ if [ "${MG_SKIP_APT:-0}" != 1 ]; then
   if [ "$cuda_build" = 1 ] && [ -z "${CUDNN_FRONTEND_INCLUDE:-}" ] &&
      ! /usr/bin/python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['purelib'], 'include', 'cudnn_frontend.h')))" 2>/dev/null; then
     echo "setup: installing the cuDNN frontend's headers (pip: nvidia-cudnn-frontend)"
-    /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cudnn-frontend ||
+    /usr/bin/python3 -m pip install -q --no-deps --break-system-packages nvidia-cudnn-frontend ||
       echo "setup: pip could not install nvidia-cudnn-frontend; bf16/f16 attention on CUDA will run our own kernels"
   fi
   if [ "$test_deps" = 1 ] && ! /usr/bin/python3 -c "import transformers" >/dev/null 2>&1; then
