@@ -75,13 +75,17 @@ DType first_low(const std::vector<Tensor>& in) {
   }
   return DType::f32;
 }
+
+// The dtype an op's half kernels give its output: the guard's for a row that is not `follow` (an
+// fp32 op makes it from float32 inputs too), else the first low input's.
+DType kernel_out(const std::vector<Tensor>& in, OpPrecision row, DType cast) {
+  return row != OpPrecision::follow && cast != DType::f32 ? cast : first_low(in);
+}
 }  // namespace
 
 DType half_out(const std::vector<Tensor>& in, OpPrecision row) {
   // Where the half kernels run (plan_casting); elsewhere the inputs come widened and apply() rounds.
-  const DType cast = autocast_dtype();
-  if (row != OpPrecision::follow && cast != DType::f32 && t_half_kernels_running) return cast;
-  return first_low(in);
+  return t_half_kernels_running ? kernel_out(in, row, autocast_dtype()) : first_low(in);
 }
 
 // ---- hooks ------------------------------------------------------------------------------------
@@ -144,13 +148,12 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast,
   else if (op.precision != OpPrecision::follow && cast != DType::f32) c.out = cast;
   else c.out = any_low ? run : DType::f32;
   // Kernels that read bf16/f16 themselves take the inputs as they are, when the output's dtype is
-  // the one they give it: the guard's for an op whose row is not `follow` (half_out), else the
-  // first low input's (Note [half operands] in kernels/cpu/gemm.h; a loss's output is float32
-  // whatever its inputs). CUDA's take one low dtype for all their floating inputs, or each tensor
+  // the one they give it (kernel_out; Note [half operands] in kernels/cpu/gemm.h; a loss's output
+  // is float32 whatever its inputs). CUDA's take one low dtype for all their floating inputs, or each tensor
   // in its own (OpDef::cuda_half; Note [cuda half kernels] in kernels/cuda/storage.cuh).
   const bool kernels = device.is_cpu() ? op.half_kernels : cuda_takes(op.cuda_half, c.stored);
-  const DType kernel_out = op.precision != OpPrecision::follow && cast != DType::f32 ? cast : first_low(c.stored);
-  c.half_kernels = kernels && half_kernels_enabled() && (op.kind == OpKind::loss || kernel_out == c.out);
+  c.half_kernels = kernels && half_kernels_enabled() &&
+                   (op.kind == OpKind::loss || kernel_out(c.stored, op.precision, cast) == c.out);
   if (c.half_kernels) return c;
   c.wide.resize(c.stored.size());
   for (size_t i = 0; i < c.stored.size(); ++i) {
