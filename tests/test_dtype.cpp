@@ -13,6 +13,7 @@
 
 #include "helpers.h"
 #include "kernels/convert.h"
+#include "kernels/cpu/half_rows.h"
 #include <minigrad/nn/serialize.h>
 
 using namespace mg;
@@ -89,6 +90,7 @@ TEST_CASE("half conversions: every bf16 and f16 value widens to its exact float"
     const float got16 = half::float_from_f16(h), got_bf = half::float_from_bf16(h);
     if (std::isnan(want16)) {
       CHECK(std::isnan(got16));
+      CHECK((half::bits_of(got16) & 0x00400000u) != 0);  // quiet, as F16C widens it
       CHECK(std::signbit(got16) == ((h >> 15) != 0));
     } else {
       REQUIRE_MESSAGE(static_cast<double>(got16) == want16, "f16 bits " << b);
@@ -103,6 +105,46 @@ TEST_CASE("half conversions: every bf16 and f16 value widens to its exact float"
     if (!std::isnan(want16)) CHECK(half::f16_from_float(got16) == h);
     if (!std::isnan(want_bf)) CHECK(half::bf16_from_float(got_bf) == h);
   }
+}
+
+// Note [f16 conversions with F16C]: the vector path against the scalar functions, on every f16
+// value and every float32 bit pattern (NaNs included: the same quiet NaN bits).
+TEST_CASE("half conversions: f16 through F16C gives the scalar functions' bits") {
+  if (!cpu::f16c_in_use()) {
+    MESSAGE("skipped: this CPU has no F16C, so only the scalar path runs");
+    return;
+  }
+  std::vector<uint16_t> every(65536);
+  for (uint32_t b = 0; b < 65536; ++b) every[b] = static_cast<uint16_t>(b);
+  std::vector<float> wide(every.size());
+  cpu::widen_span(wide.data(), every.data(), DType::f16, static_cast<int64_t>(every.size()));
+  int64_t widen_diff = 0;
+  for (uint32_t b = 0; b < 65536; ++b) widen_diff += half::bits_of(wide[b]) != half::bits_of(half::float_from_f16(every[b]));
+  CHECK(widen_diff == 0);
+
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<float> xs(kChunk);
+  std::vector<uint16_t> got(kChunk);
+  int64_t narrow_diff = 0;
+  uint32_t first_diff = 0;
+  for (uint64_t base = 0; base < (uint64_t{1} << 32); base += kChunk) {
+    for (int64_t i = 0; i < kChunk; ++i) xs[i] = from_bits(static_cast<uint32_t>(base + i));
+    cpu::narrow_span(got.data(), DType::f16, xs.data(), kChunk);
+    for (int64_t i = 0; i < kChunk; ++i) {
+      if (got[i] != half::f16_from_float(xs[i]) && narrow_diff++ == 0) first_diff = static_cast<uint32_t>(base + i);
+    }
+  }
+  CHECK_MESSAGE(narrow_diff == 0, narrow_diff << " float32 patterns narrow differently, the first 0x" << std::hex
+                                              << first_diff);
+
+  // Tensor::to goes through the same spans; with F16C off it gives the same bits.
+  Tensor x = Tensor::empty({4099}, TensorOptions{DType::f32, Device::cpu()});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = from_bits(static_cast<uint32_t>(i * 1048573u));
+  const Tensor with = x.to(DType::f16);
+  const bool was = cpu::allow_f16c(false);
+  const Tensor without = x.to(DType::f16);
+  cpu::allow_f16c(was);
+  CHECK(std::memcmp(with.raw_data(), without.raw_data(), static_cast<size_t>(x.numel()) * 2) == 0);
 }
 
 TEST_CASE("half conversions: narrowing rounds to the nearest value, ties to even") {

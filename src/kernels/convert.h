@@ -7,9 +7,11 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // Narrowing rounds to nearest, ties to even, in integer arithmetic on the bits (no FPU rounding
 // mode, no intrinsic), so that the CPU and CUDA kernels give the same bits: both call the
-// functions below, which tests/test_dtype.cpp checks on the CPU exhaustively (every bf16 and f16
+// functions below (or, for f16 on a CPU with F16C, instructions with the same bits: Note [f16
+// conversions with F16C] in kernels/cpu/half_rows.cpp), which tests/test_dtype.cpp checks on the CPU exhaustively (every bf16 and f16
 // value widened) and by property (every narrowed value is a nearest representable one, ties to
-// the even one). A NaN stays a NaN of the same sign (quiet: the top mantissa bit set), infinities
+// the even one). A NaN stays a NaN of the same sign (quiet: the top mantissa bit set; widening an
+// f16 NaN quiets it too, while bf16 widens by a shift and keeps its bits), infinities
 // stay infinities, f16's overflow (|x| >= 65520 after rounding) becomes an infinity and its
 // subnormals (down to 2^-24) are kept; bf16 has float32's range and subnormals. f64 -> f32 is the
 // C++ conversion (the same rounding).
@@ -88,7 +90,9 @@ MG_HOST_DEVICE uint16_t f16_from_float(float f) {
 MG_HOST_DEVICE float float_from_f16(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x03ffu;
-  if (e == 0x1fu) return float_of(sign | 0x7f800000u | (m << 13));  // inf, NaN (payload kept)
+  if (e == 0x1fu) {  // inf; NaN quiet, its payload kept (as x86's vcvtph2ps gives it)
+    return float_of(sign | 0x7f800000u | (m << 13) | (m != 0 ? 0x00400000u : 0u));
+  }
   if (e != 0) return float_of(sign | ((e + 112u) << 23) | (m << 13));
   if (m == 0) return float_of(sign);
   // Subnormal: m * 2^-24, normalised.

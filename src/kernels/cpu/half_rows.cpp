@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <atomic>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "core/parallel.h"
 #include "kernels/convert.h"
 #include "kernels/cpu/eigen.h"
@@ -15,7 +19,49 @@ std::atomic<int64_t> g_chunk_bytes{int64_t{1} << 20};
 
 int64_t row_numel(const Tensor& t) { return t.size(0) == 0 ? 0 : t.numel() / t.size(0); }
 
+// Note [f16 conversions with F16C]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// x86's F16C instructions convert 8 values at a time: vcvtph2ps widens exactly and vcvtps2ph with
+// an immediate rounding of "nearest" rounds to nearest, ties to even, whatever MXCSR says. Both
+// give the bits of half::float_from_f16 / half::f16_from_float (Note [half conversions]), which
+// tests/test_dtype.cpp checks on every f16 value and every float32 bit pattern. Whether the CPU
+// has F16C is asked at run time, so a build for plain x86-64 still takes the scalar loop.
+#if defined(__x86_64__)
+bool cpu_has_f16c() {
+  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return has;
+}
+
+__attribute__((target("avx,f16c"))) int64_t widen_f16_f16c(float* dst, const uint16_t* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  return i;
+}
+
+__attribute__((target("avx,f16c"))) int64_t narrow_f16_f16c(uint16_t* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  return i;
+}
+#else
+bool cpu_has_f16c() { return false; }
+int64_t widen_f16_f16c(float*, const uint16_t*, int64_t) { return 0; }
+int64_t narrow_f16_f16c(uint16_t*, const float*, int64_t) { return 0; }
+#endif
+
+std::atomic<bool> g_f16c_allowed{true};
+
 }  // namespace
+
+bool f16c_in_use() { return g_f16c_allowed.load(std::memory_order_relaxed) && cpu_has_f16c(); }
+
+bool allow_f16c(bool allowed) { return g_f16c_allowed.exchange(allowed); }
 
 void widen_span(float* dst, const void* src, DType from, int64_t n) {
   MG_CHECK(from == DType::f32 || is_half(from), "widen: from " << dtype_name(from));
@@ -27,7 +73,8 @@ void widen_span(float* dst, const void* src, DType from, int64_t n) {
   if (from == DType::bf16) {
     for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_bf16(s[i]);
   } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = half::float_from_f16(s[i]);
+    const int64_t done = f16c_in_use() ? widen_f16_f16c(dst, s, n) : 0;  // Note [f16 conversions with F16C]
+    for (int64_t i = done; i < n; ++i) dst[i] = half::float_from_f16(s[i]);
   }
 }
 
@@ -41,7 +88,8 @@ void narrow_span(void* dst, DType to, const float* src, int64_t n) {
   if (to == DType::bf16) {
     for (int64_t i = 0; i < n; ++i) d[i] = half::bf16_from_float(src[i]);
   } else {
-    for (int64_t i = 0; i < n; ++i) d[i] = half::f16_from_float(src[i]);
+    const int64_t done = f16c_in_use() ? narrow_f16_f16c(d, src, n) : 0;  // Note [f16 conversions with F16C]
+    for (int64_t i = done; i < n; ++i) d[i] = half::f16_from_float(src[i]);
   }
 }
 

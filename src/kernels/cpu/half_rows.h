@@ -14,6 +14,11 @@ inline bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 // n values of src (float32, bf16 or f16) into dst as float32; and back, rounded to dst's dtype.
 void widen_span(float* dst, const void* src, DType from, int64_t n);
 void narrow_span(void* dst, DType to, const float* src, int64_t n);
+// Whether widen_span/narrow_span convert f16 with F16C (Note [f16 conversions with F16C]): the
+// CPU has it and allow_f16c has not turned it off. allow_f16c returns the previous setting (tests
+// compare both paths).
+bool f16c_in_use();
+bool allow_f16c(bool allowed);
 
 // A float32 buffer for summing into g: g itself when it is float32, else a new one, which
 // store_sum then rounds into g (a bf16 weight's own gradient is summed in float32).
