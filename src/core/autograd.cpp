@@ -169,6 +169,8 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
         Tensor& slot = pending[in.fn.get()];
         if (!slot.defined()) {
           slot = std::move(grads[i]);
+        } else if (sole_owner(slot)) {
+          add_into_kernel(slot, grads[i]);  // the same bits as add_kernel's new tensor, without it
         } else {
           slot = add_kernel(slot, grads[i]);
         }

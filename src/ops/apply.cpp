@@ -289,31 +289,24 @@ void copy_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(Device::cuda(), c
 void convert_kernel(Tensor& dst, const Tensor& src) { MG_DISPATCH(dst.device(), convert, dst, src); }
 
 // Gradient sums (a leaf's, a node's output used twice) in float32, stored in the sum's dtype. The
-// CUDA kernels widen and round themselves (Note [cuda half kernels]).
+// kernels widen and round themselves (Note [cuda half kernels]; on the CPU add_forward's blocks,
+// which may write over their first input), except CUDA's add_forward, which takes one dtype.
 void add_into_kernel(Tensor& acc, const Tensor& g) {
-  if ((acc.dtype() == DType::f32 && g.dtype() == DType::f32) || acc.device().is_cuda()) {
+  if (acc.device().is_cuda()) {
     MG_DISPATCH(acc.device(), add_inplace, acc, g);
     return;
   }
-  Tensor wide = acc.to(DType::f32);
-  const Tensor gw = g.dtype() == DType::f32 ? g : g.to(DType::f32);
-  MG_DISPATCH(acc.device(), add_inplace, wide, gw);
-  acc.copy_(wide);
+  MG_DISPATCH(acc.device(), add_forward, acc, acc, g);
 }
 
 Tensor add_kernel(const Tensor& a, const Tensor& b) {
-  if (a.device().is_cuda() && a.dtype() == b.dtype()) {
-    Tensor sum = Tensor::empty(a.shape(), TensorOptions{a.dtype(), a.device()});
-    MG_DISPATCH(sum.device(), add_forward, sum, a, b);
-    return sum;
-  }
-  if (a.dtype() != DType::f32 || b.dtype() != DType::f32) {
+  if (a.device().is_cuda() && a.dtype() != b.dtype()) {
     const Tensor wa = a.to(DType::f32), wb = b.to(DType::f32);
-    Tensor sum = Tensor::empty(a.shape(), like(a));
+    Tensor sum = Tensor::empty(a.shape(), TensorOptions{DType::f32, a.device()});
     MG_DISPATCH(sum.device(), add_forward, sum, wa, wb);
     return sum.to(a.dtype());
   }
-  Tensor sum = Tensor::empty(a.shape(), like(a));
+  Tensor sum = Tensor::empty(a.shape(), TensorOptions{a.dtype(), a.device()});
   MG_DISPATCH(sum.device(), add_forward, sum, a, b);
   return sum;
 }
