@@ -232,6 +232,37 @@ TEST_CASE("a tensor used twice gets the sum of both gradients") {
   for (size_t i = 0; i < va.size(); ++i) CHECK(g[i] == doctest::Approx(3.0f + (va[i] > 0 ? 1.0f : 0.0f)));
 }
 
+// run_backward adds a node's later gradients into its pending one when nothing else holds it,
+// instead of a new sum beside both (a residual stream's gradient, once per block).
+TEST_CASE("a non-leaf used many times sums its gradients in place, with add's bits") {
+  const Device cpu = Device::cpu();
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    CAPTURE(std::string(dtype_name(dt)));
+    const int64_t n = 64 * 1024;
+    Tensor a = rand_tensor({n}, 43).to(dt);
+    a.requires_grad_();
+    Tensor h = a * 2.0f;  // not a leaf
+    Tensor y = relu(h);
+    for (int k = 1; k <= 6; ++k) y = add(y, h * static_cast<float>(k));
+    const Tensor gy = Tensor::ones({n}).to(dt);
+    const size_t before = memory_stats(cpu).in_use;
+    reset_peak_memory_stats(cpu);
+    y.backward(gy);
+    const size_t extra = memory_stats(cpu).peak_in_use - before;
+    // Two buffers of h at a time (the pending sum and the incoming term; the sum becomes a's
+    // gradient). A new tensor per sum made it three.
+    const size_t buffer = static_cast<size_t>(n) * dtype_size(dt);
+    CHECK_MESSAGE(extra < 3 * buffer, "backward's peak is " << static_cast<double>(extra) / buffer << " buffers of h above its start");
+    // dh = relu'(h) + (1 + ... + 6), summed in h's dtype one term at a time, as add_kernel would.
+    std::vector<float> hv = h.to(DType::f32).to_vector<float>(), g = a.grad().to(DType::f32).to_vector<float>();
+    for (int64_t i = 0; i < n; i += 997) {
+      Tensor acc = Tensor::full({1}, hv[i] > 0 ? 1.0f : 0.0f).to(dt);
+      for (int k = 6; k >= 1; --k) acc = add(acc, Tensor::full({1}, static_cast<float>(k)).to(dt));
+      CHECK(g[i] == acc.item() * 2.0f);
+    }
+  }
+}
+
 TEST_CASE("modules: PyTorch names, init bounds, to(), zero_grad and release_grads") {
   manual_seed(7);
   auto mlp = nn::make_mlp({12, 9, 5});
