@@ -200,6 +200,74 @@ TEST_CASE("cross_entropy with ignored rows equals the mean over the others") {
   CHECK(std::isnan(cross_entropy(logits.detach(), Tensor::from_vector(std::vector<int64_t>{-100, -100, -100, -100}, {4})).item()));
 }
 
+// Note [chunked classifier] (src/ops/linear_cross_entropy.cpp): the fused head against linear +
+// cross_entropy. One chunk gives their bits; more chunks give dx's bits (a row's logits do not
+// depend on the other rows, Note [rows that do not depend on the batch]) and the loss and dw to
+// float32 rounding; and the (N, V) logits are never held.
+TEST_CASE("linear_cross_entropy equals linear + cross_entropy without holding the logits") {
+  const Device cpu = Device::cpu();
+  const int64_t n = 64, k = 32, v = 5003;
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = i % 7 == 3 ? -100 : (i * 7919) % v;  // some ignored
+  const Tensor target = Tensor::from_vector(t, {n});
+  struct Run {
+    Tensor loss, dx, dw;
+    size_t peak = 0;
+  };
+  auto run = [&](int64_t chunk_rows, bool fused, DType autocast) {
+    Tensor x = test::rand_tensor({n, k}, 71, true), w = test::rand_tensor({v, k}, 72, true);
+    const AutocastGuard guard(autocast);
+    const size_t before = memory_stats(cpu).in_use;
+    reset_peak_memory_stats(cpu);
+    Tensor loss = fused ? linear_cross_entropy(x, w, target, -100, chunk_rows)
+                        : cross_entropy(linear(x, w), target, Reduction::sum);
+    loss.backward();
+    clear_autocast_cache();
+    return Run{loss, x.grad(), w.grad(), memory_stats(cpu).peak_in_use - before};
+  };
+  const Run plain = run(0, false, DType::f32), one = run(n, true, DType::f32), eight = run(8, true, DType::f32);
+  CHECK(test::bit_equal(one.loss, plain.loss));
+  CHECK(test::bit_equal(one.dx, plain.dx));
+  CHECK(test::bit_equal(one.dw, plain.dw));
+  CHECK(test::bit_equal(eight.dx, plain.dx));
+  CHECK(eight.loss.item() == doctest::Approx(plain.loss.item()).epsilon(1e-6));
+  CHECK(test::rel_err(eight.dw, plain.dw) < 1e-6);
+  // Memory: linear + cross_entropy hold the logits and the probabilities at once (2 N V floats);
+  // eight-row chunks hold 2 x 8 V beside dw and dx. One chunk holds 2 N V and dw in backward,
+  // more than linear + cross_entropy: hence the default of at least four chunks.
+  const size_t logits = static_cast<size_t>(n * v) * sizeof(float);
+  MESSAGE("peak above the start: linear + cross_entropy " << plain.peak << " bytes, one chunk " << one.peak
+                                                          << ", chunks of 8 rows " << eight.peak);
+  CHECK(plain.peak >= 2 * logits);
+  CHECK(eight.peak <= static_cast<size_t>(v * k + n * k + 2 * 8 * v) * sizeof(float) + 64);
+  CHECK(eight.peak + logits <= plain.peak);
+  // Under bf16 autocast: the fused head's logits stay float32 on the CPU, linear's are rounded to
+  // bf16, so they agree to bf16's rounding.
+  const Run plain16 = run(0, false, DType::bf16), eight16 = run(8, true, DType::bf16);
+  CHECK(eight16.loss.item() == doctest::Approx(plain16.loss.item()).epsilon(2e-3));
+  CHECK(test::rel_err(eight16.dx, plain16.dx) < 2e-2);
+  CHECK(test::rel_err(eight16.dw, plain16.dw) < 2e-2);
+  // The same bits at 1 and 2 threads.
+  set_num_threads(1);
+  const Run serial = run(8, true, DType::f32);
+  set_num_threads(2);
+  CHECK(test::bit_equal(serial.loss, eight.loss));
+  CHECK(test::bit_equal(serial.dx, eight.dx));
+  CHECK(test::bit_equal(serial.dw, eight.dw));
+}
+
+TEST_CASE("linear_cross_entropy: clear errors") {
+  const Tensor x = test::rand_tensor({4, 8}, 1), w = test::rand_tensor({10, 8}, 2);
+  const Tensor t = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});
+  CHECK_THROWS_WITH_AS(linear_cross_entropy(x, test::rand_tensor({10, 7}, 2), t), doctest::Contains("weight (V, K)"), Error);
+  CHECK_THROWS_WITH_AS(linear_cross_entropy(x, w.to(DType::bf16), t), doctest::Contains("one dtype"), Error);
+  CHECK_THROWS_WITH_AS(linear_cross_entropy(x, w, Tensor::from_vector(std::vector<int64_t>{1, 2}, {2})),
+                       doctest::Contains("of shape [4]"), Error);
+  CHECK_THROWS_WITH_AS(linear_cross_entropy(x, w, Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 10}, {4})),
+                       doctest::Contains("target[3] = 10"), Error);
+  CHECK_THROWS_WITH_AS(linear_cross_entropy(x, w, t, -100, -1), doctest::Contains("chunk_rows"), Error);
+}
+
 namespace {
 
 // A model's weights in Hugging Face's GPT-2 layout (Note [loading Hugging Face's GPT-2]): names

@@ -45,6 +45,7 @@ struct OpAttrs {
   bool batch_stats = false;     // batch_norm: the batch's statistics (training), or the given ones
   Shape shape;                  // reshape target; unpack's piece
   int heads = 0;                // causal_self_attention
+  int64_t chunk_rows = 0;       // linear_cross_entropy: rows of logits at a time (0: its default)
 };
 
 struct NodeInput {

@@ -69,6 +69,12 @@ Tensor dropout(const Tensor& x, float p, Generator* gen = nullptr);
 // as in PyTorch).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::mean,
                      int64_t ignore_index = -100);
+// cross_entropy(linear(x, w), target, Reduction::sum) without the (N, V) logits: they are made a
+// chunk of chunk_rows rows at a time (0: at most 32 MiB of them, at least four chunks) in forward, and again in backward
+// (Note [chunked classifier] in src/ops/linear_cross_entropy.cpp). x: (N, K), w: (V, K), target: (N).
+//   mg::Tensor loss = mg::linear_cross_entropy(h, wte, targets);   // a GPT's tied head, summed
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target, int64_t ignore_index = -100,
+                            int64_t chunk_rows = 0);
 Tensor add(const Tensor& a, const Tensor& b);
 // a, b: equal shapes  ->  a * b element by element
 Tensor mul(const Tensor& a, const Tensor& b);
