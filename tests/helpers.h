@@ -176,16 +176,22 @@ struct TinyGpt {
   std::vector<uint16_t> tokens = std::vector<uint16_t>(1 << 14);  // TokenBatches reads them where they are
   std::shared_ptr<data::TokenBatches> windows;
   std::shared_ptr<nn::Sequential> model;
-  TinyGpt() {
+  // fused_head: no lm_head; the loss is linear_cross_entropy on the hidden states and wte.
+  explicit TinyGpt(bool fused_head = false) {
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
     windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
     manual_seed(1);
+    cfg.lm_head = !fused_head;
     model = nn::make_gpt2(cfg);
   }
   TinyGpt(const TinyGpt&) = delete;  // windows reads this object's tokens
   TinyGpt& operator=(const TinyGpt&) = delete;
   optim::LossFn loss() const {
-    const int64_t V = cfg.vocab_size;
+    const int64_t V = cfg.vocab_size, C = cfg.n_embd;
+    if (!cfg.lm_head) {
+      const Tensor wte = model->named_parameters().front().second;  // transformer.wte.weight
+      return [C, wte](const Tensor& h, const Tensor& y) { return linear_cross_entropy(h.reshape({-1, C}), wte, y.reshape({-1})); };
+    }
     return [V](const Tensor& logits, const Tensor& y) {
       return cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), Reduction::sum);
     };

@@ -256,6 +256,42 @@ TEST_CASE("linear_cross_entropy equals linear + cross_entropy without holding th
   CHECK(test::bit_equal(serial.dw, eight.dw));
 }
 
+// gpt_train --fused-head on: the model ends at ln_f and the loss is the head too. The planner
+// measures that loss (TrainerOptions::measure_loss): its predicted peak is the measured one, as
+// for lm_head + cross_entropy, and lower; the losses are theirs to float32 rounding.
+TEST_CASE("GPT with its head fused into the loss: the same losses, less memory, predicted = measured") {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (const char* plan : {"none", "budget=5500KiB"}) {
+      CAPTURE(std::string(precision_name(p)) + " " + plan);
+      auto run = [&](bool fused) {
+        test::TinyGpt gpt(fused);
+        CHECK(gpt.model->named_parameters().front().first == "transformer.wte.weight");
+        optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+        Trainer t(*gpt.model, gpt.windows, opt,
+                  {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(),
+                   .measure_loss = fused, .tiles = false, .precision = p, .progress = Progress::off});
+        return t.fit();
+      };
+      const FitReport plain = run(false), fused = run(true);
+      REQUIRE(fused.losses.size() == plain.losses.size());
+      for (size_t i = 0; i < plain.losses.size(); ++i) {
+        CHECK(fused.losses[i] == doctest::Approx(plain.losses[i]).epsilon(p == Precision::fp32 ? 1e-5 : 2e-2));
+      }
+      MESSAGE("peak: lm_head + cross_entropy " << plain.peak_in_use << " (predicted " << plain.plan.predicted_peak
+                                               << "), fused " << fused.peak_in_use << " (predicted "
+                                               << fused.plan.predicted_peak << ")");
+      if (std::string(plan) == "none") {
+        CHECK(fused.peak_in_use < plain.peak_in_use);
+      } else {  // under one budget the room the head leaves goes to recomputing less
+        CHECK(fused.peak_in_use <= 5500 * 1024);
+        CHECK(fused.plan.checkpoint.recompute_flops <= plain.plan.checkpoint.recompute_flops);
+      }
+      CHECK(fused.peak_in_use >= fused.plan.predicted_peak);
+      CHECK(fused.peak_in_use <= fused.plan.predicted_peak + 64);  // the scalars the harness holds, as in test_planner
+    }
+  }
+}
+
 TEST_CASE("linear_cross_entropy: clear errors") {
   const Tensor x = test::rand_tensor({4, 8}, 1), w = test::rand_tensor({10, 8}, 2);
   const Tensor t = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
                "and memory."};
   RunFlags f{.tiles = "off", .timeline = true};
   gpt::ModelFlags m;
-  std::string data_path, tf32 = "off";
+  std::string data_path, tf32 = "off", fused_head = "off";
   int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0;
   double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0;
   gpt::add_model_flags(app, m);
@@ -55,13 +55,18 @@ int main(int argc, char** argv) {
   app.add_option("--clip", clip, "max global gradient norm (0: no clipping)")->capture_default_str()->check(finite_in(0, 1e30, "[0, 1e30]"));
   app.add_option("--tf32", tf32, "CUDA matrix products in TF32: on | off (strict FP32, the default as in PyTorch)")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_option("--fused-head", fused_head,
+                 "the head and the loss as one op that never holds the logits (linear_cross_entropy, a chunk of "
+                 "rows at a time, made again in backward): on | off")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   add_run_flags(app, f, "the sequences per step");
   accum_opt->excludes(app.get_option("--memory-budget"));
   CLI11_PARSE(app, argc, argv);
   mg::cuda::set_tf32_matmul(tf32 == "on");
   return run_main("gpt_train", f, [&] {
     const int64_t world = mg::dist::world_size(), rank = mg::dist::rank();
-    const mg::nn::GPTConfig cfg = gpt::model_config(m);
+    mg::nn::GPTConfig cfg = gpt::model_config(m);
+    cfg.lm_head = fused_head == "off";  // on: the model ends at ln_f, the loss is the head too
     if (seq_len == 0) seq_len = cfg.block_size;
     MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
     const RunSetup run = setup_run(f, "final.safetensors");
@@ -104,16 +109,26 @@ int main(int argc, char** argv) {
                   static_cast<double>(tokens_per_step) / (ms / 1000.0), mg::format_bytes(r.peak_in_use).c_str());
       std::fflush(stdout);
     };
-    const int64_t V = cfg.vocab_size;
+    const int64_t V = cfg.vocab_size, C = cfg.n_embd;
+    mg::Tensor wte;
+    for (const auto& [name, p] : model->named_parameters()) {
+      if (name == "transformer.wte.weight") wte = p;
+    }
+    mg::optim::LossFn loss = [V](const mg::Tensor& logits, const mg::Tensor& y) {
+      // The logits are not held past the loss (the loss keeps what backward needs).
+      return mg::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), mg::Reduction::sum);
+    };
+    if (fused_head == "on") {
+      loss = [C, wte](const mg::Tensor& h, const mg::Tensor& y) {
+        return mg::linear_cross_entropy(h.reshape({-1, C}), wte, y.reshape({-1}));
+      };
+    }
     mg::Trainer trainer(*model, batches, opt,
                         {.batch_size = world * per_step, .memory_budget = f.memory_budget,
                          .micro_batch = joint ? 0 : batch_size, .checkpoint = f.checkpoint, .epochs = 1,
                          .max_steps = steps, .clip_norm = static_cast<float>(clip),
                          .lr = [&](int64_t step) { return static_cast<float>(lr_at(step)); },
-                         .loss = [V](const mg::Tensor& logits, const mg::Tensor& y) {
-                           // The logits are not held past the loss (the loss keeps what backward needs).
-                           return mg::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), mg::Reduction::sum);
-                         },
+                         .loss = loss, .measure_loss = fused_head == "on",
                          .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
                          .precision = mg::parse_precision(f.precision)},
                         cb);
@@ -150,6 +165,7 @@ int main(int argc, char** argv) {
       j["seq_len"] = seq_len;
       j["tokens_per_step"] = tokens_per_step;
       j["tf32"] = tf32;
+      j["fused_head"] = fused_head;
       j["step_ms"] = step_ms;
       j["median_step_ms"] = med;  // the first step left out
       j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);

@@ -261,6 +261,38 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
   return h;
 }
 
+// The loss run on the chain's output (MeasureOptions::head), forward and backward, as a step
+// runs it: the output is held (the loss keeps it), the targets are made before the bytes are read
+// (the fixed part counts them), and its input gradient lands in the output's leaf as a step
+// hands it to the chain.
+void measure_head(const MeasureOptions& opts, Tensor& h, ChainCost& cost) {
+  MG_CHECK(opts.head_targets, "measure_chain: a head needs head_targets");
+  const Device dev = h.device();
+  Tensor out = h.detach();
+  out.requires_grad_(true);
+  h = Tensor();
+  const Tensor targets = opts.head_targets(out.size(0));
+  auto head = [&](const Tensor& o) { return opts.head(o, targets); };
+  if (dev.is_cuda()) {  // first calls of its shapes make what stays (workspaces), as measure_units' warm-up
+    head(out).backward(Tensor::ones({}, TensorOptions{DType::f32, dev}));
+    out.set_grad(Tensor());
+    synchronize(dev);
+  }
+  const size_t base = in_use(dev);
+  reset_peak_memory_stats(dev);
+  Tensor loss = head(out);
+  MG_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(),
+           "measure_chain: the head must return a scalar loss with a gradient, got "
+               << (loss.defined() ? shape_str(loss.shape()) : std::string("undefined")));
+  const size_t fwd = memory_stats(dev).peak_in_use - base;
+  loss.backward(Tensor::ones(loss.shape(), TensorOptions{DType::f32, dev}));
+  synchronize(dev);
+  const size_t bwd = memory_stats(dev).peak_in_use - base;
+  cost.head_bytes = fwd;
+  cost.head_backward_bytes = bwd;
+  cost.head_measured = true;
+}
+
 // The host link's rate each way (Note [offload]), in bytes per millisecond: the best of three
 // copies of `bytes` between the device and the host pool, as an offloaded segment makes them.
 void measure_host_link(Device dev, size_t bytes, ChainCost& cost) {
@@ -297,7 +329,8 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     NoGradGuard no_grad;
     const bool training = seq.is_training();
     seq.eval();
-    seq.forward(x_in.detach());
+    const Tensor out = seq.forward(x_in.detach());
+    if (opts.head && opts.head_targets) opts.head(out, opts.head_targets(out.size(0)));  // a tied head's copy too
     seq.train(training);
   }
   const size_t weight_copies = autocast_cache_bytes();
@@ -319,7 +352,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     for (const Tensor& p : params) {
       if (!p.grad().defined()) fixed += p.nbytes();
     }
-    if (opts.cross_entropy_head) {
+    if (opts.cross_entropy_head || opts.head) {
       cost.target_bytes = static_cast<size_t>(x_in.size(0) * opts.targets_per_row) * sizeof(int64_t);
       fixed += cost.target_bytes;
     }
@@ -359,6 +392,14 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   }
   cost.head_bytes = opts.cross_entropy_head ? head + 3 * sizeof(float) : 0;
   cost.head_backward_bytes = opts.cross_entropy_head ? head_backward + 3 * sizeof(float) : 0;
+  if (opts.head) {
+    try {
+      measure_head(opts, h, cost);
+    } catch (...) {
+      state.restore();
+      throw;
+    }
+  }
 
   h = Tensor();
   state.restore();  // before in_use_at_end is read

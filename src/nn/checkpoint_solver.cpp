@@ -258,7 +258,8 @@ Moment head_moment(const ChainCost& c, size_t R, size_t q, bool holds) {
   const size_t n = c.units.size();
   const size_t base = c.fixed_bytes + R + c.activation_bytes(n);
   const size_t fwd = base + c.head_bytes + q;
-  const size_t bwd = base + c.head_backward_bytes + (holds ? c.activation_bytes(n) : 0);
+  // A measured head holds the output itself (in base) and makes its gradient (in its bytes).
+  const size_t bwd = base + c.head_backward_bytes + (holds && !c.head_measured ? c.activation_bytes(n) : 0);
   return fwd >= bwd ? Moment{fwd, n - 1, "loss (end of forward)"} : Moment{bwd, n - 1, "loss (its backward)"};
 }
 

@@ -109,7 +109,7 @@ std::shared_ptr<Sequential> make_gpt2(const GPTConfig& c) {
     m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head, c.dropout);
   }
   m->add_named<LayerNorm>("transformer.ln_f", c.n_embd);
-  m->add_named<GPTHead>("lm_head", emb.wte());
+  if (c.lm_head) m->add_named<GPTHead>("lm_head", emb.wte());
   // nanoGPT's and llm.c's initialisation.
   NoGradGuard no_grad;
   Generator& gen = default_generator();

@@ -139,6 +139,7 @@ void Trainer::check_options() {
   MG_CHECK(opts_.batch_size % world == 0, "Trainer: batch_size " << opts_.batch_size << " is split over " << world
                                                                  << " ranks: it must be a multiple of " << world);
   rank_batch_ = opts_.batch_size / world;
+  MG_CHECK(!opts_.measure_loss || opts_.loss, "Trainer: measure_loss needs the loss (TrainerOptions::loss) to measure");
   MG_CHECK(opts_.micro_batch <= rank_batch_, "Trainer: micro_batch " << opts_.micro_batch << " is larger than the "
                                                                       << rank_batch_ << " samples of a step on a rank");
   if (opts_.memory_budget.empty()) nn::check_plan_spec(opts_.checkpoint);
@@ -152,9 +153,22 @@ nn::MemoryReport Trainer::explain_memory() const {
   return nn::explain_memory(cost_, plan_.checkpoint, nn::fixed_parts(model_, &opt_), budget_ ? budget_ : memory_capacity(dev_));
 }
 
+void Trainer::set_loss_head(nn::MeasureOptions& mo) const {
+  if (!opts_.measure_loss) return;
+  mo.head = opts_.loss;
+  mo.head_targets = [this](int64_t rows) {
+    if (windows_) return windows_->window_rows(0, 0, rows).y.to(dev_);
+    std::vector<int64_t> idx(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = i % data_->size();
+    return data_->get_batch(idx).y.to(dev_);
+  };
+}
+
 nn::ChainCost Trainer::measure(int64_t rows, const nn::MeasureOptions& opts) {
-  if (windows_) return nn::measure_chain(model_, example(rows), opts);
-  return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), opts);
+  nn::MeasureOptions mo = opts;
+  set_loss_head(mo);
+  if (windows_) return nn::measure_chain(model_, example(rows), mo);
+  return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), mo);
 }
 
 void Trainer::print(const std::string& line) const {
@@ -209,6 +223,7 @@ void Trainer::plan_for(size_t memory) {
         " to " + std::to_string(sizes.back()) + ") to plan " + std::to_string(rank_batch_) + " samples a step for " +
         format_bytes(memory));
   nn::MeasureOptions mo;
+  set_loss_head(mo);
   mo.stop_when_flat = true;
   mo.targets_per_row = targets_per_row;
   mo.offload = opts_.offload;

@@ -118,6 +118,11 @@ struct ChainCost {
   // ... and beside the logits' gradient in the loss's backward (Note [loss gradient in place] in
   // src/ops/cross_entropy.cpp: the gradient takes the probabilities' or the low logits' place).
   size_t head_backward_bytes = 0;
+  // The head's bytes were measured by running the loss (MeasureOptions::head), not modelled as
+  // cross_entropy's: head_bytes and head_backward_bytes are then everything the loss's forward and
+  // backward add beside the chain's output, which the loss holds until its backward, and whose
+  // gradient that backward makes.
+  bool head_measured = false;
   bool input_requires_grad = false;
   size_t num_layers = 0;
   std::vector<UnitCost> units;
@@ -146,6 +151,12 @@ struct MeasureOptions {
   bool fixed_from_allocator = true;
   size_t fixed_bytes = 0;  // used when fixed_from_allocator is false; added to it otherwise
   bool cross_entropy_head = true;
+  // The loss, to run on the chain's output instead of modelling cross_entropy on it (a GPT whose
+  // loss is its head too: linear_cross_entropy): measure_chain runs head(out, head_targets(rows))
+  // and its backward once and reads the bytes they add from the allocator (ChainCost::
+  // head_measured). The targets are made first: they count in the fixed part, as cross_entropy's.
+  std::function<Tensor(const Tensor& out, const Tensor& targets)> head;
+  std::function<Tensor(int64_t rows)> head_targets;
   // The loss's int64 targets per row, counted in the fixed part with the head: a class per sample,
   // or a GPT's token per position (T per row).
   int64_t targets_per_row = 1;

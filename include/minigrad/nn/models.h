@@ -98,6 +98,10 @@ struct GPTConfig {
   // probabilities (inside causal_self_attention), and after each block's two c_proj. GPT-2 124M
   // was pretrained with 0.1; llm.c and nanoGPT pretrain with 0.
   float dropout = 0.0f;
+  // false: no "lm_head"; the model ends at ln_f and returns the hidden states (B, T, n_embd), for
+  // a loss that is the head too: linear_cross_entropy(h.reshape({-1, n_embd}), wte, targets)
+  // (Note [chunked classifier] in src/ops/linear_cross_entropy.cpp; gpt_train --fused-head on).
+  bool lm_head = true;
 };
 
 class GPTEmbeddings : public Module {  // wte(tokens) + wpe(positions)

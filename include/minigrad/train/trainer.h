@@ -90,6 +90,10 @@ struct TrainerOptions {
   optim::NonFinite non_finite = optim::NonFinite::error;
   std::function<float(int64_t step)> lr;  // the learning rate of optimizer step `step` (from 0); empty: the optimizer's
   optim::LossFn loss;              // (logits, labels) -> the SUM over the micro-batch; default cross_entropy
+  // The planner runs `loss` on the model's output (with labels of the data's first rows) to
+  // measure its bytes, instead of taking it for cross_entropy on logits: for a loss that is more
+  // than that, such as a GPT's head fused into it (linear_cross_entropy; gpt_train --fused-head).
+  bool measure_loss = false;
   // N by epoch (0:8,4:2, minigrad/optim/accumulate.h): epoch e's optimizer step takes N(e) groups of
   // batch_size samples, each fed as the plan splits batch_size; the plan is made for batch_size.
   optim::AccumulationSchedule accumulation{1};
@@ -214,6 +218,9 @@ class Trainer {
   void check_options();
   nn::ChainCost measure(int64_t rows, const nn::MeasureOptions& opts);  // the model at `rows` rows
   Tensor example(int64_t rows) const;  // window data: the first window's first rows, on the device
+  // With measure_loss: the loss, on labels of the data's first `rows` samples, as the head the
+  // planner measures (MeasureOptions::head).
+  void set_loss_head(nn::MeasureOptions& mo) const;
 
   nn::Sequential& model_;
   std::shared_ptr<const data::Dataset> data_;         // samples, or
