@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <functional>
@@ -32,6 +31,7 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/dispatch.h"
+#include "rel_err.h"
 
 namespace {
 
@@ -47,16 +47,6 @@ double median_ms(const std::function<void()>& run, mg::Device dev, int warmup, i
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
-}
-
-double rel_err(const mg::Tensor& a, const mg::Tensor& ref) {
-  const std::vector<float> va = a.to(mg::DType::f32).to_vector<float>(), vb = ref.to(mg::DType::f32).to_vector<float>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    num += (static_cast<double>(va[i]) - vb[i]) * (static_cast<double>(va[i]) - vb[i]);
-    den += static_cast<double>(vb[i]) * vb[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // A copy of `t` on `dev` whose data starts 4 bytes past an aligned block.
@@ -148,7 +138,7 @@ int main(int argc, char** argv) {
         dqkv0 = dqkv.cpu();
       } else {
         char buf[64];
-        std::snprintf(buf, sizeof buf, "%.1e, %.1e", rel_err(y, y0), rel_err(dqkv, dqkv0));
+        std::snprintf(buf, sizeof buf, "%.1e, %.1e", mg::bench::rel_err(y, y0), mg::bench::rel_err(dqkv, dqkv0));
         err = buf;
       }
       std::printf("%-8s %12.3f %12.3f %14.2f %14.2f %12s\n", v.name, fwd, bwd, fwd_flop / fwd / 1e9,

@@ -68,6 +68,12 @@ struct Tf32Matmul {
   explicit Tf32Matmul(bool on) { cuda::set_tf32_matmul(on); }
   ~Tf32Matmul() { cuda::set_tf32_matmul(old); }
 };
+// linear and matmul through cuBLASLt (on) or cublasGemmEx (off) for a scope.
+struct CublasLt {
+  bool old = cuda::cublaslt();
+  explicit CublasLt(bool on) { cuda::set_cublaslt(on); }
+  ~CublasLt() { cuda::set_cublaslt(old); }
+};
 struct Tf32Conv {
   bool old = cuda::tf32_conv();
   explicit Tf32Conv(bool on) { cuda::set_tf32_conv(on); }

@@ -13,6 +13,7 @@
 #include "helpers.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_math.h"
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/dropout_math.h"
 #include "kernels/cuda/embedding_math.h"
 #include "kernels/cuda/layer_norm_math.h"
@@ -341,6 +342,113 @@ TEST_CASE("kernel math: the column-major GEMMs of matmul compute a b, dy b^T and
     CHECK(rel_err(da, a.grad().to_vector<float>()) < 1e-6);
     CHECK(rel_err(db, b.grad().to_vector<float>()) < 1e-6);
   }
+}
+
+namespace {
+// cuBLASLt's reading of a GemmCall, as a reference: the layouts linear.cu and matmul.cu give
+// cuBLASLt (math::gemm_*_shape: column-major rows, columns, leading dimension) must describe the
+// matrices ref_gemm reads; then the epilogue as cublasLt.h defines it: BIAS adds bias[i] to row i
+// of D, BGRADB writes bias[j] = the sum over k of column j of op(B), read through B's layout.
+void ref_lt(const km::GemmCall& g, const float* a, const float* b, float beta, float* c, cuda::LtEpilogue e,
+            float* bias) {
+  const km::MatrixShape sa = km::gemm_a_shape(g), sb = km::gemm_b_shape(g), sc = km::gemm_c_shape(g);
+  CHECK(sa.rows * sa.cols == g.m * g.k);
+  CHECK(sb.rows * sb.cols == g.k * g.n);
+  CHECK((sc.rows == g.m && sc.cols == g.n));
+  CHECK((sa.ld == g.lda && sb.ld == g.ldb && sc.ld == g.ldc));
+  ref_gemm(g, a, b, beta, c);  // checks each ld against its matrix's rows
+  if (e == cuda::LtEpilogue::bias) {
+    for (int64_t j = 0; j < sc.cols; ++j)
+      for (int64_t i = 0; i < sc.rows; ++i) c[i + j * sc.ld] += bias[i];
+  } else if (e == cuda::LtEpilogue::bias_grad) {
+    for (int64_t j = 0; j < sc.cols; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < g.k; ++p) s += g.trans_b ? b[j + p * sb.ld] : b[p + j * sb.ld];
+      bias[j] = static_cast<float>(s);
+    }
+  }
+}
+}  // namespace
+
+// Note [cublaslt products]: the forward's BIAS epilogue adds b along D's rows, and dw's GEMM's
+// BGRADB epilogue sums dy into db along D's columns; accumulating, db comes out into a temporary
+// that is added.
+TEST_CASE("kernel math: cuBLASLt's layouts and epilogues give x w^T + b, and dw with db, accumulated") {
+  struct Dims { int64_t n, k, m; };
+  for (Dims dims : {Dims{7, 13, 5}, Dims{1, 9, 4}, Dims{6, 1, 3}, Dims{5, 8, 1}, Dims{3, 17, 11}}) {
+    const int64_t n = dims.n, k = dims.k, m = dims.m;
+    CAPTURE(n); CAPTURE(k); CAPTURE(m);
+    Tensor x = test::rand_tensor({n, k}, 41), w = test::rand_tensor({m, k}, 42), b = test::rand_tensor({m}, 43);
+    Tensor dy = test::rand_tensor({n, m}, 44);
+    std::vector<float> y(n * m, 0.0f), bias = b.to_vector<float>();  // ref_gemm reads C even at beta = 0
+    const km::GemmCall f = km::linear_forward_gemm(n, k, m);
+    CHECK(km::gemm_c_shape(f).rows == m);  // BIAS: a vector of D's rows, y's columns
+    ref_lt(f, w.data<float>(), x.data<float>(), 0.0f, y.data(), cuda::LtEpilogue::bias, bias.data());
+    CHECK(rel_err(y, linear(x, w, b).to_vector<float>()) < 1e-6);
+
+    Tensor dx_ref = Tensor::empty({n, k}), dw_ref = test::rand_tensor({m, k}, 45), db_ref = test::rand_tensor({m}, 46);
+    std::vector<float> dw = dw_ref.to_vector<float>(), db = db_ref.to_vector<float>(), db_new(m, std::nanf(""));
+    linear_backward<Cpu>(dx_ref, dw_ref, db_ref, dy, x, w, /*accumulate=*/true);
+    const km::GemmCall gw = km::linear_dw_gemm(n, k, m);
+    CHECK(km::gemm_c_shape(gw).cols == m);  // BGRADB: a vector of D's columns, dw's rows
+    ref_lt(gw, x.data<float>(), dy.data<float>(), 1.0f, dw.data(), cuda::LtEpilogue::bias_grad, db_new.data());
+    for (int64_t i = 0; i < m; ++i) db[i] += db_new[i];
+    CHECK(rel_err(dw, dw_ref.to_vector<float>()) < 1e-6);
+    CHECK(rel_err(db, db_ref.to_vector<float>()) < 1e-6);
+    // The unfused path's db (dy^T against ones) is the epilogue's.
+    std::vector<float> db0(m, 0.0f);
+    const Tensor ones = Tensor::full({n}, 1.0f);
+    ref_lt(km::linear_db_gemm(n, m), dy.data<float>(), ones.data<float>(), 0.0f, db0.data(), cuda::LtEpilogue::none,
+           nullptr);
+    CHECK(rel_err(db0, db_new) < 1e-6);
+  }
+}
+
+// matmul's strided batches through the same layouts: product i's A, B and C start
+// matmul_strides(...) elements after product i - 1's.
+TEST_CASE("kernel math: cuBLASLt's strided batches of matmul's GEMMs compute each product of the batch") {
+  const int64_t batch = 3, m = 5, k = 7, n = 4;
+  Tensor a = test::rand_tensor({batch, m, k}, 51, true), b = test::rand_tensor({batch, k, n}, 52, true);
+  Tensor dy = test::rand_tensor({batch, m, n}, 53);
+  Tensor y_ref = matmul(a, b);
+  y_ref.backward(dy);
+  auto operand = [&](km::GemmOperand o) {
+    return o == km::GemmOperand::x ? a.data<float>() : o == km::GemmOperand::w ? b.data<float>() : dy.data<float>();
+  };
+  const km::GemmCall calls[] = {km::matmul_forward_gemm(m, k, n), km::matmul_da_gemm(m, k, n), km::matmul_db_gemm(m, k, n)};
+  const Tensor refs[] = {y_ref, a.grad(), b.grad()};
+  for (int c = 0; c < 3; ++c) {
+    CAPTURE(c);
+    const km::GemmCall& g = calls[c];
+    const km::BatchStrides s = km::matmul_strides(g, m, k, n);
+    std::vector<float> out(batch * s.c, 0.0f);
+    for (int64_t i = 0; i < batch; ++i)
+      ref_lt(g, operand(g.a) + i * s.a, operand(g.b) + i * s.b, 0.0f, out.data() + i * s.c, cuda::LtEpilogue::none,
+             nullptr);
+    CHECK(rel_err(out, refs[c].to_vector<float>()) < 1e-6);
+  }
+}
+
+// No GPU needed: cublasLtMatmulDescCreate, cublasLtMatrixLayoutCreate and the preferences are
+// host calls (cublasLtCreate is not: it fails without a driver, so no algorithm is asked for here).
+TEST_CASE("kernel math: cuBLASLt takes the descriptors of every product linear and matmul ask for") {
+#ifdef MINIGRAD_WITH_CUDA
+  const std::string why = cuda::lt_check_descriptors();
+  CHECK_MESSAGE(why.empty(), why);
+#else
+  MESSAGE("this build has no CUDA backend: " << cuda::lt_check_descriptors());
+#endif
+}
+
+// MG_CUBLASLT=0 in the environment sends linear and matmul to cublasGemmEx from the start
+// (minigrad/cuda.h); ctest runs this case once more with it set (tests/CMakeLists.txt).
+TEST_CASE("kernel math: MG_CUBLASLT sets cuda::cublaslt()'s default") {
+  const char* env = std::getenv("MG_CUBLASLT");
+  CHECK(cuda::cublaslt() == (env == nullptr || std::strcmp(env, "0") != 0));
+  cuda::set_cublaslt(false);
+  CHECK_FALSE(cuda::cublaslt());
+  cuda::set_cublaslt(true);
+  CHECK(cuda::cublaslt());
 }
 
 namespace {

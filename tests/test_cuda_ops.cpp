@@ -17,12 +17,14 @@
 #include "core/tape.h"  // rows_view
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/conv2d.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
+#include "kernels/matmul.h"
 #include "kernels/pooling.h"
 
 using namespace mg;
@@ -131,6 +133,101 @@ TEST_CASE("cuda: linear in TF32 when asked (tolerance 1e-2)") {
   Tf32Matmul on(true);
   Tensor x = rand_tensor({65, 257}, 31, true), w = rand_tensor({33, 257}, 32, true), b = rand_tensor({33}, 33, true);
   compare_op("linear tf32", [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b}, kTf32);
+}
+
+namespace {
+
+// linear forward and backward on CUDA, all four outputs, with cuBLASLt on or off; dw and db
+// float32 (a parameter's buffers), accumulating into `dw0`/`db0` or written over NaN.
+struct LinearRun {
+  Tensor y, dx, dw, db;
+  cuda::LtCounts lt;  // cuBLASLt's products during the run
+};
+LinearRun run_linear(bool lt, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy, const Tensor& dw0,
+                     const Tensor& db0, bool accumulate) {
+  CublasLt mode(lt);
+  const cuda::LtCounts before = cuda::lt_counts();
+  LinearRun r;
+  r.y = poisoned({x.size(0), w.size(0)}, kGpu).to(x.dtype());
+  r.dx = poisoned(x.shape(), kGpu).to(x.dtype());
+  r.dw = accumulate ? dw0.to(kGpu) : poisoned(w.shape(), kGpu);
+  r.db = accumulate ? db0.to(kGpu) : poisoned(b.shape(), kGpu);
+  linear_forward<Cuda>(r.y, x, w, b);
+  linear_backward<Cuda>(r.dx, r.dw, r.db, dy, x, w, accumulate);
+  synchronize(kGpu);
+  const cuda::LtCounts after = cuda::lt_counts();
+  r.lt = {after.runs - before.runs, after.refused - before.refused};
+  return r;
+}
+
+}  // namespace
+
+// Note [cublaslt products]: the bias epilogue in the forward, BGRADB for db in dw's GEMM (into a
+// temporary added when accumulating), against the unfused cublasGemmEx products on the same
+// inputs; and the fused path's bits again on a second run (a fixed algorithm per key).
+TEST_CASE("cuda: linear through cuBLASLt's epilogues against cublasGemmEx, fp32, tf32 and bf16, accumulating or not") {
+  struct Mode {
+    const char* name;
+    DType dtype;
+    bool tf32;
+    double tol;  // Lt against GemmEx: each its own order of float32 sums (bf16: y and dx rounded)
+  };
+  struct Dims {
+    int64_t n, k, m;
+  };
+  for (const Mode mode : {Mode{"fp32", DType::f32, false, kStrict}, Mode{"tf32", DType::f32, true, kTf32},
+                          Mode{"bf16", DType::bf16, false, 1e-2}}) {
+    for (const Dims d : {Dims{37, 53, 29}, Dims{256, 768, 2304}, Dims{1, 257, 3}}) {
+      for (const bool accumulate : {false, true}) {
+        INFO(mode.name << " N=" << d.n << " K=" << d.k << " M=" << d.m << (accumulate ? " accumulating" : ""));
+        Tf32Matmul math(mode.tf32);
+        const Tensor x = rand_tensor({d.n, d.k}, 61).to(kGpu).to(mode.dtype);
+        const Tensor w = rand_tensor({d.m, d.k}, 62).to(kGpu).to(mode.dtype);
+        const Tensor b = rand_tensor({d.m}, 63).to(kGpu).to(mode.dtype);
+        const Tensor dy = rand_tensor({d.n, d.m}, 64).to(kGpu).to(mode.dtype);
+        const Tensor dw0 = rand_tensor({d.m, d.k}, 65), db0 = rand_tensor({d.m}, 66);
+        const LinearRun lt = run_linear(true, x, w, b, dy, dw0, db0, accumulate);
+        const LinearRun ex = run_linear(false, x, w, b, dy, dw0, db0, accumulate);
+        MESSAGE("cuBLASLt ran " << lt.lt.runs << " products, refused " << lt.lt.refused
+                                << (lt.lt.refused > 0 ? ": " + cuda::lt_refusal() : std::string()));
+        CHECK(lt.lt.runs >= 3);  // every product through cuBLASLt: y, dx, dw (and db where unfused)
+        WARN(lt.lt.refused == 0);  // a refused fusion runs unfused: right, but slower
+        CHECK(ex.lt.runs == 0);
+        const auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
+        CHECK(rel_err(f32(lt.y), f32(ex.y)) < mode.tol);
+        CHECK(rel_err(f32(lt.dx), f32(ex.dx)) < mode.tol);
+        CHECK(rel_err(lt.dw, ex.dw) < mode.tol);
+        CHECK(rel_err(lt.db, ex.db) < mode.tol);
+        const LinearRun again = run_linear(true, x, w, b, dy, dw0, db0, accumulate);
+        CHECK(bit_equal(again.y, lt.y));
+        CHECK(bit_equal(again.dx, lt.dx));
+        CHECK(bit_equal(again.dw, lt.dw));
+        CHECK(bit_equal(again.db, lt.db));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: matmul's strided batches through cuBLASLt against cublasGemmStridedBatchedEx") {
+  const MatmulDims d{6, 33, 65, 17};
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dtype));
+    const Tensor a = rand_tensor({d.batch, d.m, d.k}, 71).to(kGpu).to(dtype);
+    const Tensor b = rand_tensor({d.batch, d.k, d.n}, 72).to(kGpu).to(dtype);
+    const Tensor dy = rand_tensor({d.batch, d.m, d.n}, 73).to(kGpu).to(dtype);
+    std::array<Tensor, 3> out[2];
+    for (const bool lt : {true, false}) {
+      CublasLt mode(lt);
+      std::array<Tensor, 3>& o = out[lt ? 0 : 1];
+      o[0] = poisoned({d.batch, d.m, d.n}, kGpu).to(dtype);
+      o[1] = poisoned(a.shape(), kGpu).to(dtype);
+      o[2] = poisoned(b.shape(), kGpu).to(dtype);
+      matmul_forward<Cuda>(o[0], a, b, d);
+      matmul_backward<Cuda>(o[1], o[2], dy, a, b, d);
+    }
+    for (int i = 0; i < 3; ++i)
+      CHECK(rel_err(out[0][i].to(DType::f32), out[1][i].to(DType::f32)) < (dtype == DType::f32 ? kStrict : 1e-2));
+  }
 }
 
 TEST_CASE("cuda: conv2d forward and backward in strict FP32") {

@@ -6,6 +6,7 @@
 //   mg::cuda::set_cudnn_benchmark(true);    // time cuDNN's algorithms once per shape
 //   mg::cuda::set_cudnn_deterministic(false); // admit non-deterministic cuDNN algorithms
 //   mg::cuda::set_cudnn_attention(false);   // bf16/f16 attention on our kernels, not cuDNN's SDPA
+//   mg::cuda::set_cublaslt(false);          // linear and matmul through cublasGemmEx, not cuBLASLt
 //
 // In a build without CUDA the setters only record the value.
 //
@@ -39,6 +40,11 @@ bool cudnn_deterministic();
 // backward is asked for its deterministic algorithm.
 void set_cudnn_attention(bool on);
 bool cudnn_attention();
+// cuBLASLt for linear and matmul (default: on; the environment's MG_CUBLASLT=0 turns it off at
+// start): linear's bias is added, and its gradient summed, in the epilogues of its GEMMs. Off,
+// the products run cublasGemmEx as before (Note [cublaslt products] in src/kernels/cuda/cublaslt.h).
+void set_cublaslt(bool on);
+bool cublaslt();
 // Upper bound on one cuDNN workspace (bytes, default 1 GiB); algorithms needing more are skipped.
 void set_conv_workspace_limit(size_t bytes);
 size_t conv_workspace_limit();

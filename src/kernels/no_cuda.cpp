@@ -2,6 +2,7 @@
 #include "core/allocator.h"
 #include <minigrad/core/device.h>
 #include "core/tape.h"
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/dispatch.h"
 
 namespace mg {
@@ -31,5 +32,11 @@ void synchronize_cuda(int) { detail::no_cuda_build("synchronize"); }
 void* cuda_mark(int) { detail::no_cuda_build("profiler"); }
 double cuda_mark_ms(void*, void*) { detail::no_cuda_build("profiler"); }
 void cuda_mark_free(void*) {}
+
+namespace cuda {
+std::string lt_check_descriptors() { return "this libminigrad was built without CUDA"; }
+LtCounts lt_counts() { return {}; }
+std::string lt_refusal() { return ""; }
+}  // namespace cuda
 
 }  // namespace mg

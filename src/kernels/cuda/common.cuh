@@ -69,14 +69,28 @@ struct Context {
   int device = 0;
   cudaStream_t stream = nullptr;  // stream(device): Note [cuda stream]
   cublasHandle_t cublas = nullptr;
+  // cuBLAS's workspace (cublasSetWorkspace), from the caching allocator; cuBLASLt's products use
+  // it too (Note [cublaslt products] in src/kernels/cuda/cublaslt.h).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
   // cuDNN's, made on the first convolution (cudnn_handle): a run without one never loads cuDNN.
   std::atomic<cudnnHandle_t> cudnn{nullptr};
+  // cuBLASLt's, made on its first product (cublaslt_handle). It holds no stream: each call names one.
+  std::atomic<cublasLtHandle_t> cublaslt{nullptr};
   // Kernel-raised errors: [0] = error code (0: none), [1], [2] = details. Raised by kernels
   // (cross_entropy.cu), read by synchronize() in context.cu.
   long long* error_flag = nullptr;
 };
 Context& context(int device_index);
 cudnnHandle_t cudnn_handle(int device_index);  // on the context's stream, made on first use
+cublasLtHandle_t cublaslt_handle(int device_index);  // made on first use
+
+// The compute type of a cuBLAS or cuBLASLt product: float32 sums, on TF32 tensor cores where
+// `tf32` (float32 operands under set_tf32_matmul: Note [cuda math modes] in minigrad/cuda.h).
+inline cublasComputeType_t compute_type(bool tf32) {
+  return tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+inline bool tf32_product(DType operands) { return operands == DType::f32 && tf32_matmul(); }
 
 // The error codes kernels raise through Context::error_flag.
 enum : long long { kFlagNone = 0, kFlagBadTarget = 1, kFlagBadIndex = 2 };

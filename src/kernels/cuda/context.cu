@@ -142,6 +142,8 @@ Context& context(int device_index) {
   const auto give_back = [&] { cuda_allocator(device_index).deallocate(ws_ptr, ws); };
   try {
     MG_CUBLAS_CHECK(cublasSetWorkspace(ctx->cublas, ws_ptr, ws));
+    ctx->workspace = ws_ptr;
+    ctx->workspace_bytes = ws;
     ctx->error_flag = static_cast<long long*>(cuda_allocator(device_index).allocate(3 * sizeof(long long)));
   } catch (...) {
     give_back();
@@ -154,20 +156,38 @@ Context& context(int device_index) {
   return *created;
 }
 
+namespace {
+// The handle in `slot`, made by `make` on the device the first time it is asked for.
+template <class H, class Make> H made_once(std::atomic<H>& slot, int device_index, Make make) {
+  if (H h = slot.load(std::memory_order_acquire)) return h;
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  if (H h = slot.load(std::memory_order_acquire)) return h;
+  DeviceGuard guard(device_index);
+  const H h = make();
+  slot.store(h, std::memory_order_release);
+  return h;
+}
+}  // namespace
+
 cudnnHandle_t cudnn_handle(int device_index) {
   Context& ctx = context(device_index);
-  if (cudnnHandle_t h = ctx.cudnn.load(std::memory_order_acquire)) return h;
-  std::lock_guard<std::mutex> lock(g_context_mu);
-  if (cudnnHandle_t h = ctx.cudnn.load(std::memory_order_acquire)) return h;
-  DeviceGuard guard(device_index);
-  cudnnHandle_t h = nullptr;
-  MG_CUDNN_CHECK(cudnnCreate(&h));
-  if (const cudnnStatus_t st = cudnnSetStream(h, ctx.stream); st != CUDNN_STATUS_SUCCESS) {
-    cudnnDestroy(h);
-    MG_CUDNN_CHECK(st);
-  }
-  ctx.cudnn.store(h, std::memory_order_release);
-  return h;
+  return made_once(ctx.cudnn, device_index, [&] {
+    cudnnHandle_t h = nullptr;
+    MG_CUDNN_CHECK(cudnnCreate(&h));
+    if (const cudnnStatus_t st = cudnnSetStream(h, ctx.stream); st != CUDNN_STATUS_SUCCESS) {
+      cudnnDestroy(h);
+      MG_CUDNN_CHECK(st);
+    }
+    return h;
+  });
+}
+
+cublasLtHandle_t cublaslt_handle(int device_index) {
+  return made_once(context(device_index).cublaslt, device_index, [] {
+    cublasLtHandle_t h = nullptr;
+    MG_CUBLAS_CHECK(cublasLtCreate(&h));
+    return h;
+  });
 }
 
 void check_error_flag(int device_index) {

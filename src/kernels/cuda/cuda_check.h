@@ -1,12 +1,13 @@
-// Error checks for the CUDA runtime, cuBLAS and cuDNN, generated from MG_CHECK_GEN
-// (minigrad/core/error.h), so every failure is an mg::Error carrying the expression, file, line and the
-// library's own error string:
+// Error checks for the CUDA runtime, cuBLAS (cuBLASLt returns cuBLAS's status: MG_CUBLAS_CHECK)
+// and cuDNN, generated from MG_CHECK_GEN (minigrad/core/error.h), so every failure is an
+// mg::Error carrying the expression, file, line and the library's own error string:
 //
 //   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream));
 //   relu_forward_kernel<<<grid, block, 0, stream>>>(y, x, n);
 //   MG_CUDA_CHECK_LAUNCH();
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>

@@ -1,5 +1,5 @@
 // Which column-major GEMM computes each product of linear (kernels/linear.h); linear.cu makes
-// the cuBLAS calls these describe, and matmul_math.h reuses GemmCall.
+// the cuBLAS and cuBLASLt calls these describe, and matmul_math.h reuses GemmCall.
 // Plain C++ (no CUDA headers): tests/test_cuda_kernel_math.cpp checks the descriptions on the CPU.
 #pragma once
 
@@ -36,5 +36,20 @@ inline GemmCall linear_dw_gemm(int64_t n, int64_t k, int64_t m) {
 inline GemmCall linear_db_gemm(int64_t n, int64_t m) {
   return {false, false, m, 1, n, GemmOperand::dy, m, GemmOperand::ones, n, m};
 }
+
+// The stored matrices of a GemmCall as cuBLASLt's layouts describe them (column-major: rows,
+// columns, leading dimension): A is (k, m) when transposed, else (m, k); B is (n, k) when
+// transposed, else (k, n); C and D are (m, n). cuBLASLt's bias epilogue adds a vector of C's
+// rows (m); its BGRADB epilogue writes one of C's columns (n), summed over k of op(B).
+struct MatrixShape {
+  int64_t rows, cols, ld;
+};
+inline MatrixShape gemm_a_shape(const GemmCall& g) {
+  return g.trans_a ? MatrixShape{g.k, g.m, g.lda} : MatrixShape{g.m, g.k, g.lda};
+}
+inline MatrixShape gemm_b_shape(const GemmCall& g) {
+  return g.trans_b ? MatrixShape{g.n, g.k, g.ldb} : MatrixShape{g.k, g.n, g.ldb};
+}
+inline MatrixShape gemm_c_shape(const GemmCall& g) { return {g.m, g.n, g.ldc}; }
 
 }  // namespace mg::cuda::math

@@ -1,11 +1,14 @@
-// Batched matrix products on CUDA (kernels/matmul.h): one cublasGemmStridedBatchedEx per product
-// kind. cuBLAS is column-major: the three calls are described by src/kernels/cuda/matmul_math.h
-// (matmul_*_gemm), which tests/test_cuda_kernel_math.cpp checks on the CPU. Math mode as linear's
+// Batched matrix products on CUDA (kernels/matmul.h): one strided batch of products per product
+// kind, through cuBLASLt (cublasLtMatmul, Note [cublaslt products] in src/kernels/cuda/cublaslt.h)
+// when it is on and has an algorithm for the case, else cublasGemmStridedBatchedEx. cuBLAS is
+// column-major: the three calls are described by src/kernels/cuda/matmul_math.h (matmul_*_gemm,
+// matmul_strides), which tests/test_cuda_kernel_math.cpp checks on the CPU. Math mode as linear's
 // (Note [cuda math modes]): strict FP32 unless mg::cuda::set_tf32_matmul(true). Storage as
 // linear's (Note [cuda half kernels] in src/kernels/cuda/storage.cuh): a, b and dy float32, or all
 // bf16 or all f16, with float32 sums; each product's C in its own dtype (a parameter's gradient
 // may be float32 from bf16 operands).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/matmul_math.h"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/matmul.h"
@@ -25,21 +28,21 @@ void batched_gemm(const cuda::math::GemmCall& g, const MatmulDims& d, const Tens
                   const Tensor& dy, Tensor& c) {
   using cuda::math::GemmOperand;
   auto operand = [&](GemmOperand o) -> const Tensor& { return o == GemmOperand::x ? a : o == GemmOperand::w ? b : dy; };
-  auto stride = [&](GemmOperand o) {
-    return static_cast<long long>(o == GemmOperand::x ? d.m * d.k : o == GemmOperand::w ? d.k * d.n : d.m * d.n);
-  };
+  const cuda::math::BatchStrides s = cuda::math::matmul_strides(g, d.m, d.k, d.n);
   const Tensor &ta = operand(g.a), &tb = operand(g.b);
   const DType ab = cuda::check_same_dtype("matmul", {&ta, &tb});
-  const cublasComputeType_t compute =
-      ab == DType::f32 && cuda::tf32_matmul() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const bool tf32 = cuda::tf32_product(ab);
   const float alpha = 1.0f, beta = 0.0f;
-  cuda::Context& ctx = cuda::context(cuda::device_of(dy.defined() ? dy : a));
+  const int dev = cuda::device_of(dy.defined() ? dy : a);
+  const cuda::LtProduct p{g, ab, c.dtype(), tf32, cuda::LtEpilogue::none, d.batch, s.a, s.b, s.c};
+  // An empty sum (k = 0) stays with GemmEx, which writes C = 0 for it.
+  if (g.k > 0 && cuda::cublaslt() && cuda::lt_matmul(dev, p, ta.raw_data(), tb.raw_data(), beta, c.raw_data())) return;
   MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      ctx.cublas, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(g.m),
-      static_cast<int>(g.n), static_cast<int>(g.k), &alpha, ta.raw_data(), cuda::cuda_type(ab), static_cast<int>(g.lda),
-      stride(g.a), tb.raw_data(), cuda::cuda_type(ab), static_cast<int>(g.ldb), stride(g.b), &beta, c.raw_data(),
-      cuda::cuda_type(c.dtype()), static_cast<int>(g.ldc), static_cast<long long>(g.m * g.n), static_cast<int>(d.batch),
-      compute, CUBLAS_GEMM_DEFAULT));
+      cuda::context(dev).cublas, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), &alpha, ta.raw_data(), cuda::cuda_type(ab),
+      static_cast<int>(g.lda), s.a, tb.raw_data(), cuda::cuda_type(ab), static_cast<int>(g.ldb), s.b, &beta,
+      c.raw_data(), cuda::cuda_type(c.dtype()), static_cast<int>(g.ldc), s.c, static_cast<int>(d.batch),
+      cuda::compute_type(tf32), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace

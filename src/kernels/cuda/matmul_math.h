@@ -22,4 +22,14 @@ inline GemmCall matmul_db_gemm(int64_t m, int64_t k, int64_t n) {
   return {false, true, n, k, m, GemmOperand::dy, n, GemmOperand::x, k, n};
 }
 
+// Elements from one product's matrices to the next's in a batch of products (a: M x K, b: K x N,
+// y and dy: M x N each), for the call's A, B and C.
+struct BatchStrides {
+  int64_t a, b, c;
+};
+inline BatchStrides matmul_strides(const GemmCall& g, int64_t m, int64_t k, int64_t n) {
+  const auto of = [&](GemmOperand o) { return o == GemmOperand::x ? m * k : o == GemmOperand::w ? k * n : m * n; };
+  return {of(g.a), of(g.b), g.m * g.n};
+}
+
 }  // namespace mg::cuda::math

@@ -14,11 +14,13 @@ std::atomic<bool> g_tf32_conv{true};
 std::atomic<bool> g_benchmark{false};
 std::atomic<bool> g_deterministic{true};
 std::atomic<size_t> g_ws_limit{size_t{1} << 30};
-bool attention_from_env() {
-  const char* v = std::getenv("MG_CUDNN_ATTENTION");
+// A switch that is on unless the environment variable is "0", read once at start.
+bool on_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
-std::atomic<bool> g_cudnn_attention{attention_from_env()};
+std::atomic<bool> g_cudnn_attention{on_unless_zero("MG_CUDNN_ATTENTION")};
+std::atomic<bool> g_cublaslt{on_unless_zero("MG_CUBLASLT")};
 }  // namespace
 
 void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
@@ -33,5 +35,7 @@ void set_conv_workspace_limit(size_t bytes) { g_ws_limit = bytes; }
 size_t conv_workspace_limit() { return g_ws_limit; }
 void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
 bool cudnn_attention() { return g_cudnn_attention; }
+void set_cublaslt(bool on) { g_cublaslt = on; }
+bool cublaslt() { return g_cublaslt; }
 
 }  // namespace mg::cuda
