@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
                            return mg::cross_entropy(logits.reshape({-1, V}), y.reshape({-1}), mg::Reduction::sum);
                          },
                          .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
-                         .precision = mg::parse_precision(f.precision)},
+                         .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
                 config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),

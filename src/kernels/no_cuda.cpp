@@ -1,6 +1,7 @@
 // Compiled only into builds without the CUDA backend.
 #include "core/allocator.h"
 #include <minigrad/core/device.h>
+#include "core/staging.h"
 #include "core/tape.h"
 #include "kernels/dispatch.h"
 
@@ -16,6 +17,7 @@ Allocator& cuda_allocator(int) {
 }
 
 void* cuda_host_alloc(size_t) { return nullptr; }
+void* cuda_host_alloc_on(size_t, int) { return nullptr; }
 void cuda_host_free(void*) {}
 
 namespace detail {
@@ -26,6 +28,11 @@ void no_cuda_build(const char* what) {
 
 void* cuda_offload_copy(void*, const void*, size_t, int, bool) { detail::no_cuda_build("offload"); }
 void cuda_offload_wait(void*) {}
+void* cuda_stage_mark(int) { detail::no_cuda_build("staged batches"); }
+void* cuda_stage_copy(int, void*, const StageCopy*, size_t) { detail::no_cuda_build("staged batches"); }
+void cuda_stage_join(int, void*) { detail::no_cuda_build("staged batches"); }
+bool cuda_event_done(void*) { return true; }
+void cuda_event_free(void*) {}
 
 void synchronize_cuda(int) { detail::no_cuda_build("synchronize"); }
 void* cuda_mark(int) { detail::no_cuda_build("profiler"); }
