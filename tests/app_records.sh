@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The apps' --prefetch and their per-step records, on the CPU:
+# The apps' --prefetch and the records issue 36's cliff stage reads (scripts/gpu_verify.sh cliff),
+# on the CPU:
 #   - vgg_ckpt, mnist_ga (an accumulation schedule, the epochs' short last windows) and gpt_train
 #     (windows of a token stream) with --prefetch on give the losses of --prefetch off, to the bit
 #     (Note [prefetched micro-batches]), and say in --json whether they read ahead;
-#   - their --json has, per step, the wait for data, the peaks and the system allocations.
+#   - vgg_ckpt's --json has, per step, the wait for data, the peaks and the system allocations;
+#     --conv-workspace-limit 2GiB is the JSON's limit; --conv-algos says that no convolution ran
+#     on a GPU and lists none.
 # Exit 77 (skipped) without python3.
 #   tests/app_records.sh build/bin/vgg_ckpt build/bin/mnist_ga build/bin/gpt_train
 set -u
@@ -21,13 +24,15 @@ run() {
   shift 2
   timeout 120 "$bin" "$@" --json "$T/$name.json" > "$T/$name.log" 2>&1 || fail "$name failed: $(tail -3 "$T/$name.log")"
 }
-V=(--width-div 16 --image-size 32 --batch-size 8 --steps 3 --checkpoint sqrt)
+V=(--width-div 16 --image-size 32 --batch-size 8 --steps 3 --checkpoint sqrt --conv-algos --conv-workspace-limit 2GiB)
 for p in off on; do
   run "vgg_$p" "$VGG_CKPT" "${V[@]}" --prefetch $p
   run "mnist_$p" "$MNIST_GA" --synthetic --limit-train 100 --limit-test 20 --epochs 2 --batch-size 16 \
     --accum-schedule 0:2,1:3 --prefetch $p
   run "gpt_$p" "$GPT_TRAIN" --config tiny --batch-size 4 --steps 3 --accum 2 --prefetch $p
 done
+grep -q "conv algorithms: none chosen (no convolution ran on a GPU)" "$T/vgg_on.log" \
+  || fail "vgg_ckpt --conv-algos did not say that nothing was chosen: $(tail -5 "$T/vgg_on.log")"
 
 python3 - "$T" <<'PY' || fail "see above"
 import json, os, sys
@@ -46,6 +51,11 @@ for app in ("vgg", "mnist", "gpt"):
             errors.append(f"{app}: {key} has {len(on.get(key, []))} entries for {steps} steps")
     if max(on["step_peak_in_use_bytes"]) != on["peak_in_use_bytes"]:
         errors.append(f"{app}: the steps' peaks {on['step_peak_in_use_bytes']} against {on['peak_in_use_bytes']}")
+v = rd("vgg_on")
+if v.get("conv_workspace_limit_bytes") != 2 << 30:
+    errors.append(f"vgg: conv_workspace_limit_bytes {v.get('conv_workspace_limit_bytes')}, expected {2 << 30}")
+if v.get("conv_algorithms") != []:
+    errors.append(f"vgg: conv_algorithms {v.get('conv_algorithms')!r} on the CPU, expected []")
 # The next micro-batch is part of the fixed bytes with prefetch on: 8 images of 3x32x32 and their labels.
 extra = rd("vgg_on")["fixed_bytes"] - rd("vgg_off")["fixed_bytes"]
 if extra != 8 * (3 * 32 * 32 * 4 + 8):
@@ -54,4 +64,4 @@ for e in errors:
     print("app_records:", e)
 sys.exit(1 if errors else 0)
 PY
-echo "app_records: the same losses with --prefetch on and off (vgg_ckpt, mnist_ga, gpt_train); the per-step records in --json"
+echo "app_records: the same losses with --prefetch on and off (vgg_ckpt, mnist_ga, gpt_train); the per-step records and the conv flags in --json"

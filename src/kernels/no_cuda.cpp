@@ -1,6 +1,7 @@
 // Compiled only into builds without the CUDA backend.
 #include "core/allocator.h"
 #include <minigrad/core/device.h>
+#include <minigrad/cuda.h>
 #include "core/staging.h"
 #include "core/tape.h"
 #include "kernels/dispatch.h"
@@ -38,5 +39,7 @@ void synchronize_cuda(int) { detail::no_cuda_build("synchronize"); }
 void* cuda_mark(int) { detail::no_cuda_build("profiler"); }
 double cuda_mark_ms(void*, void*) { detail::no_cuda_build("profiler"); }
 void cuda_mark_free(void*) {}
+
+std::vector<cuda::ConvAlgorithm> cuda::conv_algorithms() { return {}; }  // no conv2d ran on a GPU
 
 }  // namespace mg
