@@ -17,6 +17,7 @@
 #   bash scripts/gpu_verify.sh overlap      # issue 13: NCCL over one rank, the buckets' timeline
 #   bash scripts/gpu_verify.sh offload      # issue 38: offload against recompute at equal budgets, 4x the batch
 #   bash scripts/gpu_verify.sh precision    # issue 35: GPT-2 and VGG16 in bf16 against fp32/tf32
+#   bash scripts/gpu_verify.sh cliff        # issue 36: VGG16 at B 32 and 64, cuDNN's choices, cudaMalloc per step
 #   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
 #
@@ -568,6 +569,91 @@ PY
   return $rc
 }
 
+# Issue 36 (docs/gpu-queue.md item 13): the batch-64 cliff (VGG16 224: 31.1 ms a step at B 32,
+# 80.0 ms at B 64 on an H200). vgg_ckpt at B 32 and 64, at 64 with CLIFF_LIMIT (default 8GiB) of
+# cuDNN workspace instead of 1 GiB, and at 64 with --prefetch off, each with --conv-algos and its
+# --json: the summary gives ms per sample, cudaMalloc calls and reserved bytes per step after the
+# first, the wait for data, and the layers whose algorithm differs between B 32 and 64 and between
+# the two limits. CLIFF_DEVICE (default cuda) and CLIFF_MODEL_ARGS (default --image-size 224) run
+# it elsewhere: CLIFF_DEVICE=cpu CLIFF_MODEL_ARGS="--width-div 16 --image-size 32" on a CPU build.
+# About 3 minutes on the H200 (each run spends 25 to 40 s planning).
+stage_cliff() {
+  have_build || return 1
+  local rc=0 r name b lim extra
+  # shellcheck disable=SC2206
+  local vgg=("$build/bin/vgg_ckpt" --device "${CLIFF_DEVICE:-cuda}" ${CLIFF_MODEL_ARGS:---image-size 224}
+             --steps "${CLIFF_STEPS:-8}" --tf32 conv --conv-algos)
+  for spec in "b32:32::" "b64:64::" "b64_limit:64:${CLIFF_LIMIT:-8GiB}:" "b64_no_prefetch:64::--prefetch off"; do
+    IFS=: read -r name b lim extra <<<"$spec"
+    # shellcheck disable=SC2086
+    timeout "${CLIFF_TIMEOUT:-150}" "${vgg[@]}" --batch-size "$b" ${lim:+--conv-workspace-limit "$lim"} $extra \
+      --json "$log/cliff_$name.json" >"$log/cliff_$name.log" 2>&1
+    r=$?
+    note "cliff: vgg16 B=$b${lim:+, workspace limit $lim}${extra:+, $extra}: exit $r; $(grep -E '^median step' "$log/cliff_$name.log" | tail -1)"
+    [ $r -ne 0 ] && rc=1
+  done
+  "$py" - "$log" >>"$log/summary.txt" 2>&1 <<'PY'
+import json, os, statistics, sys
+log = sys.argv[1]
+def rd(name):
+    p = os.path.join(log, f"cliff_{name}.json")
+    return json.load(open(p)) if os.path.exists(p) else None
+runs = {n: rd(n) for n in ("b32", "b64", "b64_limit", "b64_no_prefetch")}
+def gib(b): return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+def after_first(v): return v[1:] if len(v) > 1 else v
+for name, j in runs.items():
+    if not j:
+        print(f"  {name}: no record")
+        continue
+    b = j["batch_size"]
+    allocs = after_first(j.get("step_system_allocs", []))
+    reserved = after_first(j.get("step_peak_reserved_bytes", []))
+    in_use = after_first(j.get("step_peak_in_use_bytes", []))
+    data = after_first(j.get("step_data_ms", []))
+    print(f"  {name}: {j['median_step_ms']:.1f} ms a step, {j['median_step_ms'] / b:.3f} ms/sample; cudaMalloc per step "
+          f"after the first {allocs}; peak in use {gib(max(in_use or [0]))}, reserved {gib(max(reserved or [0]))} "
+          f"(predicted {gib(j['predicted_peak_bytes'])}); data wait median {statistics.median(data or [0]):.2f} ms; "
+          f"prefetch {j.get('prefetch')}; workspace limit {gib(j.get('conv_workspace_limit_bytes', 0))}")
+# The step's own choices (x's batch = the step's), by layer shape and pass.
+def choices(j):
+    if not j:
+        return {}
+    b = j["micro_batch"]
+    return {(tuple(a["x"][1:]), tuple(a["w"]), a["stride"], a["pad"], a["pass"]): a
+            for a in j.get("conv_algorithms", []) if a["x"][0] == b}
+def differ(a, b, what):
+    ca, cb = choices(runs[a]), choices(runs[b])
+    if not ca or not cb:
+        print(f"  {what}: no conv_algorithms to compare")
+        return []
+    rows = []
+    for key in sorted(set(ca) & set(cb)):
+        x, y = ca[key], cb[key]
+        if (x["algo_name"], x["math"]) != (y["algo_name"], y["math"]):
+            rows.append(f"x[1:] {list(key[0])} w {list(key[1])} {key[4]}: {x['algo_name']} ({x['math']}, {gib(x['workspace_bytes'])}) "
+                        f"-> {y['algo_name']} ({y['math']}, {gib(y['workspace_bytes'])})"
+                        + ("; passed over at " + b + ": " + ", ".join(f"{s['algo_name']} ({s['why']}, {gib(s['workspace_bytes'])})"
+                                                                     for s in y["skipped"]) if y["skipped"] else ""))
+    print(f"  {what}: {len(rows)} of {len(set(ca) & set(cb))} (layer, pass) differ")
+    for r in rows:
+        print("    " + r)
+    return rows
+d1 = differ("b32", "b64", "algorithms B=32 -> B=64")
+d2 = differ("b64", "b64_limit", "algorithms B=64 -> B=64 with the larger workspace limit")
+over = sum(1 for a in choices(runs["b64"]).values() for s in a["skipped"] if s["why"] == "workspace over the limit")
+r32, r64, rl = runs["b32"], runs["b64"], runs["b64_limit"]
+if r32 and r64:
+    ratio = (r64["median_step_ms"] / 64) / (r32["median_step_ms"] / 32)
+    allocs64 = sum(after_first(r64.get("step_system_allocs", [])))
+    print(f"cliff: ms/sample B=64 / B=32 = {ratio:.2f}; B=64 with the larger limit "
+          f"{(rl['median_step_ms'] / 64) / (r32['median_step_ms'] / 32) if rl else float('nan'):.2f}; "
+          f"{len(d1)} (layer, pass) change algorithm 32->64, {len(d2)} with the larger limit; "
+          f"{over} choices at B=64 passed over a faster algorithm for its workspace; "
+          f"cudaMalloc calls in B=64's steps after the first: {allocs64}")
+PY
+  return $rc
+}
+
 # Any command with the stages' environment (the build's libraries, NCCL's and cuDNN's, PYTHON),
 # after the build is made or unpacked: GPU_VERIFY_CMD="..." bash scripts/gpu_verify.sh exec.
 # $build and $log name the build and the log folder for it.
@@ -583,8 +669,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | precision | pack | exec) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, precision, pack or exec)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | precision | cliff | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, precision, cliff, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -214,6 +214,13 @@ vgg_ckpt | --width-div    | Value 65 not in range                      | --width
 vgg_ckpt | --image-size   | Value 31 not in range                      | --image-size 31
 vgg_ckpt | --image-size   | Value 4097 not in range                    | --image-size 4097
 vgg_ckpt | --tf32         | x not in {on,off,conv}                     | --tf32 x
+vgg_ckpt | --conv-workspace-limit | expected a number with an optional unit | $V --conv-workspace-limit lots
+vgg_ckpt | --conv-workspace-limit | expected a number with an optional unit | $V --conv-workspace-limit -1GiB
+vgg_ckpt | --conv-workspace-limit | an empty value names nothing       | $V --conv-workspace-limit ''
+vgg_ckpt | --prefetch     | bogus not in {auto,on,off}                 | $V --prefetch bogus
+vgg_ckpt | --data         | is neither a JPEG nor a PNG file           | $V --data "$T/imgbad" --prefetch on
+mnist_ga | --prefetch     | yes not in {auto,on,off}                   | $M --prefetch yes
+gpt_train | --prefetch    | 1 not in {auto,on,off}                     | $G --prefetch 1
 vgg_ckpt | --seed         | Value -1 is not an integer in [0, 2^64)    | --seed -1
 vgg_ckpt | --bogus        | not expected: --bogus                      | --bogus
 vgg_ckpt | --data         | is not a directory                         | $V --data "$T/missing"

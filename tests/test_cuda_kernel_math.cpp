@@ -14,6 +14,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/attention_math.h"
 #include "kernels/cuda/cublaslt.h"
+#include "kernels/cuda/conv_algos.h"
 #include "kernels/cuda/dropout_math.h"
 #include "kernels/cuda/embedding_math.h"
 #include "kernels/cuda/layer_norm_math.h"
@@ -882,5 +883,29 @@ TEST_CASE("kernel math: embedding's keys, stable sort and offsets give embedding
         }
       }
     }
+  }
+}
+
+TEST_CASE("kernel math: cuDNN's convolution algorithms by name; none listed before a convolution on a GPU") {
+  // mg::cuda::conv_algorithms() names the cached choices through conv_algos.h, whose tables follow
+  // cuDNN 9's enum values (conv2d.cu checks them against cudnn.h when it compiles).
+  using cuda::ConvPass;
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::forward, 1)) == "IMPLICIT_PRECOMP_GEMM");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::forward, 7)) == "WINOGRAD_NONFUSED");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::backward_data, 1)) == "ALGO_1");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::backward_data, 3)) == "FFT_TILING");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::backward_filter, 3)) == "ALGO_3");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::backward_filter, 6)) == "FFT_TILING");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::forward, 8)) == "?");
+  CHECK(std::string(cuda::conv_algo_name(ConvPass::backward_filter, -1)) == "?");
+  CHECK(std::string(cuda::cudnn_math_name(1)) == "tensor op");
+  CHECK(std::string(cuda::cudnn_math_name(3)) == "fma");
+  CHECK(std::string(cuda::conv_pass_name(ConvPass::backward_filter)) == "backward filter");
+  // A convolution on the CPU chooses nothing; without a GPU nothing ran on one.
+  if (!cuda_available()) {
+    Generator gen(3);
+    const Tensor x = Tensor::randn({2, 3, 8, 8}, gen), w = Tensor::randn({4, 3, 3, 3}, gen);
+    (void)conv2d(x, w, Tensor(), 1, 1);
+    CHECK(cuda::conv_algorithms().empty());
   }
 }

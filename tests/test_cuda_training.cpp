@@ -19,6 +19,7 @@
 #include <minigrad/optim/accumulate.h>
 #include <minigrad/optim/optimizer.h>
 #include <minigrad/optim/train_state.h>
+#include <minigrad/train/trainer.h>
 
 using namespace mg;
 using namespace mg::test;
@@ -444,6 +445,41 @@ TEST_CASE("cuda: a training state saved from the device resumes on the device bi
     CHECK(pb[i].is_cuda());
     CHECK(test::bit_equal(pb[i].cpu(), pa[i].cpu()));
   }
+}
+
+// Note [prefetched micro-batches] on a GPU: the next micro-batch read into page-locked memory and
+// copied on the copy stream while one computes (Note [staged batches]). Deterministic convolutions
+// (the default) make the bits comparable: prefetch on must give those of prefetch off, and the
+// step's peak must hold the one micro-batch more that the plan counts.
+TEST_CASE("cuda: the Trainer's prefetched micro-batches give the bits of prefetch off; the peak holds one more") {
+  const auto data = random_dataset(72, {3, 32, 32}, 3, 7);
+  std::vector<std::vector<std::vector<uint8_t>>> bits;
+  std::vector<FitReport> reports;
+  std::vector<size_t> staged;
+  for (Prefetch p : {Prefetch::off, Prefetch::on}) {
+    manual_seed(21);
+    auto m = nn::make_vgg16(3, 16, 0.3f);
+    m->to(kGpu);
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    Trainer t(*m, data, opt, {.batch_size = 32, .micro_batch = 12, .checkpoint = "sqrt", .epochs = 2, .drop_last = false,
+                              .seed = 2, .progress = Progress::off, .prefetch = p});
+    reports.push_back(t.fit());
+    staged.push_back(t.cost().staged_bytes);
+    bits.push_back(state_bits(*m));
+  }
+  CHECK(reports[1].prefetch);
+  CHECK(reports[1].steps == 6);
+  CHECK(reports[1].losses == reports[0].losses);
+  CHECK(bits[1] == bits[0]);
+  CHECK(staged[0] == 0);
+  CHECK(staged[1] == 12 * (3 * 32 * 32 * sizeof(float) + sizeof(int64_t)));
+  const FitReport& on = reports[1];
+  MESSAGE("prefetch on: peak " << on.peak_in_use << " B (predicted " << on.plan.predicted_peak << ", off "
+                               << reports[0].peak_in_use << "), data wait per step (ms) " << on.step_data_ms[1] << ", "
+                               << on.step_data_ms[2] << "; cudaMalloc calls per step " << on.step_system_allocs[1] << ", "
+                               << on.step_system_allocs[2]);
+  CHECK(on.peak_in_use >= reports[0].peak_in_use);
+  CHECK(on.peak_in_use <= on.plan.predicted_peak + on.plan.predicted_peak / 100);
 }
 
 #endif  // MINIGRAD_WITH_CUDA

@@ -2,6 +2,7 @@
 // prints it: on VGG16/8, ResNet-50/8 and the tiny GPT the terms sum to the predicted peak, and a
 // real step's peak is that prediction (to 64 bytes). Offloaded plans report their host bytes, and
 // the host pool's peak is them.
+#include <algorithm>
 #include <numeric>
 
 #include "helpers.h"
@@ -83,5 +84,29 @@ TEST_CASE("explain_memory: ResNet-50/8 and the tiny GPT") {
                  .offload = nn::MeasureOptions::Offload::on, .progress = Progress::off});
       check_report(t, (std::string("tiny GPT, ") + plan).c_str());
     }
+  }
+}
+
+TEST_CASE("explain_memory with prefetch: the next micro-batch is a term, and the step's peak is the prediction") {
+  // Note [prefetched micro-batches]: one more micro-batch (inputs and targets) on the device
+  // through every step, in the plan's fixed part; on the CPU the same staging runs, so the
+  // measured peak must still be the prediction (to 64 bytes), within a window of several
+  // micro-batches and across windows.
+  const auto data = test::random_dataset(48, {3, 64, 64}, 2, 10);
+  for (const char* plan : {"none", "sqrt"}) {
+    manual_seed(1);
+    auto m = nn::make_vgg16(2, 8);
+    optim::SGD opt(m->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    Trainer t(*m, data, opt, {.batch_size = 16, .micro_batch = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2,
+                              .progress = Progress::off, .prefetch = Prefetch::on});
+    t.plan();
+    const nn::MemoryReport r = t.explain_memory();
+    const auto staged = std::find_if(r.terms.begin(), r.terms.end(), [](const nn::MemoryTerm& term) {
+      return term.name == "the next micro-batch";
+    });
+    REQUIRE(staged != r.terms.end());
+    CHECK(staged->bytes == 8 * (3 * 64 * 64 * sizeof(float) + sizeof(int64_t)));
+    CHECK(t.cost().staged_bytes == staged->bytes);
+    check_report(t, (std::string("VGG16/8 with prefetch, ") + plan).c_str());
   }
 }

@@ -289,3 +289,165 @@ TEST_CASE("Trainer: Normalize::micro_batches is the usual recipe, and a schedule
                                                .progress = Progress::off}),
                        doctest::Contains("makes a step of 128 samples, more than the data set's 64"), Error);
 }
+
+namespace {
+
+// One training run's result: the weights' and buffers' bits and the losses, with prefetch on or off.
+struct Run {
+  std::vector<std::vector<uint8_t>> bits;
+  std::vector<double> losses;
+  FitReport report;
+};
+
+// The inner data set's samples, except one that cannot be read (a damaged file in an image folder).
+class Unreadable : public data::Dataset {
+ public:
+  Unreadable(std::shared_ptr<const data::Dataset> inner, int64_t bad) : inner_(std::move(inner)), bad_(bad) {}
+  int64_t size() const override { return inner_->size(); }
+  Shape sample_shape() const override { return inner_->sample_shape(); }
+
+ private:
+  void read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x, std::span<int64_t> y) const override {
+    for (int64_t i : indices) MG_CHECK(i != bad_, "image " << i << " is damaged: not a JPEG file (malformed header)");
+    inner_->read_batch(indices, epoch, x, y);
+  }
+  std::shared_ptr<const data::Dataset> inner_;
+  int64_t bad_;
+};
+
+}  // namespace
+
+TEST_CASE("Trainer: prefetching the next micro-batch changes no bit (accumulation, short last windows, windows)") {
+  // Note [prefetched micro-batches]: on the CPU the same reading thread and staging run, with plain
+  // copies, so the bits with prefetch on must be those with it off.
+  auto run = [](auto make_model, std::shared_ptr<const data::Dataset> data, TrainerOptions o, Prefetch p) {
+    manual_seed(21);
+    auto m = make_model();
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    o.prefetch = p;
+    o.progress = Progress::off;
+    Run r;
+    r.report = Trainer(*m, data, opt, o).fit();
+    CHECK(r.report.prefetch == (p == Prefetch::on));
+    r.bits = test::state_bits(*m);
+    r.losses = r.report.losses;
+    return r;
+  };
+  SUBCASE("MLP: micro-batches of 24 in windows of 64 then 128 (a schedule), the epochs' short last windows kept") {
+    // 200 samples: epoch 0 in windows of 64 (the last of 8), epoch 1 of 128 (the last of 72); the
+    // micro-batches 24, 24, 16 per group of 64, the last ones shorter.
+    const auto data = test::random_dataset(200, {1, 8, 8}, 10, 6);
+    const TrainerOptions o{.batch_size = 64, .micro_batch = 24, .epochs = 2, .clip_norm = 1.0f,
+                           .accumulation = optim::AccumulationSchedule::parse("0:1,1:2"), .drop_last = false, .seed = 4};
+    auto mlp = [] { return nn::make_mlp({64, 32, 10}); };
+    const Run off = run(mlp, data, o, Prefetch::off), on = run(mlp, data, o, Prefetch::on);
+    CHECK(on.report.steps == 4 + 2);
+    CHECK(on.losses == off.losses);
+    CHECK(on.bits == off.bits);
+    CHECK(on.report.step_data_ms.size() == 6);
+    CHECK(on.report.step_system_allocs.size() == 6);
+  }
+  SUBCASE("VGG16/16 with dropout, a checkpoint plan, micro-batches of 12 in steps of 32, the last step of 8") {
+    const auto data = test::random_dataset(72, {3, 32, 32}, 3, 7);
+    const TrainerOptions o{.batch_size = 32, .micro_batch = 12, .checkpoint = "sqrt", .epochs = 1, .drop_last = false,
+                           .seed = 2};
+    auto vgg = [] { return nn::make_vgg16(3, 16, 0.3f); };
+    const Run off = run(vgg, data, o, Prefetch::off), on = run(vgg, data, o, Prefetch::on);
+    CHECK(on.report.steps == 3);
+    CHECK(on.losses == off.losses);
+    CHECK(on.bits == off.bits);
+  }
+  SUBCASE("a tiny GPT's windows of a token stream, micro-batches of 3 rows of 8") {
+    std::vector<Run> runs;
+    for (Prefetch p : {Prefetch::off, Prefetch::on}) {
+      test::TinyGpt gpt;
+      optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+      const FitReport r = Trainer(*gpt.model, std::shared_ptr<const data::WindowData>(gpt.windows), opt,
+                                  {.batch_size = 8, .micro_batch = 3, .max_steps = 3, .loss = gpt.loss(),
+                                   .progress = Progress::off, .prefetch = p})
+                              .fit();
+      CHECK(r.steps == 3);
+      runs.push_back({test::state_bits(*gpt.model), r.losses, r});
+    }
+    CHECK(runs[1].losses == runs[0].losses);
+    CHECK(runs[1].bits == runs[0].bits);
+  }
+}
+
+TEST_CASE("Trainer: a micro-batch that cannot be read throws its own error at its step, prefetched or not") {
+  // The sample at position 40 of epoch 0's order is damaged: windows of 16 in micro-batches of 8,
+  // so the error belongs to step 3's second micro-batch. Read ahead, it was met during step 3's
+  // first micro-batch (or before); it must still surface at that step, as the same error, after
+  // the steps before it were taken, with no crash and no hang.
+  const auto inner = test::random_dataset(96, {1, 8, 8}, 10, 8);
+  const int64_t bad = data::epoch_permutation(96, 3, 0)[40];
+  const auto data = std::make_shared<Unreadable>(inner, bad);
+  std::vector<std::string> errors;
+  std::vector<std::vector<std::vector<uint8_t>>> bits;
+  for (Prefetch p : {Prefetch::off, Prefetch::on}) {
+    manual_seed(5);
+    auto m = nn::make_mlp({64, 32, 10});
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    int64_t steps = 0;
+    TrainerCallbacks cb{.on_step = [&](const StepReport&) { ++steps; }};
+    Trainer t(*m, data, opt, {.batch_size = 16, .micro_batch = 8, .epochs = 2, .seed = 3, .progress = Progress::off,
+                              .prefetch = p},
+              cb);
+    try {
+      t.fit();
+      FAIL("the damaged sample was never read");
+    } catch (const Error& e) {
+      errors.push_back(e.what());
+    }
+    CHECK(steps == 2);  // steps 1 and 2 were taken, step 3 was not
+    bits.push_back(test::state_bits(*m));
+  }
+  CHECK_MESSAGE(errors[0].find("image " + std::to_string(bad) + " is damaged") != std::string::npos, errors[0]);
+  CHECK(errors[1] == errors[0]);
+  CHECK(bits[1] == bits[0]);
+}
+
+TEST_CASE("Trainer: out of memory with prefetch on drops the staged micro-batch, redoes the window, keeps the bits") {
+  // A cap lowered after step 2 makes step 3 run out of memory with the next micro-batch staged: it
+  // is dropped before re-planning, and the window is read again in the new plan's micro-batches.
+  // The run must re-plan at the same step as with prefetch off and end with the same bits.
+  Uncap uncap;
+  const Device cpu = Device::cpu();
+  const auto data = test::random_dataset(64, {3, 32, 32}, 3, 9);  // 4 steps of 16
+  size_t high = 0, low = 0;
+  {
+    manual_seed(1);
+    auto m = nn::make_vgg16(3, 16);
+    optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
+    const nn::ChainCost cost = nn::measure_chain(*m, {8, 3, 32, 32});
+    const size_t floor = nn::min_feasible_peak(cost), full = nn::plan_none(cost).predicted_peak;
+    REQUIRE(floor < full);
+    high = full * 2;
+    low = (floor + 3 * full) / 4;
+  }
+  std::vector<std::vector<std::vector<uint8_t>>> bits;
+  std::vector<size_t> peaks;  // step 1's, before the cap
+  for (Prefetch p : {Prefetch::off, Prefetch::on}) {
+    manual_seed(1);
+    auto m = nn::make_vgg16(3, 16);
+    optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
+    TrainerCallbacks cb{.on_step = [&](const StepReport& s) {
+      if (s.step == 1) set_memory_limit(cpu, low);
+    }};
+    Trainer t(*m, data, opt, {.batch_size = 16, .memory_budget = std::to_string(high), .micro_batch = 8, .epochs = 1,
+                              .seed = 7, .progress = Progress::off, .prefetch = p},
+              cb);
+    const FitReport r = t.fit();
+    set_memory_limit(cpu, 0);
+    REQUIRE(r.replans.size() == 1);
+    CHECK(r.replans[0].step == 2);
+    CHECK(r.steps == 4);
+    REQUIRE(r.step_peak_in_use.size() == 4);
+    CHECK(r.step_peak_in_use[2] <= low);  // the redone step and the next, under the cap
+    CHECK(r.step_peak_in_use[3] <= low);
+    peaks.push_back(r.step_peak_in_use[0]);
+    bits.push_back(test::state_bits(*m));
+  }
+  CHECK(bits[1] == bits[0]);
+  CHECK(peaks[1] - peaks[0] == 8 * (3 * 32 * 32 * sizeof(float) + sizeof(int64_t)));  // the staged micro-batch
+}

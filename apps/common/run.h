@@ -1,6 +1,6 @@
 // The flags every app takes for a run through mg::Trainer, defined once: the device, the seed, the
-// memory (--memory-budget, --memory-limit, --checkpoint, --tiles), the records (--save-dir, --json,
-// --profile, --timeline); what is set up from them before the model is made; the plan as the apps
+// memory (--memory-budget, --memory-limit, --checkpoint, --tiles), reading ahead (--prefetch), the
+// records (--save-dir, --json, --profile, --timeline); what is set up from them before the model is made; the plan as the apps
 // print it and write it to --json; and main's error handling.
 //
 //   RunFlags f{.device = "cpu"};                     // an app's defaults
@@ -42,7 +42,7 @@ struct RunFlags {
   std::string device = "cpu";
   uint64_t seed = 0;
   std::string memory_budget, memory_limit, checkpoint = "none", tiles = "on", precision = "fp32";
-  std::string offload = "auto", host_memory_limit;
+  std::string offload = "auto", host_memory_limit, prefetch = "auto";
   bool explain_memory = false;
   std::string save_dir, json_path, timeline_path;
   StepProfile prof;
@@ -50,7 +50,7 @@ struct RunFlags {
 };
 
 // --device, --seed, --memory-budget (which excludes --checkpoint), --memory-limit, --checkpoint,
-// --tiles, --save-dir, --json, --profile and, when f.timeline, --timeline. `per_step` says what
+// --tiles, --offload, --prefetch, --save-dir, --json, --profile and, when f.timeline, --timeline. `per_step` says what
 // --batch-size counts under --memory-budget.
 inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_step) {
   app.add_option("--device", f.device, "auto, cpu or cuda[:i]")->check(nonempty())->capture_default_str();
@@ -70,6 +70,9 @@ inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_ste
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--offload", f.offload, "auto (CUDA only) | on | off: plans may keep a segment's activations in the host "
                  "pool instead of recomputing them (on the CPU an emulation: Note [offload])")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  app.add_option("--prefetch", f.prefetch, "auto (CUDA only) | on | off: read the next micro-batch on a thread and copy "
+                 "it to the device while one computes, one micro-batch more in memory (Note [prefetched micro-batches])")
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   app.add_option("--host-memory-limit", f.host_memory_limit, "cap the host pool offloaded activations wait in "
                  "(mg::set_host_memory_limit); plans offload no more")->check(nonempty());
@@ -128,6 +131,10 @@ inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
 inline mg::nn::MeasureOptions::Offload offload_mode(const RunFlags& f) {
   using O = mg::nn::MeasureOptions::Offload;
   return f.offload == "on" ? O::on : f.offload == "off" ? O::off : O::automatic;
+}
+
+inline mg::Prefetch prefetch_mode(const RunFlags& f) {
+  return f.prefetch == "on" ? mg::Prefetch::on : f.prefetch == "off" ? mg::Prefetch::off : mg::Prefetch::automatic;
 }
 
 // The trainer's plan, printed (rank 0) as the apps do: the split, the checkpoint plan, its
@@ -224,6 +231,12 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["step_ms"] = r.step_ms;
   j["median_step_cpu_ms"] = median(r.step_cpu_ms);
   j["step_cpu_ms"] = r.step_cpu_ms;
+  // Per step (issue 36's batch-64 cliff): the wait for data, the step's peaks, cudaMalloc calls.
+  j["prefetch"] = r.prefetch;
+  j["step_data_ms"] = r.step_data_ms;
+  j["step_peak_in_use_bytes"] = r.step_peak_in_use;
+  j["step_peak_reserved_bytes"] = r.step_peak_reserved;
+  j["step_system_allocs"] = r.step_system_allocs;
   j["losses"] = r.losses;
   j["precision"] = f.precision;
   j["seed"] = f.seed;

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
                          .lr = [&](int64_t step) { return static_cast<float>(lr_at(step)); },
                          .loss = loss, .measure_loss = fused_head == "on",
                          .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
-                         .precision = mg::parse_precision(f.precision)},
+                         .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",
                 config.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
                          .normalize = divide_by_n ? mg::optim::Normalize::micro_batches : mg::optim::Normalize::samples,
                          .save_dir = f.save_dir, .resume = false, .signature = signature, .seed = f.seed,
                          .tiles = f.tiles == "on", .offload = offload_mode(f),
-                         .precision = mg::parse_precision(f.precision)},
+                         .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);
     if (joint) eval_batch = tp.micro_batch;  // without gradients it peaks lower than a step of the same size

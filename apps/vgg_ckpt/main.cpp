@@ -27,6 +27,11 @@
 // running statistics are saved with the weights, under torchvision's names.
 //
 //   build/bin/vgg_ckpt --model resnet50 --width-div 4 --image-size 128 --batch-size 16 --checkpoint min
+//
+// On CUDA, --conv-algos prints what cuDNN ran for each convolution of the step (algorithm,
+// workspace, math, how it was chosen, what the workspace limit passed over) and puts every choice
+// in --json; --conv-workspace-limit SIZE changes that limit (default 1 GiB). With the JSON's
+// per-step cudaMalloc counts and peaks, what scripts/gpu_verify.sh's cliff stage reads (issue 36).
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -36,15 +41,16 @@
 #include <minigrad/minigrad.h>
 
 #include "common/run.h"
+#include "vgg_ckpt/conv_algos.h"
 #include "vgg_ckpt/images.h"
 
 int main(int argc, char** argv) {
   const auto session = start_session("vgg_ckpt", &argc, &argv);  // under mpirun: one rank of the run
   CLI::App app{"Train VGG16 or a ResNet with a gradient-checkpointing plan; report memory and time."};
   RunFlags f{.timeline = true};
-  std::string data_dir, model_name = "vgg16", tf32 = "conv";
+  std::string data_dir, model_name = "vgg16", tf32 = "conv", conv_workspace_limit;
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
-  bool resume = false, cudnn_benchmark = false, cudnn_nondeterministic = false;
+  bool resume = false, cudnn_benchmark = false, cudnn_nondeterministic = false, conv_algos = false;
   app.add_option("--model", model_name, "vgg16 | resnet18 | resnet34 | resnet50 (torchvision layouts)")
       ->check(CLI::IsMember({"vgg16", "resnet18", "resnet34", "resnet50"}))->capture_default_str();
   app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
@@ -59,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cudnn-nondeterministic", cudnn_nondeterministic,
                "CUDA: admit cuDNN's non-deterministic algorithms (atomics), as PyTorch does by default; checkpointed "
                "gradients then equal plain ones only to rounding (Note [deterministic convolutions])");
+  app.add_option("--conv-workspace-limit", conv_workspace_limit, "CUDA: the largest cuDNN workspace a convolution may "
+                 "take (e.g. 4GiB; default 1 GiB); algorithms needing more are passed over")->check(nonempty());
+  app.add_flag("--conv-algos", conv_algos, "CUDA: after training, print what cuDNN ran for each convolution of the step "
+               "(algorithm, workspace, what the limit passed over), and put every choice in --json");
   add_run_flags(app, f, "the effective batch");
   app.add_flag("--resume", resume, "continue after the newest epoch saved in --save-dir (the same bits as a run "
                "never stopped)")->needs("--save-dir");
@@ -68,6 +78,9 @@ int main(int argc, char** argv) {
   mg::cuda::set_cudnn_benchmark(cudnn_benchmark);
   mg::cuda::set_cudnn_deterministic(!cudnn_nondeterministic);
   return run_main("vgg_ckpt", f, [&] {
+    if (!conv_workspace_limit.empty()) {
+      mg::cuda::set_conv_workspace_limit(for_flag("--conv-workspace-limit", [&] { return mg::parse_bytes(conv_workspace_limit); }));
+    }
     const RunSetup run = setup_run(f, "final.safetensors");
     // Data parallelism: each rank reads its shard (every K-th sample of each epoch's order) and
     // --batch-size samples per step (with --memory-budget: the global batch, split over the ranks).
@@ -100,7 +113,7 @@ int main(int argc, char** argv) {
                         {.batch_size = step_images, .memory_budget = f.memory_budget, .checkpoint = f.checkpoint,
                          .epochs = (total_steps + batches_per_epoch - 1) / batches_per_epoch, .max_steps = total_steps,
                          .save_dir = f.save_dir, .resume = resume, .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
-                         .precision = mg::parse_precision(f.precision)},
+                         .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);
     LEAD_PRINTF("%s width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n", model_name.c_str(),
@@ -122,6 +135,7 @@ int main(int argc, char** argv) {
       mg::nn::save_safetensors(f.save_dir + "/final.safetensors", model->state_dict(), {{"steps", std::to_string(total_steps)}});
     }
     const mg::nn::TrainPlan& last = r.plan;  // after any re-plan
+    if (conv_algos) print_conv_algorithms({last.micro_batch, last.last_micro_batch});
     const double med = r.median_step_ms();
     LEAD_PRINTF("median step %.1f ms; peak in use %s (predicted %s, measured/predicted %.3f); peak reserved %s\n", med,
                 mg::format_bytes(r.peak_in_use).c_str(), mg::format_bytes(last.predicted_peak).c_str(),
@@ -145,6 +159,8 @@ int main(int argc, char** argv) {
       j["tf32"] = tf32;
       j["cudnn_benchmark"] = cudnn_benchmark;
       j["cudnn_deterministic"] = !cudnn_nondeterministic;
+      j["conv_workspace_limit_bytes"] = mg::cuda::conv_workspace_limit();
+      if (conv_algos) j["conv_algorithms"] = conv_algorithms_json();
       mg::write_file_atomic(f.json_path, j.dump(2) + "\n");
     }
     return 0;

@@ -7,6 +7,7 @@
 //   mg::cuda::set_cudnn_deterministic(false); // admit non-deterministic cuDNN algorithms
 //   mg::cuda::set_cudnn_attention(false);   // bf16/f16 attention on our kernels, not cuDNN's SDPA
 //   mg::cuda::set_cublaslt(false);          // linear and matmul through cublasGemmEx, not cuBLASLt
+//   auto choices = mg::cuda::conv_algorithms(); // what conv2d chose, per shape and pass
 //
 // In a build without CUDA the setters only record the value.
 //
@@ -17,6 +18,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 namespace mg::cuda {
 
@@ -48,5 +51,39 @@ bool cublaslt();
 // Upper bound on one cuDNN workspace (bytes, default 1 GiB); algorithms needing more are skipped.
 void set_conv_workspace_limit(size_t bytes);
 size_t conv_workspace_limit();
+
+// What conv2d chose for one shape and pass, as its cache holds it (src/kernels/cuda/conv2d.cu):
+// the algorithm, its workspace and math, how it was chosen, and the algorithms cuDNN ranked before
+// it that were passed over, and why (a workspace over the limit, say: issue 36's batch-64 cliff).
+struct ConvAlgorithm {
+  int device = 0;
+  int n = 0, c = 0, h = 0, w = 0;     // x: (n, c, h, w)
+  int o = 0, kh = 0, kw = 0;          // w: (o, c, kh, kw)
+  int stride = 1, pad = 0;
+  std::string dtype;                  // of x, w and y: float32, bfloat16, float16
+  std::string pass;                   // forward | backward data | backward filter
+  int algo = 0;                       // cuDNN's enum value for the pass
+  std::string algo_name;              // IMPLICIT_PRECOMP_GEMM, ALGO_1, WINOGRAD_NONFUSED, ...
+  std::string math;                   // default | tensor op | tensor op (conversion) | fma
+  size_t workspace_bytes = 0;
+  // heuristic (cudnnGet*_v7) | find (cudnnFind*Ex timed them) | heuristic, no room to find (Note
+  // [timing needs room]) | fallback (none of the ranked ones qualified)
+  std::string how;
+  int rank = -1;                      // its place in cuDNN's ranking (0: first); -1: the fallback
+  double time_ms = -1;                // cuDNN's time for it when Find ran; -1 otherwise
+  struct Skipped {
+    std::string algo_name;
+    size_t workspace_bytes = 0;
+    double time_ms = -1;              // when Find ran
+    std::string why;                  // workspace over the limit | not deterministic | not FMA math
+  };
+  std::vector<Skipped> skipped;       // ranked before it, in order
+  // The switches it was chosen under (part of the cache's key).
+  bool tf32 = false, benchmark = false, deterministic = true;
+  size_t workspace_limit = 0;
+};
+// Every choice made so far, in the order they were first made (forward layers in order, then the
+// backward passes). Empty in a build without CUDA, and before any conv2d ran on a GPU.
+std::vector<ConvAlgorithm> conv_algorithms();
 
 }  // namespace mg::cuda

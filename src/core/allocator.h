@@ -107,6 +107,9 @@ Allocator& cuda_allocator(int device_index);
 // the driver refuses (the host pool then takes ordinary memory).
 void* cuda_host_alloc(size_t nbytes);
 void cuda_host_free(void* ptr);
+// The same with `device_index` the calling thread's device meanwhile: a reading thread's first CUDA
+// call then binds it to the device it reads for (Note [staged batches] in src/core/staging.h).
+void* cuda_host_alloc_on(size_t nbytes, int device_index);
 
 // The host pool of mg::host_memory_stats (minigrad/core/memory.h): counted like the CPU
 // allocator, every freed block kept for reuse by size.

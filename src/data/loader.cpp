@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <span>
 
 #include <minigrad/core/rng.h>
+
+#include "data/ahead.h"
 
 namespace mg::data {
 
@@ -38,7 +39,8 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
 DataLoader::DataLoader(const Dataset& data, LoaderOptions opts)
     : DataLoader(std::shared_ptr<const Dataset>(std::shared_ptr<const Dataset>(), &data), opts) {}
 
-DataLoader::DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts) : data_(std::move(data)), opts_(opts) {
+DataLoader::DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts)
+    : data_(std::move(data)), opts_(opts), ahead_(std::make_unique<ReadAhead<HostBatch>>()) {
   MG_CHECK(data_ != nullptr, "DataLoader: no data set (a null shared_ptr)");
   MG_CHECK(opts.batch_size > 0, "DataLoader: batch size must be > 0, got " << opts.batch_size);
   MG_CHECK(opts.prefetch >= 0, "DataLoader: prefetch must be >= 0, got " << opts.prefetch);
@@ -58,14 +60,14 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> data, LoaderOptions opts) 
   sample_shape_ = data_->sample_shape();
 }
 
-DataLoader::~DataLoader() { stop_worker(); }
+DataLoader::~DataLoader() = default;  // ahead_ stops its thread first
 
 void DataLoader::set_batch_size(int64_t batch_size) {
   MG_CHECK(batch_size > 0, "DataLoader::set_batch_size: batch size must be > 0, got " << batch_size);
   MG_CHECK(!opts_.drop_last || shard_size_ >= batch_size,
            "DataLoader::set_batch_size: drop_last with batch size " << batch_size << " leaves no batch of a data set of "
                                                                     << shard_size_);
-  stop_worker();
+  ahead_->stop();
   opts_.batch_size = batch_size;
   epoch_ = -1;  // start_epoch again: the order is the same (Note [batch-size independent order])
 }
@@ -91,41 +93,11 @@ DataLoader::HostBatch DataLoader::assemble(int64_t k) const {
   return h;
 }
 
-void DataLoader::worker_loop(int64_t first, int64_t end) {
-  try {
-    for (int64_t k = first; k < end; ++k) {
-      HostBatch h = assemble(k);
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || static_cast<int>(queue_.size()) < opts_.prefetch; });
-      if (stop_) return;
-      queue_.push_back(std::move(h));
-      cv_.notify_all();
-    }
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lk(mu_);
-    worker_failed_ = true;
-    worker_error_ = e.what();
-    cv_.notify_all();
-  }
-}
-
-void DataLoader::stop_worker() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-    cv_.notify_all();
-  }
-  if (worker_.joinable()) worker_.join();
-  queue_.clear();
-  stop_ = false;
-  worker_failed_ = false;
-}
-
 void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   MG_CHECK(epoch >= 0, "DataLoader::start_epoch: epoch " << epoch);
   MG_CHECK(skip_batches >= 0 && skip_batches <= num_batches(),
            "DataLoader::start_epoch: cannot skip " << skip_batches << " of " << num_batches() << " batches");
-  stop_worker();
+  ahead_->stop();
   epoch_ = epoch;
   const int64_t n = data_->size();
   std::vector<int64_t> all;
@@ -143,23 +115,15 @@ void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
   }
   next_batch_ = skip_batches;
   end_batch_ = num_batches();
-  if (opts_.prefetch > 0) worker_ = std::thread(&DataLoader::worker_loop, this, next_batch_, end_batch_);
+  // Note [reading ahead]: batches assembled on a thread (prefetch > 0), a read error rethrown by
+  // the next() that would have read it.
+  ahead_->start(end_batch_ - next_batch_, opts_.prefetch, [this, first = next_batch_](int64_t i) { return assemble(first + i); });
 }
 
 bool DataLoader::next(Batch& out) {
   MG_CHECK(epoch_ >= 0, "DataLoader::next: call start_epoch(epoch) first");
   if (next_batch_ >= end_batch_) return false;
-  HostBatch h;
-  if (opts_.prefetch > 0) {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return !queue_.empty() || worker_failed_; });
-    if (queue_.empty()) MG_FAIL("DataLoader: the prefetch thread failed: " << worker_error_);
-    h = std::move(queue_.front());
-    queue_.pop_front();
-    cv_.notify_all();
-  } else {
-    h = assemble(next_batch_);
-  }
+  HostBatch h = ahead_->take();
   MG_CHECK(h.index == next_batch_, "DataLoader: internal error, batch " << h.index << " came for " << next_batch_);
   ++next_batch_;
   const int64_t b = static_cast<int64_t>(h.y.size());

@@ -1,6 +1,8 @@
 // Compiled only into builds without the CUDA backend.
 #include "core/allocator.h"
 #include <minigrad/core/device.h>
+#include <minigrad/cuda.h>
+#include "core/staging.h"
 #include "core/tape.h"
 #include "kernels/cuda/cublaslt.h"
 #include "kernels/dispatch.h"
@@ -17,6 +19,7 @@ Allocator& cuda_allocator(int) {
 }
 
 void* cuda_host_alloc(size_t) { return nullptr; }
+void* cuda_host_alloc_on(size_t, int) { return nullptr; }
 void cuda_host_free(void*) {}
 
 namespace detail {
@@ -27,6 +30,11 @@ void no_cuda_build(const char* what) {
 
 void* cuda_offload_copy(void*, const void*, size_t, int, bool) { detail::no_cuda_build("offload"); }
 void cuda_offload_wait(void*) {}
+void* cuda_stage_mark(int) { detail::no_cuda_build("staged batches"); }
+void* cuda_stage_copy(int, void*, const StageCopy*, size_t) { detail::no_cuda_build("staged batches"); }
+void cuda_stage_join(int, void*) { detail::no_cuda_build("staged batches"); }
+bool cuda_event_done(void*) { return true; }
+void cuda_event_free(void*) {}
 
 void synchronize_cuda(int) { detail::no_cuda_build("synchronize"); }
 void* cuda_mark(int) { detail::no_cuda_build("profiler"); }
@@ -38,5 +46,6 @@ std::string lt_check_descriptors() { return "this libminigrad was built without 
 LtCounts lt_counts() { return {}; }
 std::string lt_refusal() { return ""; }
 }  // namespace cuda
+std::vector<cuda::ConvAlgorithm> cuda::conv_algorithms() { return {}; }  // no conv2d ran on a GPU
 
 }  // namespace mg

@@ -358,6 +358,10 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
     }
     cost.weight_copy_bytes = weight_copies;
   }
+  MG_CHECK(opts.staged_batches >= 0, "measure_chain: staged_batches must be >= 0, got " << opts.staged_batches);
+  cost.staged_bytes = static_cast<size_t>(opts.staged_batches) *
+                      (x_in.nbytes() + static_cast<size_t>(x_in.size(0) * opts.targets_per_row) * sizeof(int64_t));
+  fixed += cost.staged_bytes;
   cost.fixed_bytes = fixed;
 
   ModelStateGuard state(seq, std::move(params));

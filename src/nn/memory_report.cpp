@@ -44,6 +44,9 @@ MemoryReport explain_memory(const ChainCost& cost, const Plan& plan, const Fixed
   fixed("optimizer state", parts.optimizer_state, "momentum, moments (what the optimizer has made so far)");
   fixed("low-precision weight copies", cost.weight_copy_bytes, "made once per step under autocast, shared by its micro-batches");
   fixed("targets", cost.target_bytes, "the loss's int64 labels");
+  if (cost.staged_bytes > 0) {
+    fixed("the next micro-batch", cost.staged_bytes, "its inputs and targets, copied to the device while this one computes");
+  }
   fixed("other fixed", left, "in use when the chain was measured: workspaces, the caller's tensors");
   r.terms.push_back({"activations kept by plain units", at.kept_plain, "saved for backward by units the plan keeps"});
   r.terms.push_back({"boundaries of replayed segments", at.kept_replayed, "each replayed segment's input, kept to replay it"});

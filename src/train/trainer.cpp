@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <span>
@@ -19,6 +20,8 @@
 #include <minigrad/nn/serialize.h>
 #include <minigrad/optim/train_state.h>
 #include <minigrad/util/bytes.h>
+
+#include "train/feed.h"
 
 namespace mg {
 
@@ -73,6 +76,7 @@ std::string FitReport::json() const {
   nlohmann::ordered_json j;
   j["plan"] = plan.str();
   j["precision"] = precision_name(precision);
+  j["prefetch"] = prefetch;
   j["micro_batch"] = plan.micro_batch;
   j["accumulation"] = plan.accumulation;
   j["effective_batch"] = plan.effective_batch;
@@ -83,6 +87,10 @@ std::string FitReport::json() const {
   j["resumed_from_epoch"] = resumed_from_epoch;
   j["median_step_ms"] = median_step_ms();
   j["step_ms"] = step_ms;
+  j["step_data_ms"] = step_data_ms;
+  j["step_peak_in_use_bytes"] = step_peak_in_use;
+  j["step_peak_reserved_bytes"] = step_peak_reserved;
+  j["step_system_allocs"] = step_system_allocs;
   j["losses"] = losses;
   j["replans"] = nlohmann::json::array();
   for (const Replan& r : replans) {
@@ -131,6 +139,7 @@ void Trainer::check_options() {
   const std::vector<Tensor> params = model_.parameters();
   MG_CHECK(!params.empty(), "Trainer: the model has no parameters");
   dev_ = params.front().device();
+  prefetch_ = opts_.prefetch == Prefetch::on || (opts_.prefetch == Prefetch::automatic && dev_.is_cuda());
   MG_CHECK(opts_.batch_size >= 1, "Trainer: batch_size must be >= 1, got " << opts_.batch_size);
   MG_CHECK(opts_.micro_batch >= 0, "Trainer: micro_batch must be >= 0 (0: chosen), got " << opts_.micro_batch);
   MG_CHECK(opts_.epochs >= 1, "Trainer: epochs must be >= 1, got " << opts_.epochs);
@@ -164,11 +173,11 @@ void Trainer::set_loss_head(nn::MeasureOptions& mo) const {
   };
 }
 
-nn::ChainCost Trainer::measure(int64_t rows, const nn::MeasureOptions& opts) {
-  nn::MeasureOptions mo = opts;
-  set_loss_head(mo);
-  if (windows_) return nn::measure_chain(model_, example(rows), mo);
-  return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), mo);
+nn::ChainCost Trainer::measure(int64_t rows, nn::MeasureOptions opts) {
+  opts.staged_batches = prefetch_ ? 1 : 0;  // Note [prefetched micro-batches]
+  set_loss_head(opts);
+  if (windows_) return nn::measure_chain(model_, example(rows), opts);
+  return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), opts);
 }
 
 void Trainer::print(const std::string& line) const {
@@ -227,6 +236,7 @@ void Trainer::plan_for(size_t memory) {
   mo.stop_when_flat = true;
   mo.targets_per_row = targets_per_row;
   mo.offload = opts_.offload;
+  mo.staged_batches = prefetch_ ? 1 : 0;
   if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show
     mo.on_measure = [&](int64_t b) { print("  measuring micro-batch " + std::to_string(b)); };
   }
@@ -476,6 +486,42 @@ FitReport Trainer::fit() {
     return parts;
   };
 
+  // Note [prefetched micro-batches]: a micro-batch's tensors (a window's shapes from its first row),
+  // and how one of an epoch is read into host buffers, on the reading thread.
+  std::vector<BatchStage::Spec> row_specs;  // x and y of one row
+  if (!windows_) {
+    row_specs = {{data_->sample_shape(), DType::f32}, {{}, DType::i64}};
+  } else if (prefetch_) {
+    const data::Batch one = windows_->window_rows(0, 0, 1);
+    for (const Tensor& t : {one.x, one.y}) row_specs.push_back({Shape(t.shape().begin() + 1, t.shape().end()), t.dtype()});
+  }
+  MicroBatchFeed feed(dev_, [row_specs](int64_t rows) {
+    std::vector<BatchStage::Spec> specs = row_specs;
+    for (BatchStage::Spec& sp : specs) sp.shape = with_rows(rows, sp.shape);
+    return specs;
+  });
+  auto reader_for = [&](int64_t epoch, std::shared_ptr<const std::vector<int64_t>> order) -> MicroBatchFeed::Read {
+    if (windows_) {
+      return [windows = windows_, row_specs](const MicroBatch& m, std::vector<HostBuffer>& host) {
+        const data::Batch b = windows->window_rows(m.step, m.first, m.rows);
+        for (size_t i = 0; i < host.size(); ++i) {
+          const Tensor& t = i == 0 ? b.x : b.y;
+          MG_CHECK(t.dtype() == row_specs[i].dtype && t.shape() == with_rows(m.rows, row_specs[i].shape),
+                   "Trainer: the data's window rows came as " << shape_str(t.shape()) << " " << dtype_name(t.dtype())
+                                                              << ", the first window's as "
+                                                              << shape_str(with_rows(m.rows, row_specs[i].shape)) << " "
+                                                              << dtype_name(row_specs[i].dtype));
+          std::memcpy(host[i].data(), t.raw_data(), t.nbytes());
+        }
+      };
+    }
+    return [data = data_, epoch, order](const MicroBatch& m, std::vector<HostBuffer>& host) {
+      const std::span<const int64_t> idx(order->data() + m.start + m.first, static_cast<size_t>(m.rows));
+      data->read_batch(idx, epoch, {static_cast<float*>(host[0].data()), static_cast<size_t>(m.rows * data->sample_numel())},
+                       {static_cast<int64_t*>(host[1].data()), static_cast<size_t>(m.rows)});
+    };
+  };
+
   if (opts_.precision == Precision::tf32) {
     cuda::set_tf32_matmul(true);
     cuda::set_tf32_conv(true);
@@ -484,11 +530,22 @@ FitReport Trainer::fit() {
   synchronize(dev_);  // the planning's and the resume's work is not the first step's time
   for (int64_t epoch = first_epoch_; epoch < opts_.epochs; ++epoch) {
     if (opts_.max_steps > 0 && report.steps >= opts_.max_steps) break;
-    const std::vector<int64_t> order = shard_order(epoch);
+    const auto order = std::make_shared<const std::vector<int64_t>>(shard_order(epoch));
     const int64_t n_acc = windows_ ? 1 : opts_.accumulation.steps_for_epoch(epoch);
     const int64_t window_rows = n_acc * rank_batch_;  // a window's samples on this rank
     const int64_t windows = windows_ ? opts_.max_steps
                                      : (opts_.drop_last ? shard / window_rows : (shard + window_rows - 1) / window_rows);
+    auto rows_of = [&](int64_t w) { return windows_ ? rank_batch_ : std::min(window_rows, shard - w * window_rows); };
+    // The epoch's micro-batches from window w on, as the steps will take them, to the feed.
+    auto feed_from = [&](int64_t w) {
+      std::vector<MicroBatch> list;
+      for (int64_t v = w; v < windows; ++v) {
+        if (opts_.max_steps > 0 && report.steps + (v - w) >= opts_.max_steps) break;
+        for (const auto& [first, n] : split_window(rows_of(v))) list.push_back({step + (v - w), v * window_rows, first, n});
+      }
+      feed.start(std::move(list), windows_ ? 0 : 2, reader_for(epoch, order));
+    };
+    if (prefetch_) feed_from(0);
     EpochReport er;
     er.epoch = epoch;
     er.accumulation = n_acc;
@@ -502,8 +559,9 @@ FitReport Trainer::fit() {
       auto t0 = clock::now();
       std::clock_t c0 = std::clock();
       auto last_note = t0;
-      double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches: not the step's time
-      const int64_t start = w * window_rows, rows = windows_ ? rank_batch_ : std::min(window_rows, shard - start);
+      double data_ms = 0, data_cpu_ms = 0;  // reading micro-batches (or waiting for them): not the step's time
+      uint64_t allocs0 = memory_stats(dev_).system_alloc_count;
+      const int64_t start = w * window_rows, rows = rows_of(w);
       // A window redone after out of memory must not count its first try in BatchNorm's running
       // statistics: they are taken back to what they were at the window's start.
       for (size_t i = 0; i < window_buffers_.size(); ++i) window_buffers_[i].copy_(buffers[i].second);
@@ -516,23 +574,32 @@ FitReport Trainer::fit() {
             const auto [first, n] = parts[k];
             const auto d0 = clock::now();
             const std::clock_t dc0 = std::clock();
-            data::Batch mb;
-            if (windows_) {
-              mb = windows_->window_rows(step, first, n);
+            Tensor x, y;
+            if (prefetch_) {  // Note [prefetched micro-batches]
+              const std::vector<Tensor> xy = feed.take(first, n);
+              x = xy[0];
+              y = xy[1];
             } else {
-              const std::span<const int64_t> idx(order.data() + start + first, static_cast<size_t>(n));
-              mb = data_->get_batch(idx, epoch);
+              data::Batch mb;
+              if (windows_) {
+                mb = windows_->window_rows(step, first, n);
+              } else {
+                const std::span<const int64_t> idx(order->data() + start + first, static_cast<size_t>(n));
+                mb = data_->get_batch(idx, epoch);
+              }
+              x = dev_.is_cpu() ? mb.x : mb.x.to(dev_);
+              y = dev_.is_cpu() ? mb.y : mb.y.to(dev_);
             }
-            const Tensor x = dev_.is_cpu() ? mb.x : mb.x.to(dev_), y = dev_.is_cpu() ? mb.y : mb.y.to(dev_);
-            mb = {};
             data_ms += std::chrono::duration<double, std::milli>(clock::now() - d0).count();
             data_cpu_ms += 1000.0 * static_cast<double>(std::clock() - dc0) / CLOCKS_PER_SEC;
+            if (prefetch_) feed.reserve_next();  // its device memory before this one's kernels
             Tensor loss;
             {  // dropout masks by sample (row), whatever the split (Note [dropout by sample])
               const SampleWindowGuard window = acc.sample_window(first);
               loss = loss_fn(nn::forward_with_plan(model_, plan_.checkpoint, x), y);
             }
             acc.backward(loss, y.numel());  // the loss is a sum over y's elements (samples, or tokens)
+            if (prefetch_) feed.pump();     // the next one's copy, beside this one's backward
             // A long step says how far it got (a batch split into many large micro-batches).
             if (show && k + 1 < parts.size() && std::chrono::duration<double>(clock::now() - last_note).count() > 5.0) {
               last_note = clock::now();
@@ -545,6 +612,7 @@ FitReport Trainer::fit() {
           break;
         } catch (const OutOfMemoryError& e) {
           acc.discard();
+          if (prefetch_) feed.stop();  // the staged micro-batch's memory back before re-planning
           if (tries == 2) throw;  // a third plan did not fit either: the prediction is off
           {
             NoGradGuard no_grad;
@@ -554,12 +622,14 @@ FitReport Trainer::fit() {
             }
           }
           replan_step(e, step);
+          if (prefetch_) feed_from(w);  // the window again, in the new plan's micro-batches
           // The step's time and peak are the new plan's, not the failed try's nor the measuring's.
           reset_peak_memory_stats(dev_);
           if (cb_.on_step_start) cb_.on_step_start(step, true);
           t0 = clock::now();
           c0 = std::clock();
           data_ms = data_cpu_ms = 0;
+          allocs0 = memory_stats(dev_).system_alloc_count;
         }
       }
       const optim::StepInfo info = acc.step();
@@ -570,8 +640,13 @@ FitReport Trainer::fit() {
       const MemoryStats mem = memory_stats(dev_);
       const size_t peak = mem.peak_in_use;
       const double mean = info.samples > 0 ? info.loss_sum / static_cast<double>(info.samples) : NAN;
+      const uint64_t allocs = mem.system_alloc_count - allocs0;
       report.step_ms.push_back(ms);
       report.step_cpu_ms.push_back(cpu_ms);
+      report.step_data_ms.push_back(data_ms);
+      report.step_peak_in_use.push_back(peak);
+      report.step_peak_reserved.push_back(mem.peak_reserved);
+      report.step_system_allocs.push_back(allocs);
       report.losses.push_back(mean);
       report.peak_in_use = std::max(report.peak_in_use, peak);
       report.peak_reserved = std::max(report.peak_reserved, mem.peak_reserved);
@@ -583,7 +658,8 @@ FitReport Trainer::fit() {
       loss_sum += info.loss_sum;
       if (cb_.on_step) {
         cb_.on_step({.step = step, .epoch = epoch, .steps_in_epoch = windows, .info = info, .ms = ms, .cpu_ms = cpu_ms,
-                     .data_ms = data_ms, .peak_in_use = peak, .peak_reserved = mem.peak_reserved});
+                     .data_ms = data_ms, .peak_in_use = peak, .peak_reserved = mem.peak_reserved,
+                     .system_allocs = allocs});
       }
       ++step;
       if (tty) {
@@ -599,6 +675,7 @@ FitReport Trainer::fit() {
         std::fflush(stderr);
       }
     }
+    if (prefetch_) feed.stop();  // before the epoch's checkpoint and on_epoch (nothing is staged past it)
     er.seconds = std::chrono::duration<double>(clock::now() - t_epoch).count();
     er.mean_loss = er.samples > 0 ? loss_sum / static_cast<double>(er.samples) : NAN;
     const bool whole = er.steps == windows;  // an epoch cut short by max_steps is not saved as done
@@ -630,6 +707,7 @@ FitReport Trainer::fit() {
   }
   report.plan = plan_;
   report.precision = opts_.precision;
+  report.prefetch = prefetch_;
   return report;
 }
 

@@ -32,20 +32,18 @@
 //
 // Note [loader host buffers]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The prefetch thread has Dataset::read_batch write into host
-// vectors, not tensors; next() makes the batch's tensors on the caller's thread. So batches
-// waiting in the queue never show in memory_stats (only the batch handed out does), and the
-// vectors are where page-locked memory will go: the library has no pinned allocation API yet, so
-// batches for CUDA are copied from ordinary host memory with Tensor::to().
+// The prefetch thread (Note [reading ahead] in src/data/ahead.h) has Dataset::read_batch write
+// into host vectors, not tensors; next() makes the batch's tensors on the caller's thread. So
+// batches waiting in the queue never show in memory_stats (only the batch handed out does).
+// Batches for CUDA are copied from these ordinary host vectors with Tensor::to(), on the device's
+// stream, when next() hands them out. mg::Trainer reads its micro-batches its own way, into
+// page-locked buffers, and copies the next one on the copy stream while one computes (Note
+// [prefetched micro-batches] in minigrad/train/trainer.h); a loop of one's own over a DataLoader
+// does not.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
 #include <vector>
 
 #include <minigrad/core/tensor.h>
@@ -68,6 +66,8 @@ struct LoaderOptions {
 // The sample order of an epoch (Note [batch-size independent order]): Fisher-Yates driven by
 // philox_u32 under a key mixed from (seed, epoch).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+template <class T> class ReadAhead;  // src/data/ahead.h
 
 class DataLoader {
  public:
@@ -104,8 +104,6 @@ class DataLoader {
     int64_t index = 0;
   };
   HostBatch assemble(int64_t batch_index) const;
-  void stop_worker();
-  void worker_loop(int64_t first, int64_t end);
 
   std::shared_ptr<const Dataset> data_;  // owning or not (see the constructors)
   LoaderOptions opts_;
@@ -114,14 +112,7 @@ class DataLoader {
   int64_t epoch_ = -1;
   std::vector<int64_t> order_;  // this shard's samples in this epoch's order
   int64_t next_batch_ = 0, end_batch_ = 0;
-
-  std::thread worker_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<HostBatch> queue_;
-  bool stop_ = false;
-  bool worker_failed_ = false;
-  std::string worker_error_;
+  std::unique_ptr<ReadAhead<HostBatch>> ahead_;  // the prefetch thread (Note [reading ahead])
 };
 
 }  // namespace mg::data

@@ -138,9 +138,10 @@ struct ChainCost {
   // The copies run beside compute (CUDA's copy stream), hidden where there is compute to hide
   // behind (Note [offload schedule]); on the CPU the thread that runs the model makes them.
   bool copies_overlap = false;
-  // Parts of fixed_bytes the measuring knows: the int64 targets of the loss, and under autocast the
-  // parameters' low-precision copies (Note [autocast]).
-  size_t target_bytes = 0, weight_copy_bytes = 0;
+  // Parts of fixed_bytes the measuring knows: the int64 targets of the loss, under autocast the
+  // parameters' low-precision copies (Note [autocast]), and the next micro-batch's inputs and
+  // targets on the device while this one computes (MeasureOptions::staged_batches).
+  size_t target_bytes = 0, weight_copy_bytes = 0, staged_bytes = 0;
   size_t activation_bytes(size_t k) const { return k == 0 ? input_bytes : units.at(k - 1).out_bytes; }
   const ChainCost* tile_cost(int64_t tile_rows) const;  // null when not measured at tile_rows
 };
@@ -160,6 +161,10 @@ struct MeasureOptions {
   // The loss's int64 targets per row, counted in the fixed part with the head: a class per sample,
   // or a GPT's token per position (T per row).
   int64_t targets_per_row = 1;
+  // Batches of the input (x's shape and dtype) and its int64 targets held on the device beside the
+  // step's own, counted in the fixed part: mg::Trainer's next micro-batch, copied while this one
+  // computes (Note [prefetched micro-batches] in minigrad/train/trainer.h).
+  int64_t staged_batches = 0;
   // Also measure the chain at these numbers of rows (those below the batch), for tiled segments.
   std::vector<int64_t> tile_rows;
   // Whether plans may offload segments (Note [offload] in minigrad/core/checkpoint.h): on, the

@@ -49,6 +49,34 @@
 // counts its bytes. Not under data parallelism: every rank would have to re-plan at the same
 // window, so the error stands there.
 //
+// Note [prefetched micro-batches]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With TrainerOptions::prefetch on (the default on CUDA devices), a thread of the Trainer's own
+// reads the epoch's micro-batches ahead of the steps (two at most waiting, Note [reading ahead]),
+// into host buffers that are page-locked on a GPU, and the next micro-batch is staged on the
+// device while this one computes (Note [staged batches] in src/core/staging.h): its device memory
+// is taken when this micro-batch starts, before its kernels are queued; its copy is queued on the
+// device's copy stream as soon as it has been read (when this micro-batch starts, or after its
+// backward is queued); and the device's stream waits for that copy (an event, no host wait) only
+// when the next micro-batch starts. Nothing is staged past the epoch's last step, or past
+// max_steps; an epoch's first micro-batch is read when it is needed.
+//   - Memory: one more micro-batch (its inputs and int64 targets) on the device through every
+//     step. The plan counts it (nn::MeasureOptions::staged_batches, the memory report's "the next
+//     micro-batch"), so a step's peak is the prediction with prefetch as without.
+//   - Time: StepReport::data_ms is the time the step waited for its micro-batches (read ahead,
+//     usually none; the first of an epoch, read then), left out of ms as before; the reading
+//     itself runs beside the step, and its CPU time is in cpu_ms.
+//   - Bits: the same bytes reach the same kernels; only when they are read changes.
+//   - Errors: a micro-batch whose reading failed (a damaged file) throws that same error at the
+//     step that takes it, after the steps before it ran (Note [reading ahead]).
+//   - Windows of a stream (WindowData) are slices of memory: read when staged, on the Trainer's
+//     thread, with no reading thread.
+//   - Out of memory: the staged micro-batch is dropped before re-planning and the window redone
+//     from its first micro-batch, read again.
+// On the CPU the same path runs with plain copies (no gain: the reading thread shares the cores),
+// so it is off by default there and on in the tests. **Compiled only** on CUDA (2026-11-29):
+// docs/gpu-queue.md, item 13.
+//
 // Saving (save_dir): after each epoch, rank 0 writes "<save_dir>/epoch_<e>" as a pair (the
 // training state, then the weights: mg::optim::save_checkpoint, atomic). A Trainer whose save_dir
 // holds such a pair resumes after the newest one (unless TrainerOptions::resume is false): the weights, the optimizer's state, its step
@@ -78,6 +106,10 @@ enum class Progress : uint8_t {
   lines,      // plain lines per epoch
   off,
 };
+
+// Whether the next micro-batch is read and copied to the device while one computes (Note
+// [prefetched micro-batches]): automatic is on for CUDA devices, off on the CPU.
+enum class Prefetch : uint8_t { automatic, on, off };
 
 struct TrainerOptions {
   int64_t batch_size = 64;         // B: samples per optimizer step, over all ranks
@@ -112,6 +144,7 @@ struct TrainerOptions {
   // minigrad/core/autocast.h); the parameters, gradient buffers and optimizer state stay float32.
   Precision precision = Precision::fp32;
   Progress progress = Progress::automatic;
+  Prefetch prefetch = Prefetch::automatic;  // Note [prefetched micro-batches]
 };
 
 struct StepReport {
@@ -121,9 +154,10 @@ struct StepReport {
   optim::StepInfo info;
   double ms = 0;              // wall time of the step, reading its data left out (the redone window's, after a re-plan)
   double cpu_ms = 0;          // the process's CPU time (all threads) over the same span
-  double data_ms = 0;         // wall time spent reading and copying its micro-batches
+  double data_ms = 0;         // wall time spent reading and copying its micro-batches (prefetched: waiting for them)
   size_t peak_in_use = 0;     // the device's peak bytes in use during the step
   size_t peak_reserved = 0;
+  uint64_t system_allocs = 0; // calls to the system allocator (cudaMalloc on a GPU) during the step
 };
 
 struct EpochReport {
@@ -159,12 +193,16 @@ struct FitReport {
   std::vector<EpochReport> epochs;
   std::vector<double> step_ms;         // StepReport::ms of every step
   std::vector<double> step_cpu_ms;
+  std::vector<double> step_data_ms;
+  std::vector<size_t> step_peak_in_use, step_peak_reserved;
+  std::vector<uint64_t> step_system_allocs;
   std::vector<double> losses;          // per step: the window's mean loss per sample
   int64_t steps = 0;                   // optimizer steps taken by this fit (resumed ones not counted)
   int64_t resumed_from_epoch = 0;      // epochs already done in save_dir when fit started
   size_t peak_in_use = 0;              // the largest step peak
   size_t peak_reserved = 0;
   Precision precision = Precision::fp32;
+  bool prefetch = false;               // whether micro-batches were read ahead (Note [prefetched micro-batches])
   double median_step_ms() const;
   std::string json() const;            // all of it as one JSON object
 };
@@ -216,7 +254,7 @@ class Trainer {
   void print(const std::string& line) const;
   void tidy_save_dir();
   void check_options();
-  nn::ChainCost measure(int64_t rows, const nn::MeasureOptions& opts);  // the model at `rows` rows
+  nn::ChainCost measure(int64_t rows, nn::MeasureOptions opts);  // the model at `rows` rows (the staged batch counted)
   Tensor example(int64_t rows) const;  // window data: the first window's first rows, on the device
   // With measure_loss: the loss, on labels of the data's first `rows` samples, as the head the
   // planner measures (MeasureOptions::head).
@@ -238,6 +276,7 @@ class Trainer {
   double per_sample_ = 0;  // the pre-flight check's least bytes per sample, and its fixed bytes
   size_t fixed1_ = 0;
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
+  bool prefetch_ = false;      // Note [prefetched micro-batches]
   bool resumed_ = false, tidied_ = false;
   int64_t first_epoch_ = 0;    // epochs done before fit(), by resume()
 };

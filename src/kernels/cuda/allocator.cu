@@ -78,6 +78,12 @@ void* cuda_host_alloc(size_t nbytes) {
   return p;
 }
 
+void* cuda_host_alloc_on(size_t nbytes, int device_index) {
+  if (cuda_device_count() == 0) return nullptr;
+  cuda::DeviceGuard guard(device_index);
+  return cuda_host_alloc(nbytes);
+}
+
 void cuda_host_free(void* ptr) {
   // A copy out of the block may still be queued: wait for the device's work first.
   MG_CUDA_CHECK(cudaDeviceSynchronize());

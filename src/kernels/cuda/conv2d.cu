@@ -26,12 +26,14 @@
 // checkpointed segment's replayed backward equals the plain one, and accumulation's exactness
 // tests hold on the GPU. The backward fallbacks are then ALGO_1 (deterministic) instead of
 // ALGO_0 (atomics). set_cudnn_deterministic(false) admits every algorithm.
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
 #include "kernels/conv2d.h"
 #include "kernels/convert.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/conv_algos.h"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/elementwise.h"
 
@@ -61,12 +63,35 @@ struct Choice {
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   size_t workspace = 0;
 };
+// How a choice was made, for mg::cuda::conv_algorithms() (kept beside it, not copied per call).
+struct Notes {
+  const char* how = "heuristic";
+  int rank = -1;
+  double time_ms = -1;
+  std::vector<cuda::ConvAlgorithm::Skipped> skipped;
+  uint64_t order = 0;  // when it was made
+};
+struct Entry {
+  Choice choice;
+  Notes notes;
+};
 struct ConvAlgos {
-  Choice fwd, bwd_data, bwd_filter;
+  Entry fwd, bwd_data, bwd_filter;
 };
 
 std::mutex g_cache_mu;
 std::unordered_map<ConvKey, ConvAlgos, ConvKeyHash> g_cache;
+uint64_t g_choices = 0;  // under g_cache_mu
+
+// conv_algos.h names the algorithms and math types by these values.
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM == 0 && CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED == 7 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_COUNT == 8 && CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING == 5);
+static_assert(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 == 1 && CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING == 3 &&
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT == 6);
+static_assert(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 == 3 && CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING == 6 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT == 7);
+static_assert(CUDNN_DEFAULT_MATH == 0 && CUDNN_TENSOR_OP_MATH == 1 && CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION == 2 &&
+              CUDNN_FMA_MATH == 3);
 
 cudnnDataType_t data_type(DType dtype) {
   switch (dtype) {
@@ -129,16 +154,41 @@ struct Descs {
   Descs& operator=(const Descs&) = delete;
 };
 
-// The first usable result of a cuDNN ranking (they come fastest first).
+// The first usable result of a cuDNN ranking (they come fastest first); `notes` gets its place and
+// the runnable ones before it that were passed over. `timed`: the ranking is Find's, with times.
 template <class Perf>
-Choice pick(const Perf* perf, int count, const ConvKey& k) {
+Choice pick(const Perf* perf, int count, const ConvKey& k, cuda::ConvPass pass, bool timed, Notes& notes) {
   for (int i = 0; i < count; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > k.ws_limit) continue;
-    if (strict_fp32(k) && perf[i].mathType != CUDNN_FMA_MATH) continue;
-    if (k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;  // not for this shape: not worth a line
+    const char* why = perf[i].memory > k.ws_limit                                        ? "workspace over the limit"
+                      : strict_fp32(k) && perf[i].mathType != CUDNN_FMA_MATH             ? "not FMA math (strict FP32)"
+                      : k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC    ? "not deterministic"
+                                                                                         : nullptr;
+    const double ms = timed ? static_cast<double>(perf[i].time) : -1.0;
+    if (why != nullptr) {
+      notes.skipped.push_back({cuda::conv_algo_name(pass, static_cast<int>(perf[i].algo)), perf[i].memory, ms, why});
+      continue;
+    }
+    notes.rank = i;
+    notes.time_ms = ms;
     return Choice{true, static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].memory};
   }
   return Choice{};
+}
+
+// Find's ranking replaced the heuristic's in `perf`: true; no room to time them: false (the
+// heuristic's stands, Note [timing needs room]). `find` throws OutOfMemoryError for want of room.
+template <class Find>
+bool try_find(const ConvKey& k, Notes& notes, Find find) {
+  if (!k.benchmark) return false;
+  try {
+    find();
+    notes.how = "find";
+    return true;
+  } catch (const OutOfMemoryError&) {
+    notes.how = "heuristic, no room to find";
+    return false;
+  }
 }
 
 // The largest workspace among the ranked algorithms that fit the limit (what Find needs).
@@ -159,78 +209,75 @@ constexpr int kMaxAlgos = 16;
 // under mg::set_memory_limit, that allocation can fail where running the convolution would not:
 // the choice then falls back to cuDNN's heuristic ranking (cudnnGet*_v7), as with benchmark off.
 
-Choice choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x, const void* w, void* y) {
+Entry choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x, const void* w, void* y) {
   d.reset_math(k);
   cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, kMaxAlgos, &count, perf));
-  if (k.benchmark) {
-    try {  // Note [timing needs room]
-      cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
-      MG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y, kMaxAlgos, &count,
-                                                            perf, ws.get(), ws.size()));
-    } catch (const OutOfMemoryError&) {
-    }
-  }
-  Choice c = pick(perf, count, k);
+  Notes notes;
+  const bool timed = try_find(k, notes, [&] {  // Note [timing needs room]
+    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+    MG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y, kMaxAlgos, &count,
+                                                          perf, ws.get(), ws.size()));
+  });
+  Choice c = pick(perf, count, k, cuda::ConvPass::forward, timed, notes);
   if (!c.set) {  // implicit GEMM runs in FMA math with no workspace, for every shape
+    notes.how = "fallback";
     c = Choice{true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH, 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     MG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &c.workspace));
   }
-  return c;
+  return {c, std::move(notes)};
 }
 
-Choice choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* w, const void* dy, void* dx) {
+Entry choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* w, const void* dy, void* dx) {
   d.reset_math(k);
   cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, kMaxAlgos, &count, perf));
-  if (k.benchmark) {
-    try {  // Note [timing needs room]
-      cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
-      MG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, dy, d.conv, d.x, dx, kMaxAlgos,
-                                                                 &count, perf, ws.get(), ws.size()));
-    } catch (const OutOfMemoryError&) {
-    }
-  }
-  Choice c = pick(perf, count, k);
+  Notes notes;
+  const bool timed = try_find(k, notes, [&] {  // Note [timing needs room]
+    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+    MG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, dy, d.conv, d.x, dx, kMaxAlgos,
+                                                               &count, perf, ws.get(), ws.size()));
+  });
+  Choice c = pick(perf, count, k, cuda::ConvPass::backward_data, timed, notes);
   if (!c.set) {  // the last resort, in FMA math; its workspace (none, or little) is asked, not assumed
+    notes.how = "fallback";
     // ALGO_0 adds with atomics (not deterministic); ALGO_1 is.
     const auto algo = k.deterministic ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
     c = Choice{true, algo, CUDNN_FMA_MATH, 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &c.workspace));
   }
-  return c;
+  return {c, std::move(notes)};
 }
 
-Choice choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x, const void* dy,
-                              size_t dw_bytes) {
+Entry choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x, const void* dy,
+                             size_t dw_bytes) {
   d.reset_math(k);
   cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
   int count = 0;
   MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, kMaxAlgos, &count, perf));
-  if (k.benchmark) {
-    try {  // Note [timing needs room]
-      // Find writes its output: time into scratch, since dw may hold gradients being accumulated.
-      cuda::Workspace scratch(k.dev, dw_bytes);
-      cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
-      MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, dy, d.conv, d.w,
-                                                                   scratch.get(), kMaxAlgos,
-                                                                   &count, perf, ws.get(), ws.size()));
-    } catch (const OutOfMemoryError&) {
-    }
-  }
-  Choice c = pick(perf, count, k);
+  Notes notes;
+  const bool timed = try_find(k, notes, [&] {  // Note [timing needs room]
+    // Find writes its output: time into scratch, since dw may hold gradients being accumulated.
+    cuda::Workspace scratch(k.dev, dw_bytes);
+    cuda::Workspace ws(k.dev, find_workspace(perf, count, k));
+    MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, dy, d.conv, d.w,
+                                                                 scratch.get(), kMaxAlgos,
+                                                                 &count, perf, ws.get(), ws.size()));
+  });
+  Choice c = pick(perf, count, k, cuda::ConvPass::backward_filter, timed, notes);
   if (!c.set) {  // as for backward data: ALGO_0 (and ALGO_3) use atomics, ALGO_1 does not
+    notes.how = "fallback";
     const auto algo = k.deterministic ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
     c = Choice{true, algo, CUDNN_FMA_MATH, 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &c.workspace));
   }
-  return c;
+  return {c, std::move(notes)};
 }
 
 // y[n, o, i] = b[o]: the bias, before the convolution is added to it (one rounding in bf16/f16).
@@ -293,19 +340,51 @@ ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, i
 
 // Looks up (or chooses and stores) one of the three algorithms of a key.
 template <class Choose>
-Choice cached(const ConvKey& k, Choice ConvAlgos::*which, Choose choose) {
+Choice cached(const ConvKey& k, Entry ConvAlgos::*which, Choose choose) {
   {
     std::lock_guard<std::mutex> lock(g_cache_mu);
     auto it = g_cache.find(k);
-    if (it != g_cache.end() && (it->second.*which).set) return it->second.*which;
+    if (it != g_cache.end() && (it->second.*which).choice.set) return (it->second.*which).choice;
   }
-  Choice c = choose();
+  Entry e = choose();
+  const Choice c = e.choice;
   std::lock_guard<std::mutex> lock(g_cache_mu);
-  g_cache[k].*which = c;
+  e.notes.order = g_choices++;
+  g_cache[k].*which = std::move(e);
   return c;
 }
 
 }  // namespace
+
+std::vector<cuda::ConvAlgorithm> cuda::conv_algorithms() {
+  std::vector<std::pair<uint64_t, ConvAlgorithm>> out;
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  for (const auto& [k, algos] : g_cache) {
+    for (const auto& [pass, e] : {std::pair{ConvPass::forward, &algos.fwd}, std::pair{ConvPass::backward_data, &algos.bwd_data},
+                                  std::pair{ConvPass::backward_filter, &algos.bwd_filter}}) {
+      if (!e->choice.set) continue;
+      ConvAlgorithm a;
+      a.device = k.dev;
+      a.n = k.n, a.c = k.c, a.h = k.h, a.w = k.w, a.o = k.o, a.kh = k.kh, a.kw = k.kw, a.stride = k.stride, a.pad = k.pad;
+      a.dtype = dtype_name(k.dtype);
+      a.pass = conv_pass_name(pass);
+      a.algo = e->choice.algo;
+      a.algo_name = conv_algo_name(pass, e->choice.algo);
+      a.math = cudnn_math_name(static_cast<int>(e->choice.math));
+      a.workspace_bytes = e->choice.workspace;
+      a.how = e->notes.how;
+      a.rank = e->notes.rank;
+      a.time_ms = e->notes.time_ms;
+      a.skipped = e->notes.skipped;
+      a.tf32 = k.tf32, a.benchmark = k.benchmark, a.deterministic = k.deterministic, a.workspace_limit = k.ws_limit;
+      out.emplace_back(e->notes.order, std::move(a));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ConvAlgorithm> list;
+  for (auto& [order, a] : out) list.push_back(std::move(a));
+  return list;
+}
 
 template <>
 void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {

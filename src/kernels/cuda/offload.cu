@@ -1,10 +1,12 @@
-// The copies of offloaded segments (Note [offload schedule] in include/minigrad/core/checkpoint.h):
-// each device has a copy stream of its own, ordered against the device's stream with events, so
-// that a copy runs beside the kernels queued after it.
+// The copies of offloaded segments (Note [offload schedule] in include/minigrad/core/checkpoint.h)
+// and of staged batches (Note [staged batches] in src/core/staging.h): each device has a copy
+// stream of its own, ordered against the device's stream with events, so that a copy runs beside
+// the kernels queued after it.
 #include <array>
 #include <string>
 #include <mutex>
 
+#include "core/staging.h"
 #include "core/tape.h"
 #include "kernels/cuda/common.cuh"
 
@@ -49,6 +51,49 @@ void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_in
   MG_CUDA_CHECK(cudaEventRecord(done, copies));
   return done;
 }
+
+void* cuda_stage_mark(int device_index) {
+  cuda::DeviceGuard guard(device_index);
+  cudaEvent_t mark = new_event();
+  MG_CUDA_CHECK(cudaEventRecord(mark, cuda::stream(device_index)));
+  return mark;
+}
+
+void* cuda_stage_copy(int device_index, void* mark, const StageCopy* copies, size_t count) {
+  cuda::DeviceGuard guard(device_index);
+  const cudaStream_t s = copy_stream(device_index);
+  if (mark != nullptr) {  // after the kernels that last used the destination's blocks
+    MG_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(mark), 0));
+    MG_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));  // released once the wait has run
+  }
+  size_t bytes = 0;
+  for (size_t i = 0; i < count; ++i) bytes += copies[i].nbytes;
+  const size_t span = timeline_span_begin("batch to the device, " + std::to_string(bytes) + " bytes", "copy", s);
+  for (size_t i = 0; i < count; ++i) {
+    MG_CUDA_CHECK(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].nbytes, cudaMemcpyHostToDevice, s));
+  }
+  timeline_span_end(span, s);
+  cudaEvent_t done = new_event();
+  MG_CUDA_CHECK(cudaEventRecord(done, s));
+  return done;
+}
+
+void cuda_stage_join(int device_index, void* event) {
+  cuda::DeviceGuard guard(device_index);
+  MG_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(device_index), static_cast<cudaEvent_t>(event), 0));
+}
+
+bool cuda_event_done(void* event) {
+  const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (r == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: cleared, or the next launch check would report it
+    return false;
+  }
+  MG_CUDA_CHECK(r);
+  return true;
+}
+
+void cuda_event_free(void* event) { MG_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event))); }
 
 void cuda_offload_wait(void* event) {
   auto e = static_cast<cudaEvent_t>(event);
