@@ -540,6 +540,12 @@ stage_precision() {
     note "precision: gpt2 B=$gb T=1024 $p: exit $r; $(grep -E '^median step' "$log/precision_gpt2_$p.log" | tail -1)"
     [ $r -ne 0 ] && rc=1
   done
+  # The head fused into the loss (issue 37, Note [chunked classifier]): the logits never held.
+  timeout 100 "$build/bin/gpt_train" --device cuda --config gpt2 --batch-size "$gb" --seq-len 1024 --steps 12 \
+    --precision bf16 --fused-head on --json "$log/precision_gpt2_bf16_fused.json" >"$log/precision_gpt2_bf16_fused.log" 2>&1
+  r=$?
+  note "precision: gpt2 B=$gb T=1024 bf16 --fused-head on: exit $r; $(grep -E '^median step' "$log/precision_gpt2_bf16_fused.log" | tail -1)"
+  [ $r -ne 0 ] && rc=1
   for p in tf32 bf16; do
     timeout 100 "$build/bin/vgg_ckpt" --device cuda --image-size 224 --batch-size "$vb" --steps 8 --precision $p \
       --json "$log/precision_vgg16_$p.json" >"$log/precision_vgg16_$p.log" 2>&1
@@ -565,6 +571,11 @@ for model in ("gpt2", "vgg16"):
         act = lambda j: j["peak_in_use_bytes"] - j["fixed_bytes"]
         print(f"  {model} bf16 against {base['precision']}: {base['median_step_ms'] / low['median_step_ms']:.2f}x the speed, "
               f"activations {act(low) / max(act(base), 1):.3f}x")
+fused, low = rd("precision_gpt2_bf16_fused.json"), rd("precision_gpt2_bf16.json")
+if fused and low:
+    print(f"  gpt2 bf16 --fused-head on: {fused['median_step_ms']:.1f} ms a step ({low['median_step_ms'] / fused['median_step_ms']:.2f}x "
+          f"the speed of lm_head + cross_entropy), peak {fused['peak_in_use_bytes']} (predicted {fused['predicted_peak_bytes']}) "
+          f"against {low['peak_in_use_bytes']}")
 PY
   return $rc
 }

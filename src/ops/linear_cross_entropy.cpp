@@ -6,7 +6,7 @@
 // Note [chunked classifier]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // A language model's last linear makes (N, V) logits, its largest tensor (GPT-2 at B 16, T 1024:
-// 16,384 x 50,257, 1.6 GiB in bf16), which cross_entropy keeps until backward (Note [loss gradient
+// 16,384 x 50,257, 1.5 GiB in bf16), which cross_entropy keeps until backward (Note [loss gradient
 // in place] lets the gradient take their place, not go without them). This op makes them a chunk
 // of rows at a time with the same two kernels, keeps only x, w, the targets and the row count, and
 // makes each chunk's logits again in backward, which then gives the chunk's rows of dx and adds
