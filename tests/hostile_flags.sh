@@ -221,6 +221,9 @@ vgg_ckpt | --prefetch     | bogus not in {auto,on,off}                 | $V --pr
 vgg_ckpt | --data         | is neither a JPEG nor a PNG file           | $V --data "$T/imgbad" --prefetch on
 mnist_ga | --prefetch     | yes not in {auto,on,off}                   | $M --prefetch yes
 gpt_train | --prefetch    | 1 not in {auto,on,off}                     | $G --prefetch 1
+gpt_train | --fused-head  | x not in {on,off}                          | $G --fused-head x
+gpt_train | --memory-budget | no plan fits a budget of                 | $G --fused-head on --memory-budget 1kB
+gpt_train | --memory-limit | and no plan fits what the device has      | $G --fused-head on --memory-limit 2.2MB
 vgg_ckpt | --seed         | Value -1 is not an integer in [0, 2^64)    | --seed -1
 vgg_ckpt | --bogus        | not expected: --bogus                      | --bogus
 vgg_ckpt | --data         | is not a directory                         | $V --data "$T/missing"
