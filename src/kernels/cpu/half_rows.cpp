@@ -4,6 +4,7 @@
 #include <atomic>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -27,8 +28,18 @@ int64_t row_numel(const Tensor& t) { return t.size(0) == 0 ? 0 : t.numel() / t.s
 // tests/test_dtype.cpp checks on every f16 value and every float32 bit pattern. Whether the CPU
 // has F16C is asked at run time, so a build for plain x86-64 still takes the scalar loop.
 #if defined(__x86_64__)
+// CPUID leaf 1 (F16C, AVX, and the OS's XSAVE), then XGETBV: the OS saves the YMM registers.
+// (clang's __builtin_cpu_supports knows no "f16c".)
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+    const unsigned f16c = 1u << 29, avx = 1u << 28, osxsave = 1u << 27;
+    if ((c & (f16c | avx | osxsave)) != (f16c | avx | osxsave)) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0x6u) == 0x6u;
+  }();
   return has;
 }
 
