@@ -46,6 +46,32 @@ int64_t chunk_rows(const OpAttrs& a, int64_t n, int64_t v, DType logits) {
 // kernel does); on CUDA the inputs' dtype, as its products take one dtype for A, B and C.
 DType chunk_dtype(Device d, DType inputs) { return d.is_cuda() ? inputs : DType::f32; }
 
+// A pass over the chunks: their buffers, made once, and each chunk's logits and loss in turn.
+struct Chunks {
+  Chunks(const OpAttrs& a, const Tensor& x, const Tensor& w, DType inputs) : x(x), w(w), d(x.device()) {
+    const DType dt = chunk_dtype(d, inputs);
+    rows = chunk_rows(a, x.size(0), w.size(0), dt);
+    logits_buf = Tensor::empty({rows, w.size(0)}, TensorOptions{dt, d});
+    if (dt == DType::f32) probs_buf = Tensor::empty({rows, w.size(0)}, like(x));
+  }
+  // Rows [first, first + r): the logits, and with `loss` cross_entropy's forward into (loss,
+  // count). Returns what cross_entropy's backward reads: the probabilities (float32), or the
+  // logits, which without `loss` are all that is made.
+  Tensor run(int64_t first, int64_t r, const Tensor& target, int64_t ignore_index, Tensor* loss, Tensor* count) const {
+    Tensor logits = rows_view(logits_buf, 0, r);
+    MG_DISPATCH(d, linear_forward, logits, rows_view(x, first, r), w, Tensor());
+    if (!loss) return logits;
+    Tensor probs = probs_buf.defined() ? rows_view(probs_buf, 0, r) : Tensor();
+    MG_DISPATCH(d, cross_entropy_forward, *loss, probs, *count, logits, rows_view(target, first, r), Reduction::sum,
+                ignore_index);
+    return probs.defined() ? probs : logits;
+  }
+  const Tensor &x, &w;
+  Device d;
+  int64_t rows = 0;
+  Tensor logits_buf, probs_buf;
+};
+
 Tensor linear_cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<Tensor>* saved) {
   const Tensor &x = in[0], &w = in[1], &target = in[2];
   check_float_or_half("linear_cross_entropy", "input", x);
@@ -73,22 +99,13 @@ Tensor linear_cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in,
                "linear_cross_entropy: target[" << i << "] = " << pt[i] << " is not a class index in [0, " << v << ")");
     }
   }
-  const DType dt = chunk_dtype(d, x.dtype());
-  const int64_t rows = chunk_rows(a, n, v, dt);
-  const Tensor logits_buf = Tensor::empty({rows, v}, TensorOptions{dt, d});
-  const Tensor probs_buf = dt == DType::f32 ? Tensor::empty({rows, v}, like(x)) : Tensor();
+  const Chunks chunks(a, x, w, x.dtype());
   Tensor loss = Tensor::empty({}, like(x)), count = Tensor::empty({1}, like(x));
   Tensor chunk_loss = Tensor::empty({}, like(x)), chunk_count = Tensor::empty({1}, like(x));
-  for (int64_t first = 0; first < n; first += rows) {
-    const int64_t r = std::min(rows, n - first);
-    Tensor logits = rows_view(logits_buf, 0, r);
-    Tensor probs = probs_buf.defined() ? rows_view(probs_buf, 0, r) : Tensor();
+  for (int64_t first = 0; first < n; first += chunks.rows) {
     const bool first_chunk = first == 0;
-    Tensor& l = first_chunk ? loss : chunk_loss;
-    Tensor& c = first_chunk ? count : chunk_count;
-    MG_DISPATCH(d, linear_forward, logits, rows_view(x, first, r), w, Tensor());
-    MG_DISPATCH(d, cross_entropy_forward, l, probs, c, logits, rows_view(target, first, r), Reduction::sum,
-                a.ignore_index);
+    chunks.run(first, std::min(chunks.rows, n - first), target, a.ignore_index, first_chunk ? &loss : &chunk_loss,
+               first_chunk ? &count : &chunk_count);
     if (!first_chunk) {
       MG_DISPATCH(d, add_inplace, loss, chunk_loss);
       MG_DISPATCH(d, add_inplace, count, chunk_count);
@@ -101,36 +118,28 @@ Tensor linear_cross_entropy_fwd(const OpAttrs& a, const std::vector<Tensor>& in,
 void linear_cross_entropy_bwd(Node& nd, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = nd.saved[0], &w = nd.saved[1], &target = nd.saved[2], &count = nd.saved[3];
-  const int64_t n = x.size(0), v = w.size(0);
-  const DType dt = chunk_dtype(d, nd.half_kernels ? nd.inputs[0].dtype : DType::f32);
-  const int64_t rows = chunk_rows(nd.attrs, n, v, dt);
+  const int64_t n = x.size(0);
+  const Chunks chunks(nd.attrs, x, w, nd.half_kernels ? nd.inputs[0].dtype : DType::f32);
   Tensor dx = wants(nd, 0) ? (grads[0] = empty_like_input(nd, 0, d)) : Tensor();
   // dw: the optimizer's buffer (added into), or this node's own. Chunks after the first add to
   // it, in float32 (a bf16 gradient is summed in a float32 one and rounded once at the end).
   const bool want_w = wants(nd, 1);
   const bool accumulate = want_w && accum[1].defined();
   Tensor dw = !want_w ? Tensor() : accumulate ? accum[1] : (grads[1] = empty_like_input(nd, 1, d));
-  Tensor dw_sum = dw.defined() && dw.dtype() != DType::f32 && rows < n ? Tensor::empty(dw.shape(), like(dw)) : dw;
-  const Tensor logits_buf = Tensor::empty({rows, v}, TensorOptions{dt, d});
-  const Tensor probs_buf = dt == DType::f32 ? Tensor::empty({rows, v}, like(x)) : Tensor();
+  Tensor dw_sum =
+      dw.defined() && dw.dtype() != DType::f32 && chunks.rows < n ? Tensor::empty(dw.shape(), like(dw)) : dw;
   Tensor chunk_loss = Tensor::empty({}, like(x)), chunk_count = Tensor::empty({1}, like(x));
+  const bool probs = chunks.probs_buf.defined();
   Tensor no_db;
-  for (int64_t first = 0; first < n; first += rows) {
-    const int64_t r = std::min(rows, n - first);
-    const Tensor xr = rows_view(x, first, r), tr = rows_view(target, first, r);
-    Tensor logits = rows_view(logits_buf, 0, r);
-    MG_DISPATCH(d, linear_forward, logits, xr, w, Tensor());
+  for (int64_t first = 0; first < n; first += chunks.rows) {
+    const int64_t r = std::min(chunks.rows, n - first);
     // float32: the probabilities again, and the gradient over them; bf16/f16: over the logits
     // (Note [loss gradient in place]).
-    Tensor kept = logits;
-    if (probs_buf.defined()) {
-      kept = rows_view(probs_buf, 0, r);
-      MG_DISPATCH(d, cross_entropy_forward, chunk_loss, kept, chunk_count, logits, tr, Reduction::sum,
-                  nd.attrs.ignore_index);
-    }
+    Tensor kept = chunks.run(first, r, target, nd.attrs.ignore_index, probs ? &chunk_loss : nullptr, &chunk_count);
+    const Tensor tr = rows_view(target, first, r);
     MG_DISPATCH(d, cross_entropy_backward, kept, gy, kept, count, tr, Reduction::sum, nd.attrs.ignore_index);
     Tensor dxr = dx.defined() ? rows_view(dx, first, r) : Tensor();
-    MG_DISPATCH(d, linear_backward, dxr, dw_sum, no_db, kept, xr, w, accumulate || first > 0);
+    MG_DISPATCH(d, linear_backward, dxr, dw_sum, no_db, kept, rows_view(x, first, r), w, accumulate || first > 0);
   }
   if (dw_sum.defined() && dw_sum.impl_ptr() != dw.impl_ptr()) dw.copy_(dw_sum);
 }

@@ -24,13 +24,7 @@ std::vector<Tensor> MicroBatchFeed::take(int64_t first, int64_t rows) {
            "Trainer: internal error: micro-batch [" << first << ", " << first + rows << ") was not the next one to read");
   const auto id = static_cast<int64_t>(taken_);
   if (!stage_.holds(id)) stage_.reserve(id, specs_(rows));  // not read ahead: the first of a list
-  if (!stage_.sent() && !error_) {
-    try {
-      stage_.send(reader_.take());  // waits for the reading thread
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-  }
+  if (!stage_.sent() && !error_) send_read();                 // waits for the reading thread
   if (error_) {  // Note [reading ahead]: the read's own error, where this micro-batch is read
     stage_.clear();
     std::rethrow_exception(std::exchange(error_, nullptr));
@@ -47,9 +41,13 @@ void MicroBatchFeed::reserve_next() {
 
 void MicroBatchFeed::pump() {
   if (!stage_.holds(static_cast<int64_t>(taken_)) || stage_.sent() || error_ || !reader_.ready()) return;
+  send_read();
+}
+
+void MicroBatchFeed::send_read() {
   try {
     stage_.send(reader_.take());
-  } catch (...) {  // thrown again by the take() of this micro-batch, not here
+  } catch (...) {  // thrown again by the take() of this micro-batch
     error_ = std::current_exception();
   }
 }

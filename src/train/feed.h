@@ -55,6 +55,9 @@ class MicroBatchFeed {
   void stop();
 
  private:
+  // The reserved micro-batch's copy from the reader's next host buffers; a read error is kept.
+  void send_read();
+
   BatchStage stage_;
   Specs specs_;
   std::vector<MicroBatch> list_;

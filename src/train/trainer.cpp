@@ -162,7 +162,8 @@ nn::MemoryReport Trainer::explain_memory() const {
   return nn::explain_memory(cost_, plan_.checkpoint, nn::fixed_parts(model_, &opt_), budget_ ? budget_ : memory_capacity(dev_));
 }
 
-void Trainer::set_loss_head(nn::MeasureOptions& mo) const {
+void Trainer::add_own_measure_options(nn::MeasureOptions& mo) const {
+  mo.staged_batches = prefetch_ ? 1 : 0;  // Note [prefetched micro-batches]
   if (!opts_.measure_loss) return;
   mo.head = opts_.loss;
   mo.head_targets = [this](int64_t rows) {
@@ -174,8 +175,7 @@ void Trainer::set_loss_head(nn::MeasureOptions& mo) const {
 }
 
 nn::ChainCost Trainer::measure(int64_t rows, nn::MeasureOptions opts) {
-  opts.staged_batches = prefetch_ ? 1 : 0;  // Note [prefetched micro-batches]
-  set_loss_head(opts);
+  add_own_measure_options(opts);
   if (windows_) return nn::measure_chain(model_, example(rows), opts);
   return nn::measure_chain(model_, with_rows(rows, data_->sample_shape()), opts);
 }
@@ -232,11 +232,10 @@ void Trainer::plan_for(size_t memory) {
         " to " + std::to_string(sizes.back()) + ") to plan " + std::to_string(rank_batch_) + " samples a step for " +
         format_bytes(memory));
   nn::MeasureOptions mo;
-  set_loss_head(mo);
+  add_own_measure_options(mo);
   mo.stop_when_flat = true;
   mo.targets_per_row = targets_per_row;
   mo.offload = opts_.offload;
-  mo.staged_batches = prefetch_ ? 1 : 0;
   if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show
     mo.on_measure = [&](int64_t b) { print("  measuring micro-batch " + std::to_string(b)); };
   }

@@ -256,9 +256,10 @@ class Trainer {
   void check_options();
   nn::ChainCost measure(int64_t rows, nn::MeasureOptions opts);  // the model at `rows` rows (the staged batch counted)
   Tensor example(int64_t rows) const;  // window data: the first window's first rows, on the device
-  // With measure_loss: the loss, on labels of the data's first `rows` samples, as the head the
-  // planner measures (MeasureOptions::head).
-  void set_loss_head(nn::MeasureOptions& mo) const;
+  // What every measurement of this Trainer's chain counts besides the chain: the staged next
+  // micro-batch (prefetch), and with measure_loss the loss, on labels of the data's first rows,
+  // as the head the planner measures (MeasureOptions::head).
+  void add_own_measure_options(nn::MeasureOptions& mo) const;
 
   nn::Sequential& model_;
   std::shared_ptr<const data::Dataset> data_;         // samples, or
