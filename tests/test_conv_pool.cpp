@@ -59,11 +59,11 @@ TEST_CASE("conv2d forward and backward match PyTorch") {
     const int stride = c["stride"].get<int>(), pad = c["pad"].get<int>();
 
     Tensor y = poisoned(c["y_shape"].get<Shape>());
-    conv2d_forward<Cpu>(y, x, w, b, stride, pad);
+    conv2d_forward<Cpu>(y, x, w, b, stride, pad, false);
     CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
 
     Tensor dx = poisoned(x.shape()), dw = poisoned(w.shape()), db = bias ? poisoned(b.shape()) : Tensor();
-    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, stride, pad, false);
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, stride, pad, false, false);
     CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
     CHECK(rel_err(dw, from_json(c["dw"], c["w_shape"])) < 1e-5);
     if (bias) CHECK(rel_err(db, from_json(c["db"], json::array({w.size(0)}))) < 1e-5);
@@ -88,11 +88,11 @@ TEST_CASE("max_pool2d forward, indices and backward match PyTorch") {
     Tensor y = poisoned(ys);
     Tensor idx = Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(shape_numel(ys)), -7), ys);
     const int kernel = c["kernel"].get<int>(), stride = c["stride"].get<int>(), pad = c["pad"].get<int>();
-    max_pool2d_forward<Cpu>(y, idx, x, kernel, stride, pad);
+    max_pool2d_forward<Cpu>(y, idx, x, kernel, stride, pad, false);
     CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
     CHECK(idx.to_vector<int64_t>() == c["idx"].get<std::vector<int64_t>>());
     Tensor dx = poisoned(x.shape());
-    max_pool2d_backward<Cpu>(dx, dy, idx, kernel, stride, pad);
+    max_pool2d_backward<Cpu>(dx, dy, idx, kernel, stride, pad, false);
     CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
 
     Tensor xt = x.clone().requires_grad_();
@@ -108,10 +108,10 @@ TEST_CASE("adaptive_avg_pool2d forward and backward match PyTorch") {
     INFO("case " << c["name"].get<std::string>());
     const Tensor x = from_json(c["x"], c["x_shape"]), dy = from_json(c["dy"], c["y_shape"]);
     Tensor y = poisoned(c["y_shape"].get<Shape>());
-    adaptive_avg_pool2d_forward<Cpu>(y, x);
+    adaptive_avg_pool2d_forward<Cpu>(y, x, false);
     CHECK(rel_err(y, from_json(c["y"], c["y_shape"])) < 1e-5);
     Tensor dx = poisoned(x.shape());
-    adaptive_avg_pool2d_backward<Cpu>(dx, dy);
+    adaptive_avg_pool2d_backward<Cpu>(dx, dy, false);
     CHECK(rel_err(dx, from_json(c["dx"], c["x_shape"])) < 1e-5);
 
     Tensor xt = x.clone().requires_grad_();
@@ -183,8 +183,8 @@ TEST_CASE("conv2d in many im2col row blocks matches a direct loop") {
     const Tensor dy = rand_tensor({c.x[0], c.o, oh, ow}, 104);
     const DirectConv ref = direct_conv(x, w, b, dy, c.stride, c.pad);
     Tensor y = poisoned(dy.shape()), dx = poisoned(x.shape()), dw = poisoned(w.shape()), db = poisoned({c.o});
-    conv2d_forward<Cpu>(y, x, w, b, c.stride, c.pad);
-    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, c.stride, c.pad, false);
+    conv2d_forward<Cpu>(y, x, w, b, c.stride, c.pad, false);
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, c.stride, c.pad, false, false);
     CHECK(rel_err_vs(y, ref.y) < 1e-5);
     CHECK(rel_err_vs(dx, ref.dx) < 1e-5);
     CHECK(rel_err_vs(dw, ref.dw) < 1e-5);
@@ -200,11 +200,11 @@ TEST_CASE("conv2d backward with accumulate adds into dw and db") {
   const Tensor dy = rand_tensor({5, 6, 5, 4}, 43);
   Tensor dw_fresh = poisoned(w.shape()), db_fresh = poisoned({6});
   Tensor none;
-  conv2d_backward<Cpu>(none, dw_fresh, db_fresh, dy, x, w, 2, 1, false);
+  conv2d_backward<Cpu>(none, dw_fresh, db_fresh, dy, x, w, 2, 1, false, false);
 
   const Tensor dw0 = rand_tensor(w.shape(), 44), db0 = rand_tensor({6}, 45);
   Tensor dw = dw0.clone(), db = db0.clone();
-  conv2d_backward<Cpu>(none, dw, db, dy, x, w, 2, 1, true);
+  conv2d_backward<Cpu>(none, dw, db, dy, x, w, 2, 1, true, false);
   auto expect = [](const Tensor& base, const Tensor& add) {
     auto a = base.to_vector<float>(), b = add.to_vector<float>();
     for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
@@ -229,10 +229,10 @@ TEST_CASE("conv2d backward skips what is undefined") {
   const Tensor x = rand_tensor({3, 4, 6, 7}, 51), w = rand_tensor({5, 4, 3, 3}, 52);
   const Tensor dy = rand_tensor({3, 5, 6, 7}, 53);
   Tensor dx = poisoned(x.shape()), dw = poisoned(w.shape()), db = poisoned({5});
-  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false);
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false, false);
   Tensor none, dx_only = poisoned(x.shape()), dw_only = poisoned(w.shape());
-  conv2d_backward<Cpu>(dx_only, none, none, dy, x, w, 1, 1, false);
-  conv2d_backward<Cpu>(none, dw_only, none, dy, x, w, 1, 1, false);
+  conv2d_backward<Cpu>(dx_only, none, none, dy, x, w, 1, 1, false, false);
+  conv2d_backward<Cpu>(none, dw_only, none, dy, x, w, 1, 1, false, false);
   CHECK(bit_equal(dx_only, dx));
   CHECK(bit_equal(dw_only, dw));
 }
@@ -242,8 +242,8 @@ TEST_CASE("conv2d backward of an empty batch gives zero dw and db") {
   const Tensor dy = Tensor::empty({0, 4, 7, 5});
   Tensor y = Tensor::empty({0, 4, 7, 5}), dx = Tensor::empty(x.shape());
   Tensor dw = poisoned(w.shape()), db = poisoned({4});
-  conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1);
-  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false);
+  conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1, false);
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false, false);
   CHECK(bit_equal(dw, Tensor::zeros(w.shape())));
   CHECK(bit_equal(db, Tensor::zeros({4})));
 }
@@ -255,8 +255,8 @@ TEST_CASE("conv2d is deterministic: two runs give the same bits") {
   auto run = [&] {
     std::vector<Tensor> r{poisoned({8, 32, 28, 28}), poisoned(x.shape()), poisoned(w.shape()),
                           poisoned({32})};
-    conv2d_forward<Cpu>(r[0], x, w, b, 1, 1);
-    conv2d_backward<Cpu>(r[1], r[2], r[3], dy, x, w, 1, 1, false);
+    conv2d_forward<Cpu>(r[0], x, w, b, 1, 1, false);
+    conv2d_backward<Cpu>(r[1], r[2], r[3], dy, x, w, 1, 1, false, false);
     return r;
   };
   const auto first = run();
@@ -270,7 +270,7 @@ TEST_CASE("conv2d is deterministic: two runs give the same bits") {
                                                        x.data<float>() + (n + 1) * 16 * 28 * 28),
                                     {1, 16, 28, 28});
     Tensor yn = poisoned({1, 32, 28, 28});
-    conv2d_forward<Cpu>(yn, xn, w, b, 1, 1);
+    conv2d_forward<Cpu>(yn, xn, w, b, 1, 1, false);
     Tensor ref = Tensor::from_vector(std::vector<float>(first[0].data<float>() + n * 32 * 28 * 28,
                                                         first[0].data<float>() + (n + 1) * 32 * 28 * 28),
                                      {1, 32, 28, 28});
@@ -294,7 +294,7 @@ TEST_CASE("conv2d workspace is counted by the allocator and bounded per thread, 
     const size_t threads = static_cast<size_t>(std::clamp<int64_t>(max_threads, 1, n));
 
     reset_peak_memory_stats(cpu);
-    conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1);
+    conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1, false);
     const size_t fwd_extra = memory_stats(cpu).peak_in_use - before;
     CHECK(memory_stats(cpu).in_use == before);
     CHECK(fwd_extra > 0);                             // the workspace went through the allocator
@@ -303,7 +303,7 @@ TEST_CASE("conv2d workspace is counted by the allocator and bounded per thread, 
     // Backward: the same column blocks, plus, for a layer with few input channels like this one,
     // one partial dW per image (Note [weight gradients in sample order]; not per thread).
     reset_peak_memory_stats(cpu);
-    conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false);
+    conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false, false);
     const size_t bwd_extra = memory_stats(cpu).peak_in_use - before;
     CHECK(memory_stats(cpu).in_use == before);
     CHECK(bwd_extra > 0);
@@ -331,11 +331,11 @@ TEST_CASE("conv2d in oneDNN: its workspace is counted by the allocator, per thre
     Tensor y = poisoned(dy.shape()), dx = poisoned(x.shape()), dw = poisoned(w.shape()), none;
     const size_t before = memory_stats(cpu).in_use;
     reset_peak_memory_stats(cpu);
-    conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1);
+    conv2d_forward<Cpu>(y, x, w, Tensor(), 1, 1, false);
     fwd.push_back(memory_stats(cpu).peak_in_use - before);
     CHECK(memory_stats(cpu).in_use == before);
     reset_peak_memory_stats(cpu);
-    conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false);
+    conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false, false);
     // minus one partial dW per image (Note [weight gradients in sample order])
     bwd.push_back(memory_stats(cpu).peak_in_use - before - static_cast<size_t>(n) * w.nbytes());
     CHECK(memory_stats(cpu).in_use == before);

@@ -101,7 +101,7 @@ TEST_CASE("kernel math: max-pool windows give the CPU kernel's values and indice
     const int oh = (c.h + 2 * c.pad - c.k) / c.s + 1, ow = (c.w + 2 * c.pad - c.k) / c.s + 1;
     Tensor y = Tensor::full({1, planes, oh, ow}, 123.0f);
     Tensor idx = Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(planes * oh * ow), -5), {1, planes, oh, ow});
-    max_pool2d_forward<Cpu>(y, idx, x, c.k, c.s, c.pad);
+    max_pool2d_forward<Cpu>(y, idx, x, c.k, c.s, c.pad, false);
     const std::vector<float> y_cpu = y.to_vector<float>();
     const std::vector<int64_t> idx_cpu = idx.to_vector<int64_t>();
     for (int64_t pl = 0; pl < planes; ++pl) {
@@ -133,10 +133,10 @@ TEST_CASE("kernel math: the max-pool gradient gathered per input equals the CPU'
     const int oh = (c.h + 2 * c.pad - c.k) / c.s + 1, ow = (c.w + 2 * c.pad - c.k) / c.s + 1;
     Tensor y = Tensor::empty({1, planes, oh, ow});
     Tensor idx = Tensor::empty({1, planes, oh, ow}, TensorOptions{DType::i64});
-    max_pool2d_forward<Cpu>(y, idx, x, c.k, c.s, c.pad);
+    max_pool2d_forward<Cpu>(y, idx, x, c.k, c.s, c.pad, false);
     const std::vector<float> dy = random_values(static_cast<size_t>(planes * oh * ow), 90 + c.h);
     Tensor dx = Tensor::full({1, planes, c.h, c.w}, 5.0f);
-    max_pool2d_backward<Cpu>(dx, Tensor::from_vector(dy, {1, planes, oh, ow}), idx, c.k, c.s, c.pad);
+    max_pool2d_backward<Cpu>(dx, Tensor::from_vector(dy, {1, planes, oh, ow}), idx, c.k, c.s, c.pad, false);
     const std::vector<float> dx_cpu = dx.to_vector<float>();
     const std::vector<int64_t> ix = idx.to_vector<int64_t>();
     int shared = 0;  // inputs that are the argmax of more than one window
@@ -155,6 +155,50 @@ TEST_CASE("kernel math: the max-pool gradient gathered per input equals the CPU'
       }
     }
     if (c.s < c.k) CHECK(shared > 0);  // overlapping windows: the sums were really exercised
+  }
+}
+
+// pooling.cu's channels-last kernels hand the same bodies a plane's first value and its pixel
+// stride C (Note [channels last] in src/ops/conv2d.cpp): the channels-first results, bit for bit.
+TEST_CASE("kernel math: pools read channels last with the pixel stride: the channels-first bits") {
+  const int h = 11, w = 9, k = 3, s = 2, pad = 1, oh = 6, ow = 5, aoh = 4, aow = 3;
+  const int64_t planes = 5;
+  const std::vector<float> v = random_values(static_cast<size_t>(planes * h * w), 17, 3);  // ties
+  const Tensor x = Tensor::from_vector(v, {1, planes, h, w});
+  Tensor y = Tensor::empty({1, planes, oh, ow});
+  Tensor idx = Tensor::empty({1, planes, oh, ow}, TensorOptions{DType::i64});
+  max_pool2d_forward<Cpu>(y, idx, x, k, s, pad, false);
+  const Tensor dy = Tensor::from_vector(random_values(static_cast<size_t>(planes * oh * ow), 23), {1, planes, oh, ow});
+  // The same tensors channels last.
+  const std::vector<float> xl = to_channels_last(x).to_vector<float>(), dyl = to_channels_last(dy).to_vector<float>();
+  const std::vector<int64_t> ix = idx.to_vector<int64_t>(), ixl = permute(idx, {0, 2, 3, 1}).to_vector<int64_t>();
+  const std::vector<float> dyv = dy.to_vector<float>();
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  for (int64_t c = 0; c < planes; ++c) {
+    CAPTURE(c);
+    for (int i = 0; i < oh; ++i) {
+      for (int j = 0; j < ow; ++j) {
+        float y1 = 0, y2 = 0;
+        int64_t i1 = -1, i2 = -2;
+        km::max_pool_window(v.data() + c * h * w, h, w, k, s, pad, i, j, &y1, &i1);
+        km::max_pool_window(xl.data() + c, h, w, k, s, pad, i, j, &y2, &i2, planes);
+        CHECK(same(y1, y2));
+        CHECK(i1 == i2);
+      }
+    }
+    for (int i = 0; i < aoh; ++i)
+      for (int j = 0; j < aow; ++j)
+        CHECK(same(km::adaptive_avg_window(v.data() + c * h * w, h, w, aoh, aow, i, j),
+                   km::adaptive_avg_window(xl.data() + c, h, w, aoh, aow, i, j, planes)));
+    for (int hh = 0; hh < h; ++hh) {
+      for (int ww = 0; ww < w; ++ww) {
+        CHECK(same(km::max_pool_grad(dyv.data() + c * oh * ow, ix.data() + c * oh * ow, w, oh, ow, k, s, pad, hh, ww),
+                   km::max_pool_grad(dyl.data() + c, ixl.data() + c, w, oh, ow, k, s, pad, hh, ww, planes)));
+        // dy read as a 6 x 5 adaptive output: any gradient will do to compare the two readings.
+        CHECK(same(km::adaptive_avg_grad(dyv.data() + c * oh * ow, h, w, oh, ow, hh, ww),
+                   km::adaptive_avg_grad(dyl.data() + c, h, w, oh, ow, hh, ww, planes)));
+      }
+    }
   }
 }
 

@@ -259,8 +259,8 @@ TEST_CASE("cuda: conv2d backward accumulates into existing gradients") {
   Tensor x = rand_tensor({2, 3, 8, 7}, 61), w = rand_tensor({4, 3, 3, 3}, 62), dy = rand_tensor({2, 4, 8, 7}, 63);
   Tensor dw = rand_tensor({4, 3, 3, 3}, 64), db = rand_tensor({4}, 65), dx;  // dx undefined: skipped
   Tensor dwg = dw.to(kGpu), dbg = db.to(kGpu), dxg;
-  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, true);
-  conv2d_backward<Cuda>(dxg, dwg, dbg, dy.to(kGpu), x.to(kGpu), w.to(kGpu), 1, 1, true);
+  conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, true, false);
+  conv2d_backward<Cuda>(dxg, dwg, dbg, dy.to(kGpu), x.to(kGpu), w.to(kGpu), 1, 1, true, false);
   CHECK(rel_err(dwg, dw) < kStrict);
   CHECK(rel_err(dbg, db) < kStrict);
 }
@@ -353,15 +353,15 @@ TEST_CASE("cuda: max-pool backward with overlapping windows is bit-identical to 
     return v;
   }(), {2, 5, 17, 15});
   Tensor y = Tensor::empty({2, 5, 9, 8}), idx = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::i64});
-  max_pool2d_forward<Cpu>(y, idx, x, 3, 2, 1);
+  max_pool2d_forward<Cpu>(y, idx, x, 3, 2, 1, false);
   Tensor yg = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::f32, kGpu});
   Tensor idxg = Tensor::empty({2, 5, 9, 8}, TensorOptions{DType::i64, kGpu});
-  max_pool2d_forward<Cuda>(yg, idxg, x.to(kGpu), 3, 2, 1);
+  max_pool2d_forward<Cuda>(yg, idxg, x.to(kGpu), 3, 2, 1, false);
   CHECK(idxg.to_vector<int64_t>() == idx.to_vector<int64_t>());
   Tensor dy = rand_tensor({2, 5, 9, 8}, 31);
   Tensor dx = poisoned({2, 5, 17, 15}, Device::cpu()), dxg = poisoned({2, 5, 17, 15}, kGpu);
-  max_pool2d_backward<Cpu>(dx, dy, idx, 3, 2, 1);
-  max_pool2d_backward<Cuda>(dxg, dy.to(kGpu), idxg, 3, 2, 1);
+  max_pool2d_backward<Cpu>(dx, dy, idx, 3, 2, 1, false);
+  max_pool2d_backward<Cuda>(dxg, dy.to(kGpu), idxg, 3, 2, 1, false);
   CHECK(test::bit_equal(dxg.cpu(), dx));
 }
 
@@ -369,7 +369,7 @@ TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run 
   Tf32Conv off(false);
   const Tensor xc = rand_tensor({8, 16, 19, 17}, 41), wc = rand_tensor({32, 16, 3, 3}, 42), dyc = rand_tensor({8, 32, 19, 17}, 43);
   Tensor dxc = Tensor::empty(xc.shape()), dwc = Tensor::empty(wc.shape()), dbc = Tensor::empty({32});
-  conv2d_backward<Cpu>(dxc, dwc, dbc, dyc, xc, wc, 1, 1, false);
+  conv2d_backward<Cpu>(dxc, dwc, dbc, dyc, xc, wc, 1, 1, false, false);
   for (bool bench : {false, true}) {
     const CudnnBenchmark benchmark(bench);
     INFO("cudnn benchmark " << bench);
@@ -378,7 +378,7 @@ TEST_CASE("cuda: conv2d backward is deterministic by default: the same bits run 
     for (int r = 0; r < 3; ++r) {
       // NaN first: a run that wrote nothing cannot pass for one that wrote the same bits.
       Tensor dx = poisoned(x.shape(), kGpu), dw = poisoned(w.shape(), kGpu), db = poisoned({32}, kGpu);
-      conv2d_backward<Cuda>(dx, dw, db, dy, x, w, 1, 1, false);
+      conv2d_backward<Cuda>(dx, dw, db, dy, x, w, 1, 1, false, false);
       if (r == 0) {
         CHECK(rel_err(dx, dxc) < kStrict);
         CHECK(rel_err(dw, dwc) < kStrict);

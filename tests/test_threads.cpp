@@ -151,16 +151,16 @@ TEST_CASE("a sample's results do not depend on the batch it is in: linear, conv2
     const Tensor b = rand_tensor({cv.o}, 213), dy = rand_tensor({n, cv.o, oh, oh}, 214);
     Tensor y = Tensor::empty({n, cv.o, oh, oh}), dx = Tensor::empty(x.shape()), dw = Tensor::empty(w.shape());
     Tensor db = Tensor::empty({cv.o});
-    conv2d_forward<Cpu>(y, x, w, b, cv.stride, cv.pad);
-    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, cv.stride, cv.pad, false);
+    conv2d_forward<Cpu>(y, x, w, b, cv.stride, cv.pad, false);
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, cv.stride, cv.pad, false, false);
     for (const auto& sizes : cuts) {
       Tensor dw_parts = Tensor::zeros(w.shape()), db_parts = Tensor::zeros({cv.o});
       for (const auto& [r0, r1] : cut(n, sizes)) {
         CAPTURE(r0);
         CAPTURE(r1);
         Tensor yp = Tensor::empty({r1 - r0, cv.o, oh, oh}), dxp = Tensor::empty({r1 - r0, cv.c, h, h});
-        conv2d_forward<Cpu>(yp, rows(x, r0, r1), w, b, cv.stride, cv.pad);
-        conv2d_backward<Cpu>(dxp, dw_parts, db_parts, rows(dy, r0, r1), rows(x, r0, r1), w, cv.stride, cv.pad, true);
+        conv2d_forward<Cpu>(yp, rows(x, r0, r1), w, b, cv.stride, cv.pad, false);
+        conv2d_backward<Cpu>(dxp, dw_parts, db_parts, rows(dy, r0, r1), rows(x, r0, r1), w, cv.stride, cv.pad, true, false);
         CHECK(bit_equal(yp, rows(y, r0, r1)));
         CHECK(bit_equal(dxp, rows(dx, r0, r1)));
       }

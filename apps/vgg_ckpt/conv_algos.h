@@ -25,7 +25,7 @@ inline std::string ms_str(double ms) {
 inline std::string conv_shape_str(const mg::cuda::ConvAlgorithm& a) {
   return "x " + std::to_string(a.n) + "x" + std::to_string(a.c) + "x" + std::to_string(a.h) + "x" + std::to_string(a.w) +
          " w " + std::to_string(a.o) + "x" + std::to_string(a.c) + "x" + std::to_string(a.kh) + "x" + std::to_string(a.kw) +
-         " s" + std::to_string(a.stride) + " p" + std::to_string(a.pad);
+         " s" + std::to_string(a.stride) + " p" + std::to_string(a.pad) + (a.layout == "nhwc" ? " nhwc" : "");
 }
 
 // The choices made for batches of `rows` (the plan's micro-batches); those of other sizes (the
@@ -65,6 +65,7 @@ inline nlohmann::ordered_json conv_algorithms_json() {
     j["stride"] = a.stride;
     j["pad"] = a.pad;
     j["dtype"] = a.dtype;
+    j["layout"] = a.layout;
     j["pass"] = a.pass;
     j["algo"] = a.algo;
     j["algo_name"] = a.algo_name;

@@ -32,6 +32,12 @@
 // workspace, math, how it was chosen, what the workspace limit passed over) and puts every choice
 // in --json; --conv-workspace-limit SIZE changes that limit (default 1 GiB). With the JSON's
 // per-step cudaMalloc counts and peaks, what scripts/gpu_verify.sh's cliff stage reads (issue 36).
+//
+// --layout nhwc builds the model channels last (Note [channels last] in src/ops/conv2d.cpp): the
+// images are transposed to (H, W, C) on the host as they are read (mg::data::ChannelsLast), and
+// cuDNN gets NHWC convolutions. The same parameter names and, on the CPU, the same bits.
+//
+//   build/bin/vgg_ckpt --device cuda --layout nhwc --precision bf16 --batch-size 64 --steps 10
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -48,11 +54,13 @@ int main(int argc, char** argv) {
   const auto session = start_session("vgg_ckpt", &argc, &argv);  // under mpirun: one rank of the run
   CLI::App app{"Train VGG16 or a ResNet with a gradient-checkpointing plan; report memory and time."};
   RunFlags f{.timeline = true};
-  std::string data_dir, model_name = "vgg16", tf32 = "conv", conv_workspace_limit;
+  std::string data_dir, model_name = "vgg16", tf32 = "conv", conv_workspace_limit, layout_name = "nchw";
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
   bool resume = false, cudnn_benchmark = false, cudnn_nondeterministic = false, conv_algos = false;
   app.add_option("--model", model_name, "vgg16 | resnet18 | resnet34 | resnet50 (torchvision layouts)")
       ->check(CLI::IsMember({"vgg16", "resnet18", "resnet34", "resnet50"}))->capture_default_str();
+  app.add_option("--layout", layout_name, "nchw | nhwc: channels first, or channels last (cuDNN's tensor-core layout)")
+      ->check(CLI::IsMember({"nchw", "nhwc"}))->capture_default_str();
   app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* steps_opt = app.add_option("--steps", steps, "number of steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--epochs", epochs, "number of epochs")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->excludes(steps_opt);
@@ -87,12 +95,14 @@ int main(int argc, char** argv) {
     const int64_t world = mg::dist::world_size();
     const bool joint = !f.memory_budget.empty();
     const int64_t step_images = joint ? batch_size : batch_size * world;
-    const images::Data data = images::load(data_dir, image_size, f.seed, step_images);
+    const mg::Layout layout = layout_name == "nhwc" ? mg::Layout::nhwc : mg::Layout::nchw;
+    images::Data data = images::load(data_dir, image_size, f.seed, step_images);
+    if (layout == mg::Layout::nhwc) data.set = std::make_shared<mg::data::ChannelsLast>(data.set);
     const int64_t batches_per_epoch = data.set->size() / step_images;  // the short last batch dropped
     const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
 
     mg::manual_seed(f.seed);
-    auto model = mg::nn::make_model(model_name, images::kNumClasses, width_div);
+    auto model = mg::nn::make_model(model_name, images::kNumClasses, width_div, layout);
     model->to(run.dev);
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
     float last_loss = NAN;
@@ -116,8 +126,8 @@ int main(int argc, char** argv) {
                          .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);
-    LEAD_PRINTF("%s width/%lld, %lldx%lld, batch %lld, %lld params, %zu layers, device %s\n", model_name.c_str(),
-                static_cast<long long>(width_div), static_cast<long long>(image_size), static_cast<long long>(image_size),
+    LEAD_PRINTF("%s width/%lld, %lldx%lld %s, batch %lld, %lld params, %zu layers, device %s\n", model_name.c_str(),
+                static_cast<long long>(width_div), static_cast<long long>(image_size), static_cast<long long>(image_size), layout_name.c_str(),
                 static_cast<long long>(step_images / world), static_cast<long long>(model->parameter_count()), model->size(),
                 run.dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data.description.c_str());
@@ -155,6 +165,7 @@ int main(int argc, char** argv) {
       j["model"] = model_name;
       j["width_div"] = width_div;
       j["image_size"] = image_size;
+      j["layout"] = layout_name;
       j["data"] = data.description;
       j["tf32"] = tf32;
       j["cudnn_benchmark"] = cudnn_benchmark;

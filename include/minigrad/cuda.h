@@ -61,6 +61,7 @@ struct ConvAlgorithm {
   int o = 0, kh = 0, kw = 0;          // w: (o, c, kh, kw)
   int stride = 1, pad = 0;
   std::string dtype;                  // of x, w and y: float32, bfloat16, float16
+  std::string layout;                 // nchw | nhwc (then x (n, h, w, c) and w (o, kh, kw, c) in memory)
   std::string pass;                   // forward | backward data | backward filter
   int algo = 0;                       // cuDNN's enum value for the pass
   std::string algo_name;              // IMPLICIT_PRECOMP_GEMM, ALGO_1, WINOGRAD_NONFUSED, ...

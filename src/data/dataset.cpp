@@ -63,4 +63,30 @@ void TensorDataset::read(std::span<const int64_t> indices, int64_t, std::span<fl
   }
 }
 
+ChannelsLast::ChannelsLast(std::shared_ptr<const Dataset> images) : images_(std::move(images)) {
+  MG_CHECK(images_, "ChannelsLast: the data set is null");
+  MG_CHECK(images_->sample_shape().size() == 3, "ChannelsLast: expected images (C, H, W), got samples of shape "
+                                                    << shape_str(images_->sample_shape()));
+}
+
+Shape ChannelsLast::sample_shape() const {
+  const Shape s = images_->sample_shape();
+  return {s[1], s[2], s[0]};
+}
+
+void ChannelsLast::read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+                        std::span<int64_t> y) const {
+  const Shape s = images_->sample_shape();
+  const int64_t c = s[0], hw = s[1] * s[2], numel = c * hw;
+  // One image at a time through a buffer of one image: read() may run beside other threads.
+  std::vector<float> image(static_cast<size_t>(numel));
+  for (size_t k = 0; k < indices.size(); ++k) {
+    images_->read_batch(indices.subspan(k, 1), epoch, image, y.subspan(k, 1));
+    float* out = x.data() + static_cast<int64_t>(k) * numel;
+    for (int64_t p = 0; p < hw; ++p) {
+      for (int64_t ch = 0; ch < c; ++ch) out[p * c + ch] = image[static_cast<size_t>(ch * hw + p)];
+    }
+  }
+}
+
 }  // namespace mg::data

@@ -9,17 +9,19 @@
 // Every sum runs over the images in order, each image's values in fixed lanes: the same bits for
 // any thread count (Note [fixed pieces]) and, for dw and db added into a buffer, image by image
 // (Note [weight gradients in sample order] in kernels/cpu/conv2d.cpp) on the CPU.
+// channels_last: x, y and the gradients (N, S..., C), the channel the last dimension.
 #pragma once
 
 #include <minigrad/core/tensor.h>
 #include "kernels/dispatch.h"
 
 namespace mg {
-template <class D> void batch_norm_stats(Tensor& mean, Tensor& var, const Tensor& x);
+template <class D> void batch_norm_stats(Tensor& mean, Tensor& var, const Tensor& x, bool channels_last);
 template <class D>
 void batch_norm_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                        const Tensor& var, float eps);
+                        const Tensor& var, float eps, bool channels_last);
 template <class D>
 void batch_norm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                         const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate);
+                         const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate,
+                         bool channels_last);
 }  // namespace mg

@@ -5,6 +5,8 @@
 //   backward: dx = conv_transpose(dy, w)                       (=)   skipped when undefined
 //             dw[o,c,p,q] = sum_{n,i,j} dy[n,o,i,j] x[n,c,..]   (= or += when accumulate)
 //             db[o] = sum_{n,i,j} dy[n,o,i,j]                  (= or += when accumulate)
+// channels_last: x (N, H, W, C), w (O, KH, KW, C), y and dy (N, OH, OW, O), the same math (Note
+// [channels last] in src/ops/conv2d.cpp; on the CPU, Note [channels last on the CPU]).
 #pragma once
 
 #include <minigrad/core/tensor.h>
@@ -13,8 +15,8 @@
 namespace mg {
 template <class D>
 void conv2d_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
-                    int pad);
+                    int pad, bool channels_last);
 template <class D>
 void conv2d_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w, int stride, int pad, bool accumulate);
+                     const Tensor& w, int stride, int pad, bool accumulate, bool channels_last);
 }  // namespace mg

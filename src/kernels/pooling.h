@@ -6,6 +6,7 @@
 // adaptive_avg_pool2d: window i spans rows [floor(i H / OH), ceil((i+1) H / OH)), likewise
 //             columns (PyTorch's rule); y = mean over the window.               (=)
 //   backward: dx = sum over windows containing the element of dy / window size   (=)
+// channels_last: x, y, idx and the gradients (N, H, W, C) and (N, OH, OW, C); idx means the same.
 #pragma once
 
 #include <minigrad/core/tensor.h>
@@ -13,9 +14,10 @@
 
 namespace mg {
 template <class D>
-void max_pool2d_forward(Tensor& y, Tensor& idx, const Tensor& x, int kernel, int stride, int pad);
+void max_pool2d_forward(Tensor& y, Tensor& idx, const Tensor& x, int kernel, int stride, int pad, bool channels_last);
 template <class D>
-void max_pool2d_backward(Tensor& dx, const Tensor& dy, const Tensor& idx, int kernel, int stride, int pad);
-template <class D> void adaptive_avg_pool2d_forward(Tensor& y, const Tensor& x);
-template <class D> void adaptive_avg_pool2d_backward(Tensor& dx, const Tensor& dy);
+void max_pool2d_backward(Tensor& dx, const Tensor& dy, const Tensor& idx, int kernel, int stride, int pad,
+                         bool channels_last);
+template <class D> void adaptive_avg_pool2d_forward(Tensor& y, const Tensor& x, bool channels_last);
+template <class D> void adaptive_avg_pool2d_backward(Tensor& dx, const Tensor& dy, bool channels_last);
 }  // namespace mg

@@ -16,7 +16,7 @@ std::shared_ptr<Sequential> make_mlp(const std::vector<int64_t>& sizes) {
   return m;
 }
 
-std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div, float dropout_p) {
+std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div, float dropout_p, Layout layout) {
   MG_CHECK(width_div >= 1, "make_vgg16: width_div must be >= 1, got " << width_div);
   MG_CHECK(num_classes >= 1, "make_vgg16: num_classes must be >= 1, got " << num_classes);
   const int64_t kPool = -1;
@@ -26,17 +26,17 @@ std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div, f
   int64_t in = 3;
   for (int64_t c : cfg) {
     if (c == kPool) {
-      m->add<MaxPool2d>(2, 2);
+      m->add<MaxPool2d>(2, 2, 0, layout);
       continue;
     }
     const int64_t out = std::max<int64_t>(1, c / width_div);
-    m->add<Conv2d>(in, out, 3, 1, 1);
+    m->add<Conv2d>(in, out, 3, 1, 1, /*bias=*/true, layout);
     m->add<ReLU>();
     in = out;
   }
   const int64_t hidden = std::max<int64_t>(1, 4096 / width_div);
-  m->add<AdaptiveAvgPool2d>(7, 7);
-  m->add<Flatten>();
+  m->add<AdaptiveAvgPool2d>(7, 7, layout);
+  m->add<Flatten>(layout);
   m->add<Linear>(in * 7 * 7, hidden);
   m->add<ReLU>();
   m->add<Dropout>(dropout_p);
@@ -51,18 +51,20 @@ std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div, f
 
 namespace {
 
-std::shared_ptr<Module> conv(int64_t in, int64_t out, int k, int stride, int pad) {
-  return std::make_shared<Conv2d>(in, out, k, stride, pad, /*bias=*/false);
+std::shared_ptr<Module> conv(int64_t in, int64_t out, int k, int stride, int pad, Layout layout) {
+  return std::make_shared<Conv2d>(in, out, k, stride, pad, /*bias=*/false, layout);
 }
 
-std::shared_ptr<Module> bn(int64_t c) { return std::make_shared<BatchNorm2d>(c); }
+std::shared_ptr<Module> bn(int64_t c, Layout layout) {
+  return std::make_shared<BatchNorm2d>(c, 1e-5f, 0.1f, /*affine=*/true, layout);
+}
 
 // torchvision: a strided 1x1 conv and a BatchNorm when the block changes the shape, else none.
-std::shared_ptr<Module> make_downsample(int64_t in, int64_t out, int stride) {
+std::shared_ptr<Module> make_downsample(int64_t in, int64_t out, int stride, Layout layout) {
   if (stride == 1 && in == out) return nullptr;
   auto d = std::make_shared<Sequential>();
-  d->push_back(conv(in, out, 1, stride, 0));
-  d->push_back(bn(out));
+  d->push_back(conv(in, out, 1, stride, 0, layout));
+  d->push_back(bn(out, layout));
   return d;
 }
 
@@ -74,17 +76,17 @@ std::string block_name(const char* kind, int64_t inplanes, int64_t planes, int s
 
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int stride)
+BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int stride, Layout layout)
     : inplanes_(inplanes), planes_(planes), stride_(stride) {
   MG_CHECK(inplanes > 0 && planes > 0 && stride > 0,
            "BasicBlock: bad arguments (inplanes " << inplanes << ", planes " << planes << ", stride " << stride << ")");
   // Registration order is torchvision's, so state_dict() lists tensors in its order.
-  register_module("conv1", conv1_ = conv(inplanes, planes, 3, stride, 1));
-  register_module("bn1", bn1_ = bn(planes));
+  register_module("conv1", conv1_ = conv(inplanes, planes, 3, stride, 1, layout));
+  register_module("bn1", bn1_ = bn(planes, layout));
   register_module("relu", std::make_shared<ReLU>());
-  register_module("conv2", conv2_ = conv(planes, planes, 3, 1, 1));
-  register_module("bn2", bn2_ = bn(planes));
-  if ((downsample_ = make_downsample(inplanes, planes * expansion, stride))) register_module("downsample", downsample_);
+  register_module("conv2", conv2_ = conv(planes, planes, 3, 1, 1, layout));
+  register_module("bn2", bn2_ = bn(planes, layout));
+  if ((downsample_ = make_downsample(inplanes, planes * expansion, stride, layout))) register_module("downsample", downsample_);
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
@@ -97,18 +99,18 @@ std::string BasicBlock::name() const {
   return block_name("BasicBlock", inplanes_, planes_, stride_, downsample_ != nullptr);
 }
 
-Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int stride)
+Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int stride, Layout layout)
     : inplanes_(inplanes), planes_(planes), stride_(stride) {
   MG_CHECK(inplanes > 0 && planes > 0 && stride > 0,
            "Bottleneck: bad arguments (inplanes " << inplanes << ", planes " << planes << ", stride " << stride << ")");
-  register_module("conv1", conv1_ = conv(inplanes, planes, 1, 1, 0));
-  register_module("bn1", bn1_ = bn(planes));
-  register_module("conv2", conv2_ = conv(planes, planes, 3, stride, 1));
-  register_module("bn2", bn2_ = bn(planes));
-  register_module("conv3", conv3_ = conv(planes, planes * expansion, 1, 1, 0));
-  register_module("bn3", bn3_ = bn(planes * expansion));
+  register_module("conv1", conv1_ = conv(inplanes, planes, 1, 1, 0, layout));
+  register_module("bn1", bn1_ = bn(planes, layout));
+  register_module("conv2", conv2_ = conv(planes, planes, 3, stride, 1, layout));
+  register_module("bn2", bn2_ = bn(planes, layout));
+  register_module("conv3", conv3_ = conv(planes, planes * expansion, 1, 1, 0, layout));
+  register_module("bn3", bn3_ = bn(planes * expansion, layout));
   register_module("relu", std::make_shared<ReLU>());
-  if ((downsample_ = make_downsample(inplanes, planes * expansion, stride))) register_module("downsample", downsample_);
+  if ((downsample_ = make_downsample(inplanes, planes * expansion, stride, layout))) register_module("downsample", downsample_);
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
@@ -126,27 +128,27 @@ namespace {
 
 template <typename Block>
 std::shared_ptr<Sequential> make_resnet(const char* what, const std::vector<int>& layers, int64_t num_classes,
-                                        int64_t width_div, float dropout_p) {
+                                        int64_t width_div, float dropout_p, Layout layout) {
   MG_CHECK(width_div >= 1, what << ": width_div must be >= 1, got " << width_div);
   MG_CHECK(num_classes >= 1, what << ": num_classes must be >= 1, got " << num_classes);
   MG_CHECK(dropout_p >= 0.0f && dropout_p < 1.0f, what << ": dropout_p must be in [0, 1), got " << dropout_p);
   auto width = [&](int64_t c) { return std::max<int64_t>(1, c / width_div); };
   auto m = std::make_shared<Sequential>();
   int64_t inplanes = width(64);
-  m->add_named<Conv2d>("conv1", 3, inplanes, 7, 2, 3, /*bias=*/false);
-  m->add_named<BatchNorm2d>("bn1", inplanes);
+  m->add_named<Conv2d>("conv1", 3, inplanes, 7, 2, 3, /*bias=*/false, layout);
+  m->add_named<BatchNorm2d>("bn1", inplanes, 1e-5f, 0.1f, /*affine=*/true, layout);
   m->add_named<ReLU>("relu");
-  m->add_named<MaxPool2d>("maxpool", 3, 2, 1);
+  m->add_named<MaxPool2d>("maxpool", 3, 2, 1, layout);
   for (size_t stage = 0; stage < layers.size(); ++stage) {
     const int64_t planes = width(int64_t{64} << stage);
     for (int b = 0; b < layers[stage]; ++b) {
       const int stride = (stage > 0 && b == 0) ? 2 : 1;
-      m->add_named<Block>("layer" + std::to_string(stage + 1) + "." + std::to_string(b), inplanes, planes, stride);
+      m->add_named<Block>("layer" + std::to_string(stage + 1) + "." + std::to_string(b), inplanes, planes, stride, layout);
       inplanes = planes * Block::expansion;
     }
   }
-  m->add_named<AdaptiveAvgPool2d>("avgpool", 1, 1);
-  m->add_named<Flatten>("flatten");
+  m->add_named<AdaptiveAvgPool2d>("avgpool", 1, 1, layout);
+  m->add_named<Flatten>("flatten", layout);
   if (dropout_p > 0.0f) m->add_named<Dropout>("dropout", dropout_p);
   m->add_named<Linear>("fc", inplanes, num_classes);
   return m;
@@ -154,23 +156,23 @@ std::shared_ptr<Sequential> make_resnet(const char* what, const std::vector<int>
 
 }  // namespace
 
-std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div, float dropout_p) {
-  return make_resnet<BasicBlock>("make_resnet18", {2, 2, 2, 2}, num_classes, width_div, dropout_p);
+std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div, float dropout_p, Layout layout) {
+  return make_resnet<BasicBlock>("make_resnet18", {2, 2, 2, 2}, num_classes, width_div, dropout_p, layout);
 }
 
-std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div, float dropout_p) {
-  return make_resnet<BasicBlock>("make_resnet34", {3, 4, 6, 3}, num_classes, width_div, dropout_p);
+std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div, float dropout_p, Layout layout) {
+  return make_resnet<BasicBlock>("make_resnet34", {3, 4, 6, 3}, num_classes, width_div, dropout_p, layout);
 }
 
-std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div, float dropout_p) {
-  return make_resnet<Bottleneck>("make_resnet50", {3, 4, 6, 3}, num_classes, width_div, dropout_p);
+std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div, float dropout_p, Layout layout) {
+  return make_resnet<Bottleneck>("make_resnet50", {3, 4, 6, 3}, num_classes, width_div, dropout_p, layout);
 }
 
-std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div) {
-  if (name == "vgg16") return make_vgg16(num_classes, width_div);
-  if (name == "resnet18") return make_resnet18(num_classes, width_div);
-  if (name == "resnet34") return make_resnet34(num_classes, width_div);
-  if (name == "resnet50") return make_resnet50(num_classes, width_div);
+std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div, Layout layout) {
+  if (name == "vgg16") return make_vgg16(num_classes, width_div, 0.5f, layout);
+  if (name == "resnet18") return make_resnet18(num_classes, width_div, 0.0f, layout);
+  if (name == "resnet34") return make_resnet34(num_classes, width_div, 0.0f, layout);
+  if (name == "resnet50") return make_resnet50(num_classes, width_div, 0.0f, layout);
   MG_FAIL("make_model: unknown model '" << name << "'; expected vgg16, resnet18, resnet34 or resnet50");
 }
 

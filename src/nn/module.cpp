@@ -123,33 +123,41 @@ std::string Linear::name() const {
   return "Linear(" + std::to_string(in_features) + ", " + std::to_string(out_features) + ")";
 }
 
-Conv2d::Conv2d(int64_t in, int64_t out, int k, int stride, int padding, bool bias)
-    : in_channels(in), out_channels(out), kernel_size(k), stride(stride), padding(padding) {
+Conv2d::Conv2d(int64_t in, int64_t out, int k, int stride, int padding, bool bias, Layout layout)
+    : in_channels(in), out_channels(out), kernel_size(k), stride(stride), padding(padding), layout(layout) {
   MG_CHECK(in > 0 && out > 0 && k > 0 && stride > 0 && padding >= 0,
            "Conv2d: bad arguments (in " << in << ", out " << out << ", kernel " << k << ", stride "
                                         << stride << ", padding " << padding << ")");
   const int64_t fan_in = in * k * k;
-  register_parameter("weight", init_uniform({out, in, k, k}, fan_in));
+  Tensor w = init_uniform({out, in, k, k}, fan_in);  // the same draws in either layout
+  register_parameter("weight", layout == Layout::nhwc ? permute(w, {0, 2, 3, 1}) : w);
   if (bias) register_parameter("bias", init_uniform({out}, fan_in));
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  return conv2d(x, params_[0].second, params_.size() > 1 ? params_[1].second : Tensor(), stride, padding);
+  return conv2d(x, params_[0].second, params_.size() > 1 ? params_[1].second : Tensor(), stride, padding, layout);
 }
 
 std::string Conv2d::name() const {
   std::ostringstream os;
   os << "Conv2d(" << in_channels << ", " << out_channels << ", kernel_size=" << kernel_size
-     << ", stride=" << stride << ", padding=" << padding << ")";
+     << ", stride=" << stride << ", padding=" << padding << (layout == Layout::nhwc ? ", channels_last" : "") << ")";
   return os.str();
 }
 
 std::string MaxPool2d::name() const {
-  return "MaxPool2d(kernel_size=" + std::to_string(kernel_size) + ", stride=" + std::to_string(stride) + ")";
+  return "MaxPool2d(kernel_size=" + std::to_string(kernel_size) + ", stride=" + std::to_string(stride) +
+         (layout == Layout::nhwc ? ", channels_last" : "") + ")";
 }
 
 std::string AdaptiveAvgPool2d::name() const {
-  return "AdaptiveAvgPool2d((" + std::to_string(out_h) + ", " + std::to_string(out_w) + "))";
+  return "AdaptiveAvgPool2d((" + std::to_string(out_h) + ", " + std::to_string(out_w) + ")" +
+         (layout == Layout::nhwc ? ", channels_last" : "") + ")";
+}
+
+Tensor Flatten::forward(const Tensor& x) {
+  const bool planes = from == Layout::nhwc && x.dim() == 4 && x.size(1) * x.size(2) != 1;
+  return (planes ? to_channels_first(x) : x).flatten(1);
 }
 
 std::string Dropout::name() const {
@@ -209,8 +217,8 @@ std::string LayerNorm::name() const {
 
 // ---- BatchNorm ----------------------------------------------------------------------------------
 
-BatchNorm::BatchNorm(int64_t n, int64_t dims, float eps, float momentum, bool affine)
-    : num_features(n), eps(eps), momentum(momentum), dims_(dims), affine_(affine) {
+BatchNorm::BatchNorm(int64_t n, int64_t dims, float eps, float momentum, bool affine, Layout layout)
+    : num_features(n), eps(eps), momentum(momentum), layout(layout), dims_(dims), affine_(affine) {
   MG_CHECK(n > 0, "BatchNorm: num_features must be > 0, got " << n);
   MG_CHECK(eps >= 0.0f && std::isfinite(eps), "BatchNorm: eps must be >= 0, got " << eps);
   MG_CHECK(momentum >= 0.0f && momentum <= 1.0f, "BatchNorm: momentum must be in [0, 1], got " << momentum);
@@ -226,17 +234,20 @@ BatchNorm::BatchNorm(int64_t n, int64_t dims, float eps, float momentum, bool af
 int64_t BatchNorm::num_batches_tracked() const { return buffers_[2].second.data<int64_t>()[0]; }
 
 Tensor BatchNorm::forward(const Tensor& x) {
+  const bool last = layout == Layout::nhwc;
   MG_CHECK(dims_ == 4 ? x.dim() == 4 : (x.dim() == 2 || x.dim() == 3),
-           name() << ": expected input " << (dims_ == 4 ? "(N, C, H, W)" : "(N, C) or (N, C, L)") << ", got shape "
-                  << shape_str(x.shape()));
-  MG_CHECK(x.size(1) == num_features,
-           name() << ": input has " << x.size(1) << " channels (shape " << shape_str(x.shape()) << "), expected " << num_features);
+           name() << ": expected input "
+                  << (dims_ == 4 ? (last ? "(N, H, W, C)" : "(N, C, H, W)") : (last ? "(N, C) or (N, L, C)" : "(N, C) or (N, C, L)"))
+                  << ", got shape " << shape_str(x.shape()));
+  const int64_t channels = x.size(last ? x.dim() - 1 : 1);
+  MG_CHECK(channels == num_features,
+           name() << ": input has " << channels << " channels (shape " << shape_str(x.shape()) << "), expected " << num_features);
   const Tensor w = affine_ ? params_[0].second : Tensor(), b = affine_ ? params_[1].second : Tensor();
-  if (!is_training() || frozen_) return batch_norm(x, w, b, running_mean(), running_var(), false, eps);
+  if (!is_training() || frozen_) return batch_norm(x, w, b, running_mean(), running_var(), false, eps, nullptr, layout);
   const int64_t c = num_features, m = x.numel() / std::max<int64_t>(c, 1);
   MG_CHECK(m > 1, name() << ": training needs more than one value per channel, got input " << shape_str(x.shape()));
   BatchStats batch;
-  Tensor y = batch_norm(x, w, b, Tensor(), Tensor(), true, eps, &batch);
+  Tensor y = batch_norm(x, w, b, Tensor(), Tensor(), true, eps, &batch, layout);
   {
     // The running statistics, outside the tape (Note [batch norm and the step] in module.h), from
     // the batch statistics the op used: running = (1 - momentum) running + momentum batch, the
@@ -254,7 +265,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
 std::string BatchNorm::name() const {
   std::ostringstream os;
   os << "BatchNorm" << (dims_ == 4 ? "2d(" : "1d(") << num_features << ", eps=" << eps << ", momentum=" << momentum
-     << ", affine=" << (affine_ ? "True" : "False") << ")";
+     << ", affine=" << (affine_ ? "True" : "False") << (layout == Layout::nhwc ? ", channels_last" : "") << ")";
   return os.str();
 }
 

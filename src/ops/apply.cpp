@@ -81,6 +81,9 @@ DType first_low(const std::vector<Tensor>& in) {
 DType kernel_out(const std::vector<Tensor>& in, OpPrecision row, DType cast) {
   return row != OpPrecision::follow && cast != DType::f32 ? cast : first_low(in);
 }
+
+// Ops that move values without arithmetic: they take and give any dtype as it comes.
+bool moves_only(const OpDef& op) { return op.kind == OpKind::view || op.kind == OpKind::rearrange; }
 }  // namespace
 
 DType half_out(const std::vector<Tensor>& in, OpPrecision row) {
@@ -134,7 +137,7 @@ Casting plan_casting(const OpDef& op, const std::vector<Tensor>& in, DType cast,
     if (t.defined() && low(t.dtype())) seen = t.dtype();
   }
   const DType run = cast != DType::f32 ? cast : seen;
-  if (run == DType::f32 || op.kind == OpKind::view) return c;  // views keep the dtype they are given
+  if (run == DType::f32 || moves_only(op)) return c;  // views and permutes keep the dtype they are given
   c.active = true;
   c.stored = in;
   for (Tensor& t : c.stored) {
@@ -254,8 +257,8 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
   for (Tensor& a : acc) {
     if (a.defined() && a.dtype() != DType::f32) a = Tensor();
   }
-  if (n.half_kernels || n.op->kind == OpKind::view) {
-    // Kernels that take the low dtypes as they are (OpDef::half_kernels), and views, which move
+  if (n.half_kernels || moves_only(*n.op)) {
+    // Kernels that take the low dtypes as they are (OpDef::half_kernels), and views and permutes, which move
     // no values: the gradient as it comes.
     if (n.half_kernels && gy.defined() && gy.dtype() != n.out_dtype) gy = gy.to(n.out_dtype);
     n.op->backward(n, std::move(gy), grads, acc);

@@ -38,6 +38,7 @@ enum class OpKind : uint8_t {
   lookup,       // embedding: rows of a table by index
   attention,    // causal self-attention: products over the positions of a sequence
   view,         // no kernel, shares storage
+  rearrange,    // permute: values copied to new places, no arithmetic (dtypes kept, as views keep them)
   loss,         // a scalar from (prediction, target), with a Reduction
 };
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -85,6 +86,25 @@ class TensorDataset : public Dataset {
             std::span<int64_t> y) const override;
 
   Tensor inputs_, targets_;
+};
+
+// Another data set's images (C, H, W) as channels last, (H, W, C): the input of a model built with
+// Layout::nhwc (Note [channels last] in src/ops/conv2d.cpp), transposed on the host as each batch
+// is read, so the device gets it ready.
+//   auto data = std::make_shared<mg::data::ChannelsLast>(images);   // samples (H, W, C)
+class ChannelsLast : public Dataset {
+ public:
+  // images: samples of three dimensions (C, H, W); throws mg::Error otherwise.
+  explicit ChannelsLast(std::shared_ptr<const Dataset> images);
+
+  int64_t size() const override { return images_->size(); }
+  Shape sample_shape() const override;
+
+ private:
+  void read(std::span<const int64_t> indices, int64_t epoch, std::span<float> x,
+            std::span<int64_t> y) const override;
+
+  std::shared_ptr<const Dataset> images_;
 };
 
 }  // namespace mg::data

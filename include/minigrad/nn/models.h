@@ -23,8 +23,11 @@ std::shared_ptr<Sequential> make_mlp(const std::vector<int64_t>& sizes);
 // MaxPool2d(2), AdaptiveAvgPool2d(7, 7), Flatten, Linear(512*7*7, 4096), ReLU, Dropout(0.5),
 // Linear(4096, 4096), ReLU, Dropout(0.5), Linear(4096, num_classes), as ONE flat Sequential
 // (a chain, which the checkpoint planner needs). Channel and hidden sizes are divided by
-// width_div (>= 1) to fit a CPU.
-std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.5f);
+// width_div (>= 1) to fit a CPU. With Layout::nhwc (Note [channels last] in src/ops/conv2d.cpp) the
+// input is (N, H, W, 3), the convolutions and pools channels last, and Flatten takes the features
+// back to channels first: the same parameter names, the classifier's weights the same shapes.
+std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.5f,
+                                       Layout layout = Layout::nchw);
 
 // ---- ResNet (He et al. 2016), as torchvision builds it (v1.5: the stride in the 3x3 conv) ----------
 //
@@ -42,7 +45,7 @@ std::shared_ptr<Sequential> make_vgg16(int64_t num_classes, int64_t width_div = 
 class BasicBlock : public Module {
  public:
   static constexpr int64_t expansion = 1;
-  BasicBlock(int64_t inplanes, int64_t planes, int stride = 1);
+  BasicBlock(int64_t inplanes, int64_t planes, int stride = 1, Layout layout = Layout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
 
@@ -57,7 +60,7 @@ class BasicBlock : public Module {
 class Bottleneck : public Module {
  public:
   static constexpr int64_t expansion = 4;
-  Bottleneck(int64_t inplanes, int64_t planes, int stride = 1);
+  Bottleneck(int64_t inplanes, int64_t planes, int stride = 1, Layout layout = Layout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
 
@@ -72,10 +75,15 @@ class Bottleneck : public Module {
 // with 64, 128, 256, 512 planes (divided by width_div, at least 1), avgpool to 1x1, flatten, and a
 // Dropout(dropout_p) before fc when dropout_p > 0 (torchvision has none; it has no parameters, so
 // names do not change). Weights start as our Conv2d/Linear defaults (PyTorch's layer defaults), BN
-// at weight 1, bias 0; load torchvision's initialisation or trained weights with load_into.
-std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
-std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
-std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f);
+// at weight 1, bias 0; load torchvision's initialisation or trained weights with load_into. With
+// Layout::nhwc every convolution, BatchNorm and pool is channels last (input (N, H, W, 3); the
+// convolutions' weights (O, KH, KW, C)).
+std::shared_ptr<Sequential> make_resnet18(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f,
+                                          Layout layout = Layout::nchw);
+std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f,
+                                          Layout layout = Layout::nchw);
+std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div = 1, float dropout_p = 0.0f,
+                                          Layout layout = Layout::nchw);
 
 // ---- GPT-2 (Radford et al. 2019), laid out as Hugging Face's GPT2LMHeadModel and nanoGPT ---------
 //
@@ -177,7 +185,8 @@ void load_gpt2_hf_weights(Sequential& gpt, const std::string& safetensors_path);
 // make_gpt2(read_gpt2_hf_config(folder/config.json)) with folder/model.safetensors loaded.
 std::shared_ptr<Sequential> load_gpt2_hf(const std::string& folder);
 
-// "vgg16", "resnet18", "resnet34", "resnet50": the apps' --model.
-std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div = 1);
+// "vgg16", "resnet18", "resnet34", "resnet50": the apps' --model (and --layout).
+std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div = 1,
+                                       Layout layout = Layout::nchw);
 
 }  // namespace mg::nn

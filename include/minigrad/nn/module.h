@@ -81,15 +81,18 @@ class Linear : public Module {
   int64_t in_features, out_features;
 };
 
+// Layout::nhwc (Note [channels last] in src/ops/conv2d.cpp): input (N, H, W, C), weight
+// (O, KH, KW, C), holding the values the channels-first layer draws from the same generator.
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int kernel_size, int stride = 1, int padding = 0,
-         bool bias = true);
+         bool bias = true, Layout layout = Layout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
   Tensor& weight() { return params_[0].second; }
   int64_t in_channels, out_channels;
   int kernel_size, stride, padding;
+  Layout layout;
 };
 
 class ReLU : public Module {
@@ -100,25 +103,32 @@ class ReLU : public Module {
 
 class MaxPool2d : public Module {
  public:
-  explicit MaxPool2d(int kernel_size, int stride = 0, int padding = 0)
-      : kernel_size(kernel_size), stride(stride == 0 ? kernel_size : stride), padding(padding) {}
-  Tensor forward(const Tensor& x) override { return max_pool2d(x, kernel_size, stride, padding); }
+  explicit MaxPool2d(int kernel_size, int stride = 0, int padding = 0, Layout layout = Layout::nchw)
+      : kernel_size(kernel_size), stride(stride == 0 ? kernel_size : stride), padding(padding), layout(layout) {}
+  Tensor forward(const Tensor& x) override { return max_pool2d(x, kernel_size, stride, padding, layout); }
   std::string name() const override;
   int kernel_size, stride, padding;
+  Layout layout;
 };
 
 class AdaptiveAvgPool2d : public Module {
  public:
-  AdaptiveAvgPool2d(int out_h, int out_w) : out_h(out_h), out_w(out_w) {}
-  Tensor forward(const Tensor& x) override { return adaptive_avg_pool2d(x, out_h, out_w); }
+  AdaptiveAvgPool2d(int out_h, int out_w, Layout layout = Layout::nchw) : out_h(out_h), out_w(out_w), layout(layout) {}
+  Tensor forward(const Tensor& x) override { return adaptive_avg_pool2d(x, out_h, out_w, layout); }
   std::string name() const override;
   int out_h, out_w;
+  Layout layout;
 };
 
+// x.flatten(1). With Layout::nhwc, a 4-D (N, H, W, C) input is flattened in channels-first order
+// (to_channels_first first, unless H W = 1), so that the linear layer after it, its weights and
+// its output are the channels-first model's (Note [channels last] in src/ops/conv2d.cpp).
 class Flatten : public Module {
  public:
-  Tensor forward(const Tensor& x) override { return x.flatten(1); }
+  explicit Flatten(Layout from = Layout::nchw) : from(from) {}
+  Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Flatten()"; }
+  Layout from;
 };
 
 // Active in training mode only; masks come from `gen` or the default generator.
@@ -173,9 +183,11 @@ class GELU : public Module {
 // normalises by the running statistics while training (weight and bias still learn), which makes
 // the step independent of the split. Under checkpointing the running statistics are updated once
 // per forward, not again in the replay (the update is not on the tape).
+// BatchNorm2d with Layout::nhwc takes (N, H, W, C).
 class BatchNorm : public Module {
  public:
-  BatchNorm(int64_t num_features, int64_t dims, float eps = 1e-5f, float momentum = 0.1f, bool affine = true);
+  BatchNorm(int64_t num_features, int64_t dims, float eps = 1e-5f, float momentum = 0.1f, bool affine = true,
+            Layout layout = Layout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
   void set_frozen(bool frozen) { frozen_ = frozen; }
@@ -185,6 +197,7 @@ class BatchNorm : public Module {
   int64_t num_batches_tracked() const;
   int64_t num_features;
   float eps, momentum;
+  Layout layout;
 
  private:
   int64_t dims_;  // 2 for BatchNorm1d, 4 for BatchNorm2d
@@ -199,8 +212,9 @@ class BatchNorm1d : public BatchNorm {
 
 class BatchNorm2d : public BatchNorm {
  public:
-  explicit BatchNorm2d(int64_t n, float eps = 1e-5f, float momentum = 0.1f, bool affine = true)
-      : BatchNorm(n, 4, eps, momentum, affine) {}
+  explicit BatchNorm2d(int64_t n, float eps = 1e-5f, float momentum = 0.1f, bool affine = true,
+                       Layout layout = Layout::nchw)
+      : BatchNorm(n, 4, eps, momentum, affine, layout) {}
 };
 
 class Sequential : public Module {

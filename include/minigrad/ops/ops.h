@@ -19,13 +19,27 @@ namespace mg {
 
 // x: (N, K), w: (M, K), b: (M) or undefined  ->  (N, M)
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {});
-// x: (N, C, H, W), w: (O, C, KH, KW), b: (O) or undefined  ->  (N, O, OH, OW)
+// Where an image batch keeps its channels: (N, C, H, W), or channels last, (N, H, W, C), the
+// layout cuDNN's tensor-core convolutions read (PyTorch's channels_last memory format). A layer
+// takes its layout as an argument; the shapes say it (Note [channels last] in src/ops/conv2d.cpp).
+// The same math either way: on the CPU, the same bits.
+enum class Layout : uint8_t { nchw, nhwc };
+const char* layout_name(Layout layout);  // "nchw", "nhwc"
+
+// x: (N, C, H, W), w: (O, C, KH, KW), b: (O) or undefined  ->  (N, O, OH, OW); with Layout::nhwc
+// x: (N, H, W, C), w: (O, KH, KW, C)  ->  (N, OH, OW, O).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int stride = 1,
-              int padding = 0);
+              int padding = 0, Layout layout = Layout::nchw);
 Tensor relu(const Tensor& x);
-// stride 0 means stride = kernel, as in PyTorch.
-Tensor max_pool2d(const Tensor& x, int kernel, int stride = 0, int padding = 0);
-Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w);
+// stride 0 means stride = kernel, as in PyTorch. x and y (N, C, H, W), or (N, H, W, C) with nhwc.
+Tensor max_pool2d(const Tensor& x, int kernel, int stride = 0, int padding = 0, Layout layout = Layout::nchw);
+Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w, Layout layout = Layout::nchw);
+// y = x with its dimensions in the order `dims` (y.shape[i] = x.shape[dims[i]]), copied:
+// torch.permute(x, dims).contiguous(). Any dtype; the gradient is permuted back.
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+// (N, C, H, W) -> (N, H, W, C), and back: permute(x, {0, 2, 3, 1}) and permute(x, {0, 3, 1, 2}).
+Tensor to_channels_last(const Tensor& x);
+Tensor to_channels_first(const Tensor& x);
 // x: (N, C, ...) normalised per channel: y = (x - mean) / sqrt(var + eps) * weight + bias (weight,
 // bias: (C) or undefined). batch_stats: mean and biased variance of x (training); otherwise
 // running_mean and running_var (C), which get no gradient. Updating running statistics is the
@@ -35,8 +49,10 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w);
 struct BatchStats {
   Tensor mean, var;
 };
+// With Layout::nhwc the channels are x's last dimension: x (N, ..., C).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool batch_stats, float eps = 1e-5f, BatchStats* stats = nullptr);
+                  const Tensor& running_var, bool batch_stats, float eps = 1e-5f, BatchStats* stats = nullptr,
+                  Layout layout = Layout::nchw);
 // x: (..., C) normalised over the last dimension (biased variance), then * weight + bias (C, or
 // undefined): torch.nn.functional.layer_norm(x, (C,), weight, bias, eps).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);

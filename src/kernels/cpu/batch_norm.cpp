@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "core/parallel.h"
+#include "kernels/cpu/channels_last.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packet_math.h"
@@ -19,11 +20,11 @@ namespace mg {
 
 namespace {
 
-struct Layout {
+struct Planes {
   int64_t n, c, s;  // x as (N, C, S)
 };
 
-Layout layout(const Tensor& x) {
+Planes planes(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1);
   return {n, c, n * c > 0 ? x.numel() / (n * c) : 0};
 }
@@ -71,8 +72,9 @@ void two_sums(const float* g, const float* x, int64_t len, float mu, float rs, d
 
 }  // namespace
 
-template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& x) {
-  const Layout L = layout(x);
+template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& x, bool channels_last) {
+  if (channels_last) return batch_norm_stats<Cpu>(mean, var, cpu::channels_first_copy(x), false);  // Note [channels last on the CPU]
+  const Planes L = planes(x);
   float* mp = mean.data<float>();
   float* vp = var.data<float>();
   const double m = static_cast<double>(L.n * L.s);
@@ -94,9 +96,14 @@ template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& 
 
 template <>
 void batch_norm_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                             const Tensor& var, float eps) {
+                             const Tensor& var, float eps, bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor yf = cpu::channels_first_empty(y);
+    batch_norm_forward<Cpu>(yf, cpu::channels_first_copy(x), w, b, mean, var, eps, false);
+    return cpu::store_channels_last(y, yf);
+  }
   using namespace Eigen::internal;
-  const Layout L = layout(x);
+  const Planes L = planes(x);
   const Tensor w32 = w.defined() ? cpu::widened(w) : Tensor(), b32 = b.defined() ? cpu::widened(b) : Tensor();
   const float *mp = mean.data<float>(), *vp = var.data<float>();
   const float* wp = w.defined() ? w32.data<float>() : nullptr;
@@ -118,8 +125,16 @@ void batch_norm_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const 
 
 template <>
 void batch_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                              const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate) {
-  const Layout L = layout(x);
+                              const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate,
+                              bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor dxf = cpu::channels_first_empty(dx);
+    batch_norm_backward<Cpu>(dxf, dw, db, cpu::channels_first_copy(dy), cpu::channels_first_copy(x), w, mean, var, eps,
+                             batch_stats, accumulate, false);
+    if (dx.defined()) cpu::store_channels_last(dx, dxf);
+    return;
+  }
+  const Planes L = planes(x);
   const Tensor w32 = w.defined() ? cpu::widened(w) : Tensor();
   const float *mp = mean.data<float>(), *vp = var.data<float>();
   const float* wp = w.defined() ? w32.data<float>() : nullptr;

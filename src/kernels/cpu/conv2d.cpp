@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "kernels/cpu/channels_last.h"
 #include "kernels/cpu/conv2d_onednn.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
@@ -347,7 +348,13 @@ int64_t image_chunk(const Tensor& x, const Tensor& y, int64_t per_image_extra = 
 }  // namespace
 
 template <>
-void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
+void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad,
+                         bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor yf = cpu::channels_first_empty(y);
+    conv2d_forward<Cpu>(yf, cpu::channels_first_copy(x), cpu::channels_first_copy(w), b, stride, pad, false);
+    return cpu::store_channels_last(y, yf);
+  }
   if (!any_half({&y, &x, &w, &b})) return forward_f32(y, x, w, b, stride, pad);
   const Tensor w32 = cpu::widened(w), b32 = b.defined() ? cpu::widened(b) : Tensor();
   const int64_t n = x.size(0), chunk = image_chunk(x, y);
@@ -362,7 +369,16 @@ void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tens
 
 template <>
 void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                          const Tensor& w, int stride, int pad, bool accumulate) {
+                          const Tensor& w, int stride, int pad, bool accumulate, bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]; an accumulated dW goes in as it is
+    Tensor dxf = cpu::channels_first_empty(dx);
+    Tensor dwf = accumulate ? cpu::channels_first_copy(dw) : cpu::channels_first_empty(dw);
+    conv2d_backward<Cpu>(dxf, dwf, db, cpu::channels_first_copy(dy), cpu::channels_first_copy(x),
+                         cpu::channels_first_copy(w), stride, pad, accumulate, false);
+    if (dx.defined()) cpu::store_channels_last(dx, dxf);
+    if (dw.defined()) cpu::store_channels_last(dw, dwf);
+    return;
+  }
   if (!any_half({&dx, &dw, &db, &dy, &x, &w})) return backward_f32(dx, dw, db, dy, x, w, stride, pad, accumulate);
   const Tensor w32 = cpu::widened(w);
   // A bf16 weight's own gradient (not a float32 buffer's sum) is summed in float32, then rounded.

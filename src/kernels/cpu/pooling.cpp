@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "core/parallel.h"
+#include "kernels/cpu/channels_last.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/half_rows.h"
 
@@ -53,7 +54,14 @@ void max_pool_2x2(const float* in, float* out, int64_t* arg, int64_t w, int64_t 
 }  // namespace
 
 template <>
-void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel, int stride, int pad) {
+void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel, int stride, int pad,
+                             bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor yf = cpu::channels_first_empty(y), idxf = cpu::channels_first_empty(idx);
+    max_pool2d_forward<Cpu>(yf, idxf, cpu::channels_first_copy(x), kernel, stride, pad, false);
+    cpu::store_channels_last(y, yf);
+    return cpu::store_channels_last(idx, idxf);
+  }
   const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
   const int64_t oh = y.size(2), ow = y.size(3);
   const float* xp = x.data<float>();
@@ -94,8 +102,14 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
 }
 
 template <>
-void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, int /*kernel*/, int /*stride*/,
-                             int /*pad*/) {
+void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, int kernel, int stride, int pad,
+                              bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor dxf = cpu::channels_first_empty(dx);
+    max_pool2d_backward<Cpu>(dxf, cpu::channels_first_copy(dy), cpu::channels_first_copy(idx), kernel, stride, pad,
+                             false);
+    return cpu::store_channels_last(dx, dxf);
+  }
   const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
   const int64_t ohw = dy.size(2) * dy.size(3);
   const float* gp = dy.data<float>();
@@ -110,7 +124,12 @@ void max_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& idx, i
   });
 }
 
-template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
+template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x, bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor yf = cpu::channels_first_empty(y);
+    adaptive_avg_pool2d_forward<Cpu>(yf, cpu::channels_first_copy(x), false);
+    return cpu::store_channels_last(y, yf);
+  }
   const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
   const int64_t oh = y.size(2), ow = y.size(3);
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
@@ -134,7 +153,12 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x) {
   });
 }
 
-template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy) {
+template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy, bool channels_last) {
+  if (channels_last) {  // Note [channels last on the CPU]
+    Tensor dxf = cpu::channels_first_empty(dx);
+    adaptive_avg_pool2d_backward<Cpu>(dxf, cpu::channels_first_copy(dy), false);
+    return cpu::store_channels_last(dx, dxf);
+  }
   const int64_t planes = dx.size(0) * dx.size(1), h = dx.size(2), w = dx.size(3);
   const int64_t oh = dy.size(2), ow = dy.size(3);
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {

@@ -100,15 +100,20 @@ __global__ void backward_dx_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems x
 struct Shape3 {
   int64_t n, c, s;
 };
-Shape3 shape3(const Tensor& x) {
+// x as (N, C, S); channels last, (N S..., C) is (M, C, 1): the same kernels, a channel's values C apart.
+Shape3 shape3(const Tensor& x, bool channels_last) {
+  if (channels_last) {
+    const int64_t c = x.size(x.dim() - 1);
+    return {c > 0 ? x.numel() / c : 0, c, 1};
+  }
   const int64_t n = x.size(0), c = x.size(1);
   return {n, c, n * c > 0 ? x.numel() / (n * c) : 0};
 }
 
 }  // namespace
 
-template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor& x) {
-  const Shape3 d = shape3(x);
+template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor& x, bool channels_last) {
+  const Shape3 d = shape3(x, channels_last);
   if (d.c == 0) return;
   const int dev = cuda::device_of(x);
   cuda::DeviceGuard guard(dev);
@@ -120,8 +125,8 @@ template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor&
 
 template <>
 void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                              const Tensor& var, float eps) {
-  const Shape3 d = shape3(x);
+                              const Tensor& var, float eps, bool channels_last) {
+  const Shape3 d = shape3(x, channels_last);
   const int64_t total = y.numel();
   if (total == 0) return;
   const int dev = cuda::device_of(y);
@@ -135,8 +140,9 @@ void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const
 
 template <>
 void batch_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                               const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate) {
-  const Shape3 d = shape3(x);
+                               const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate,
+                               bool channels_last) {
+  const Shape3 d = shape3(x, channels_last);
   if (d.c == 0) return;
   const int dev = cuda::device_of(x);
   cuda::DeviceGuard guard(dev);

@@ -1,5 +1,8 @@
-// 2-D convolution through cuDNN's legacy (frontend-free) API, NCHW.
+// 2-D convolution through cuDNN's legacy (frontend-free) API, NCHW or NHWC.
 //   x: (N, C, H, W)   w: (O, C, KH, KW)   b: (O)   y: (N, O, OH, OW)
+//   channels_last: x (N, H, W, C), w (O, KH, KW, C), y (N, OH, OW, O): cuDNN's NHWC descriptors
+//   for all three (its filter layout KRSC), which its tensor-core kernels read without the
+//   transposes they run around NCHW (Note [channels last] in src/ops/conv2d.cpp).
 //   OH = (H + 2 pad - KH) / stride + 1, likewise OW
 //   forward:  y = b (broadcast), then y = conv(x, w) + y (cudnnConvolutionForward, beta = 1)   (=)
 //   backward: dx = conv_transpose(dy, w) (cudnnConvolutionBackwardData)    (=), skipped if undefined
@@ -43,7 +46,7 @@ namespace {
 struct ConvKey {
   int dev, n, c, h, w, o, kh, kw, stride, pad;
   DType dtype;  // of x, w, y and their gradients
-  bool tf32, benchmark, deterministic;
+  bool tf32, benchmark, deterministic, nhwc;
   size_t ws_limit;
   bool operator==(const ConvKey&) const = default;
 };
@@ -51,7 +54,7 @@ struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
     size_t hsh = 1469598103934665603ull;
     for (int v : {k.dev, k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, k.stride, k.pad, static_cast<int>(k.dtype),
-                  int{k.tf32}, int{k.benchmark}, int{k.deterministic}})
+                  int{k.tf32}, int{k.benchmark}, int{k.deterministic}, int{k.nhwc}})
       hsh = (hsh ^ static_cast<size_t>(v)) * 1099511628211ull;
     return hsh ^ k.ws_limit;
   }
@@ -119,10 +122,12 @@ struct Descs {
       MG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
       MG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
       const cudnnDataType_t type = data_type(k.dtype);
-      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, type, k.n, k.c, k.h, k.w));
-      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, type, k.n, k.o, oh, ow));
+      // The sizes are always given as (n, c, h, w); the format says where they lie in memory.
+      const cudnnTensorFormat_t format = k.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, type, k.n, k.c, k.h, k.w));
+      MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, format, type, k.n, k.o, oh, ow));
       MG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, type, 1, k.o, 1, 1));
-      MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, CUDNN_TENSOR_NCHW, k.o, k.c, k.kh, k.kw));
+      MG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, format, k.o, k.c, k.kh, k.kw));
       MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, k.pad, k.pad, k.stride, k.stride, 1, 1,
                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       reset_math(k);
@@ -280,20 +285,30 @@ Entry choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const 
   return {c, std::move(notes)};
 }
 
-// y[n, o, i] = b[o]: the bias, before the convolution is added to it (one rounding in bf16/f16).
-template <class T> __global__ void bias_channels_kernel(T* y, const T* b, int64_t total, int64_t channels, int64_t hw) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = b[(i / hw) % channels];
+// Where the values of one channel lie in y or dy: `inner` consecutive ones (a plane, OH OW, in
+// NCHW; one, in NHWC), every `channels * inner`.
+struct ChannelRuns {
+  int64_t channels, inner;
+};
+ChannelRuns channel_runs(const Tensor& y, bool nhwc) {
+  return nhwc ? ChannelRuns{y.size(3), 1} : ChannelRuns{y.size(1), y.size(2) * y.size(3)};
 }
 
-// db[o] (+)= sum over n and the hw positions of dy[n, o, :], in float32: one block per channel,
-// each thread a fixed share and a fixed tree (deterministic).
+// y[.., o, ..] = b[o]: the bias, before the convolution is added to it (one rounding in bf16/f16).
+template <class T> __global__ void bias_channels_kernel(T* y, const T* b, int64_t total, ChannelRuns r) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = b[(i / r.inner) % r.channels];
+}
+
+// db[o] (+)= sum of channel o's `count` values in dy, in float32: one block per channel, each
+// thread a fixed share and a fixed tree (deterministic).
 template <class T, class G>
-__global__ void bias_grad_kernel(G* db, const T* dy, int64_t n, int64_t channels, int64_t hw, bool accumulate) {
+__global__ void bias_grad_kernel(G* db, const T* dy, int64_t count, ChannelRuns r, bool accumulate) {
   __shared__ float sh[cuda::kThreads];
   const int64_t o = blockIdx.x;
   float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < n * hw; i += blockDim.x) s += cuda::load(dy, (i / hw) * channels * hw + o * hw + i % hw);
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x)
+    s += cuda::load(dy, (i / r.inner) * r.channels * r.inner + o * r.inner + i % r.inner);
   sh[threadIdx.x] = s;
   __syncthreads();
   for (int step = blockDim.x / 2; step > 0; step >>= 1) {
@@ -309,7 +324,7 @@ int as_int(int64_t v) {
 }
 
 // y: the output (forward) or its gradient (backward).
-ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, int pad) {
+ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, int pad, bool nhwc) {
   // cuDNN's legacy API indexes a tensor with int: at most 2^31 - 1 elements each.
   for (const Tensor* t : {&x, &y}) {
     MG_CHECK(t->numel() <= 2147483647, "conv2d on CUDA: a tensor of shape " << shape_str(t->shape()) << " has "
@@ -319,15 +334,18 @@ ConvKey key_for(const Tensor& x, const Tensor& w, const Tensor& y, int stride, i
   MG_CHECK(x.numel() > 0 && w.numel() > 0, "conv2d on CUDA: input " << shape_str(x.shape()) << " and weight "
                                                << shape_str(w.shape()) << " must not be empty (cuDNN rejects "
                                                << "zero channels, rows, columns or kernel size)");
+  // Dimension i of x (N, C, H, W) is dimension at[i] of the tensors; likewise for w.
+  const int at[4] = {0, nhwc ? 3 : 1, nhwc ? 1 : 2, nhwc ? 2 : 3};
   ConvKey k{};
   k.dev = cuda::device_of(x);
   k.n = as_int(x.size(0));
-  k.c = as_int(x.size(1));
-  k.h = as_int(x.size(2));
-  k.w = as_int(x.size(3));
+  k.c = as_int(x.size(at[1]));
+  k.h = as_int(x.size(at[2]));
+  k.w = as_int(x.size(at[3]));
   k.o = as_int(w.size(0));
-  k.kh = as_int(w.size(2));
-  k.kw = as_int(w.size(3));
+  k.kh = as_int(w.size(at[2]));
+  k.kw = as_int(w.size(at[3]));
+  k.nhwc = nhwc;
   k.stride = stride;
   k.pad = pad;
   k.dtype = x.dtype();
@@ -367,6 +385,7 @@ std::vector<cuda::ConvAlgorithm> cuda::conv_algorithms() {
       a.device = k.dev;
       a.n = k.n, a.c = k.c, a.h = k.h, a.w = k.w, a.o = k.o, a.kh = k.kh, a.kw = k.kw, a.stride = k.stride, a.pad = k.pad;
       a.dtype = dtype_name(k.dtype);
+      a.layout = k.nhwc ? "nhwc" : "nchw";
       a.pass = conv_pass_name(pass);
       a.algo = e->choice.algo;
       a.algo_name = conv_algo_name(pass, e->choice.algo);
@@ -387,20 +406,20 @@ std::vector<cuda::ConvAlgorithm> cuda::conv_algorithms() {
 }
 
 template <>
-void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
+void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad,
+                          bool channels_last) {
   cuda::check_same_dtype("conv2d", {&y, &x, &w, &b});
   if (y.numel() == 0) return;
-  const ConvKey k = key_for(x, w, y, stride, pad);
+  const ConvKey k = key_for(x, w, y, stride, pad, channels_last);
   cuda::DeviceGuard guard(k.dev);
   cudnnHandle_t h = cuda::cudnn_handle(k.dev);
-  Descs d(k, as_int(y.size(2)), as_int(y.size(3)));
+  Descs d(k, as_int(y.size(channels_last ? 1 : 2)), as_int(y.size(channels_last ? 2 : 3)));
   const Choice c = cached(k, &ConvAlgos::fwd, [&] { return choose_forward(h, d, k, x.raw_data(), w.raw_data(), y.raw_data()); });
   if (b.defined()) {  // after the choice: benchmark mode's timing writes y
-    const int64_t hw = y.size(2) * y.size(3);
     cuda::with_storage("conv2d", y.dtype(), [&](auto tag) {
       using T = decltype(tag);
       bias_channels_kernel<<<cuda::grid_for(y.numel()), cuda::kThreads, 0, cuda::stream(k.dev)>>>(
-          cuda::elems<T>(y), cuda::elems<T>(b), y.numel(), k.o, hw);
+          cuda::elems<T>(y), cuda::elems<T>(b), y.numel(), channel_runs(y, channels_last));
     });
     MG_CUDA_CHECK_LAUNCH();
   }
@@ -414,7 +433,7 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
 
 template <>
 void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                           const Tensor& w, int stride, int pad, bool accumulate) {
+                           const Tensor& w, int stride, int pad, bool accumulate, bool channels_last) {
   const DType dtype = cuda::check_same_dtype("conv2d", {&dy, &x, &w});
   for (const Tensor* g : {&dx, &dw, &db}) {
     MG_CHECK(!g->defined() || g->dtype() == DType::f32 || g->dtype() == dtype,
@@ -429,10 +448,10 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
     }
     return;
   }
-  const ConvKey k = key_for(x, w, dy, stride, pad);
+  const ConvKey k = key_for(x, w, dy, stride, pad, channels_last);
   cuda::DeviceGuard guard(k.dev);
   cudnnHandle_t h = cuda::cudnn_handle(k.dev);
-  Descs d(k, as_int(dy.size(2)), as_int(dy.size(3)));
+  Descs d(k, as_int(dy.size(channels_last ? 1 : 2)), as_int(dy.size(channels_last ? 2 : 3)));
   if (dx.defined()) {
     // A float32 dx under bf16/f16 operands (a float32 input autocast rounded) comes from a rounded
     // copy, as dw below.
@@ -464,17 +483,16 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
     if (widen && accumulate) add_inplace<Cuda>(dw, out);
     else if (widen) convert<Cuda>(dw, out);
   }
-  if (db.defined() && dtype == DType::f32) {
+  if (db.defined() && dtype == DType::f32 && !channels_last) {
     const float beta_b = accumulate ? 1.0f : 0.0f;
     MG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, dy.raw_data(), &beta_b, d.b, db.raw_data()));
-  } else if (db.defined()) {
-    const int64_t hw = dy.size(2) * dy.size(3);
+  } else if (db.defined()) {  // in float32 from 16-bit dy, and for NHWC's strided channels
     cuda::with_storage("conv2d", dtype, [&](auto dy_tag) {
       cuda::with_storage("conv2d", db.dtype(), [&](auto db_tag) {
         using T = decltype(dy_tag);
         using G = decltype(db_tag);
         bias_grad_kernel<<<static_cast<unsigned>(k.o), cuda::kThreads, 0, cuda::stream(k.dev)>>>(
-            cuda::elems<G>(db), cuda::elems<T>(dy), k.n, k.o, hw, accumulate);
+            cuda::elems<G>(db), cuda::elems<T>(dy), dy.numel() / k.o, channel_runs(dy, channels_last), accumulate);
       });
     });
     MG_CUDA_CHECK_LAUNCH();
