@@ -77,6 +77,46 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
   }
 }
 
+// Note [channels last] (src/ops/conv2d.cpp): cuDNN's NHWC convolutions (KRSC weights), the pools
+// reading planes C apart and BatchNorm's channels-last sums, through whole models.
+TEST_CASE("cuda: channels-last VGG16/16 and ResNet-18/16 give the CPU's gradients; checkpointed = plain, bit for bit") {
+  Tf32Conv off(false);
+  struct Case {
+    const char* name;
+    std::shared_ptr<nn::Sequential> (*make)();
+  };
+  const std::vector<Case> cases = {
+      {"VGG16/16 (dropout)", [] { return nn::make_vgg16(3, 16, 0.3f, Layout::nhwc); }},
+      {"ResNet-18/16 (BatchNorm, dropout)", [] { return nn::make_resnet18(3, 16, 0.3f, Layout::nhwc); }},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    manual_seed(5);
+    auto cpu_model = c.make();
+    manual_seed(5);
+    auto m = c.make();
+    m->to(kGpu);
+    const Shape in{6, 32, 32, 3};
+    const Tensor x = rand_tensor(in, 12), t = labels(in[0], 3, 13);
+    const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
+    const std::vector<Tensor> host = ckpt_grads(*cpu_model, {}, x, t);  // the channels-first bits (test_layout)
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
+      CHECK(rel_err(ref[i], host[i]) < kStrict);
+    }
+    const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
+    for (size_t i = 0; i < ref.size(); ++i) CHECK(test::bit_equal(again[i], ref[i]));
+    const nn::ChainCost cost = nn::measure_chain(*m, in);
+    for (const nn::Plan& p : {nn::plan_sqrt(cost), nn::plan_segments(cost, 2), nn::plan_min_peak(cost)}) {
+      const std::vector<Tensor> got = ckpt_grads(*m, p.segments, x, t);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
+        CHECK(test::bit_equal(got[i], ref[i]));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda: the planner's predicted peak holds on the device, cuDNN benchmark on and off") {
   for (bool bench : {false, true}) {
     const CudnnBenchmark benchmark(bench);
