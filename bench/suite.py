@@ -17,7 +17,10 @@ Workloads
         checkpoint_sequential(..., 2), checkpoint_sequential(..., round(sqrt(n))), and for each
         budget plan the same segments as ours (its `bounds=` mode): same plan, PyTorch's executor.
         --model resnet18|resnet34|resnet50 runs the same plans on a ResNet instead (blocks as
-        units; PyTorch: torchvision's blocks in the same flat chain).
+        units; PyTorch: torchvision's blocks in the same flat chain). --nhwc adds ours channels
+        last (vgg_ckpt --layout nhwc), plan none; --torch-bf16 adds PyTorch under
+        autocast(bfloat16) with channels_last and ours with --precision bf16 --layout nhwc, plan
+        none (issue 36's bf16 target). Every vgg record says its "layout".
 
 Every record has the common schema: framework, workload, device, batch, accum, steps, plan,
 median_step_s, samples_per_s, peak_in_use_bytes, peak_reserved_bytes (allocator; PyTorch on CPU
@@ -213,11 +216,12 @@ class Suite:
             return a.width_div or 1, a.image_size, a.batch_size or 64
         return a.width_div or 8, a.image_size, a.batch_size or 8
 
-    def vgg_ours(self, plan, workload, shape):
+    def vgg_ours(self, plan, workload, shape, layout="nchw", bf16=False):
         a = self.args
         wd, size, batch = shape
         exe = os.path.join(self.bin, "vgg_ckpt")
-        base = {"framework": "libminigrad", "workload": workload, "plan": plan, "batch": batch, "accum": 1}
+        base = {"framework": "libminigrad", "workload": workload, "plan": plan, "batch": batch, "accum": 1,
+                "layout": layout}
         if not os.path.exists(exe):
             return self.emit(dict(base, error=f"{exe} not found (apps/vgg_ckpt not built)"))
         fd, json_path = tempfile.mkstemp(suffix=".json", prefix="vgg_ckpt_")
@@ -227,6 +231,11 @@ class Suite:
         math_flags, math_mode = self.vgg_math_args()
         cmd += math_flags
         base.update(math_mode)
+        if layout != "nchw":
+            cmd += ["--layout", layout]
+        if bf16:  # autocast(bfloat16) as PyTorch's recipe (our --precision bf16: fp32 masters)
+            cmd += ["--precision", "bf16"]
+            base["precision"] = "bf16"
         if self.vgg_has_warmup():
             cmd += ["--steps", str(a.vgg_steps), "--warmup", str(a.vgg_warmup)]
         else:  # the app times every step; the warm-up steps are then part of --steps
@@ -313,7 +322,7 @@ class Suite:
         a = self.args
         wd, size, batch = shape
         base = {"framework": "pytorch", "workload": workload, "plan": label or plan, "batch": batch, "accum": 1,
-                "tf32": a.tf32, "cudnn_benchmark": a.cudnn_benchmark}
+                "tf32": a.tf32, "cudnn_benchmark": a.cudnn_benchmark, "layout": "nhwc" if bf16 else "nchw"}
         if mirrors:
             base["mirrors"] = mirrors  # runs our `mirrors` plan's segments
         cmd = [a.torch_python, os.path.join(REPO, "bench/reference/vgg_bench_torch.py"), "--device", a.device,
@@ -376,8 +385,11 @@ class Suite:
                 self.vgg_torch(self.bounds_of(sqrt), workload, shape, label="sqrt (ours mirrored)", mirrors="sqrt")
         if "budgets" in plans:
             self.vgg_budgets(workload, shape, none, sqrt)
-        if self.args.torch_bf16:  # libminigrad has no bf16 yet (issue 35): PyTorch's alone, for the record
+        if self.args.nhwc:  # channels last in our default math (issue 36's layout)
+            self.vgg_ours("none", workload, shape, layout="nhwc")
+        if self.args.torch_bf16:  # both under autocast(bfloat16), channels last: the issue's bf16 targets
             self.vgg_torch("none", workload, shape, bf16=True)
+            self.vgg_ours("none", workload, shape, layout="nhwc", bf16=True)
 
     def budget_values(self, none, sqrt):
         """The budgets to run, in bytes, as --budgets asks (see the module doc)."""
@@ -453,7 +465,9 @@ def parse_args(argv=None):
     ap.add_argument("--plans", default="none,segments=2,sqrt,budgets",
                     help="the vgg part's plans, a comma list of none, segments=2, sqrt, budgets")
     ap.add_argument("--torch-bf16", action="store_true",
-                    help="also PyTorch under autocast(bfloat16) with channels_last, plan none")
+                    help="also PyTorch under autocast(bfloat16) with channels_last, and ours with --precision bf16 "
+                         "--layout nhwc, plan none")
+    ap.add_argument("--nhwc", action="store_true", help="also ours with --layout nhwc (plan none, the --tf32 math)")
     ap.add_argument("--torch-python", default=TORCH_PY,
                     help="the Python whose torch runs the references (a CUDA build on a GPU machine)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run and record nothing")

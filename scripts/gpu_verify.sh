@@ -18,6 +18,7 @@
 #   bash scripts/gpu_verify.sh offload      # issue 38: offload against recompute at equal budgets, 4x the batch
 #   bash scripts/gpu_verify.sh precision    # issue 35: GPT-2 and VGG16 in bf16 against fp32/tf32
 #   bash scripts/gpu_verify.sh cliff        # issue 36: VGG16 at B 32 and 64, cuDNN's choices, cudaMalloc per step
+#   bash scripts/gpu_verify.sh layout       # issue 36: channels first against last, TF32 and bf16, vs PyTorch
 #   GPU_VERIFY_CMD=... bash scripts/gpu_verify.sh exec   # a command with the stages' environment
 #   bash scripts/gpu_verify.sh pack         # $OUT/gpu-build.tgz from the build there (the build stage does it too)
 #
@@ -668,6 +669,47 @@ PY
 # Any command with the stages' environment (the build's libraries, NCCL's and cuDNN's, PYTHON),
 # after the build is made or unpacked: GPU_VERIFY_CMD="..." bash scripts/gpu_verify.sh exec.
 # $build and $log name the build and the log folder for it.
+# Issue 36's layout (Note [channels last] in src/ops/conv2d.cpp): per model (LAYOUT_MODELS, default
+# "vgg16:64 resnet50:128"), plan none, on bench/suite.py: ours NCHW and NHWC in TF32 convolutions,
+# PyTorch NCHW; PyTorch autocast(bfloat16) + channels_last and ours --precision bf16 --layout nhwc.
+# About 3 minutes a model. The summary gives each run's step time and peak, and our NHWC's and
+# bf16's time over PyTorch's at the same math (the issue's targets: at most 0.8x for VGG16, at
+# least 1.0x PyTorch's images/s for ResNet-50 in bf16).
+stage_layout() {
+  have_build || return 1
+  local rc=0 r m steps=${LAYOUT_STEPS:-10}
+  for m in ${LAYOUT_MODELS:-vgg16:64 resnet50:128}; do
+    timeout "${LAYOUT_TIMEOUT:-240}" "$py" bench/suite.py --device cuda --parts vgg --build-dir "$build" \
+      --torch-python "$py" --vgg-steps "$steps" --vgg-warmup 2 --timeout 90 --cudnn-benchmark off --tf32 conv \
+      --plans none --nhwc --torch-bf16 --model "${m%%:*}" --batch-size "${m##*:}" --out "$log/layout.jsonl" \
+      >>"$log/layout.log" 2>&1
+    r=$?
+    note "layout ${m%%:*} batch ${m##*:}: NCHW, NHWC, bf16 NHWC against PyTorch: exit $r"
+    [ $r -ne 0 ] && rc=1
+  done
+  "$py" - "$log/layout.jsonl" >>"$log/summary.txt" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for r in recs:
+    pk = r.get("peak_in_use_bytes")
+    print(f"  {r['framework']:11} {r['workload']:24} {r.get('layout', '?'):4} {r.get('precision', '?'):5} "
+          + (f"{1000 * r['median_step_s']:8.1f} ms {pk / 2**30 if pk else float('nan'):6.2f} GiB" if not r.get("error")
+             else "error: " + r["error"][:150]))
+def find(w, fw, layout, prec):
+    for r in recs:
+        if (r["workload"], r["framework"], r.get("layout"), r.get("precision")) == (w, fw, layout, prec) and not r.get("error"):
+            return r["median_step_s"]
+for w in sorted({r["workload"] for r in recs}):
+    torch_tf32, torch_bf16 = find(w, "pytorch", "nchw", "tf32"), find(w, "pytorch", "nhwc", "bf16")
+    for label, ours, ref in (("ours NCHW tf32", find(w, "libminigrad", "nchw", "tf32"), torch_tf32),
+                             ("ours NHWC tf32", find(w, "libminigrad", "nhwc", "tf32"), torch_tf32),
+                             ("ours NHWC bf16", find(w, "libminigrad", "nhwc", "bf16"), torch_bf16)):
+        if ours and ref:
+            print(f"  {w}: {label} / PyTorch at the same math: {ours / ref:.2f}x its step time")
+PY
+  return $rc
+}
+
 stage_exec() {
   have_build || return 1
   build="$build" log="$log" bash -c "${GPU_VERIFY_CMD:?exec: set GPU_VERIFY_CMD}"
@@ -680,8 +722,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(build test)
 for s in "${stages[@]}"; do
   case "$s" in
-    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | precision | cliff | pack | exec) "stage_$s" || status=1 ;;
-    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, precision, cliff, pack or exec)" >&2; exit 2 ;;
+    build | test | quick | sanitize | bench | gpt | gpt_batch | peers | cnn | memory_record | overlap | offload | precision | cliff | layout | pack | exec) "stage_$s" || status=1 ;;
+    *) echo "gpu_verify.sh: unknown stage '$s' (expected build, test, quick, sanitize, bench, gpt, gpt_batch, peers, cnn, memory_record, overlap, offload, precision, cliff, layout, pack or exec)" >&2; exit 2 ;;
   esac
 done
 exit $status
