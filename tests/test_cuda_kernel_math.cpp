@@ -12,6 +12,7 @@
 
 #include "helpers.h"
 #include "kernels/cuda/attention_cudnn.h"
+#include "kernels/cuda/conv_cudnn.h"
 #include "kernels/cuda/attention_math.h"
 #include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/conv_algos.h"
@@ -737,6 +738,43 @@ TEST_CASE("kernel math: cuDNN takes the fused attention's graphs for sm_90, up t
   CHECK(cuda::sdpa_check_description(kH100Json, 90, 1, 2, 64, 128, DType::bf16, true, true).empty());
   CHECK(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 8, DType::bf16, true, true).empty());
   CHECK_FALSE(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 12, DType::bf16, false, false).empty());
+}
+
+// No GPU needed: the conv + bias + ReLU graph of src/kernels/cuda/conv_cudnn.cpp (Note [fused conv
+// relu]) passes the frontend's checks and cuDNN builds its operation graph for sm_90, in both
+// layouts and the three dtypes, with and without a bias, strided and padded. Whether an engine
+// runs it (runtime fusion) needs a driver: test_ops' CUDA rows and test_cuda_training do that.
+TEST_CASE("kernel math: cuDNN takes the fused conv+bias+relu graph for sm_90, up to the operation graph") {
+  if (!cuda::conv_fusion_built()) {
+    MESSAGE("this build has no cuDNN frontend: the graph is not described");
+    return;
+  }
+  const std::string probe =
+      cuda::conv_fusion_check_description(kH100Json, 90, {8, 64, 56, 56}, {64, 64, 3, 3}, 1, 1, DType::bf16, false, true);
+  if (probe.rfind("device description:", 0) == 0) {
+    MESSAGE("this cuDNN does not read the H100's JSON description (" << probe << "): not checked");
+    return;
+  }
+  for (const DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    for (const bool nhwc : {true, false}) {
+      for (const bool bias : {true, false}) {
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(nhwc);
+        CAPTURE(bias);
+        // VGG16's second layer at 224 and ResNet's strided 7x7 stem, in the tensors' own layout.
+        const Shape x1 = nhwc ? Shape{4, 224, 224, 64} : Shape{4, 64, 224, 224};
+        const Shape w1 = nhwc ? Shape{64, 3, 3, 64} : Shape{64, 64, 3, 3};
+        const Shape x2 = nhwc ? Shape{2, 224, 224, 3} : Shape{2, 3, 224, 224};
+        const Shape w2 = nhwc ? Shape{64, 7, 7, 3} : Shape{64, 3, 7, 7};
+        std::string why = cuda::conv_fusion_check_description(kH100Json, 90, x1, w1, 1, 1, dtype, nhwc, bias);
+        CHECK_MESSAGE(why.empty(), why);
+        why = cuda::conv_fusion_check_description(kH100Json, 90, x2, w2, 2, 3, dtype, nhwc, bias);
+        CHECK_MESSAGE(why.empty(), why);
+      }
+    }
+  }
+  // These host-side checks see the graph's form, not everything: a weight of 32 channels for an
+  // input of 64 passes them too (tried 2026-11-28; conv2d's own checks refuse it first).
 }
 
 TEST_CASE("kernel math: the cases asked of cuDNN's fused attention") {

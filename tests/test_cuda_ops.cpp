@@ -254,6 +254,31 @@ TEST_CASE("cuda: conv2d with TF32 allowed, the default (tolerance 1e-2)") {
              kTf32);
 }
 
+// Note [fused conv relu]: cuDNN's conv+bias+relu graph where it takes the case (NHWC on tensor
+// cores, mostly), else the convolution and the ReLU kernel; either way relu(conv2d) to the
+// dtype's rounding, in TF32 and bf16, both layouts. The MESSAGE says whether the graph ran.
+TEST_CASE("cuda: conv2d_relu, cuDNN's fused graph or its fallback, against the CPU in both layouts") {
+  REQUIRE(cuda::tf32_conv());
+  for (const Layout layout : {Layout::nhwc, Layout::nchw}) {
+    const bool last = layout == Layout::nhwc;
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(layout_name(layout));
+      CAPTURE(dtype_name(dtype));
+      const cuda::ConvFusionCounts before = cuda::conv_fusion_counts();
+      // Channels in multiples of 8, as tensor-core kernels want them.
+      Tensor x = rand_tensor(last ? Shape{4, 15, 15, 16} : Shape{4, 16, 15, 15}, 71, true);
+      Tensor w = rand_tensor(last ? Shape{32, 3, 3, 16} : Shape{32, 16, 3, 3}, 72, true), b = rand_tensor({32}, 73, true);
+      compare_op("conv2d_relu", [&](const std::vector<Tensor>& in) {
+        const AutocastGuard cast(dtype);
+        return conv2d_relu(in[0], in[1], in[2], 1, 1, layout).to(DType::f32);
+      }, {x, w, b}, dtype == DType::f32 ? kTf32 : 3e-2);
+      const cuda::ConvFusionCounts after = cuda::conv_fusion_counts();
+      MESSAGE("fused graph ran " << after.ran - before.ran << " times, refused " << after.refused - before.refused
+                                 << (after.refused > before.refused ? " (" + cuda::conv_fusion_refusal() + ")" : ""));
+    }
+  }
+}
+
 TEST_CASE("cuda: conv2d backward accumulates into existing gradients") {
   Tf32Conv off(false);
   Tensor x = rand_tensor({2, 3, 8, 7}, 61), w = rand_tensor({4, 3, 3, 3}, 62), dy = rand_tensor({2, 4, 8, 7}, 63);

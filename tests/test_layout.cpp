@@ -1,5 +1,6 @@
 // Channels last (Note [channels last] in src/ops/conv2d.cpp): permute, the layers' Layout::nhwc,
-// models built channels last, and mg::data::ChannelsLast. On the CPU a channels-last op runs the
+// models built channels last, and mg::data::ChannelsLast; and Conv2d + ReLU fused
+// (Note [fused conv relu]), the other form issue 36 gives CNN layers for the GPU. On the CPU a channels-last op runs the
 // channels-first kernels between permutes (Note [channels last on the CPU]), so every result here
 // is checked for the channels-first bits, whole training steps included, at 1 and 2 threads; and
 // the planner's prediction against the measured peak. test_ops runs the ops' channels-last rows
@@ -23,8 +24,9 @@ std::vector<std::pair<std::string, Tensor>> channels_first_state(const nn::Modul
   return state;
 }
 
-void check_same_state(const nn::Module& first, const nn::Module& last) {
-  const auto a = first.state_dict(), b = channels_first_state(last);
+// `second` built in `layout`; its state compared with `first`'s (channels first).
+void check_same_state(const nn::Module& first, const nn::Module& second, Layout layout = Layout::nhwc) {
+  const auto a = first.state_dict(), b = layout == Layout::nhwc ? channels_first_state(second) : second.state_dict();
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     INFO(a[i].first);
@@ -159,5 +161,60 @@ TEST_CASE("a channels-last VGG16 and ResNet-18 under checkpoint plans: the bits 
       CHECK(t.report.peak_in_use >= t.report.plan.predicted_peak);
       CHECK(t.report.peak_in_use <= t.report.plan.predicted_peak + 64);
     }
+  }
+}
+
+TEST_CASE("fuse_conv_relu: VGG16/16 fused, channels first and last, trains the unfused bits with the same names") {
+  const auto images = test::random_dataset(16, {3, 32, 32}, 2, 4);
+  const auto plain = [](Layout l) { return nn::make_vgg16(2, 16, 0.5f, l); };
+  const auto fused = [](Layout l) {
+    auto m = nn::make_vgg16(2, 16, 0.5f, l);
+    CHECK(nn::fuse_conv_relu(*m) == 13);
+    CHECK(nn::fuse_conv_relu(*m) == 0);  // nothing left to fuse
+    return m;
+  };
+  const Trained ref = train(plain, Layout::nchw, images, "none", 8);
+  CHECK(fused(Layout::nchw)->size() + 13 == ref.model->size());
+  CHECK(fused(Layout::nchw)->at(0)->name() == "Conv2d(3, 4, kernel_size=3, stride=1, padding=1) + ReLU");
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    CAPTURE(layout_name(layout));
+    // Its model goes before the fused ones train: the allocator's peak counts every live tensor.
+    const size_t unfused_peak = train(plain, layout, images, "none", 8).report.peak_in_use;
+    for (const char* plan : {"none", "sqrt"}) {
+      CAPTURE(plan);
+      const Trained t = train(fused, layout, images, plan, 8);
+      CHECK(t.report.losses == ref.report.losses);
+      check_same_state(*ref.model, *t.model, layout);  // names and bits
+      INFO("measured " << t.report.peak_in_use << ", predicted " << t.report.plan.predicted_peak);
+      CHECK(t.report.peak_in_use >= t.report.plan.predicted_peak);
+      CHECK(t.report.peak_in_use <= t.report.plan.predicted_peak + 64);
+      // The convolution's output and the ReLU's are never held together.
+      if (std::string(plan) == "none") CHECK(t.report.peak_in_use <= unfused_peak);
+    }
+  }
+  CHECK(nn::fuse_conv_relu(*nn::make_resnet18(2, 16)) == 0);  // its ReLUs follow BatchNorm
+}
+
+TEST_CASE("conv2d_relu gives relu(conv2d) bit for bit, forward and backward, both layouts, on the CPU") {
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    CAPTURE(layout_name(layout));
+    const bool last = layout == Layout::nhwc;
+    const Shape xs = last ? Shape{3, 9, 11, 5} : Shape{3, 5, 9, 11}, ws = last ? Shape{6, 3, 3, 5} : Shape{6, 5, 3, 3};
+    const Tensor r = test::rand_tensor(last ? Shape{3, 5, 6, 6} : Shape{3, 6, 5, 6}, 9);
+    auto run = [&](bool fused) {
+      const Tensor x = test::rand_tensor(xs, 1, true), w = test::rand_tensor(ws, 2, true);
+      const Tensor b = test::rand_tensor({6}, 3, true);
+      const Tensor y = fused ? conv2d_relu(x, w, b, 2, 1, layout) : relu(conv2d(x, w, b, 2, 1, layout));
+      y.backward(r);
+      return std::vector<Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+    };
+    const std::vector<Tensor> a = run(false), f = run(true);
+    for (size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      CHECK(test::bit_equal(a[i], f[i]));
+    }
+    // Some outputs were negative, so the mask mattered.
+    const std::vector<float> y = a[0].to_vector<float>();
+    CHECK(std::count(y.begin(), y.end(), 0.0f) > static_cast<long>(y.size() / 4));
   }
 }

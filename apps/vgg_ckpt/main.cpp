@@ -38,6 +38,10 @@
 // cuDNN gets NHWC convolutions. The same parameter names and, on the CPU, the same bits.
 //
 //   build/bin/vgg_ckpt --device cuda --layout nhwc --precision bf16 --batch-size 64 --steps 10
+//
+// --fuse-conv-relu makes each Conv2d + ReLU one layer (nn::fuse_conv_relu; Note [fused conv relu]
+// in src/ops/conv2d.cpp): on CUDA one cuDNN graph where cuDNN takes it (VGG16's 13 pairs; a ResNet
+// has none: its ReLUs follow BatchNorm). The same names and, on the CPU, the same bits.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -56,11 +60,12 @@ int main(int argc, char** argv) {
   RunFlags f{.timeline = true};
   std::string data_dir, model_name = "vgg16", tf32 = "conv", conv_workspace_limit, layout_name = "nchw";
   int64_t batch_size = 8, steps = 0, epochs = 0, width_div = 1, image_size = 224;
-  bool resume = false, cudnn_benchmark = false, cudnn_nondeterministic = false, conv_algos = false;
+  bool resume = false, cudnn_benchmark = false, cudnn_nondeterministic = false, conv_algos = false, fuse = false;
   app.add_option("--model", model_name, "vgg16 | resnet18 | resnet34 | resnet50 (torchvision layouts)")
       ->check(CLI::IsMember({"vgg16", "resnet18", "resnet34", "resnet50"}))->capture_default_str();
   app.add_option("--layout", layout_name, "nchw | nhwc: channels first, or channels last (cuDNN's tensor-core layout)")
       ->check(CLI::IsMember({"nchw", "nhwc"}))->capture_default_str();
+  app.add_flag("--fuse-conv-relu", fuse, "each Conv2d and the ReLU after it as one layer (on CUDA one cuDNN graph)");
   app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* steps_opt = app.add_option("--steps", steps, "number of steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--epochs", epochs, "number of epochs")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->excludes(steps_opt);
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
 
     mg::manual_seed(f.seed);
     auto model = mg::nn::make_model(model_name, images::kNumClasses, width_div, layout);
+    const size_t fused = fuse ? mg::nn::fuse_conv_relu(*model) : 0;
     model->to(run.dev);
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
     float last_loss = NAN;
@@ -131,6 +137,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(step_images / world), static_cast<long long>(model->parameter_count()), model->size(),
                 run.dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data.description.c_str());
+    if (fuse) LEAD_PRINTF("fused conv + relu: %zu pairs\n", fused);
     if (mg::dist::active()) {  // a world of one too (Note [a world of one])
       LEAD_PRINTF("data parallel: %lld ranks (%s) x %lld samples = a global batch of %lld per optimizer step\n",
                   static_cast<long long>(world), mg::dist::backend_name(run.dev).c_str(),
@@ -166,6 +173,10 @@ int main(int argc, char** argv) {
       j["width_div"] = width_div;
       j["image_size"] = image_size;
       j["layout"] = layout_name;
+      j["fused_conv_relu"] = fused;
+      j["conv_fusion_ran"] = mg::cuda::conv_fusion_counts().ran;
+      j["conv_fusion_refused"] = mg::cuda::conv_fusion_counts().refused;
+      j["conv_fusion_refusal"] = mg::cuda::conv_fusion_refusal();
       j["data"] = data.description;
       j["tf32"] = tf32;
       j["cudnn_benchmark"] = cudnn_benchmark;

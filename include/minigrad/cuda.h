@@ -7,6 +7,7 @@
 //   mg::cuda::set_cudnn_deterministic(false); // admit non-deterministic cuDNN algorithms
 //   mg::cuda::set_cudnn_attention(false);   // bf16/f16 attention on our kernels, not cuDNN's SDPA
 //   mg::cuda::set_cublaslt(false);          // linear and matmul through cublasGemmEx, not cuBLASLt
+//   mg::cuda::set_cudnn_conv_fusion(false); // conv2d with a fused ReLU as two kernels, not one graph
 //   auto choices = mg::cuda::conv_algorithms(); // what conv2d chose, per shape and pass
 //
 // In a build without CUDA the setters only record the value.
@@ -48,6 +49,19 @@ bool cudnn_attention();
 // the products run cublasGemmEx as before (Note [cublaslt products] in src/kernels/cuda/cublaslt.h).
 void set_cublaslt(bool on);
 bool cublaslt();
+// cuDNN's conv+bias+relu graph for conv2d with its ReLU fused (nn::fuse_conv_relu; default: on,
+// where the build has the cuDNN frontend; the environment's MG_CUDNN_CONV_FUSION=0 turns it off at
+// start). Off, or where cuDNN does not take a case, the convolution runs as unfused and the ReLU
+// kernel after it, in place (docs/cuda.md, "Fused convolutions").
+void set_cudnn_conv_fusion(bool on);
+bool cudnn_conv_fusion();
+// The fused graphs cuDNN ran since the program started and the cases it refused, and the last
+// refusal's reason (empty when there was none): what vgg_ckpt --fuse-conv-relu reports.
+struct ConvFusionCounts {
+  long long ran = 0, refused = 0;
+};
+ConvFusionCounts conv_fusion_counts();
+std::string conv_fusion_refusal();
 // Upper bound on one cuDNN workspace (bytes, default 1 GiB); algorithms needing more are skipped.
 void set_conv_workspace_limit(size_t bytes);
 size_t conv_workspace_limit();

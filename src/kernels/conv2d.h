@@ -7,6 +7,8 @@
 //             db[o] = sum_{n,i,j} dy[n,o,i,j]                  (= or += when accumulate)
 // channels_last: x (N, H, W, C), w (O, KH, KW, C), y and dy (N, OH, OW, O), the same math (Note
 // [channels last] in src/ops/conv2d.cpp; on the CPU, Note [channels last on the CPU]).
+// relu: forward gives y = max(conv + b, 0) (Note [fused conv relu] in src/ops/conv2d.cpp); the
+// backward's dy is then the gradient of the convolution's output, masked by the op.
 #pragma once
 
 #include <minigrad/core/tensor.h>
@@ -15,7 +17,7 @@
 namespace mg {
 template <class D>
 void conv2d_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride,
-                    int pad, bool channels_last);
+                    int pad, bool channels_last, bool relu = false);
 template <class D>
 void conv2d_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w, int stride, int pad, bool accumulate, bool channels_last);

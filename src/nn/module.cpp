@@ -135,13 +135,16 @@ Conv2d::Conv2d(int64_t in, int64_t out, int k, int stride, int padding, bool bia
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  return conv2d(x, params_[0].second, params_.size() > 1 ? params_[1].second : Tensor(), stride, padding, layout);
+  const Tensor b = params_.size() > 1 ? params_[1].second : Tensor();
+  return relu ? conv2d_relu(x, params_[0].second, b, stride, padding, layout)
+              : conv2d(x, params_[0].second, b, stride, padding, layout);
 }
 
 std::string Conv2d::name() const {
   std::ostringstream os;
   os << "Conv2d(" << in_channels << ", " << out_channels << ", kernel_size=" << kernel_size
-     << ", stride=" << stride << ", padding=" << padding << (layout == Layout::nhwc ? ", channels_last" : "") << ")";
+     << ", stride=" << stride << ", padding=" << padding << (layout == Layout::nhwc ? ", channels_last" : "") << ")"
+     << (relu ? " + ReLU" : "");
   return os.str();
 }
 
@@ -176,6 +179,27 @@ void Sequential::push_back(const std::string& name, std::shared_ptr<Module> m) {
   }
   m->train(is_training());
   register_module(name, std::move(m));
+}
+
+void Sequential::erase(size_t i) {
+  MG_CHECK(i < children_.size(), "Sequential::erase: layer " << i << " of " << children_.size());
+  children_.erase(children_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+size_t fuse_conv_relu(Sequential& m) {
+  size_t fused = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (auto inner = std::dynamic_pointer_cast<Sequential>(m.at(i))) {
+      fused += fuse_conv_relu(*inner);
+      continue;
+    }
+    auto conv = std::dynamic_pointer_cast<Conv2d>(m.at(i));
+    if (!conv || conv->relu || i + 1 >= m.size() || !std::dynamic_pointer_cast<ReLU>(m.at(i + 1))) continue;
+    conv->relu = true;
+    m.erase(i + 1);
+    ++fused;
+  }
+  return fused;
 }
 
 Tensor Sequential::forward(const Tensor& x) { return forward_range(x, 0, children_.size()); }

@@ -15,7 +15,19 @@
 // and the logits are the channels-first model's. The planner and checkpointing see ops and bytes
 // as they are: nothing of theirs changes. On the CPU, the kernels run channels first between
 // permutes (Note [channels last on the CPU] in src/kernels/cpu/channels_last.h): the same bits.
+//
+// Note [fused conv relu]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// conv2d_relu (attrs.relu) is relu(conv2d(...)) as one op: on CUDA one cuDNN graph (conv_fprop,
+// the bias, RELU_FWD; src/kernels/cuda/conv_cudnn.cpp) writes y once, where the unfused ops write
+// it three times (the bias, the convolution adding to it, the ReLU) and hold the convolution's
+// output beside the ReLU's for a moment. It keeps x, w and y, as conv2d and relu together keep
+// them; backward masks dy by y > 0 (in place when nothing else holds dy), lets y go, and runs
+// conv2d's backward on it. The CPU, and CUDA where cuDNN does not take the graph, run the convolution and
+// then the ReLU kernel in place: on the CPU the unfused ops' bits. nn::fuse_conv_relu makes a
+// model's Conv2d + ReLU pairs into fused Conv2d layers, keeping every parameter name.
 #include "kernels/conv2d.h"
+#include "kernels/relu.h"
 #include "ops/op.h"
 #include "ops/param_grads.h"
 
@@ -52,8 +64,10 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
                                    << kh << "x" << kw << " with padding " << a.pad_h);
   const Shape ys = last ? Shape{x.size(0), oh, ow, w.size(0)} : Shape{x.size(0), w.size(0), oh, ow};
   Tensor y = Tensor::empty(ys, TensorOptions{half_out(in), x.device()});
-  MG_DISPATCH(x.device(), conv2d_forward, y, x, w, b, a.stride_h, a.pad_h, last);
+  MG_DISPATCH(x.device(), conv2d_forward, y, x, w, b, a.stride_h, a.pad_h, last, a.relu);
   save(saved, {x, w});
+  // Note [fused conv relu]: its values only (y itself would make y -> node -> y a cycle).
+  if (a.relu) save(saved, {y.detach()});
   return y;
 }
 
@@ -61,6 +75,13 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
 void conv2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1];
+  if (n.attrs.relu) {  // Note [fused conv relu]: the gradient of the convolution's output
+    Tensor g = sole_owner(gy) && gy.impl().offset == 0 ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
+    MG_DISPATCH(d, relu_backward, g, gy, n.saved[2]);
+    gy = std::move(g);
+    // y goes now, as the unfused relu's would before the convolution's backward.
+    if (!backward_retains_graph()) n.saved[2] = Tensor();
+  }
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, conv2d_backward, dx, p.dw, p.db, gy, x, w, n.attrs.stride_h, n.attrs.pad_h, p.accumulate,
@@ -69,7 +90,7 @@ void conv2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vecto
 
 double conv2d_flops(const Node& n) {
   const Shape& w = n.inputs[1].shape;
-  return 2.0 * out_numel(n) * static_cast<double>(w.at(1) * w.at(2) * w.at(3));
+  return 2.0 * out_numel(n) * static_cast<double>(w.at(1) * w.at(2) * w.at(3)) + (n.attrs.relu ? out_numel(n) : 0.0);
 }
 
 std::vector<OpCase> conv2d_cases() {
@@ -80,6 +101,8 @@ std::vector<OpCase> conv2d_cases() {
   stride2_pad1.pad_h = stride2_pad1.pad_w = 1;
   OpAttrs last_pad1 = pad1, last_stride2_pad1 = stride2_pad1;  // channels last
   last_pad1.channels_last = last_stride2_pad1.channels_last = true;
+  OpAttrs relu_stride2 = stride2, relu_last_stride2 = last_stride2_pad1;  // Note [fused conv relu]
+  relu_stride2.relu = relu_last_stride2.relu = true;
   return {
       {{{.shape = {2, 3, 5, 7}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, pad1},
       {{{.shape = {1, 2, 7, 6}}, {.shape = {3, 2, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, stride2},
@@ -92,6 +115,11 @@ std::vector<OpCase> conv2d_cases() {
       {{{.shape = {2, 5, 7, 3}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, last_pad1},
       {{{.shape = {2, 7, 5, 3}}, {.shape = {4, 3, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, last_stride2_pad1},
       {{{.shape = {3, 31, 33, 3}}, {.shape = {5, 3, 3, 3}}, {.shape = {5}}}, last_pad1},  // large
+      // The fused ReLU: small cases whose outputs lie farther than the step from zero (a difference
+      // across the kink is no derivative, and a convolution's outputs are sums, not the inputs
+      // the harness spaces apart); test_layout checks conv2d_relu against relu(conv2d) bit for bit.
+      {{{.shape = {1, 2, 7, 6}}, {.shape = {3, 2, 2, 3}}, {.shape = {3}}}, relu_stride2},
+      {{{.shape = {2, 7, 5, 3}}, {.shape = {4, 3, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, relu_last_stride2},
   };
 }
 
@@ -104,6 +132,15 @@ MG_REGISTER_OP(kConv2d);
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int stride, int padding, Layout layout) {
   OpAttrs a;
   a.channels_last = layout == Layout::nhwc;
+  a.stride_h = a.stride_w = stride;
+  a.pad_h = a.pad_w = padding;
+  return apply(kConv2d, a, {x, w, b});
+}
+
+Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b, int stride, int padding, Layout layout) {
+  OpAttrs a;
+  a.channels_last = layout == Layout::nhwc;
+  a.relu = true;
   a.stride_h = a.stride_w = stride;
   a.pad_h = a.pad_w = padding;
   return apply(kConv2d, a, {x, w, b});

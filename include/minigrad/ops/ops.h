@@ -30,6 +30,10 @@ const char* layout_name(Layout layout);  // "nchw", "nhwc"
 // x: (N, H, W, C), w: (O, KH, KW, C)  ->  (N, OH, OW, O).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int stride = 1,
               int padding = 0, Layout layout = Layout::nchw);
+// relu(conv2d(x, w, b, ...)) as one op: on CUDA one cuDNN kernel where cuDNN takes it, y written
+// once (Note [fused conv relu] in src/ops/conv2d.cpp); the unfused ops' bits on the CPU.
+Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b = {}, int stride = 1, int padding = 0,
+                   Layout layout = Layout::nchw);
 Tensor relu(const Tensor& x);
 // stride 0 means stride = kernel, as in PyTorch. x and y (N, C, H, W), or (N, H, W, C) with nhwc.
 Tensor max_pool2d(const Tensor& x, int kernel, int stride = 0, int padding = 0, Layout layout = Layout::nchw);

@@ -42,6 +42,7 @@
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/relu.h"
 
 namespace mg {
 
@@ -349,11 +350,15 @@ int64_t image_chunk(const Tensor& x, const Tensor& y, int64_t per_image_extra = 
 
 template <>
 void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad,
-                         bool channels_last) {
+                         bool channels_last, bool relu) {
   if (channels_last) {  // Note [channels last on the CPU]
     Tensor yf = cpu::channels_first_empty(y);
-    conv2d_forward<Cpu>(yf, cpu::channels_first_copy(x), cpu::channels_first_copy(w), b, stride, pad, false);
+    conv2d_forward<Cpu>(yf, cpu::channels_first_copy(x), cpu::channels_first_copy(w), b, stride, pad, false, relu);
     return cpu::store_channels_last(y, yf);
+  }
+  if (relu) {  // Note [fused conv relu]: the ReLU kernel in place, the unfused bits
+    conv2d_forward<Cpu>(y, x, w, b, stride, pad, false, false);
+    return relu_forward<Cpu>(y, y);
   }
   if (!any_half({&y, &x, &w, &b})) return forward_f32(y, x, w, b, stride, pad);
   const Tensor w32 = cpu::widened(w), b32 = b.defined() ? cpu::widened(b) : Tensor();

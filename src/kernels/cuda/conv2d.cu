@@ -37,8 +37,10 @@
 #include "kernels/convert.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_algos.h"
+#include "kernels/cuda/conv_cudnn.h"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/elementwise.h"
+#include "kernels/relu.h"
 
 namespace mg {
 namespace {
@@ -407,9 +409,12 @@ std::vector<cuda::ConvAlgorithm> cuda::conv_algorithms() {
 
 template <>
 void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad,
-                          bool channels_last) {
+                          bool channels_last, bool relu) {
   cuda::check_same_dtype("conv2d", {&y, &x, &w, &b});
   if (y.numel() == 0) return;
+  // Note [fused conv relu]: cuDNN's conv+bias+relu graph where it takes the case; else the
+  // convolution below and the ReLU kernel in place.
+  if (relu && cuda::cudnn_conv_fusion() && cuda::conv_bias_relu_forward(y, x, w, b, stride, pad, channels_last)) return;
   const ConvKey k = key_for(x, w, y, stride, pad, channels_last);
   cuda::DeviceGuard guard(k.dev);
   cudnnHandle_t h = cuda::cudnn_handle(k.dev);
@@ -429,6 +434,7 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
   MG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x.raw_data(), d.w, w.raw_data(), d.conv,
                                          static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(), ws.size(),
                                          &beta, d.y, y.raw_data()));
+  if (relu) relu_forward<Cuda>(y, y);
 }
 
 template <>

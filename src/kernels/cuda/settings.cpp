@@ -21,6 +21,7 @@ bool on_unless_zero(const char* name) {
 }
 std::atomic<bool> g_cudnn_attention{on_unless_zero("MG_CUDNN_ATTENTION")};
 std::atomic<bool> g_cublaslt{on_unless_zero("MG_CUBLASLT")};
+std::atomic<bool> g_conv_fusion{on_unless_zero("MG_CUDNN_CONV_FUSION")};
 }  // namespace
 
 void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
@@ -37,5 +38,7 @@ void set_cudnn_attention(bool on) { g_cudnn_attention = on; }
 bool cudnn_attention() { return g_cudnn_attention; }
 void set_cublaslt(bool on) { g_cublaslt = on; }
 bool cublaslt() { return g_cublaslt; }
+void set_cudnn_conv_fusion(bool on) { g_conv_fusion = on; }
+bool cudnn_conv_fusion() { return g_conv_fusion; }
 
 }  // namespace mg::cuda

@@ -1,0 +1,233 @@
+// conv2d with its bias and a fused ReLU as one cuDNN graph (conv_cudnn.h):
+//   y = relu(conv(x, w) + b)     x (N, C, H, W) or (N, H, W, C), w (O, C, KH, KW) or (O, KH, KW, C)
+// The graph: conv_fprop (cross-correlation, the same padding and stride in H and W), a pointwise
+// ADD of b (1, O, 1, 1), RELU_FWD; the sums and the intermediates in float32, x, w, b and y in
+// their dtype (y rounded once). cuDNN's runtime fusion compiles it into one kernel, so y is written
+// once instead of three times (the bias, the convolution adding to it, the ReLU).
+// A graph is built once per (device, shapes, stride, pad, dtype, layout, bias, math, determinism,
+// workspace limit) and kept with its workspace size; a case cuDNN refuses is remembered as refused
+// and conv2d.cu runs the unfused kernels instead. Workspaces come from the caching allocator;
+// every call runs on the device's stream (cudnn_handle, Note [cuda stream]).
+#include "kernels/cuda/conv_cudnn.h"
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+
+#ifdef MINIGRAD_WITH_CUDNN_FRONTEND
+#include <map>
+#include <memory>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <cudnn_frontend.h>
+
+#include <minigrad/cuda.h>
+#include "kernels/cuda/common.cuh"
+#endif
+
+namespace mg::cuda {
+
+namespace {
+std::atomic<int64_t> g_ran{0}, g_refused{0};
+std::mutex g_refusal_mu;
+std::string g_refusal;
+
+bool refuse(std::string why) {
+  ++g_refused;
+  std::lock_guard<std::mutex> lock(g_refusal_mu);
+  g_refusal = std::move(why);
+  return false;
+}
+}  // namespace
+
+ConvFusionCounts conv_fusion_counts() { return {g_ran.load(), g_refused.load()}; }
+
+std::string conv_fusion_refusal() {
+  std::lock_guard<std::mutex> lock(g_refusal_mu);
+  return g_refusal;
+}
+
+#ifndef MINIGRAD_WITH_CUDNN_FRONTEND
+
+bool conv_fusion_built() { return false; }
+bool conv_bias_relu_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int, bool) {
+  return refuse("this build has no cuDNN frontend (docs/cuda.md, \"Fused convolutions\")");
+}
+std::string conv_fusion_check_description(const std::string&, int, const Shape&, const Shape&, int, int, DType, bool,
+                                          bool) {
+  return "this build has no cuDNN frontend";
+}
+
+#else
+
+namespace fe = cudnn_frontend;
+
+bool conv_fusion_built() { return true; }
+
+namespace {
+
+enum : int64_t { kX = 1, kW, kB, kY };  // the tensors' ids in the variant pack
+
+// The sizes in cuDNN's order: x (n, c, h, w), w (o, c, kh, kw), y (n, o, oh, ow).
+struct FusionKey {
+  int dev = 0;
+  int64_t n = 0, c = 0, h = 0, w = 0, o = 0, kh = 0, kw = 0, oh = 0, ow = 0;
+  int stride = 1, pad = 0;
+  DType dtype = DType::f32;
+  bool nhwc = false, bias = false, strict = false, deterministic = true;
+  size_t ws_limit = 0;
+  auto tie() const {
+    return std::tie(dev, n, c, h, w, o, kh, kw, oh, ow, stride, pad, dtype, nhwc, bias, strict, deterministic, ws_limit);
+  }
+  bool operator<(const FusionKey& k) const { return tie() < k.tie(); }
+};
+
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+  std::string why;  // the refusal, when graph is null
+};
+
+// Kept for the whole program, as attention_cudnn.cpp keeps its graphs (their plans must not be
+// released after cuDNN's teardown at exit).
+std::mutex g_graphs_mu;
+std::map<FusionKey, std::shared_ptr<const Built>>& graphs() {
+  static auto* cache = new std::map<FusionKey, std::shared_ptr<const Built>>();
+  return *cache;
+}
+
+// Where (a, b, c, d) in cuDNN's order lie in memory: channels first, or channels (b) last.
+std::vector<int64_t> strides(int64_t, int64_t b, int64_t c, int64_t d, bool nhwc) {
+  return nhwc ? std::vector<int64_t>{c * d * b, 1, d * b, b} : std::vector<int64_t>{b * c * d, c * d, d, 1};
+}
+
+fe::DataType_t io_type(DType t) {
+  return t == DType::bf16 ? fe::DataType_t::BFLOAT16 : t == DType::f16 ? fe::DataType_t::HALF : fe::DataType_t::FLOAT;
+}
+
+void describe(fe::graph::Graph& g, const FusionKey& k) {
+  g.set_io_data_type(io_type(k.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto x = g.tensor(fe::graph::Tensor_attributes().set_name("x").set_uid(kX).set_dim({k.n, k.c, k.h, k.w}).set_stride(
+      strides(k.n, k.c, k.h, k.w, k.nhwc)));
+  auto w = g.tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim({k.o, k.c, k.kh, k.kw}).set_stride(
+      strides(k.o, k.c, k.kh, k.kw, k.nhwc)));
+  auto z = g.conv_fprop(x, w,
+                        fe::graph::Conv_fprop_attributes()
+                            .set_name("conv")
+                            .set_padding({k.pad, k.pad})
+                            .set_stride({k.stride, k.stride})
+                            .set_dilation({1, 1})
+                            .set_convolution_mode(fe::ConvolutionMode_t::CROSS_CORRELATION));
+  if (k.bias) {
+    auto b = g.tensor(fe::graph::Tensor_attributes().set_name("b").set_uid(kB).set_dim({1, k.o, 1, 1}).set_stride(
+        {k.o, 1, 1, 1}));
+    z = g.pointwise(z, b, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+  }
+  auto y = g.pointwise(z, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
+  y->set_output(true).set_name("y").set_uid(kY).set_dim({k.n, k.o, k.oh, k.ow}).set_stride(
+      strides(k.n, k.o, k.oh, k.ow, k.nhwc)).set_data_type(io_type(k.dtype));
+}
+
+std::string failure(const char* step, fe::error_t e) {
+  return std::string("conv+bias+relu graph: ") + step + ": " + e.get_message();
+}
+
+std::shared_ptr<const Built> build(const FusionKey& k, cudnnHandle_t handle) {
+  auto out = std::make_shared<Built>();
+  auto g = std::make_shared<fe::graph::Graph>();
+  describe(*g, k);
+  const auto failed = [&](const char* step, fe::error_t e) {
+    out->why = failure(step, std::move(e));
+    return out;
+  };
+  if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
+  if (auto e = g->build_operation_graph(handle); e.is_bad()) return failed("build_operation_graph", e);
+  if (auto e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); e.is_bad())
+    return failed("create_execution_plans", e);
+  // The legacy path's rules (conv2d.cu): strict FP32 in FMA math only, deterministic engines by
+  // default, workspaces within the limit.
+  if (k.strict) g->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+  if (k.deterministic) g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+  g->deselect_workspace_greater_than(static_cast<int64_t>(k.ws_limit));
+  if (auto e = g->check_support(); e.is_bad()) return failed("check_support", e);
+  if (auto e = g->build_plans(); e.is_bad()) return failed("build_plans", e);
+  if (auto e = g->get_workspace_size(out->workspace); e.is_bad()) return failed("get_workspace_size", e);
+  out->graph = std::move(g);
+  return out;
+}
+
+std::shared_ptr<const Built> graph_for(const FusionKey& k) {
+  {
+    std::lock_guard<std::mutex> lock(g_graphs_mu);
+    if (auto it = graphs().find(k); it != graphs().end()) return it->second;
+  }
+  std::shared_ptr<const Built> b = build(k, cudnn_handle(k.dev));
+  std::lock_guard<std::mutex> lock(g_graphs_mu);
+  return graphs().emplace(k, std::move(b)).first->second;  // a graph another thread built first wins
+}
+
+// The key of shapes as conv2d's tensors have them (channels last: x (N, H, W, C), w (O, KH, KW, C)).
+FusionKey key_of(const Shape& x, const Shape& w, int stride, int pad, DType dtype, bool nhwc, bool bias) {
+  FusionKey k;
+  const int at[4] = {0, nhwc ? 3 : 1, nhwc ? 1 : 2, nhwc ? 2 : 3};
+  k.n = x[0], k.c = x[at[1]], k.h = x[at[2]], k.w = x[at[3]];
+  k.o = w[0], k.kh = w[at[2]], k.kw = w[at[3]];
+  k.oh = (k.h + 2 * pad - k.kh) / stride + 1;
+  k.ow = (k.w + 2 * pad - k.kw) / stride + 1;
+  k.stride = stride, k.pad = pad, k.dtype = dtype, k.nhwc = nhwc, k.bias = bias;
+  return k;
+}
+
+bool aligned(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+bool conv_bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad,
+                            bool channels_last) {
+  const DType dt = x.dtype();
+  if (w.dtype() != dt || y.dtype() != dt || (b.defined() && b.dtype() != dt))
+    return refuse("the tensors' dtypes differ");
+  if (!aligned({&y, &x, &w, &b})) return refuse("a tensor's data is not 16-byte aligned");
+  FusionKey k = key_of(x.shape(), w.shape(), stride, pad, dt, channels_last, b.defined());
+  k.dev = device_of(x);
+  k.strict = dt == DType::f32 && !tf32_conv();
+  k.deterministic = cudnn_deterministic();
+  k.ws_limit = conv_workspace_limit();
+  DeviceGuard guard(k.dev);
+  const std::shared_ptr<const Built> built = graph_for(k);
+  if (!built->graph) return refuse(built->why);
+  std::unordered_map<int64_t, void*> pack{{kX, x.raw_data()}, {kW, w.raw_data()}, {kY, y.raw_data()}};
+  if (b.defined()) pack.emplace(kB, b.raw_data());
+  Workspace ws(k.dev, static_cast<size_t>(built->workspace));
+  const fe::error_t e = built->graph->execute(cudnn_handle(k.dev), pack, ws.get());
+  MG_CHECK(e.is_good(), "conv2d on CUDA: cuDNN's fused conv+bias+relu graph failed to run: " << e.err_msg);
+  ++g_ran;
+  return true;
+}
+
+std::string conv_fusion_check_description(const std::string& device_json, int sm_version, const Shape& x, const Shape& w,
+                                          int stride, int pad, DType dtype, bool channels_last, bool bias) {
+  auto device = std::make_shared<fe::DeviceProperties>();
+  if (auto e = device->deserialize(std::vector<uint8_t>(device_json.begin(), device_json.end())); e.is_bad())
+    return "device description: " + e.get_message();
+  const FusionKey k = key_of(x, w, stride, pad, dtype, channels_last, bias);
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_device_properties(device).set_sm_version(sm_version);
+  describe(*g, k);
+  if (auto e = g->validate(); e.is_bad()) return failure("validate", e);
+  if (auto e = g->build_operation_graph(); e.is_bad()) return failure("build_operation_graph", e);
+  return "";
+}
+
+#endif  // MINIGRAD_WITH_CUDNN_FRONTEND
+
+}  // namespace mg::cuda
