@@ -292,6 +292,29 @@ TEST_CASE("GPT with its head fused into the loss: the same losses, less memory, 
   }
 }
 
+// GPTEmbeddings makes its position ids in forward: an input without history, which a segment
+// keeps for its replay where a plain step frees it with the embedding's node. measure_chain counts
+// it (UnitCost::leaf_bytes); before, a segment from the embeddings peaked 4,108 bytes above the
+// prediction (docs/gpt.md) and a budget plan could exceed its budget by them.
+TEST_CASE("GPT plans with a segment from the embeddings: the position ids counted, the peak as predicted") {
+  for (const char* plan : {"sqrt", "min", "segments=2"}) {
+    CAPTURE(plan);
+    test::TinyGpt gpt;
+    optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+    Trainer t(*gpt.model, gpt.windows, opt,
+              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2, .loss = gpt.loss(), .tiles = false,
+               .progress = Progress::off});
+    const FitReport r = t.fit();
+    REQUIRE(!r.plan.checkpoint.segments.empty());
+    CHECK(r.plan.checkpoint.segments.front().begin == 0);
+    CHECK(t.cost().units.front().leaf_bytes == 8 * 64 * 8);  // (B, T) int64 positions, saved by wpe's lookup too
+    CHECK(t.cost().units.front().leaf_only_bytes == 0);
+    INFO("measured " << r.peak_in_use << ", predicted " << r.plan.predicted_peak);
+    CHECK(r.peak_in_use >= r.plan.predicted_peak);
+    CHECK(r.peak_in_use <= r.plan.predicted_peak + 64);
+  }
+}
+
 TEST_CASE("linear_cross_entropy: clear errors") {
   const Tensor x = test::rand_tensor({4, 8}, 1), w = test::rand_tensor({10, 8}, 2);
   const Tensor t = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});

@@ -57,6 +57,11 @@ struct NodeInput {
   bool requires_grad = false;
   Shape shape;       // the input's shape, for rules that need only that and for replay checks
   DType dtype = DType::f32;  // the input's dtype: its gradient's (Note [autocast])
+  // An input without history and without grad (position ids made in a forward): its storage,
+  // watched, and its bytes. A segment keeps such an input for its replay; measure_chain reads
+  // these to count it (UnitCost::leaf_bytes), whether or not a plain step would keep it.
+  std::weak_ptr<StorageImpl> leaf_storage;
+  size_t leaf_nbytes = 0;
 };
 
 struct Node {

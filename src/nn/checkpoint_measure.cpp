@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
+#include <set>
 #include <unordered_set>
 
 #include <minigrad/core/autocast.h>
@@ -193,6 +195,7 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
     u.tiles = y.dim() >= 1 && y.size(0) == xin.size(0);
     if (y.grad_fn()) {
       std::vector<const Tensor*> saved;  // the nodes' saved tensors
+      std::vector<const NodeInput*> leaves;  // inputs without history or grad, which a segment keeps
       std::vector<Node*> stack{y.grad_fn().get()};
       std::unordered_set<Node*> seen{stack.back()};
       while (!stack.empty()) {
@@ -211,14 +214,29 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
         }
         for (const NodeInput& in : n->inputs) {
           if (in.fn && in.fn->seq >= first_seq && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+          if (in.leaf_nbytes > 0) leaves.push_back(&in);
         }
       }
       // Of the extras, what only the tape holds an offloaded segment moves (Note [offload]).
       size_t tape_only = 0;
+      std::unordered_set<const StorageImpl*> tape_storages;
       for (const TapeStorage& t : tape_only_storages(saved, {xin.impl().storage.get(), y.impl().storage.get()})) {
         tape_only += t.storage->nbytes();
+        tape_storages.insert(t.storage);
       }
       u.extra_held_bytes = u.extra_bytes - std::min(u.extra_bytes, tape_only);
+      // A checkpointed segment keeps its nodes' inputs without history for the replay: those a
+      // node saves too (alive now, held by nothing but the tape), and those nobody holds any more
+      // (gone after the forward: a plain step frees them). Each storage once.
+      std::set<std::weak_ptr<StorageImpl>, std::owner_less<std::weak_ptr<StorageImpl>>> counted;
+      for (const NodeInput* in : leaves) {
+        if (!counted.insert(in->leaf_storage).second) continue;
+        if (const auto st = in->leaf_storage.lock()) {
+          if (tape_storages.count(st.get())) u.leaf_bytes += st->nbytes();
+        } else {
+          u.leaf_only_bytes += in->leaf_nbytes;
+        }
+      }
       // The input's gradient lands in xin without a copy (accumulate_grad takes a gradient nothing
       // else holds), as a step passes it on: the unit's backward holds what it holds in a step.
       if (xin.requires_grad()) xin.set_grad(Tensor());

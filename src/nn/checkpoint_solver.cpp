@@ -65,29 +65,30 @@ void note_replay_backward(PieceCost& pc, const ChainCost& t, size_t s, size_t e,
     if (replay) pc.note(base + incoming + R + (u > s ? A(u) : 0) + U.fwd_peak, u, replay);
     r_before[u - s] = R;
     keep_in[u - s] = u > s && (h || U.saves_input);
-    R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes;
+    R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes + U.leaf_only_bytes;
     h = U.saves_output;
   }
   if (!replay) pc.note(base + incoming + R + (h ? A(e) : 0), e - 1, "backward of an offloaded segment (its activations back)");
   for (size_t u = e; u-- > s;) {
     const UnitCost& U = t.units[u];
     const size_t in_flight = u + 1 == e ? incoming : A(u + 1);  // the gradient in flight
-    pc.note(base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes + (U.saves_output ? A(u + 1) : 0) +
-                in_flight + U.bwd_peak,
+    pc.note(base + r_before[u - s] + (keep_in[u - s] ? A(u) : 0) + U.extra_bytes + U.leaf_only_bytes +
+                (U.saves_output ? A(u + 1) : 0) + in_flight + U.bwd_peak,
             u, backward);
   }
   if (wants_dx0) pc.note(base + A(s), s, end);
 }
 
 // The forward of a checkpointed (or offloaded) segment [s, e): its units run as plain ones, on
-// the boundary A_s. Returns what they keep, A_s included, and whether the last keeps its output.
+// the boundary A_s, but for the inputs without history their nodes keep for a replay (a plain
+// step frees those). Returns what they keep, A_s included, and whether the last keeps its output.
 size_t note_first_pass(PieceCost& pc, const ChainCost& c, size_t s, size_t e, const char* phase, bool* holds_out) {
   size_t R = 0;
   bool h = true;
   for (size_t u = s; u < e; ++u) {
     const UnitCost& U = c.units[u];
     pc.note(c.fixed_bytes + R + c.activation_bytes(u) + U.fwd_peak, u, phase);
-    R += ((h || U.saves_input) ? c.activation_bytes(u) : 0) + U.extra_bytes;
+    R += ((h || U.saves_input) ? c.activation_bytes(u) : 0) + U.extra_bytes + U.leaf_only_bytes;
     h = U.saves_output;
   }
   if (holds_out) *holds_out = h;
@@ -124,8 +125,12 @@ PieceCost eval_piece(const ChainCost& c, size_t s, size_t e, bool ckpt, bool hol
   }
   // First pass: the units run as plain ones, then all but the input is dropped.
   note_first_pass(pc, c, s, e, "forward (checkpointed segment, first pass)", nullptr);
-  // What the first pass kept goes, but for extras something else holds.
-  for (size_t u = s; u < e; ++u) pc.kept += c.units[u].extra_held_bytes;
+  // What the first pass kept goes, but for extras something else holds and the inputs without
+  // history the replay needs (UnitCost::leaf_bytes).
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = c.units[u];
+    pc.kept += U.extra_held_bytes + U.leaf_bytes + U.leaf_only_bytes;
+  }
   pc.kept += A(s);
   pc.holds_out = false;
   // Backward: the boundary and (for the last piece) the caller's logits stay live throughout;

@@ -237,6 +237,10 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
     ni.dtype = t.dtype();
     ni.fn = t.grad_fn();
     if (!ni.fn && (ni.requires_grad || keep_all)) ni.leaf = t;
+    if (!ni.fn && !ni.requires_grad && t.impl().storage) {
+      ni.leaf_storage = t.impl().storage;
+      ni.leaf_nbytes = t.impl().storage->nbytes();
+    }
   }
   out.impl().requires_grad = true;
   out.impl().grad_fn = std::move(node);

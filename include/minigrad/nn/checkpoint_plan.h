@@ -100,6 +100,11 @@ struct UnitCost {
   // Of extra_bytes, what something besides the tape holds (a module's cached position ids, say):
   // it stays on the device when the unit's segment is replayed or offloaded.
   size_t extra_held_bytes = 0;
+  // Inputs without history its nodes take (position ids made in its forward, say), which a
+  // checkpointed segment keeps from its first pass to its backward for the replay: leaf_bytes of
+  // them also kept by a plain step (a node saves them: in extra_bytes, but not held outside the
+  // tape), leaf_only_bytes of them a plain step frees at once (in no other count).
+  size_t leaf_bytes = 0, leaf_only_bytes = 0;
   bool saves_input = false, saves_output = false;
   size_t fwd_peak = 0, bwd_peak = 0;
   double flops = 0;
