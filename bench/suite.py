@@ -216,12 +216,12 @@ class Suite:
             return a.width_div or 1, a.image_size, a.batch_size or 64
         return a.width_div or 8, a.image_size, a.batch_size or 8
 
-    def vgg_ours(self, plan, workload, shape, layout="nchw", bf16=False):
+    def vgg_ours(self, plan, workload, shape, layout="nchw", bf16=False, fuse_relu=False):
         a = self.args
         wd, size, batch = shape
         exe = os.path.join(self.bin, "vgg_ckpt")
         base = {"framework": "libminigrad", "workload": workload, "plan": plan, "batch": batch, "accum": 1,
-                "layout": layout}
+                "layout": layout, "fuse_relu": fuse_relu}
         if not os.path.exists(exe):
             return self.emit(dict(base, error=f"{exe} not found (apps/vgg_ckpt not built)"))
         fd, json_path = tempfile.mkstemp(suffix=".json", prefix="vgg_ckpt_")
@@ -233,6 +233,8 @@ class Suite:
         base.update(math_mode)
         if layout != "nchw":
             cmd += ["--layout", layout]
+        if fuse_relu:  # Note [fused relu]: vgg_ckpt --fuse-relu
+            cmd += ["--fuse-relu"]
         if bf16:  # autocast(bfloat16) as PyTorch's recipe (our --precision bf16: fp32 masters)
             cmd += ["--precision", "bf16"]
             base["precision"] = "bf16"
@@ -387,9 +389,13 @@ class Suite:
             self.vgg_budgets(workload, shape, none, sqrt)
         if self.args.nhwc:  # channels last in our default math (issue 36's layout)
             self.vgg_ours("none", workload, shape, layout="nhwc")
+            if self.args.fuse_relu:
+                self.vgg_ours("none", workload, shape, layout="nhwc", fuse_relu=True)
         if self.args.torch_bf16:  # both under autocast(bfloat16), channels last: the issue's bf16 targets
             self.vgg_torch("none", workload, shape, bf16=True)
             self.vgg_ours("none", workload, shape, layout="nhwc", bf16=True)
+            if self.args.fuse_relu:
+                self.vgg_ours("none", workload, shape, layout="nhwc", bf16=True, fuse_relu=True)
 
     def budget_values(self, none, sqrt):
         """The budgets to run, in bytes, as --budgets asks (see the module doc)."""
@@ -468,6 +474,8 @@ def parse_args(argv=None):
                     help="also PyTorch under autocast(bfloat16) with channels_last, and ours with --precision bf16 "
                          "--layout nhwc, plan none")
     ap.add_argument("--nhwc", action="store_true", help="also ours with --layout nhwc (plan none, the --tf32 math)")
+    ap.add_argument("--fuse-relu", action="store_true",
+                    help="with --nhwc and --torch-bf16: those runs of ours once more with vgg_ckpt --fuse-relu")
     ap.add_argument("--torch-python", default=TORCH_PY,
                     help="the Python whose torch runs the references (a CUDA build on a GPU machine)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run and record nothing")

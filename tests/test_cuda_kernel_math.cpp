@@ -740,7 +740,7 @@ TEST_CASE("kernel math: cuDNN takes the fused attention's graphs for sm_90, up t
   CHECK_FALSE(cuda::sdpa_check_description(kH100Json, 90, 1, 3, 64, 12, DType::bf16, false, false).empty());
 }
 
-// No GPU needed: the conv + bias + ReLU graph of src/kernels/cuda/conv_cudnn.cpp (Note [fused conv
+// No GPU needed: the conv + bias + ReLU graph of src/kernels/cuda/conv_cudnn.cpp (Note [fused
 // relu]) passes the frontend's checks and cuDNN builds its operation graph for sm_90, in both
 // layouts and the three dtypes, with and without a bias, strided and padded. Whether an engine
 // runs it (runtime fusion) needs a driver: test_ops' CUDA rows and test_cuda_training do that.

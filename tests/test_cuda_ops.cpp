@@ -254,7 +254,7 @@ TEST_CASE("cuda: conv2d with TF32 allowed, the default (tolerance 1e-2)") {
              kTf32);
 }
 
-// Note [fused conv relu]: cuDNN's conv+bias+relu graph where it takes the case (NHWC on tensor
+// Note [fused relu]: cuDNN's conv+bias+relu graph where it takes the case (NHWC on tensor
 // cores, mostly), else the convolution and the ReLU kernel; either way relu(conv2d) to the
 // dtype's rounding, in TF32 and bf16, both layouts. The MESSAGE says whether the graph ran.
 TEST_CASE("cuda: conv2d_relu, cuDNN's fused graph or its fallback, against the CPU in both layouts") {

@@ -79,7 +79,7 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
 
 // Note [channels last] (src/ops/conv2d.cpp): cuDNN's NHWC convolutions (KRSC weights), the pools
 // reading planes C apart and BatchNorm's channels-last sums, through whole models.
-TEST_CASE("cuda: channels-last VGG16/16 and ResNet-18/16 give the CPU's gradients; checkpointed = plain, bit for bit") {
+TEST_CASE("cuda: channels-last VGG16/16 and ResNet-18/16, ReLUs fused or not: the CPU's gradients; checkpointed = plain, bit for bit") {
   Tf32Conv off(false);
   struct Case {
     const char* name;
@@ -88,6 +88,17 @@ TEST_CASE("cuda: channels-last VGG16/16 and ResNet-18/16 give the CPU's gradient
   const std::vector<Case> cases = {
       {"VGG16/16 (dropout)", [] { return nn::make_vgg16(3, 16, 0.3f, Layout::nhwc); }},
       {"ResNet-18/16 (BatchNorm, dropout)", [] { return nn::make_resnet18(3, 16, 0.3f, Layout::nhwc); }},
+      // Note [fused relu]: cuDNN's conv+bias+relu graph (or its fallback), BatchNorm's ReLU in its kernel.
+      {"VGG16/16 with fused ReLUs", [] {
+         auto m = nn::make_vgg16(3, 16, 0.3f, Layout::nhwc);
+         nn::fuse_relu(*m);
+         return m;
+       }},
+      {"ResNet-18/16 with fused ReLUs", [] {
+         auto m = nn::make_resnet18(3, 16, 0.3f, Layout::nhwc);
+         nn::fuse_relu(*m);
+         return m;
+       }},
   };
   for (const Case& c : cases) {
     INFO(c.name);

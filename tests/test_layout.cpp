@@ -1,10 +1,11 @@
 // Channels last (Note [channels last] in src/ops/conv2d.cpp): permute, the layers' Layout::nhwc,
-// models built channels last, and mg::data::ChannelsLast; and Conv2d + ReLU fused
-// (Note [fused conv relu]), the other form issue 36 gives CNN layers for the GPU. On the CPU a channels-last op runs the
-// channels-first kernels between permutes (Note [channels last on the CPU]), so every result here
-// is checked for the channels-first bits, whole training steps included, at 1 and 2 threads; and
-// the planner's prediction against the measured peak. test_ops runs the ops' channels-last rows
-// (gradients by finite differences; CUDA against the CPU on a GPU).
+// models built channels last, and mg::data::ChannelsLast; and a ReLU fused into the Conv2d or
+// BatchNorm before it (Note [fused relu]), the other form issue 36 gives CNN layers for the GPU.
+// On the CPU a channels-last op runs the channels-first kernels between permutes (Note [channels
+// last on the CPU]) and a fused ReLU runs the ReLU kernel after its op, so every result here is
+// checked for the plain channels-first bits, whole training steps included, at 1 and 2 threads;
+// and the planner's prediction against the measured peak. test_ops runs the ops' channels-last
+// and fused rows (gradients by finite differences; CUDA against the CPU on a GPU).
 #include <minigrad/data/dataset.h>
 #include <minigrad/train/trainer.h>
 
@@ -164,13 +165,13 @@ TEST_CASE("a channels-last VGG16 and ResNet-18 under checkpoint plans: the bits 
   }
 }
 
-TEST_CASE("fuse_conv_relu: VGG16/16 fused, channels first and last, trains the unfused bits with the same names") {
+TEST_CASE("fuse_relu: VGG16/16 fused, channels first and last, trains the unfused bits with the same names") {
   const auto images = test::random_dataset(16, {3, 32, 32}, 2, 4);
   const auto plain = [](Layout l) { return nn::make_vgg16(2, 16, 0.5f, l); };
   const auto fused = [](Layout l) {
     auto m = nn::make_vgg16(2, 16, 0.5f, l);
-    CHECK(nn::fuse_conv_relu(*m) == 13);
-    CHECK(nn::fuse_conv_relu(*m) == 0);  // nothing left to fuse
+    CHECK(nn::fuse_relu(*m) == 13);
+    CHECK(nn::fuse_relu(*m) == 0);  // nothing left to fuse
     return m;
   };
   const Trained ref = train(plain, Layout::nchw, images, "none", 8);
@@ -192,7 +193,40 @@ TEST_CASE("fuse_conv_relu: VGG16/16 fused, channels first and last, trains the u
       if (std::string(plan) == "none") CHECK(t.report.peak_in_use <= unfused_peak);
     }
   }
-  CHECK(nn::fuse_conv_relu(*nn::make_resnet18(2, 16)) == 0);  // its ReLUs follow BatchNorm
+}
+
+TEST_CASE("fuse_relu: ResNet-18/16's BatchNorm + ReLU fused, channels first and last, trains the unfused bits") {
+  const auto images = test::random_dataset(16, {3, 32, 32}, 2, 4);
+  const auto plain = [](Layout l) { return nn::make_resnet18(2, 16, 0.0f, l); };
+  const auto fused = [](Layout l) {
+    auto m = nn::make_resnet18(2, 16, 0.0f, l);
+    CHECK(nn::fuse_relu(*m) == 9);  // the stem's, and bn1's in each of the 8 blocks
+    CHECK(nn::fuse_relu(*m) == 0);
+    return m;
+  };
+  CHECK(nn::fuse_relu(*nn::make_resnet50(2, 16)) == 33);  // the stem's, bn1's and bn2's in 16 blocks
+  const Trained ref = train(plain, Layout::nchw, images, "none", 8);
+  CHECK(fused(Layout::nchw)->at(1)->name() ==
+        "BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True) + ReLU");
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    CAPTURE(layout_name(layout));
+    for (const char* plan : {"none", "sqrt"}) {
+      CAPTURE(plan);
+      const Trained t = train(fused, layout, images, plan, 8);
+      CHECK(t.report.losses == ref.report.losses);
+      check_same_state(*ref.model, *t.model, layout);  // weights and running statistics
+      CHECK(t.report.peak_in_use >= t.report.plan.predicted_peak);
+      CHECK(t.report.peak_in_use <= t.report.plan.predicted_peak + 64);
+    }
+    // Evaluation: the running statistics, the ReLU in the same op.
+    const Trained t = train(fused, layout, images, "none", 8);
+    ref.model->eval();
+    t.model->eval();
+    const Tensor x = test::rand_tensor({4, 3, 32, 32}, 77);
+    const Tensor y = t.model->forward(layout == Layout::nhwc ? to_channels_last(x) : x);
+    CHECK(test::bit_equal(y, ref.model->forward(x)));
+    ref.model->train();
+  }
 }
 
 TEST_CASE("conv2d_relu gives relu(conv2d) bit for bit, forward and backward, both layouts, on the CPU") {

@@ -39,9 +39,10 @@
 //
 //   build/bin/vgg_ckpt --device cuda --layout nhwc --precision bf16 --batch-size 64 --steps 10
 //
-// --fuse-conv-relu makes each Conv2d + ReLU one layer (nn::fuse_conv_relu; Note [fused conv relu]
-// in src/ops/conv2d.cpp): on CUDA one cuDNN graph where cuDNN takes it (VGG16's 13 pairs; a ResNet
-// has none: its ReLUs follow BatchNorm). The same names and, on the CPU, the same bits.
+// --fuse-relu fuses each ReLU into the Conv2d or BatchNorm before it (nn::fuse_relu; Note [fused
+// relu] in src/ops/conv2d.cpp): VGG16's 13 into its convolutions, on CUDA one cuDNN graph each
+// where cuDNN takes it; ResNet-50's 33 into BatchNorm's kernel. The same names and, on the CPU,
+// the same bits.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"vgg16", "resnet18", "resnet34", "resnet50"}))->capture_default_str();
   app.add_option("--layout", layout_name, "nchw | nhwc: channels first, or channels last (cuDNN's tensor-core layout)")
       ->check(CLI::IsMember({"nchw", "nhwc"}))->capture_default_str();
-  app.add_flag("--fuse-conv-relu", fuse, "each Conv2d and the ReLU after it as one layer (on CUDA one cuDNN graph)");
+  app.add_flag("--fuse-relu", fuse, "each ReLU fused into the Conv2d or BatchNorm before it (on CUDA: conv + bias + "
+               "ReLU as one cuDNN graph, BatchNorm's ReLU in its kernel)");
   app.add_option("--batch-size", batch_size, "images per step")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* steps_opt = app.add_option("--steps", steps, "number of steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--epochs", epochs, "number of epochs")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->excludes(steps_opt);
@@ -108,7 +110,7 @@ int main(int argc, char** argv) {
 
     mg::manual_seed(f.seed);
     auto model = mg::nn::make_model(model_name, images::kNumClasses, width_div, layout);
-    const size_t fused = fuse ? mg::nn::fuse_conv_relu(*model) : 0;
+    const size_t fused = fuse ? mg::nn::fuse_relu(*model) : 0;
     model->to(run.dev);
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
     float last_loss = NAN;
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(step_images / world), static_cast<long long>(model->parameter_count()), model->size(),
                 run.dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data.description.c_str());
-    if (fuse) LEAD_PRINTF("fused conv + relu: %zu pairs\n", fused);
+    if (fuse) LEAD_PRINTF("fused relu: %zu ReLUs into the layer before them\n", fused);
     if (mg::dist::active()) {  // a world of one too (Note [a world of one])
       LEAD_PRINTF("data parallel: %lld ranks (%s) x %lld samples = a global batch of %lld per optimizer step\n",
                   static_cast<long long>(world), mg::dist::backend_name(run.dev).c_str(),
@@ -173,7 +175,7 @@ int main(int argc, char** argv) {
       j["width_div"] = width_div;
       j["image_size"] = image_size;
       j["layout"] = layout_name;
-      j["fused_conv_relu"] = fused;
+      j["fused_relu"] = fused;
       j["conv_fusion_ran"] = mg::cuda::conv_fusion_counts().ran;
       j["conv_fusion_refused"] = mg::cuda::conv_fusion_counts().refused;
       j["conv_fusion_refusal"] = mg::cuda::conv_fusion_refusal();

@@ -49,14 +49,14 @@ bool cudnn_attention();
 // the products run cublasGemmEx as before (Note [cublaslt products] in src/kernels/cuda/cublaslt.h).
 void set_cublaslt(bool on);
 bool cublaslt();
-// cuDNN's conv+bias+relu graph for conv2d with its ReLU fused (nn::fuse_conv_relu; default: on,
+// cuDNN's conv+bias+relu graph for conv2d with its ReLU fused (nn::fuse_relu; default: on,
 // where the build has the cuDNN frontend; the environment's MG_CUDNN_CONV_FUSION=0 turns it off at
 // start). Off, or where cuDNN does not take a case, the convolution runs as unfused and the ReLU
-// kernel after it, in place (docs/cuda.md, "Fused convolutions").
+// kernel after it, in place (docs/cuda.md, "Fused ReLUs").
 void set_cudnn_conv_fusion(bool on);
 bool cudnn_conv_fusion();
 // The fused graphs cuDNN ran since the program started and the cases it refused, and the last
-// refusal's reason (empty when there was none): what vgg_ckpt --fuse-conv-relu reports.
+// refusal's reason (empty when there was none): what vgg_ckpt --fuse-relu reports.
 struct ConvFusionCounts {
   long long ran = 0, refused = 0;
 };

@@ -47,7 +47,7 @@ struct OpAttrs {
   int heads = 0;                // causal_self_attention
   int64_t chunk_rows = 0;       // linear_cross_entropy: rows of logits at a time (0: its default)
   bool channels_last = false;   // conv2d, the pools, batch_norm: Layout::nhwc (Note [channels last])
-  bool relu = false;            // conv2d: a ReLU after it, fused (Note [fused conv relu])
+  bool relu = false;            // conv2d, batch_norm: a ReLU after it, fused (Note [fused relu])
   Shape dims;                   // permute: the input dimension each output dimension takes
 };
 

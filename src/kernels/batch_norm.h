@@ -10,6 +10,8 @@
 // any thread count (Note [fixed pieces]) and, for dw and db added into a buffer, image by image
 // (Note [weight gradients in sample order] in kernels/cpu/conv2d.cpp) on the CPU.
 // channels_last: x, y and the gradients (N, S..., C), the channel the last dimension.
+// relu: forward gives y = max(y, 0) (Note [fused relu] in src/ops/conv2d.cpp); the backward's dy
+// is then the normalisation's output gradient, masked by the op.
 #pragma once
 
 #include <minigrad/core/tensor.h>
@@ -19,7 +21,7 @@ namespace mg {
 template <class D> void batch_norm_stats(Tensor& mean, Tensor& var, const Tensor& x, bool channels_last);
 template <class D>
 void batch_norm_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                        const Tensor& var, float eps, bool channels_last);
+                        const Tensor& var, float eps, bool channels_last, bool relu = false);
 template <class D>
 void batch_norm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                          const Tensor& mean, const Tensor& var, float eps, bool batch_stats, bool accumulate,

@@ -7,7 +7,7 @@
 //             db[o] = sum_{n,i,j} dy[n,o,i,j]                  (= or += when accumulate)
 // channels_last: x (N, H, W, C), w (O, KH, KW, C), y and dy (N, OH, OW, O), the same math (Note
 // [channels last] in src/ops/conv2d.cpp; on the CPU, Note [channels last on the CPU]).
-// relu: forward gives y = max(conv + b, 0) (Note [fused conv relu] in src/ops/conv2d.cpp); the
+// relu: forward gives y = max(conv + b, 0) (Note [fused relu] in src/ops/conv2d.cpp); the
 // backward's dy is then the gradient of the convolution's output, masked by the op.
 #pragma once
 

@@ -89,8 +89,36 @@ BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int stride, Layout layo
   if ((downsample_ = make_downsample(inplanes, planes * expansion, stride, layout))) register_module("downsample", downsample_);
 }
 
+namespace {
+// Whether bn is a BatchNorm with its ReLU fused; sets it fused when `fuse`.
+bool fused_bn(const std::shared_ptr<Module>& bn, bool fuse = false) {
+  auto* b = dynamic_cast<BatchNorm*>(bn.get());
+  if (b && fuse) b->relu = true;
+  return b && b->relu;
+}
+// relu(bn(x)), the ReLU in bn when it is fused.
+Tensor bn_relu(const std::shared_ptr<Module>& bn, const Tensor& x) {
+  Tensor y = bn->forward(x);
+  return fused_bn(bn) ? y : relu(y);
+}
+}  // namespace
+
+size_t BasicBlock::fuse_relu() {
+  if (fused_bn(bn1_)) return 0;
+  fused_bn(bn1_, true);
+  return 1;
+}
+
+size_t Bottleneck::fuse_relu() {
+  size_t n = 0;
+  for (auto* bn : {&bn1_, &bn2_}) {
+    if (!fused_bn(*bn)) n += fused_bn(*bn, true) ? 1 : 0;
+  }
+  return n;
+}
+
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor out = relu(bn1_->forward(conv1_->forward(x)));
+  Tensor out = bn_relu(bn1_, conv1_->forward(x));
   out = bn2_->forward(conv2_->forward(out));
   return relu(add(out, downsample_ ? downsample_->forward(x) : x));
 }
@@ -114,8 +142,8 @@ Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int stride, Layout layo
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {
-  Tensor out = relu(bn1_->forward(conv1_->forward(x)));
-  out = relu(bn2_->forward(conv2_->forward(out)));
+  Tensor out = bn_relu(bn1_, conv1_->forward(x));
+  out = bn_relu(bn2_, conv2_->forward(out));
   out = bn3_->forward(conv3_->forward(out));
   return relu(add(out, downsample_ ? downsample_->forward(x) : x));
 }
@@ -166,6 +194,29 @@ std::shared_ptr<Sequential> make_resnet34(int64_t num_classes, int64_t width_div
 
 std::shared_ptr<Sequential> make_resnet50(int64_t num_classes, int64_t width_div, float dropout_p, Layout layout) {
   return make_resnet<Bottleneck>("make_resnet50", {3, 4, 6, 3}, num_classes, width_div, dropout_p, layout);
+}
+
+size_t fuse_relu(Sequential& m) {
+  size_t fused = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const std::shared_ptr<Module> layer = m.at(i);
+    if (auto inner = std::dynamic_pointer_cast<Sequential>(layer)) {
+      fused += fuse_relu(*inner);
+    } else if (auto block = std::dynamic_pointer_cast<BasicBlock>(layer)) {
+      fused += block->fuse_relu();
+    } else if (auto block = std::dynamic_pointer_cast<Bottleneck>(layer)) {
+      fused += block->fuse_relu();
+    }
+    if (i + 1 >= m.size() || !std::dynamic_pointer_cast<ReLU>(m.at(i + 1))) continue;
+    auto* conv = dynamic_cast<Conv2d*>(layer.get());
+    auto* bn = dynamic_cast<BatchNorm*>(layer.get());
+    if (conv && !conv->relu) conv->relu = true;
+    else if (bn && !bn->relu) bn->relu = true;
+    else continue;
+    m.erase(i + 1);
+    ++fused;
+  }
+  return fused;
 }
 
 std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div, Layout layout) {

@@ -186,22 +186,6 @@ void Sequential::erase(size_t i) {
   children_.erase(children_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
-size_t fuse_conv_relu(Sequential& m) {
-  size_t fused = 0;
-  for (size_t i = 0; i < m.size(); ++i) {
-    if (auto inner = std::dynamic_pointer_cast<Sequential>(m.at(i))) {
-      fused += fuse_conv_relu(*inner);
-      continue;
-    }
-    auto conv = std::dynamic_pointer_cast<Conv2d>(m.at(i));
-    if (!conv || conv->relu || i + 1 >= m.size() || !std::dynamic_pointer_cast<ReLU>(m.at(i + 1))) continue;
-    conv->relu = true;
-    m.erase(i + 1);
-    ++fused;
-  }
-  return fused;
-}
-
 Tensor Sequential::forward(const Tensor& x) { return forward_range(x, 0, children_.size()); }
 
 Tensor Sequential::forward_range(const Tensor& x, size_t begin, size_t end) {
@@ -267,11 +251,11 @@ Tensor BatchNorm::forward(const Tensor& x) {
   MG_CHECK(channels == num_features,
            name() << ": input has " << channels << " channels (shape " << shape_str(x.shape()) << "), expected " << num_features);
   const Tensor w = affine_ ? params_[0].second : Tensor(), b = affine_ ? params_[1].second : Tensor();
-  if (!is_training() || frozen_) return batch_norm(x, w, b, running_mean(), running_var(), false, eps, nullptr, layout);
+  if (!is_training() || frozen_) return batch_norm(x, w, b, running_mean(), running_var(), false, eps, nullptr, layout, relu);
   const int64_t c = num_features, m = x.numel() / std::max<int64_t>(c, 1);
   MG_CHECK(m > 1, name() << ": training needs more than one value per channel, got input " << shape_str(x.shape()));
   BatchStats batch;
-  Tensor y = batch_norm(x, w, b, Tensor(), Tensor(), true, eps, &batch, layout);
+  Tensor y = batch_norm(x, w, b, Tensor(), Tensor(), true, eps, &batch, layout, relu);
   {
     // The running statistics, outside the tape (Note [batch norm and the step] in module.h), from
     // the batch statistics the op used: running = (1 - momentum) running + momentum batch, the
@@ -289,7 +273,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
 std::string BatchNorm::name() const {
   std::ostringstream os;
   os << "BatchNorm" << (dims_ == 4 ? "2d(" : "1d(") << num_features << ", eps=" << eps << ", momentum=" << momentum
-     << ", affine=" << (affine_ ? "True" : "False") << (layout == Layout::nhwc ? ", channels_last" : "") << ")";
+     << ", affine=" << (affine_ ? "True" : "False") << (layout == Layout::nhwc ? ", channels_last" : "") << ")"
+     << (relu ? " + ReLU" : "");
   return os.str();
 }
 

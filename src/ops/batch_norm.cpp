@@ -48,14 +48,16 @@ Tensor batch_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
     var = in[4].dtype() == DType::f32 ? in[4].clone() : in[4].to(DType::f32);
   }
   Tensor y = Tensor::empty(x.shape(), TensorOptions{half_out(in, OpPrecision::fp32), x.device()});
-  MG_DISPATCH(x.device(), batch_norm_forward, y, x, w, b, mean, var, a.scalar, a.channels_last);
+  MG_DISPATCH(x.device(), batch_norm_forward, y, x, w, b, mean, var, a.scalar, a.channels_last, a.relu);
   save(saved, {x, w, mean, var});
+  if (a.relu) save(saved, {y.detach()});  // Note [fused relu] in src/ops/conv2d.cpp: its values only
   return y;
 }
 
 void batch_norm_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1], &mean = n.saved[2], &var = n.saved[3];
+  if (n.attrs.relu) gy = masked_by_relu(n, std::move(gy), 4);  // Note [fused relu]
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, batch_norm_backward, dx, p.dw, p.db, gy, x, w, mean, var, n.attrs.scalar, n.attrs.batch_stats,
@@ -70,10 +72,13 @@ std::vector<OpCase> batch_norm_cases() {
   train.scalar = 1e-5f;
   OpAttrs last = train;
   last.channels_last = true;
+  OpAttrs relu = train;  // Note [fused relu]: a small case whose outputs lie farther than the step from zero
+  relu.relu = true;
   const TestInput none{.kind = TestInput::none, .shape = {}};
   return {
       {{{.shape = {3, 5, 2, 4}}, {.shape = {4}}, {.shape = {4}}, none, none}, last},
       {{{.shape = {7, 9, 11, 5}}, {.shape = {5}}, {.shape = {5}}, none, none}, last},  // large
+      {{{.shape = {4, 3}}, {.shape = {3}}, {.shape = {3}}, none, none}, relu},
       {{{.shape = {3, 4, 5, 2}}, {.shape = {4}}, {.shape = {4}}, none, none}, train},
       {{{.shape = {6, 3}}, {.shape = {3}}, none, none, none}, train},
       {{{.shape = {7, 5, 9, 11}}, {.shape = {5}}, {.shape = {5}}, none, none}, train},  // large
@@ -89,16 +94,17 @@ MG_REGISTER_OP(kBatchNorm);
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool batch_stats, float eps, BatchStats* stats, Layout layout) {
+                  const Tensor& running_var, bool batch_stats, float eps, BatchStats* stats, Layout layout, bool relu) {
   OpAttrs a;
   a.batch_stats = batch_stats;
   a.channels_last = layout == Layout::nhwc;
+  a.relu = relu;
   a.scalar = eps;
   Tensor y = apply(kBatchNorm, a, {x, weight, bias, running_mean, running_var});
   if (stats && batch_stats) {
     // The statistics the op used: its node keeps them for backward. Without a node (nothing
     // recorded) they are computed once more.
-    if (y.grad_fn() && y.grad_fn()->op == &kBatchNorm && y.grad_fn()->saved.size() == 4) {
+    if (y.grad_fn() && y.grad_fn()->op == &kBatchNorm && y.grad_fn()->saved.size() >= 4) {
       stats->mean = y.grad_fn()->saved[2];
       stats->var = y.grad_fn()->saved[3];
     } else {

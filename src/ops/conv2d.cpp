@@ -16,18 +16,19 @@
 // as they are: nothing of theirs changes. On the CPU, the kernels run channels first between
 // permutes (Note [channels last on the CPU] in src/kernels/cpu/channels_last.h): the same bits.
 //
-// Note [fused conv relu]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// conv2d_relu (attrs.relu) is relu(conv2d(...)) as one op: on CUDA one cuDNN graph (conv_fprop,
-// the bias, RELU_FWD; src/kernels/cuda/conv_cudnn.cpp) writes y once, where the unfused ops write
-// it three times (the bias, the convolution adding to it, the ReLU) and hold the convolution's
-// output beside the ReLU's for a moment. It keeps x, w and y, as conv2d and relu together keep
-// them; backward masks dy by y > 0 (in place when nothing else holds dy), lets y go, and runs
-// conv2d's backward on it. The CPU, and CUDA where cuDNN does not take the graph, run the convolution and
-// then the ReLU kernel in place: on the CPU the unfused ops' bits. nn::fuse_conv_relu makes a
-// model's Conv2d + ReLU pairs into fused Conv2d layers, keeping every parameter name.
+// Note [fused relu]
+// ~~~~~~~~~~~~~~~~~
+// conv2d_relu, and batch_norm with relu (attrs.relu), are relu(conv2d(...)) and relu(batch_norm(...))
+// as one op. On CUDA the convolution is one cuDNN graph (conv_fprop, the bias, RELU_FWD;
+// src/kernels/cuda/conv_cudnn.cpp) and batch_norm's forward kernel applies the ReLU as it stores:
+// y is written once, where the unfused ops write it again (the ReLU; for the convolution also the
+// bias first) and hold the op's output beside the ReLU's for a moment. The op keeps what the pair
+// keeps (its inputs, and y for the mask); backward masks dy by y > 0 (in place when nothing else
+// holds dy), lets y go, and runs the op's own backward on it. The CPU, and CUDA where cuDNN does
+// not take the convolution's graph, run the op and then the ReLU kernel in place: on the CPU the
+// unfused ops' bits. nn::fuse_relu makes a model's Conv2d + ReLU and BatchNorm + ReLU pairs (a
+// ResNet block's too) into fused layers, keeping every parameter name.
 #include "kernels/conv2d.h"
-#include "kernels/relu.h"
 #include "ops/op.h"
 #include "ops/param_grads.h"
 
@@ -66,7 +67,7 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
   Tensor y = Tensor::empty(ys, TensorOptions{half_out(in), x.device()});
   MG_DISPATCH(x.device(), conv2d_forward, y, x, w, b, a.stride_h, a.pad_h, last, a.relu);
   save(saved, {x, w});
-  // Note [fused conv relu]: its values only (y itself would make y -> node -> y a cycle).
+  // Note [fused relu]: its values only (y itself would make y -> node -> y a cycle).
   if (a.relu) save(saved, {y.detach()});
   return y;
 }
@@ -75,13 +76,7 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
 void conv2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1];
-  if (n.attrs.relu) {  // Note [fused conv relu]: the gradient of the convolution's output
-    Tensor g = sole_owner(gy) && gy.impl().offset == 0 ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
-    MG_DISPATCH(d, relu_backward, g, gy, n.saved[2]);
-    gy = std::move(g);
-    // y goes now, as the unfused relu's would before the convolution's backward.
-    if (!backward_retains_graph()) n.saved[2] = Tensor();
-  }
+  if (n.attrs.relu) gy = masked_by_relu(n, std::move(gy), 2);  // Note [fused relu]
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, conv2d_backward, dx, p.dw, p.db, gy, x, w, n.attrs.stride_h, n.attrs.pad_h, p.accumulate,
@@ -101,7 +96,7 @@ std::vector<OpCase> conv2d_cases() {
   stride2_pad1.pad_h = stride2_pad1.pad_w = 1;
   OpAttrs last_pad1 = pad1, last_stride2_pad1 = stride2_pad1;  // channels last
   last_pad1.channels_last = last_stride2_pad1.channels_last = true;
-  OpAttrs relu_stride2 = stride2, relu_last_stride2 = last_stride2_pad1;  // Note [fused conv relu]
+  OpAttrs relu_stride2 = stride2, relu_last_stride2 = last_stride2_pad1;  // Note [fused relu]
   relu_stride2.relu = relu_last_stride2.relu = true;
   return {
       {{{.shape = {2, 3, 5, 7}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, pad1},

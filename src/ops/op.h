@@ -142,6 +142,11 @@ inline Tensor elementwise_grad(const Node& n, size_t i, const Tensor& gy) {
   return reuse ? gy : empty_like_input(n, i, gy.device());
 }
 
+// Note [fused relu] (src/ops/conv2d.cpp): the gradient of a fused op's output before its ReLU,
+// gy masked by saved[y_slot] > 0 (in place when nothing else holds gy); saved[y_slot] then goes,
+// as the unfused relu's y would before the op's backward (unless the graph is retained).
+Tensor masked_by_relu(Node& n, Tensor gy, size_t y_slot);
+
 // Windows along one dimension of size `in` (conv2d, pools). 0 when the kernel does not fit: C++
 // division truncates toward zero, so (in + 2p - k) / s + 1 alone would say 1 for a kernel up to
 // s - 1 elements too large.

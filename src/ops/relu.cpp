@@ -34,4 +34,12 @@ MG_REGISTER_OP(kRelu);
 
 Tensor relu(const Tensor& x) { return apply(kRelu, {}, {x}); }
 
+Tensor masked_by_relu(Node& n, Tensor gy, size_t y_slot) {
+  const Device d = gy.device();
+  Tensor g = sole_owner(gy) && gy.impl().offset == 0 ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
+  MG_DISPATCH(d, relu_backward, g, gy, n.saved.at(y_slot));
+  if (!backward_retains_graph()) n.saved[y_slot] = Tensor();
+  return g;
+}
+
 }  // namespace mg

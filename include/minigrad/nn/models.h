@@ -48,6 +48,8 @@ class BasicBlock : public Module {
   BasicBlock(int64_t inplanes, int64_t planes, int stride = 1, Layout layout = Layout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
+  // bn1's ReLU fused into it (Note [fused relu]); the one after the add stays. Returns 1, then 0.
+  size_t fuse_relu();
 
  private:
   std::shared_ptr<Module> conv1_, bn1_, conv2_, bn2_, downsample_;
@@ -63,6 +65,8 @@ class Bottleneck : public Module {
   Bottleneck(int64_t inplanes, int64_t planes, int stride = 1, Layout layout = Layout::nchw);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
+  // bn1's and bn2's ReLUs fused into them (Note [fused relu]). Returns 2, then 0.
+  size_t fuse_relu();
 
  private:
   std::shared_ptr<Module> conv1_, bn1_, conv2_, bn2_, conv3_, bn3_, downsample_;
@@ -184,6 +188,17 @@ GPTConfig read_gpt2_hf_config(const std::string& config_json);
 void load_gpt2_hf_weights(Sequential& gpt, const std::string& safetensors_path);
 // make_gpt2(read_gpt2_hf_config(folder/config.json)) with folder/model.safetensors loaded.
 std::shared_ptr<Sequential> load_gpt2_hf(const std::string& folder);
+
+// Every ReLU fused into the Conv2d or BatchNorm before it (Note [fused relu] in src/ops/conv2d.cpp):
+// in m's chain (and the Sequentials inside it) a Conv2d or BatchNorm directly followed by a ReLU
+// layer becomes one layer and the ReLU layer goes; inside BasicBlock and Bottleneck the ReLUs
+// after bn1 (and bn2). Parameter names, the state dict and the math are unchanged (on the CPU, the
+// bits); the checkpoint planner's units are the fused layers. Returns how many ReLUs it fused.
+//   auto vgg = mg::nn::make_vgg16(1000);
+//   mg::nn::fuse_relu(*vgg);   // 13: "0" is Conv2d(3, 64, ...) + ReLU, "1" is gone
+//   auto resnet = mg::nn::make_resnet50(1000);
+//   mg::nn::fuse_relu(*resnet);   // 33: bn1 + relu of the stem, two in each of the 16 blocks
+size_t fuse_relu(Sequential& m);
 
 // "vgg16", "resnet18", "resnet34", "resnet50": the apps' --model (and --layout).
 std::shared_ptr<Sequential> make_model(const std::string& name, int64_t num_classes, int64_t width_div = 1,

@@ -93,7 +93,7 @@ class Conv2d : public Module {
   int64_t in_channels, out_channels;
   int kernel_size, stride, padding;
   Layout layout;
-  bool relu = false;  // a ReLU after it, fused (conv2d_relu; fuse_conv_relu sets it)
+  bool relu = false;  // a ReLU after it, fused (conv2d_relu; nn::fuse_relu sets it)
 };
 
 class ReLU : public Module {
@@ -199,6 +199,7 @@ class BatchNorm : public Module {
   int64_t num_features;
   float eps, momentum;
   Layout layout;
+  bool relu = false;  // a ReLU after it, fused (Note [fused relu]; nn::fuse_relu sets it)
 
  private:
   int64_t dims_;  // 2 for BatchNorm1d, 4 for BatchNorm2d
@@ -249,14 +250,6 @@ class Sequential : public Module {
   // Removes layer i; the others keep their names (a later add() is named by the new size).
   void erase(size_t i);
 };
-
-// Every Conv2d directly followed by a ReLU in m (and in the Sequentials inside it) becomes one
-// Conv2d with its ReLU fused (conv2d_relu, Note [fused conv relu] in src/ops/conv2d.cpp), and the
-// ReLU layer goes: parameter names, the state dict and the math are unchanged; the checkpoint
-// planner's units are the fused layers. Returns how many pairs it fused.
-//   auto vgg = mg::nn::make_vgg16(1000);
-//   mg::nn::fuse_conv_relu(*vgg);   // 13 pairs: "0" is Conv2d(3, 64, ..., +ReLU), "1" is gone
-size_t fuse_conv_relu(Sequential& m);
 
 // Mean (or summed) cross-entropy of logits (N, C) against int64 targets (N).
 class CrossEntropyLoss {

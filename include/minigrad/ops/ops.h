@@ -31,7 +31,7 @@ const char* layout_name(Layout layout);  // "nchw", "nhwc"
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int stride = 1,
               int padding = 0, Layout layout = Layout::nchw);
 // relu(conv2d(x, w, b, ...)) as one op: on CUDA one cuDNN kernel where cuDNN takes it, y written
-// once (Note [fused conv relu] in src/ops/conv2d.cpp); the unfused ops' bits on the CPU.
+// once (Note [fused relu] in src/ops/conv2d.cpp); the unfused ops' bits on the CPU.
 Tensor conv2d_relu(const Tensor& x, const Tensor& w, const Tensor& b = {}, int stride = 1, int padding = 0,
                    Layout layout = Layout::nchw);
 Tensor relu(const Tensor& x);
@@ -53,10 +53,11 @@ Tensor to_channels_first(const Tensor& x);
 struct BatchStats {
   Tensor mean, var;
 };
-// With Layout::nhwc the channels are x's last dimension: x (N, ..., C).
+// With Layout::nhwc the channels are x's last dimension: x (N, ..., C). With relu, y = max(y, 0)
+// in the same op (Note [fused relu] in src/ops/conv2d.cpp): a ResNet's BatchNorm + ReLU.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool batch_stats, float eps = 1e-5f, BatchStats* stats = nullptr,
-                  Layout layout = Layout::nchw);
+                  Layout layout = Layout::nchw, bool relu = false);
 // x: (..., C) normalised over the last dimension (biased variance), then * weight + bias (C, or
 // undefined): torch.nn.functional.layer_norm(x, (C,), weight, bias, eps).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);

@@ -15,6 +15,7 @@
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packet_math.h"
+#include "kernels/relu.h"
 
 namespace mg {
 
@@ -96,11 +97,15 @@ template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& 
 
 template <>
 void batch_norm_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                             const Tensor& var, float eps, bool channels_last) {
+                             const Tensor& var, float eps, bool channels_last, bool relu) {
   if (channels_last) {  // Note [channels last on the CPU]
     Tensor yf = cpu::channels_first_empty(y);
-    batch_norm_forward<Cpu>(yf, cpu::channels_first_copy(x), w, b, mean, var, eps, false);
+    batch_norm_forward<Cpu>(yf, cpu::channels_first_copy(x), w, b, mean, var, eps, false, relu);
     return cpu::store_channels_last(y, yf);
+  }
+  if (relu) {  // Note [fused relu]: the ReLU kernel in place, the unfused bits
+    batch_norm_forward<Cpu>(y, x, w, b, mean, var, eps, false, false);
+    return relu_forward<Cpu>(y, y);
   }
   using namespace Eigen::internal;
   const Planes L = planes(x);

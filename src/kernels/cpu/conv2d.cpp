@@ -356,7 +356,7 @@ void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tens
     conv2d_forward<Cpu>(yf, cpu::channels_first_copy(x), cpu::channels_first_copy(w), b, stride, pad, false, relu);
     return cpu::store_channels_last(y, yf);
   }
-  if (relu) {  // Note [fused conv relu]: the ReLU kernel in place, the unfused bits
+  if (relu) {  // Note [fused relu]: the ReLU kernel in place, the unfused bits
     conv2d_forward<Cpu>(y, x, w, b, stride, pad, false, false);
     return relu_forward<Cpu>(y, y);
   }

@@ -51,12 +51,14 @@ __global__ void stats_kernel(float* mean, float* var, cuda::Elems x, int64_t n, 
   }
 }
 
+// relu: y = max(y, 0) as the ReLU kernel gives it (a NaN becomes 0), in the same pass.
 __global__ void forward_kernel(cuda::Elems y, cuda::Elems x, cuda::Elems w, cuda::Elems b, const float* mean,
-                               const float* var, float eps, int64_t total, int64_t channels, int64_t s) {
+                               const float* var, float eps, int64_t total, int64_t channels, int64_t s, bool relu) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i / s % channels;
     const float r = rsqrtf(var[c] + eps);
-    cuda::store(y, i, (cuda::load(x, i) - mean[c]) * r * param(w, c, 1.0f) + param(b, c, 0.0f));
+    const float v = (cuda::load(x, i) - mean[c]) * r * param(w, c, 1.0f) + param(b, c, 0.0f);
+    cuda::store(y, i, !relu || v > 0.0f ? v : 0.0f);
   }
 }
 
@@ -258,7 +260,7 @@ template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor&
 
 template <>
 void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-                              const Tensor& var, float eps, bool channels_last) {
+                              const Tensor& var, float eps, bool channels_last, bool relu) {
   const Shape3 d = shape3(x, channels_last);
   const int64_t total = y.numel();
   if (total == 0) return;
@@ -267,7 +269,7 @@ void batch_norm_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const
   const cudaStream_t stream = cuda::stream(dev);
   forward_kernel<<<cuda::grid_for(total), cuda::kThreads, 0, stream>>>(
       cuda::elems_of(y), cuda::elems_of(x), cuda::elems_of(w), cuda::elems_of(b), mean.data<float>(),
-      var.data<float>(), eps, total, d.c, d.s);
+      var.data<float>(), eps, total, d.c, d.s, relu);
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -412,7 +412,7 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
                           bool channels_last, bool relu) {
   cuda::check_same_dtype("conv2d", {&y, &x, &w, &b});
   if (y.numel() == 0) return;
-  // Note [fused conv relu]: cuDNN's conv+bias+relu graph where it takes the case; else the
+  // Note [fused relu]: cuDNN's conv+bias+relu graph where it takes the case; else the
   // convolution below and the ReLU kernel in place.
   if (relu && cuda::cudnn_conv_fusion() && cuda::conv_bias_relu_forward(y, x, w, b, stride, pad, channels_last)) return;
   const ConvKey k = key_for(x, w, y, stride, pad, channels_last);

@@ -54,7 +54,7 @@ std::string conv_fusion_refusal() {
 
 bool conv_fusion_built() { return false; }
 bool conv_bias_relu_forward(Tensor&, const Tensor&, const Tensor&, const Tensor&, int, int, bool) {
-  return refuse("this build has no cuDNN frontend (docs/cuda.md, \"Fused convolutions\")");
+  return refuse("this build has no cuDNN frontend (docs/cuda.md, \"Fused ReLUs\")");
 }
 std::string conv_fusion_check_description(const std::string&, int, const Shape&, const Shape&, int, int, DType, bool,
                                           bool) {

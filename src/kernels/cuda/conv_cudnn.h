@@ -1,7 +1,7 @@
 // A convolution, its bias and a ReLU in one cuDNN graph (conv_cudnn.cpp, through the cuDNN
 // frontend's graph API: conv_fprop, a pointwise add of the bias, RELU_FWD, which cuDNN's runtime
 // fusion compiles into one kernel). conv2d.cu calls it first for conv2d with the ReLU fused
-// (Note [fused conv relu] in src/ops/conv2d.cpp) and runs the convolution and then the ReLU
+// (Note [fused relu] in src/ops/conv2d.cpp) and runs the convolution and then the ReLU
 // kernel in place when it returns false. Plain C++ (no CUDA headers).
 #pragma once
 
