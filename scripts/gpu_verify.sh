@@ -547,6 +547,12 @@ stage_precision() {
   r=$?
   note "precision: gpt2 B=$gb T=1024 bf16 --fused-head on: exit $r; $(grep -E '^median step' "$log/precision_gpt2_bf16_fused.log" | tail -1)"
   [ $r -ne 0 ] && rc=1
+  # c_fc and its GELU as one cuBLASLt product (issue 37, Note [fused gelu]).
+  timeout 100 "$build/bin/gpt_train" --device cuda --config gpt2 --batch-size "$gb" --seq-len 1024 --steps 12 \
+    --precision bf16 --fused-gelu on --json "$log/precision_gpt2_bf16_gelu.json" >"$log/precision_gpt2_bf16_gelu.log" 2>&1
+  r=$?
+  note "precision: gpt2 B=$gb T=1024 bf16 --fused-gelu on: exit $r; $(grep -E '^median step' "$log/precision_gpt2_bf16_gelu.log" | tail -1)"
+  [ $r -ne 0 ] && rc=1
   for p in tf32 bf16; do
     timeout 100 "$build/bin/vgg_ckpt" --device cuda --image-size 224 --batch-size "$vb" --steps 8 --precision $p \
       --json "$log/precision_vgg16_$p.json" >"$log/precision_vgg16_$p.log" 2>&1
@@ -577,6 +583,10 @@ if fused and low:
     print(f"  gpt2 bf16 --fused-head on: {fused['median_step_ms']:.1f} ms a step ({low['median_step_ms'] / fused['median_step_ms']:.2f}x "
           f"the speed of lm_head + cross_entropy), peak {fused['peak_in_use_bytes']} (predicted {fused['predicted_peak_bytes']}) "
           f"against {low['peak_in_use_bytes']}")
+gelu = rd("precision_gpt2_bf16_gelu.json")
+if gelu and low:
+    print(f"  gpt2 bf16 --fused-gelu on: {gelu['median_step_ms']:.1f} ms a step ({low['median_step_ms'] / gelu['median_step_ms']:.2f}x "
+          f"the speed of linear + gelu), losses {gelu['losses'][-1]:.4f} against {low['losses'][-1]:.4f}")
 PY
   return $rc
 }

@@ -315,6 +315,33 @@ TEST_CASE("GPT plans with a segment from the embeddings: the position ids counte
   }
 }
 
+// Note [fused gelu]: c_fc and its GELU as linear_gelu run linear then gelu on the CPU: the unfused
+// model's bits, the same names, and the planner's prediction holds.
+TEST_CASE("GPT with c_fc and GELU fused: the unfused bits, fp32 and bf16, the peak as predicted") {
+  auto run = [](bool fused, const char* plan, Precision p) {
+    test::TinyGpt gpt(false, fused);
+    optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+    Trainer t(*gpt.model, gpt.windows, opt,
+              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(), .tiles = false,
+               .precision = p, .progress = Progress::off});
+    const FitReport r = t.fit();
+    return std::pair{r, test::state_bits(*gpt.model)};
+  };
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (const char* plan : {"none", "sqrt"}) {
+      CAPTURE(std::string(precision_name(p)) + " " + plan);
+      const auto plain_run = run(false, plan, p), fused_run = run(true, plan, p);
+      const FitReport &plain = plain_run.first, &fused = fused_run.first;
+      CHECK(fused.losses == plain.losses);
+      CHECK(fused_run.second == plain_run.second);
+      INFO("measured " << fused.peak_in_use << ", predicted " << fused.plan.predicted_peak);
+      CHECK(fused.peak_in_use >= fused.plan.predicted_peak);
+      CHECK(fused.peak_in_use <= fused.plan.predicted_peak + 64);
+      CHECK(fused.peak_in_use <= plain.peak_in_use);
+    }
+  }
+}
+
 TEST_CASE("linear_cross_entropy: clear errors") {
   const Tensor x = test::rand_tensor({4, 8}, 1), w = test::rand_tensor({10, 8}, 2);
   const Tensor t = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4}, {4});

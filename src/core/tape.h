@@ -48,6 +48,7 @@ struct OpAttrs {
   int64_t chunk_rows = 0;       // linear_cross_entropy: rows of logits at a time (0: its default)
   bool channels_last = false;   // conv2d, the pools, batch_norm: Layout::nhwc (Note [channels last])
   bool relu = false;            // conv2d, batch_norm: a ReLU after it, fused (Note [fused relu])
+  bool gelu = false;            // linear: a GELU after it, fused (Note [fused gelu])
   Shape dims;                   // permute: the input dimension each output dimension takes
 };
 

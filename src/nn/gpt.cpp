@@ -56,13 +56,16 @@ namespace {
 // c_fc (C -> 4C), GELU, c_proj (4C -> C) on (B, T, C).
 class GPTMLP : public Module {
  public:
-  GPTMLP(int64_t n_embd, float dropout) : n_embd_(n_embd), dropout_(dropout) {
+  GPTMLP(int64_t n_embd, float dropout, bool fused_gelu) : n_embd_(n_embd), dropout_(dropout), fused_gelu_(fused_gelu) {
     register_module("c_fc", c_fc_ = std::make_shared<Linear>(n_embd, 4 * n_embd));
     register_module("c_proj", c_proj_ = std::make_shared<Linear>(4 * n_embd, n_embd));
   }
   Tensor forward(const Tensor& x) override {
     const int64_t b = x.size(0), t = x.size(1);
-    const Tensor y = c_proj_->forward(gelu(c_fc_->forward(x.reshape({b * t, n_embd_})))).reshape({b, t, n_embd_});
+    const Tensor h = x.reshape({b * t, n_embd_});
+    // Note [fused gelu] in src/ops/linear.cpp: c_fc and its GELU as one op.
+    const Tensor a = fused_gelu_ ? linear_gelu(h, c_fc_->weight(), c_fc_->bias()) : gelu(c_fc_->forward(h));
+    const Tensor y = c_proj_->forward(a).reshape({b, t, n_embd_});
     return is_training() ? dropout(y, dropout_) : y;
   }
   std::string name() const override { return "GPTMLP(" + std::to_string(n_embd_) + ")"; }
@@ -71,15 +74,16 @@ class GPTMLP : public Module {
   std::shared_ptr<Linear> c_fc_, c_proj_;
   int64_t n_embd_;
   float dropout_;
+  bool fused_gelu_;
 };
 
 }  // namespace
 
-GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, float dropout) {
+GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, float dropout, bool fused_gelu) {
   register_module("ln_1", ln_1_ = std::make_shared<LayerNorm>(n_embd));
   register_module("attn", attn_ = std::make_shared<CausalSelfAttention>(n_embd, n_head, dropout));
   register_module("ln_2", ln_2_ = std::make_shared<LayerNorm>(n_embd));
-  register_module("mlp", mlp_ = std::make_shared<GPTMLP>(n_embd, dropout));
+  register_module("mlp", mlp_ = std::make_shared<GPTMLP>(n_embd, dropout, fused_gelu));
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
@@ -106,7 +110,7 @@ std::shared_ptr<Sequential> make_gpt2(const GPTConfig& c) {
   auto m = std::make_shared<Sequential>();
   auto& emb = m->add_named<GPTEmbeddings>("transformer", c.vocab_size, c.block_size, c.n_embd, c.dropout);
   for (int64_t i = 0; i < c.n_layer; ++i) {
-    m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head, c.dropout);
+    m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head, c.dropout, c.fused_gelu);
   }
   m->add_named<LayerNorm>("transformer.ln_f", c.n_embd);
   if (c.lm_head) m->add_named<GPTHead>("lm_head", emb.wte());

@@ -68,6 +68,8 @@ bool half_kernels_enabled() { return g_half_kernels; }
 namespace {
 // An op's half kernels run on this thread (apply() chose them): half_out's guard rule applies.
 thread_local bool t_half_kernels_running = false;
+// The dtype apply() stores the running op's output in (stored_dtype).
+thread_local DType t_stored = DType::f32;
 
 DType first_low(const std::vector<Tensor>& in) {
   for (const Tensor& t : in) {
@@ -85,6 +87,8 @@ DType kernel_out(const std::vector<Tensor>& in, OpPrecision row, DType cast) {
 // Ops that move values without arithmetic: they take and give any dtype as it comes.
 bool moves_only(const OpDef& op) { return op.kind == OpKind::view || op.kind == OpKind::rearrange; }
 }  // namespace
+
+DType stored_dtype() { return t_stored; }
 
 DType half_out(const std::vector<Tensor>& in, OpPrecision row) {
   // Where the half kernels run (plan_casting); elsewhere the inputs come widened and apply() rounds.
@@ -192,6 +196,12 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   {
     const profiler::Scope timed(op.name, device, forward_pass());
     const HalfKernelsRunning running(c.half_kernels);
+    const DType outer_stored = t_stored;
+    t_stored = c.active ? c.out : DType::f32;
+    struct Restore {
+      DType v;
+      ~Restore() { t_stored = v; }
+    } restore{outer_stored};
     if (!c.active) {
       out = op.forward(attrs, inputs, record ? &saved : nullptr);
     } else if (c.half_kernels) {

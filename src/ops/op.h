@@ -120,6 +120,11 @@ bool half_kernels_enabled();
 // first bf16 or f16 input's, else float32.
 DType half_out(const std::vector<Tensor>& in, OpPrecision row = OpPrecision::follow);
 
+// The dtype apply() stores the running op's output in: its own output's dtype where its kernels
+// take the low dtypes as they are, a low dtype the float32 output will be rounded to otherwise. An
+// op made of two steps (linear_gelu) rounds its intermediate to it, as the unfused ops would.
+DType stored_dtype();
+
 inline void save(std::vector<Tensor>* saved, std::initializer_list<Tensor> ts) {
   if (saved) saved->insert(saved->end(), ts);
 }

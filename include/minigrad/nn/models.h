@@ -114,6 +114,9 @@ struct GPTConfig {
   // a loss that is the head too: linear_cross_entropy(h.reshape({-1, n_embd}), wte, targets)
   // (Note [chunked classifier] in src/ops/linear_cross_entropy.cpp; gpt_train --fused-head on).
   bool lm_head = true;
+  // Each block's c_fc and GELU as one op, linear_gelu (Note [fused gelu] in src/ops/linear.cpp):
+  // on CUDA one cuBLASLt product with the GELU in its epilogue; the same bits on the CPU.
+  bool fused_gelu = false;
 };
 
 class GPTEmbeddings : public Module {  // wte(tokens) + wpe(positions)
@@ -142,7 +145,7 @@ class CausalSelfAttention : public Module {  // c_attn (C -> 3C), causal_self_at
 
 class GPTBlock : public Module {  // ln_1, attn, ln_2, mlp (c_fc, GELU, c_proj), two residual adds
  public:
-  GPTBlock(int64_t n_embd, int64_t n_head, float dropout = 0.0f);
+  GPTBlock(int64_t n_embd, int64_t n_head, float dropout = 0.0f, bool fused_gelu = false);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
 

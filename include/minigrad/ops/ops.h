@@ -19,6 +19,9 @@ namespace mg {
 
 // x: (N, K), w: (M, K), b: (M) or undefined  ->  (N, M)
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {});
+// gelu(linear(x, w, b)) as one op: on CUDA one cuBLASLt product whose epilogue applies the GELU
+// where cuBLASLt takes it (Note [fused gelu] in src/ops/linear.cpp); the unfused ops' bits on the CPU.
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b = {});
 // Where an image batch keeps its channels: (N, C, H, W), or channels last, (N, H, W, C), the
 // layout cuDNN's tensor-core convolutions read (PyTorch's channels_last memory format). A layer
 // takes its layout as an argument; the shapes say it (Note [channels last] in src/ops/conv2d.cpp).

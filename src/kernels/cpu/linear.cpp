@@ -10,6 +10,7 @@
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/gelu.h"
 
 namespace mg {
 
@@ -60,6 +61,12 @@ void linear_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
     }
     cpu::store_sum(db, sum);
   }
+}
+
+template <>
+void linear_gelu_forward<Cpu>(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b) {
+  linear_forward<Cpu>(pre, x, w, b);
+  gelu_forward<Cpu>(y, pre);
 }
 
 }  // namespace mg

@@ -31,7 +31,7 @@ struct LtKey {
   DType ab, c;
   bool tf32;
   LtEpilogue epilogue;
-  uint32_t align_a, align_b, align_c, align_bias;
+  uint32_t align_a, align_b, align_c, align_bias, align_aux;
   bool operator==(const LtKey&) const = default;
 };
 struct LtKeyHash {
@@ -40,7 +40,7 @@ struct LtKeyHash {
     for (int64_t v : {int64_t{k.dev}, int64_t{k.trans_a}, int64_t{k.trans_b}, k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.batch,
                       k.stride_a, k.stride_b, k.stride_c, static_cast<int64_t>(k.ab), static_cast<int64_t>(k.c),
                       int64_t{k.tf32}, static_cast<int64_t>(k.epilogue), int64_t{k.align_a}, int64_t{k.align_b},
-                      int64_t{k.align_c}, int64_t{k.align_bias}})
+                      int64_t{k.align_c}, int64_t{k.align_bias}, int64_t{k.align_aux}})
       h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
     return h;
   }
@@ -60,12 +60,13 @@ cublasLtEpilogue_t epilogue_of(LtEpilogue e) {
   switch (e) {
     case LtEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case LtEpilogue::bias_grad: return CUBLASLT_EPILOGUE_BGRADB;
+    case LtEpilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
 }
 
 const char* epilogue_name(LtEpilogue e) {
-  return e == LtEpilogue::bias ? "bias" : e == LtEpilogue::bias_grad ? "bgradb" : "none";
+  return e == LtEpilogue::bias ? "bias" : e == LtEpilogue::bias_grad ? "bgradb" : e == LtEpilogue::gelu_aux_bias ? "gelu_aux_bias" : "none";
 }
 
 // The descriptors of one product: the operation, the layouts of A, B and C (D shares C's: in
@@ -75,7 +76,8 @@ struct LtDescs {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
 
-  LtDescs(const LtProduct& p, const void* pa, const void* pb, const void* pc, const void* bias, size_t workspace) {
+  LtDescs(const LtProduct& p, const void* pa, const void* pb, const void* pc, const void* bias, size_t workspace,
+          const void* aux = nullptr) {
     try {  // a throwing constructor runs no destructor: release what was created
       MG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute_type(p.tf32), CUDA_R_32F));
       const int32_t ta = p.g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -88,6 +90,13 @@ struct LtDescs {
         set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
         const int32_t bias_type = cuda_type(p.c);
         set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+      }
+      if (p.epilogue == LtEpilogue::gelu_aux_bias) {  // the argument of gelu, laid out as D
+        set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+        const int64_t aux_ld = math::gemm_c_shape(p.g).ld;
+        set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
+        const int32_t aux_type = cuda_type(p.c);
+        set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type);
       }
       a = layout(p.ab, math::gemm_a_shape(p.g), p.batch, p.stride_a);
       b = layout(p.ab, math::gemm_b_shape(p.g), p.batch, p.stride_b);
@@ -173,13 +182,16 @@ LtChoice choose(cublasLtHandle_t h, const LtDescs& d, const LtProduct& p) {
 
 }  // namespace
 
-bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, float beta, void* c, void* bias) {
+bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, float beta, void* c, void* bias,
+               void* aux) {
   MG_CHECK((p.epilogue == LtEpilogue::none) == (bias == nullptr),
            "cuBLASLt: a bias pointer goes with a bias epilogue, and only with one (" << describe(p) << ")");
+  MG_CHECK((p.epilogue == LtEpilogue::gelu_aux_bias) == (aux != nullptr) && (aux == nullptr || beta == 0.0f),
+           "cuBLASLt: an aux pointer goes with the gelu epilogue, and only with one, at beta 0 (" << describe(p) << ")");
   const LtKey key{device,      p.g.trans_a, p.g.trans_b, p.g.m,      p.g.n,        p.g.k,        p.g.lda,
                   p.g.ldb,     p.g.ldc,     p.batch,     p.stride_a, p.stride_b,   p.stride_c,   p.ab,
                   p.c,         p.tf32,      p.epilogue,  alignment(a), alignment(b), alignment(c),
-                  bias ? alignment(bias) : 0u};
+                  bias ? alignment(bias) : 0u, aux ? alignment(aux) : 0u};
   LtChoice choice;
   bool known = false;
   {
@@ -194,7 +206,7 @@ bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, flo
     return false;
   }
   Context& ctx = context(device);
-  const LtDescs d(p, a, b, c, bias, ctx.workspace_bytes);
+  const LtDescs d(p, a, b, c, bias, ctx.workspace_bytes, aux);
   const cublasLtHandle_t h = cublaslt_handle(device);
   if (!known) {
     choice = choose(h, d, p);
@@ -225,6 +237,7 @@ std::string lt_check_descriptors() {
                                {math::linear_dx_gemm(n, k, m), LtEpilogue::none},
                                {math::linear_dw_gemm(n, k, m), LtEpilogue::none},
                                {math::linear_dw_gemm(n, k, m), LtEpilogue::bias_grad},
+                               {math::linear_forward_gemm(n, k, m), LtEpilogue::gelu_aux_bias},
                                {math::linear_db_gemm(n, m), LtEpilogue::none}};
   const math::GemmCall matmul_calls[] = {math::matmul_forward_gemm(n, k, m), math::matmul_da_gemm(n, k, m),
                                          math::matmul_db_gemm(n, k, m)};
@@ -239,7 +252,8 @@ std::string lt_check_descriptors() {
     for (const Types& t : types) {
       for (const Call& call : linear_calls) {
         const LtProduct p{call.g, t.ab, t.c, t.tf32, call.epilogue};
-        const LtDescs d(p, fake, fake, fake, call.epilogue == LtEpilogue::none ? nullptr : fake, size_t{32} << 20);
+        const LtDescs d(p, fake, fake, fake, call.epilogue == LtEpilogue::none ? nullptr : fake, size_t{32} << 20,
+                        call.epilogue == LtEpilogue::gelu_aux_bias ? fake : nullptr);
       }
       for (const math::GemmCall& g : matmul_calls) {
         const math::BatchStrides s = math::matmul_strides(g, n, k, m);

@@ -65,6 +65,9 @@ enum class LtEpilogue : uint8_t {
   none,
   bias,       // D = op(A) op(B) + beta C + bias[row]: bias of C's dtype, C's rows long
   bias_grad,  // D as none, and bias[col] = sum over k of op(B)[k, col] (=), C's dtype, C's columns long
+  // D = gelu(op(A) op(B) + bias[row]) (the tanh form), and aux = the argument of gelu, C's dtype and
+  // leading dimension (linear_gelu: Note [fused gelu] in src/ops/linear.cpp); beta 0 only.
+  gelu_aux_bias,
 };
 
 // One product (or a strided batch of them) as cuBLASLt runs it.
@@ -77,11 +80,11 @@ struct LtProduct {
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;  // elements between products
 };
 
-// C = op(A) op(B) + beta C (C is D), with p's epilogue (`bias` its vector), on the device's
-// stream. Returns false, having launched nothing, where cuBLASLt has no algorithm for the key;
-// throws where an accepted product fails to run.
+// C = op(A) op(B) + beta C (C is D), with p's epilogue (`bias` its vector, `aux` gelu_aux_bias's
+// second output), on the device's stream. Returns false, having launched nothing, where cuBLASLt
+// has no algorithm for the key; throws where an accepted product fails to run.
 bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, float beta, void* c,
-               void* bias = nullptr);
+               void* bias = nullptr, void* aux = nullptr);
 
 // For tests without a GPU: builds the operation descriptor, the layouts and the heuristic's
 // preferences of every kind of product linear and matmul ask for (each dtype pair, math mode and

@@ -25,6 +25,7 @@
 #include "kernels/cuda/linear_math.h"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/elementwise.h"
+#include "kernels/gelu.h"
 #include "kernels/linear.h"
 
 namespace mg {
@@ -52,12 +53,13 @@ struct Operands {
 // cuBLASLt when it is on and takes the case, else cublasGemmEx; `strict` keeps float32 operands
 // off TF32.
 bool gemm(cuda::Context& ctx, const cuda::math::GemmCall& g, const Operands& in, float beta, Tensor& c,
-          cuda::LtEpilogue epilogue = cuda::LtEpilogue::none, void* bias = nullptr, bool strict = false) {
+          cuda::LtEpilogue epilogue = cuda::LtEpilogue::none, void* bias = nullptr, bool strict = false,
+          void* aux = nullptr) {
   const Tensor &a = in.of(g.a), &b = in.of(g.b);
   const DType ab = cuda::check_same_dtype("linear", {&a, &b});
   const bool tf32 = !strict && cuda::tf32_product(ab);
   const cuda::LtProduct p{g, ab, c.dtype(), tf32, epilogue};
-  if (cuda::cublaslt() && cuda::lt_matmul(ctx.device, p, a.raw_data(), b.raw_data(), beta, c.raw_data(), bias))
+  if (cuda::cublaslt() && cuda::lt_matmul(ctx.device, p, a.raw_data(), b.raw_data(), beta, c.raw_data(), bias, aux))
     return true;
   if (epilogue != cuda::LtEpilogue::none) return false;
   const float alpha = 1.0f;
@@ -116,6 +118,25 @@ template <> void linear_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& 
     MG_CUDA_CHECK(cudaMemsetAsync(y.raw_data(), 0, y.nbytes(), ctx.stream));
   }
   if (k > 0) gemm(ctx, g, in, b.defined() ? 1.0f : 0.0f, y);
+}
+
+template <>
+void linear_gelu_forward<Cuda>(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+  check_int_sizes(n, k, m);
+  cuda::check_same_dtype("linear", {&y, &pre, &x, &w, &b});
+  if (y.numel() == 0) return;
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  cuda::Context& ctx = cuda::context(dev);
+  const Tensor none;
+  // Note [fused gelu]: y and pre from one product's epilogue, where cuBLASLt takes it.
+  if (b.defined() && k > 0 &&
+      gemm(ctx, cuda::math::linear_forward_gemm(n, k, m), Operands{x, w, none, none}, 0.0f, y,
+           cuda::LtEpilogue::gelu_aux_bias, b.raw_data(), false, pre.raw_data()))
+    return;
+  linear_forward<Cuda>(pre, x, w, b);
+  gelu_forward<Cuda>(y, pre);
 }
 
 template <>
