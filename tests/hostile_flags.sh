@@ -188,6 +188,9 @@ mnist_ga | --memory-budget | --accum excludes --memory-budget          | $M --me
 mnist_ga | --memory-budget | unknown unit 'apples'                     | $M --memory-budget 12apples
 mnist_ga | --memory-limit | cpu out of memory                          | $M --memory-limit 100kB
 vgg_ckpt | --model        | not in {vgg16,resnet18,resnet34,resnet50}   | $V --model resnet101
+vgg_ckpt | --layout       | nhwq not in {nchw,nhwc}                    | $V --layout nhwq
+vgg_ckpt | --memory-budget | no plan fits a budget of                  | $V --layout nhwc --fuse-relu --memory-budget 1kB
+vgg_ckpt | --checkpoint   | is below the smallest feasible peak        | $V --model resnet18 --layout nhwc --fuse-relu --checkpoint budget=1B
 vgg_ckpt | --checkpoint   | expected none, sqrt, min, segments=K, budget=SIZE | $V --checkpoint bogus
 vgg_ckpt | --checkpoint   | segments must be >= 1, got 0               | $V --checkpoint segments=0
 vgg_ckpt | --checkpoint   | segments=K needs a positive integer K      | $V --checkpoint segments=x
@@ -222,6 +225,8 @@ vgg_ckpt | --data         | is neither a JPEG nor a PNG file           | $V --da
 mnist_ga | --prefetch     | yes not in {auto,on,off}                   | $M --prefetch yes
 gpt_train | --prefetch    | 1 not in {auto,on,off}                     | $G --prefetch 1
 gpt_train | --fused-head  | x not in {on,off}                          | $G --fused-head x
+gpt_train | --fused-gelu  | x not in {on,off}                          | $G --fused-gelu x
+gpt_train | --memory-budget | no plan fits a budget of                 | $G --fused-gelu on --memory-budget 1kB
 gpt_train | --memory-budget | no plan fits a budget of                 | $G --fused-head on --memory-budget 1kB
 gpt_train | --memory-limit | and no plan fits what the device has      | $G --fused-head on --memory-limit 2.2MB
 vgg_ckpt | --seed         | Value -1 is not an integer in [0, 2^64)    | --seed -1
