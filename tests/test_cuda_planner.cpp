@@ -4,6 +4,8 @@
 #include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
 
 #ifdef MINIGRAD_WITH_CUDA
+#include <functional>
+
 #include <minigrad/core/checkpoint.h>
 #include <minigrad/core/memory.h>
 #include <minigrad/nn/checkpoint_plan.h>
@@ -29,6 +31,40 @@ std::vector<Tensor> ckpt_grads(nn::Sequential& m, const std::vector<nn::Segment>
   g.push_back(x.grad().cpu());
   return g;
 }
+
+using MakeModel = std::function<std::shared_ptr<nn::Sequential>()>;
+using PlansFor = std::function<std::vector<std::vector<nn::Segment>>(nn::Sequential& on_device)>;
+
+// A model made twice from one seed, on the device and on the CPU: the device's gradients are the
+// CPU's (dropout masks from the same (seed, offset)); two plain runs, and every checkpointed run,
+// give the same bits. Deterministic convolutions are the default (Note [deterministic
+// convolutions], src/kernels/cuda/conv2d.cu) and max-pool backward gathers without atomics.
+void check_device_gradients(const MakeModel& make, const Shape& in, int64_t classes, const PlansFor& plans) {
+  manual_seed(5);
+  auto cpu_model = make();
+  manual_seed(5);
+  auto m = make();
+  m->to(kGpu);
+  const Tensor x = rand_tensor(in, 12), t = labels(in[0], classes, 13);
+  const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
+  const std::vector<Tensor> host = ckpt_grads(*cpu_model, {}, x, t);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
+    CHECK(rel_err(ref[i], host[i]) < kStrict);
+  }
+  REQUIRE(cuda::cudnn_deterministic());
+  const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
+  for (size_t i = 0; i < ref.size(); ++i) CHECK(test::bit_equal(again[i], ref[i]));
+  for (const auto& plan : plans(*m)) {
+    nn::Plan p;
+    p.segments = plan;
+    const std::vector<Tensor> got = ckpt_grads(*m, plan, x, t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
+      CHECK(test::bit_equal(got[i], ref[i]));
+    }
+  }
+}
 }  // namespace
 
 TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the device, dropout included") {
@@ -45,35 +81,7 @@ TEST_CASE("cuda: checkpointed gradients equal plain ones bit for bit on the devi
   };
   for (const Case& c : cases) {
     INFO(c.name);
-    manual_seed(5);
-    auto cpu_model = c.make();
-    manual_seed(5);
-    auto m = c.make();
-    m->to(kGpu);
-    const Tensor x = rand_tensor(c.in, 12);
-    const Tensor t = labels(c.in[0], c.name[0] == 'M' ? 5 : 3, 13);
-    const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
-    // The device computes what the host does (dropout masks from the same (seed, offset)).
-    const std::vector<Tensor> host = ckpt_grads(*cpu_model, {}, x, t);
-    for (size_t i = 0; i < ref.size(); ++i) {
-      INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
-      CHECK(rel_err(ref[i], host[i]) < kStrict);
-    }
-    // Deterministic convolutions are the default (Note [deterministic convolutions],
-    // src/kernels/cuda/conv2d.cu) and max-pool backward gathers without atomics: two plain runs,
-    // and every checkpointed run, give the same bits.
-    REQUIRE(cuda::cudnn_deterministic());
-    const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(test::bit_equal(again[i], ref[i]));
-    for (const auto& plan : c.plans) {
-      nn::Plan p;
-      p.segments = plan;
-      const std::vector<Tensor> got = ckpt_grads(*m, plan, x, t);
-      for (size_t i = 0; i < ref.size(); ++i) {
-        INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
-        CHECK(test::bit_equal(got[i], ref[i]));
-      }
-    }
+    check_device_gradients(c.make, c.in, c.name[0] == 'M' ? 5 : 3, [&](nn::Sequential&) { return c.plans; });
   }
 }
 
@@ -102,29 +110,15 @@ TEST_CASE("cuda: channels-last VGG16/16 and ResNet-18/16, ReLUs fused or not: th
   };
   for (const Case& c : cases) {
     INFO(c.name);
-    manual_seed(5);
-    auto cpu_model = c.make();
-    manual_seed(5);
-    auto m = c.make();
-    m->to(kGpu);
+    // The CPU runs the channels-first bits (test_layout); the plans are the planner's.
     const Shape in{6, 32, 32, 3};
-    const Tensor x = rand_tensor(in, 12), t = labels(in[0], 3, 13);
-    const std::vector<Tensor> ref = ckpt_grads(*m, {}, x, t);
-    const std::vector<Tensor> host = ckpt_grads(*cpu_model, {}, x, t);  // the channels-first bits (test_layout)
-    for (size_t i = 0; i < ref.size(); ++i) {
-      INFO("gradient " << i << " device vs CPU rel err " << rel_err(ref[i], host[i]));
-      CHECK(rel_err(ref[i], host[i]) < kStrict);
-    }
-    const std::vector<Tensor> again = ckpt_grads(*m, {}, x, t);
-    for (size_t i = 0; i < ref.size(); ++i) CHECK(test::bit_equal(again[i], ref[i]));
-    const nn::ChainCost cost = nn::measure_chain(*m, in);
-    for (const nn::Plan& p : {nn::plan_sqrt(cost), nn::plan_segments(cost, 2), nn::plan_min_peak(cost)}) {
-      const std::vector<Tensor> got = ckpt_grads(*m, p.segments, x, t);
-      for (size_t i = 0; i < ref.size(); ++i) {
-        INFO("plan " << p.str() << ", gradient " << i << ", max |diff| " << test::max_abs_diff(got[i], ref[i]));
-        CHECK(test::bit_equal(got[i], ref[i]));
-      }
-    }
+    check_device_gradients(c.make, in, 3, [&](nn::Sequential& m) {
+      const nn::ChainCost cost = nn::measure_chain(m, in);
+      std::vector<std::vector<nn::Segment>> plans;
+      for (const nn::Plan& p : {nn::plan_sqrt(cost), nn::plan_segments(cost, 2), nn::plan_min_peak(cost)})
+        plans.push_back(p.segments);
+      return plans;
+    });
   }
 }
 

@@ -30,16 +30,10 @@
 #include "kernels/cuda/attention_math.h"
 
 #ifdef MINIGRAD_WITH_CUDNN_FRONTEND
-#include <map>
-#include <memory>
 #include <tuple>
-#include <unordered_map>
-#include <vector>
-
-#include <cudnn_frontend.h>
 
 #include <minigrad/cuda.h>
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/frontend_graph.h"
 #endif
 
 namespace mg::cuda {
@@ -80,6 +74,7 @@ std::string sdpa_check_description(const std::string&, int, int64_t, int64_t, in
 #else
 
 namespace fe = cudnn_frontend;
+using frontend::BuiltGraph;
 
 bool sdpa_built() { return true; }
 
@@ -97,18 +92,8 @@ struct GraphKey {
   bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
 };
 
-// A built graph and its workspace, or a refusal (graph null, `why` set).
-struct Built {
-  std::shared_ptr<fe::graph::Graph> graph;
-  int64_t workspace = 0;
-  std::string why;
-};
-
-// Kept for the whole program and never destroyed, as the devices' contexts are: the graphs hold
-// cuDNN plans, whose release at exit could come after cuDNN's and the CUDA runtime's teardown.
-std::mutex g_graphs_mu;
-std::map<GraphKey, std::shared_ptr<const Built>>& graphs() {
-  static auto* cache = new std::map<GraphKey, std::shared_ptr<const Built>>();
+frontend::GraphCache<GraphKey>& graphs() {
+  static auto* cache = new frontend::GraphCache<GraphKey>();  // never destroyed: frontend_graph.h
   return *cache;
 }
 
@@ -167,43 +152,13 @@ void describe(fe::graph::Graph& g, const GraphKey& k) {
   }
 }
 
-std::string failure(const GraphKey& k, const char* step, fe::error_t e) {
-  return std::string(k.backward ? "backward" : "forward") + " graph: " + step + ": " + e.get_message();
-}
+std::string what(const GraphKey& k) { return std::string(k.backward ? "backward" : "forward") + " graph"; }
 
 // Describes the graph of key k and asks cuDNN for it; a refusal says which step refused.
-std::shared_ptr<const Built> build(const GraphKey& k, cudnnHandle_t handle) {
-  auto out = std::make_shared<Built>();
+std::shared_ptr<const BuiltGraph> build(const GraphKey& k) {
   auto g = std::make_shared<fe::graph::Graph>();
   describe(*g, k);
-  const auto failed = [&](const char* step, fe::error_t e) {
-    out->why = failure(k, step, std::move(e));
-    return out;
-  };
-  if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
-  if (auto e = g->build_operation_graph(handle); e.is_bad()) return failed("build_operation_graph", e);
-  if (auto e = g->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) return failed("create_execution_plans", e);
-  if (auto e = g->check_support(); e.is_bad()) return failed("check_support", e);
-  if (auto e = g->build_plans(); e.is_bad()) return failed("build_plans", e);
-  if (auto e = g->get_workspace_size(out->workspace); e.is_bad()) return failed("get_workspace_size", e);
-  out->graph = std::move(g);
-  return out;
-}
-
-std::shared_ptr<const Built> graph_for(const GraphKey& k) {
-  {
-    std::lock_guard<std::mutex> lock(g_graphs_mu);
-    if (auto it = graphs().find(k); it != graphs().end()) return it->second;
-  }
-  std::shared_ptr<const Built> b = build(k, cudnn_handle(k.dev));
-  std::lock_guard<std::mutex> lock(g_graphs_mu);
-  return graphs().emplace(k, std::move(b)).first->second;  // a graph another thread built first wins
-}
-
-bool aligned(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
-  return true;
+  return frontend::build_graph(g, cudnn_handle(k.dev), what(k), {fe::HeurMode_t::A});
 }
 
 // The key of a call, or a refusal before any graph: the dtype, the case (math::sdpa_takes), the
@@ -213,16 +168,13 @@ bool key_for(GraphKey& k, const Tensor& qkv, int heads, bool backward, std::init
   if (dt != DType::bf16 && dt != DType::f16) return refuse("qkv is " + std::string(dtype_name(dt)));
   const math::AttentionDims s = math::attention_dims(qkv.size(0), qkv.size(1), qkv.size(2), heads, AttentionDropout{});
   if (!math::sdpa_takes(s)) return refuse("head size " + std::to_string(s.d) + " (cuDNN takes multiples of 8 up to 128)");
-  if (!aligned(ts)) return refuse("a tensor's data is not 16-byte aligned");
+  if (!frontend::aligned16(ts)) return refuse("a tensor's data is not 16-byte aligned");
   k = GraphKey{device_of(qkv), s.b, heads, s.t, s.d, dt, backward, backward && cudnn_deterministic()};
   return true;
 }
 
-void run(const Built& b, int dev, std::unordered_map<int64_t, void*>& pack, const char* what) {
-  Workspace ws(dev, static_cast<size_t>(b.workspace));
-  const fe::error_t e = b.graph->execute(cudnn_handle(dev), pack, ws.get());
-  MG_CHECK(e.is_good(), "causal_self_attention on CUDA: cuDNN's fused attention " << what
-                                                                                  << " failed to run: " << e.err_msg);
+void run(const BuiltGraph& b, int dev, std::unordered_map<int64_t, void*>& pack, const char* pass) {
+  frontend::run_graph(b, dev, pack, std::string("causal_self_attention on CUDA: cuDNN's fused attention ") + pass);
 }
 
 char* at(const Tensor& t, int64_t elems) { return static_cast<char*>(t.raw_data()) + elems * dtype_size(t.dtype()); }
@@ -233,7 +185,7 @@ bool sdpa_forward(Tensor& y, Tensor& lse, const Tensor& qkv, int heads) {
   GraphKey k{};
   if (!key_for(k, qkv, heads, false, {&y, &lse, &qkv})) return false;
   DeviceGuard guard(k.dev);
-  const std::shared_ptr<const Built> b = graph_for(k);
+  const std::shared_ptr<const BuiltGraph> b = graphs().get(k, [&] { return build(k); });
   if (!b->graph) return refuse(b->why);
   const math::SdpaViews v = math::sdpa_views(dims_of_key(k));
   std::unordered_map<int64_t, void*> pack{{kQ, at(qkv, v.q.offset)}, {kK, at(qkv, v.k.offset)},
@@ -248,7 +200,7 @@ bool sdpa_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tens
   GraphKey k{};
   if (!key_for(k, qkv, heads, true, {&dqkv, &dy, &qkv, &y, &lse})) return false;
   DeviceGuard guard(k.dev);
-  const std::shared_ptr<const Built> b = graph_for(k);
+  const std::shared_ptr<const BuiltGraph> b = graphs().get(k, [&] { return build(k); });
   if (!b->graph) return refuse(b->why);
   const math::SdpaViews v = math::sdpa_views(dims_of_key(k));
   std::unordered_map<int64_t, void*> pack{
@@ -262,16 +214,8 @@ bool sdpa_backward(Tensor& dqkv, const Tensor& dy, const Tensor& qkv, const Tens
 
 std::string sdpa_check_description(const std::string& device_json, int sm_version, int64_t b, int64_t h, int64_t t,
                                    int64_t d, DType dtype, bool backward, bool deterministic) {
-  auto device = std::make_shared<fe::DeviceProperties>();
-  if (auto e = device->deserialize(std::vector<uint8_t>(device_json.begin(), device_json.end())); e.is_bad())
-    return "device description: " + e.get_message();
   const GraphKey k{0, b, h, t, d, dtype, backward, deterministic};
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_device_properties(device).set_sm_version(sm_version);
-  describe(*g, k);
-  if (auto e = g->validate(); e.is_bad()) return failure(k, "validate", e);
-  if (auto e = g->build_operation_graph(); e.is_bad()) return failure(k, "build_operation_graph", e);
-  return "";
+  return frontend::check_description(device_json, sm_version, what(k), [&](fe::graph::Graph& g) { describe(g, k); });
 }
 
 #endif  // MINIGRAD_WITH_CUDNN_FRONTEND

@@ -16,16 +16,10 @@
 #include <mutex>
 
 #ifdef MINIGRAD_WITH_CUDNN_FRONTEND
-#include <map>
-#include <memory>
 #include <tuple>
-#include <unordered_map>
-#include <vector>
-
-#include <cudnn_frontend.h>
 
 #include <minigrad/cuda.h>
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/frontend_graph.h"
 #endif
 
 namespace mg::cuda {
@@ -64,6 +58,7 @@ std::string conv_fusion_check_description(const std::string&, int, const Shape&,
 #else
 
 namespace fe = cudnn_frontend;
+using frontend::BuiltGraph;
 
 bool conv_fusion_built() { return true; }
 
@@ -85,17 +80,8 @@ struct FusionKey {
   bool operator<(const FusionKey& k) const { return tie() < k.tie(); }
 };
 
-struct Built {
-  std::shared_ptr<fe::graph::Graph> graph;
-  int64_t workspace = 0;
-  std::string why;  // the refusal, when graph is null
-};
-
-// Kept for the whole program, as attention_cudnn.cpp keeps its graphs (their plans must not be
-// released after cuDNN's teardown at exit).
-std::mutex g_graphs_mu;
-std::map<FusionKey, std::shared_ptr<const Built>>& graphs() {
-  static auto* cache = new std::map<FusionKey, std::shared_ptr<const Built>>();
+frontend::GraphCache<FusionKey>& graphs() {
+  static auto* cache = new frontend::GraphCache<FusionKey>();  // never destroyed: frontend_graph.h
   return *cache;
 }
 
@@ -133,42 +119,22 @@ void describe(fe::graph::Graph& g, const FusionKey& k) {
       strides(k.n, k.o, k.oh, k.ow, k.nhwc)).set_data_type(io_type(k.dtype));
 }
 
-std::string failure(const char* step, fe::error_t e) {
-  return std::string("conv+bias+relu graph: ") + step + ": " + e.get_message();
-}
+const char* const kWhat = "conv+bias+relu graph";
 
-std::shared_ptr<const Built> build(const FusionKey& k, cudnnHandle_t handle) {
-  auto out = std::make_shared<Built>();
+std::shared_ptr<const BuiltGraph> build(const FusionKey& k) {
   auto g = std::make_shared<fe::graph::Graph>();
   describe(*g, k);
-  const auto failed = [&](const char* step, fe::error_t e) {
-    out->why = failure(step, std::move(e));
-    return out;
-  };
-  if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
-  if (auto e = g->build_operation_graph(handle); e.is_bad()) return failed("build_operation_graph", e);
-  if (auto e = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}); e.is_bad())
-    return failed("create_execution_plans", e);
   // The legacy path's rules (conv2d.cu): strict FP32 in FMA math only, deterministic engines by
   // default, workspaces within the limit.
-  if (k.strict) g->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
-  if (k.deterministic) g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
-  g->deselect_workspace_greater_than(static_cast<int64_t>(k.ws_limit));
-  if (auto e = g->check_support(); e.is_bad()) return failed("check_support", e);
-  if (auto e = g->build_plans(); e.is_bad()) return failed("build_plans", e);
-  if (auto e = g->get_workspace_size(out->workspace); e.is_bad()) return failed("get_workspace_size", e);
-  out->graph = std::move(g);
-  return out;
-}
-
-std::shared_ptr<const Built> graph_for(const FusionKey& k) {
-  {
-    std::lock_guard<std::mutex> lock(g_graphs_mu);
-    if (auto it = graphs().find(k); it != graphs().end()) return it->second;
-  }
-  std::shared_ptr<const Built> b = build(k, cudnn_handle(k.dev));
-  std::lock_guard<std::mutex> lock(g_graphs_mu);
-  return graphs().emplace(k, std::move(b)).first->second;  // a graph another thread built first wins
+  return frontend::build_graph(g, cudnn_handle(k.dev), kWhat, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK},
+                               [&](fe::graph::Graph& graph) {
+                                 if (k.strict) {
+                                   graph.deselect_numeric_notes(
+                                       {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
+                                 }
+                                 if (k.deterministic) graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+                                 graph.deselect_workspace_greater_than(static_cast<int64_t>(k.ws_limit));
+                               });
 }
 
 // The key of shapes as conv2d's tensors have them (channels last: x (N, H, W, C), w (O, KH, KW, C)).
@@ -183,12 +149,6 @@ FusionKey key_of(const Shape& x, const Shape& w, int stride, int pad, DType dtyp
   return k;
 }
 
-bool aligned(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->defined() && reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
-  return true;
-}
-
 }  // namespace
 
 bool conv_bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad,
@@ -196,36 +156,26 @@ bool conv_bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& w, const T
   const DType dt = x.dtype();
   if (w.dtype() != dt || y.dtype() != dt || (b.defined() && b.dtype() != dt))
     return refuse("the tensors' dtypes differ");
-  if (!aligned({&y, &x, &w, &b})) return refuse("a tensor's data is not 16-byte aligned");
+  if (!frontend::aligned16({&y, &x, &w, &b})) return refuse("a tensor's data is not 16-byte aligned");
   FusionKey k = key_of(x.shape(), w.shape(), stride, pad, dt, channels_last, b.defined());
   k.dev = device_of(x);
   k.strict = dt == DType::f32 && !tf32_conv();
   k.deterministic = cudnn_deterministic();
   k.ws_limit = conv_workspace_limit();
   DeviceGuard guard(k.dev);
-  const std::shared_ptr<const Built> built = graph_for(k);
+  const std::shared_ptr<const BuiltGraph> built = graphs().get(k, [&] { return build(k); });
   if (!built->graph) return refuse(built->why);
   std::unordered_map<int64_t, void*> pack{{kX, x.raw_data()}, {kW, w.raw_data()}, {kY, y.raw_data()}};
   if (b.defined()) pack.emplace(kB, b.raw_data());
-  Workspace ws(k.dev, static_cast<size_t>(built->workspace));
-  const fe::error_t e = built->graph->execute(cudnn_handle(k.dev), pack, ws.get());
-  MG_CHECK(e.is_good(), "conv2d on CUDA: cuDNN's fused conv+bias+relu graph failed to run: " << e.err_msg);
+  frontend::run_graph(*built, k.dev, pack, "conv2d on CUDA: cuDNN's fused conv+bias+relu graph");
   ++g_ran;
   return true;
 }
 
 std::string conv_fusion_check_description(const std::string& device_json, int sm_version, const Shape& x, const Shape& w,
                                           int stride, int pad, DType dtype, bool channels_last, bool bias) {
-  auto device = std::make_shared<fe::DeviceProperties>();
-  if (auto e = device->deserialize(std::vector<uint8_t>(device_json.begin(), device_json.end())); e.is_bad())
-    return "device description: " + e.get_message();
   const FusionKey k = key_of(x, w, stride, pad, dtype, channels_last, bias);
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_device_properties(device).set_sm_version(sm_version);
-  describe(*g, k);
-  if (auto e = g->validate(); e.is_bad()) return failure("validate", e);
-  if (auto e = g->build_operation_graph(); e.is_bad()) return failure("build_operation_graph", e);
-  return "";
+  return frontend::check_description(device_json, sm_version, kWhat, [&](fe::graph::Graph& g) { describe(g, k); });
 }
 
 #endif  // MINIGRAD_WITH_CUDNN_FRONTEND
