@@ -1,11 +1,13 @@
 // Batch normalisation on CUDA (kernels/batch_norm.h). Statistics and the backward's sums: one
 // block per channel, each thread striding over the channel's M values in a fixed order and a
 // fixed tree across the block, in double: deterministic. Channels last, tiles of 32 channels by 8
-// rows instead (Note [channels-last sums] below). Forward and dx: one thread per value.
+// rows instead (Note [channels-last sums] in channel_sums.cuh). Forward and dx: one thread per
+// value.
 // x, y, dx, dy, the weight, the bias and their gradients each float32, bf16 or f16 (Note [cuda
 // half kernels] in storage.cuh: Elems; autocast keeps the weight and bias float32); the
 // statistics float32.
 #include "kernels/batch_norm.h"
+#include "kernels/cuda/channel_sums.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/storage.cuh"
 
@@ -100,21 +102,6 @@ __global__ void backward_dx_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems x
   }
 }
 
-// Note [channels-last sums]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~
-// Channels last, x is (M, C): a channel's values lie C apart. The kernels above, one block per
-// channel, would send a warp's 32 loads to 32 rows, a memory sector each. Here a block covers 32
-// channels by 8 rows, so a warp reads 32 neighbouring channels of one row; the M rows are dealt
-// into `shares` fixed slices (blockIdx.y; the slice of row m is m / 8 mod shares), each slice's
-// sums in double written apart, then added per channel in slice order. The shares depend on M
-// only, so the sums are the same bits run after run and on any device.
-constexpr int kTileC = 32, kTileRows = 8;
-
-int64_t channel_shares(int64_t rows) {
-  const int64_t s = (rows + 127) / 128;
-  return s < 1 ? 1 : (s > 256 ? 256 : s);
-}
-
 // What is summed per value i = m C + c: x; (x - mean)^2; dy and dy xhat.
 struct SumX {
   cuda::Elems x;
@@ -137,41 +124,6 @@ struct SumGrads {
     return {g, static_cast<double>(g) * ((cuda::load(x, i) - mean[c]) * r)};
   }
 };
-
-template <class F>
-__global__ void channel_slices_kernel(double2* slices, int64_t rows, int64_t channels, F f) {
-  __shared__ double2 sh[kTileRows][kTileC];
-  const int64_t c = int64_t{blockIdx.x} * kTileC + threadIdx.x;
-  double2 s{0.0, 0.0};
-  if (c < channels) {
-    for (int64_t m = int64_t{blockIdx.y} * kTileRows + threadIdx.y; m < rows; m += int64_t{gridDim.y} * kTileRows) {
-      const double2 v = f(m * channels + c, c);
-      s.x += v.x;
-      s.y += v.y;
-    }
-  }
-  sh[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < channels) {
-    for (int r = 1; r < kTileRows; ++r) {
-      s.x += sh[r][threadIdx.x].x;
-      s.y += sh[r][threadIdx.x].y;
-    }
-    slices[int64_t{blockIdx.y} * channels + c] = s;
-  }
-}
-
-// totals[c]: channel c's slices added in slice order.
-__global__ void channel_totals_kernel(double2* totals, const double2* slices, int64_t shares, int64_t channels) {
-  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < channels; c += int64_t{gridDim.x} * blockDim.x) {
-    double2 t{0.0, 0.0};
-    for (int64_t r = 0; r < shares; ++r) {
-      t.x += slices[r * channels + c].x;
-      t.y += slices[r * channels + c].y;
-    }
-    totals[c] = t;
-  }
-}
 
 // Per channel: the mean (double for the second pass, float32 for the kernels), the biased
 // variance, and the backward's sums as backward_sums_kernel writes them.
@@ -196,32 +148,6 @@ __global__ void grad_sums_kernel(cuda::Elems dw, cuda::Elems db, float* sums, co
   }
 }
 
-// Channel c's sums of f over the rows, into totals[c] (Note [channels-last sums]); `slices` holds
-// channel_shares(rows) * channels double2.
-template <class F>
-void channel_sums(double2* totals, double2* slices, int64_t rows, int64_t channels, F f, cudaStream_t stream) {
-  const int64_t shares = channel_shares(rows);
-  const dim3 grid(static_cast<unsigned>((channels + kTileC - 1) / kTileC), static_cast<unsigned>(shares));
-  channel_slices_kernel<<<grid, dim3(kTileC, kTileRows), 0, stream>>>(slices, rows, channels, f);
-  MG_CUDA_CHECK_LAUNCH();
-  channel_totals_kernel<<<cuda::grid_for(channels), cuda::kThreads, 0, stream>>>(totals, slices, shares, channels);
-  MG_CUDA_CHECK_LAUNCH();
-}
-
-// Scratch for channel_sums: the slices, the totals and the double means, in one float64 tensor.
-struct ChannelScratch {
-  Tensor t;
-  double2 *slices, *totals;
-  double* mu;
-  ChannelScratch(int64_t rows, int64_t channels, Device d)
-      : t(Tensor::empty({2 * channel_shares(rows) * channels + 3 * channels}, TensorOptions{DType::f64, d})) {
-    double* p = t.data<double>();
-    slices = reinterpret_cast<double2*>(p);
-    totals = reinterpret_cast<double2*>(p + 2 * channel_shares(rows) * channels);
-    mu = p + 2 * channel_shares(rows) * channels + 2 * channels;
-  }
-};
-
 struct Shape3 {
   int64_t n, c, s;
 };
@@ -244,12 +170,12 @@ template <> void batch_norm_stats<Cuda>(Tensor& mean, Tensor& var, const Tensor&
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
   if (channels_last) {  // Note [channels-last sums]: the mean, then the squared deviations from it
-    ChannelScratch w(d.n, d.c, x.device());
-    channel_sums(w.totals, w.slices, d.n, d.c, SumX{cuda::elems_of(x)}, stream);
-    mean_kernel<<<cuda::grid_for(d.c), cuda::kThreads, 0, stream>>>(w.mu, mean.data<float>(), w.totals, d.c, d.n);
+    cuda::ChannelScratch scratch(d.n, d.c, x.device());
+    cuda::channel_sums(scratch.totals, scratch.slices, d.n, d.c, SumX{cuda::elems_of(x)}, stream);
+    mean_kernel<<<cuda::grid_for(d.c), cuda::kThreads, 0, stream>>>(scratch.mu, mean.data<float>(), scratch.totals, d.c, d.n);
     MG_CUDA_CHECK_LAUNCH();
-    channel_sums(w.totals, w.slices, d.n, d.c, SumSquaredDev{cuda::elems_of(x), w.mu}, stream);
-    var_kernel<<<cuda::grid_for(d.c), cuda::kThreads, 0, stream>>>(var.data<float>(), w.totals, d.c, d.n);
+    cuda::channel_sums(scratch.totals, scratch.slices, d.n, d.c, SumSquaredDev{cuda::elems_of(x), scratch.mu}, stream);
+    var_kernel<<<cuda::grid_for(d.c), cuda::kThreads, 0, stream>>>(var.data<float>(), scratch.totals, d.c, d.n);
     MG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -284,11 +210,11 @@ void batch_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
   const cudaStream_t stream = cuda::stream(dev);
   Tensor sums = Tensor::empty({2 * d.c}, TensorOptions{DType::f32, x.device()});
   if (channels_last) {  // Note [channels-last sums]
-    ChannelScratch w(d.n, d.c, x.device());
-    channel_sums(w.totals, w.slices, d.n, d.c,
-                 SumGrads{cuda::elems_of(dy), cuda::elems_of(x), mean.data<float>(), var.data<float>(), eps}, stream);
+    cuda::ChannelScratch scratch(d.n, d.c, x.device());
+    cuda::channel_sums(scratch.totals, scratch.slices, d.n, d.c,
+                       SumGrads{cuda::elems_of(dy), cuda::elems_of(x), mean.data<float>(), var.data<float>(), eps}, stream);
     grad_sums_kernel<<<cuda::grid_for(d.c), cuda::kThreads, 0, stream>>>(
-        cuda::elems_of(dw), cuda::elems_of(db), sums.data<float>(), w.totals, accumulate, d.c, d.n);
+        cuda::elems_of(dw), cuda::elems_of(db), sums.data<float>(), scratch.totals, accumulate, d.c, d.n);
   } else {
     backward_sums_kernel<<<static_cast<unsigned>(d.c), kReduceThreads, 0, stream>>>(
         cuda::elems_of(dw), cuda::elems_of(db), sums.data<float>(), cuda::elems_of(dy), cuda::elems_of(x),

@@ -35,6 +35,7 @@
 
 #include "kernels/conv2d.h"
 #include "kernels/convert.h"
+#include "kernels/cuda/channel_sums.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/conv_algos.h"
 #include "kernels/cuda/conv_cudnn.h"
@@ -320,6 +321,16 @@ __global__ void bias_grad_kernel(G* db, const T* dy, int64_t count, ChannelRuns 
   if (threadIdx.x == 0) cuda::store(db, o, (accumulate ? cuda::load(db, o) : 0.0f) + sh[0]);
 }
 
+// Channels last: db (+)= the sums of dy's channels (Note [channels-last sums]), rounded once.
+struct SumDy {
+  cuda::Elems dy;
+  __device__ double2 operator()(int64_t i, int64_t) const { return {cuda::load(dy, i), 0.0}; }
+};
+__global__ void bias_grad_store_kernel(cuda::Elems db, const double2* totals, int64_t channels, bool accumulate) {
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < channels; c += int64_t{gridDim.x} * blockDim.x)
+    cuda::store(db, c, static_cast<float>(accumulate ? cuda::load(db, c) + totals[c].x : totals[c].x));
+}
+
 int as_int(int64_t v) {
   MG_CHECK(v >= 0 && v <= 2147483647, "conv2d on CUDA: size " << v << " exceeds cuDNN's int range");
   return static_cast<int>(v);
@@ -492,7 +503,15 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
   if (db.defined() && dtype == DType::f32 && !channels_last) {
     const float beta_b = accumulate ? 1.0f : 0.0f;
     MG_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y, dy.raw_data(), &beta_b, d.b, db.raw_data()));
-  } else if (db.defined()) {  // in float32 from 16-bit dy, and for NHWC's strided channels
+  } else if (db.defined() && channels_last) {  // coalesced, over tiles of channels
+    const int64_t rows = dy.numel() / k.o;
+    cuda::ChannelScratch scratch(rows, k.o, dy.device());
+    const cudaStream_t stream = cuda::stream(k.dev);
+    cuda::channel_sums(scratch.totals, scratch.slices, rows, k.o, SumDy{cuda::elems_of(dy)}, stream);
+    bias_grad_store_kernel<<<cuda::grid_for(k.o), cuda::kThreads, 0, stream>>>(cuda::elems_of(db), scratch.totals, k.o,
+                                                                              accumulate);
+    MG_CUDA_CHECK_LAUNCH();
+  } else if (db.defined()) {  // in float32 from 16-bit dy
     cuda::with_storage("conv2d", dtype, [&](auto dy_tag) {
       cuda::with_storage("conv2d", db.dtype(), [&](auto db_tag) {
         using T = decltype(dy_tag);

@@ -10,6 +10,7 @@
 // every call runs on the device's stream (cudnn_handle, Note [cuda stream]).
 #include "kernels/cuda/conv_cudnn.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
@@ -110,8 +111,9 @@ void describe(fe::graph::Graph& g, const FusionKey& k) {
                             .set_dilation({1, 1})
                             .set_convolution_mode(fe::ConvolutionMode_t::CROSS_CORRELATION));
   if (k.bias) {
+    // Strided as NVIDIA's fusion samples give a bias (channels innermost), in either layout.
     auto b = g.tensor(fe::graph::Tensor_attributes().set_name("b").set_uid(kB).set_dim({1, k.o, 1, 1}).set_stride(
-        {k.o, 1, 1, 1}));
+        {k.o, 1, k.o, k.o}));
     z = g.pointwise(z, b, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
   }
   auto y = g.pointwise(z, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
@@ -133,7 +135,9 @@ std::shared_ptr<const BuiltGraph> build(const FusionKey& k) {
                                        {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::DOWN_CONVERT_INPUTS});
                                  }
                                  if (k.deterministic) graph.deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
-                                 graph.deselect_workspace_greater_than(static_cast<int64_t>(k.ws_limit));
+                                 // A limit past int64's range (SIZE_MAX: none) is no limit.
+                                 graph.deselect_workspace_greater_than(
+                                     static_cast<int64_t>(std::min<size_t>(k.ws_limit, INT64_MAX)));
                                });
 }
 

@@ -192,6 +192,13 @@ bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, flo
                   p.g.ldb,     p.g.ldc,     p.batch,     p.stride_a, p.stride_b,   p.stride_c,   p.ab,
                   p.c,         p.tf32,      p.epilogue,  alignment(a), alignment(b), alignment(c),
                   bias ? alignment(bias) : 0u, aux ? alignment(aux) : 0u};
+  if (p.epilogue == LtEpilogue::gelu_aux_bias && math::gemm_c_shape(p.g).ld % 8 != 0) {
+    // cublasLt.h: the aux matrix's leading dimension must be divisible by 8.
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_refusal = describe(p) + ": the GELU epilogue's aux leading dimension is not a multiple of 8";
+    ++g_refused;
+    return false;
+  }
   LtChoice choice;
   bool known = false;
   {

@@ -130,8 +130,9 @@ void linear_gelu_forward<Cuda>(Tensor& y, Tensor& pre, const Tensor& x, const Te
   cuda::DeviceGuard guard(dev);
   cuda::Context& ctx = cuda::context(dev);
   const Tensor none;
-  // Note [fused gelu]: y and pre from one product's epilogue, where cuBLASLt takes it.
-  if (b.defined() && k > 0 &&
+  // Note [fused gelu]: y and pre from one product's epilogue, where cuBLASLt takes it (its aux
+  // matrix's leading dimension, m, must be a multiple of 8: cublasLt.h, EPILOGUE_AUX_LD).
+  if (b.defined() && k > 0 && m % 8 == 0 &&
       gemm(ctx, cuda::math::linear_forward_gemm(n, k, m), Operands{x, w, none, none}, 0.0f, y,
            cuda::LtEpilogue::gelu_aux_bias, b.raw_data(), false, pre.raw_data()))
     return;
