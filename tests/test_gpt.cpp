@@ -297,15 +297,19 @@ TEST_CASE("GPT with its head fused into the loss: the same losses, less memory, 
 // it (UnitCost::leaf_bytes); before, a segment from the embeddings peaked 4,108 bytes above the
 // prediction (docs/gpt.md) and a budget plan could exceed its budget by them.
 TEST_CASE("GPT plans with a segment from the embeddings: the position ids counted, the peak as predicted") {
-  for (const char* plan : {"sqrt", "min", "segments=2"}) {
+  // The last two: the embeddings in tiles of 2 and 4 rows, whose first tile's position ids the
+  // segment keeps for its replays.
+  for (const char* plan : {"sqrt", "min", "segments=2", "[0,1)/2", "[0,1)/4 [1,2)"}) {
     CAPTURE(plan);
     test::TinyGpt gpt;
     optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+    const bool tiled = plan[0] == '[';
     Trainer t(*gpt.model, gpt.windows, opt,
-              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2, .loss = gpt.loss(), .tiles = false,
+              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 2, .loss = gpt.loss(), .tiles = tiled,
                .progress = Progress::off});
     const FitReport r = t.fit();
     REQUIRE(!r.plan.checkpoint.segments.empty());
+    CHECK(r.plan.checkpoint.segments.front().tile_rows == (tiled ? plan[6] - '0' : 0));
     CHECK(r.plan.checkpoint.segments.front().begin == 0);
     CHECK(t.cost().units.front().leaf_bytes == 8 * 64 * 8);  // (B, T) int64 positions, saved by wpe's lookup too
     CHECK(t.cost().units.front().leaf_only_bytes == 0);

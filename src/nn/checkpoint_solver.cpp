@@ -158,7 +158,7 @@ PieceCost eval_tiled_piece(const ChainCost& c, const ChainCost& t, size_t s, siz
     for (size_t u = s; u < e; ++u) {
       const UnitCost& U = t.units[u];
       pc.note(F + A(s) + R + (u > s ? At(u) : 0) + U.fwd_peak, u, "forward (tiled segment, first tile)");
-      R += ((u > s && (h || U.saves_input)) ? At(u) : 0) + U.extra_bytes;
+      R += ((u > s && (h || U.saves_input)) ? At(u) : 0) + U.extra_bytes + U.leaf_only_bytes;
       h = U.saves_output;
     }
   }
@@ -166,7 +166,13 @@ PieceCost eval_tiled_piece(const ChainCost& c, const ChainCost& t, size_t s, siz
   for (size_t u = s; u < e; ++u) {  // the other tiles, replayed without recording
     pc.note(F + A(s) + A(e) + (u > s ? At(u) : 0) + t.units[u].fwd_peak, u, "forward (tiled segment, later tiles)");
   }
+  // The boundary, and what the first tile's nodes keep for the replays: their extras something else
+  // holds and their inputs without history (UnitCost::leaf_bytes), at the tile's rows.
   pc.kept = A(s);
+  for (size_t u = s; u < e; ++u) {
+    const UnitCost& U = t.units[u];
+    pc.kept += U.extra_held_bytes + U.leaf_bytes + U.leaf_only_bytes;
+  }
   pc.holds_out = false;
   // Backward, tile by tile: the boundary, the incoming gradient and the input gradient are whole.
   const size_t base = F + A(s) + (e == n ? A(n) : 0) + A(e) + (wants_dx0 ? A(s) : 0);
