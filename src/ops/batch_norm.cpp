@@ -57,7 +57,7 @@ Tensor batch_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
 void batch_norm_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1], &mean = n.saved[2], &var = n.saved[3];
-  if (n.attrs.relu) gy = masked_by_relu(n, std::move(gy), 4);  // Note [fused relu]
+  if (n.attrs.relu) gy = activation_grad(n, std::move(gy), 4, FusedActivation::relu);  // Note [fused relu]
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, batch_norm_backward, dx, p.dw, p.db, gy, x, w, mean, var, n.attrs.scalar, n.attrs.batch_stats,

@@ -76,7 +76,7 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
 void conv2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1];
-  if (n.attrs.relu) gy = masked_by_relu(n, std::move(gy), 2);  // Note [fused relu]
+  if (n.attrs.relu) gy = activation_grad(n, std::move(gy), 2, FusedActivation::relu);  // Note [fused relu]
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, conv2d_backward, dx, p.dw, p.db, gy, x, w, n.attrs.stride_h, n.attrs.pad_h, p.accumulate,

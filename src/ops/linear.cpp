@@ -60,14 +60,7 @@ Tensor linear_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
 void linear_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1];
-  if (n.attrs.gelu) {  // Note [fused gelu]: the gradient of pre
-    Tensor g = sole_owner(gy) && gy.impl().offset == 0 ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
-    MG_DISPATCH(d, gelu_backward, g, gy, n.saved[2]);
-    // On widened copies, rounded to the stored dtype, as the unfused gelu's input gradient would be.
-    if (g.dtype() != n.out_dtype) g = g.to(n.out_dtype).to(g.dtype());
-    gy = std::move(g);
-    if (!backward_retains_graph()) n.saved[2] = Tensor();
-  }
+  if (n.attrs.gelu) gy = activation_grad(n, std::move(gy), 2, FusedActivation::gelu);  // Note [fused gelu]
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, linear_backward, dx, p.dw, p.db, gy, x, w, p.accumulate);

@@ -147,10 +147,14 @@ inline Tensor elementwise_grad(const Node& n, size_t i, const Tensor& gy) {
   return reuse ? gy : empty_like_input(n, i, gy.device());
 }
 
-// Note [fused relu] (src/ops/conv2d.cpp): the gradient of a fused op's output before its ReLU,
-// gy masked by saved[y_slot] > 0 (in place when nothing else holds gy); saved[y_slot] then goes,
-// as the unfused relu's y would before the op's backward (unless the graph is retained).
-Tensor masked_by_relu(Node& n, Tensor gy, size_t y_slot);
+// Note [fused relu] (src/ops/conv2d.cpp), Note [fused gelu] (src/ops/linear.cpp): the gradient of
+// a fused op's output before its activation, from gy and saved[slot] (relu: the output y, gy
+// masked by y > 0; gelu: its argument), in place when nothing else holds gy, and on widened
+// copies rounded to the op's stored dtype as the unfused activation's input gradient would be.
+// saved[slot] then goes, as the unfused activation's would before the op's backward (unless the
+// graph is retained).
+enum class FusedActivation : uint8_t { relu, gelu };
+Tensor activation_grad(Node& n, Tensor gy, size_t slot, FusedActivation act);
 
 // Windows along one dimension of size `in` (conv2d, pools). 0 when the kernel does not fit: C++
 // division truncates toward zero, so (in + 2p - k) / s + 1 alone would say 1 for a kernel up to

@@ -1,4 +1,5 @@
 // relu: y = max(x, 0);  dx = dy * (y > 0).   x, y: any shape
+#include "kernels/gelu.h"
 #include "kernels/relu.h"
 #include "ops/op.h"
 
@@ -34,11 +35,13 @@ MG_REGISTER_OP(kRelu);
 
 Tensor relu(const Tensor& x) { return apply(kRelu, {}, {x}); }
 
-Tensor masked_by_relu(Node& n, Tensor gy, size_t y_slot) {
+Tensor activation_grad(Node& n, Tensor gy, size_t slot, FusedActivation act) {
   const Device d = gy.device();
   Tensor g = sole_owner(gy) && gy.impl().offset == 0 ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
-  MG_DISPATCH(d, relu_backward, g, gy, n.saved.at(y_slot));
-  if (!backward_retains_graph()) n.saved[y_slot] = Tensor();
+  if (act == FusedActivation::relu) MG_DISPATCH(d, relu_backward, g, gy, n.saved.at(slot));
+  else MG_DISPATCH(d, gelu_backward, g, gy, n.saved.at(slot));
+  if (g.dtype() != n.out_dtype) g = g.to(n.out_dtype).to(g.dtype());
+  if (!backward_retains_graph()) n.saved[slot] = Tensor();
   return g;
 }
 

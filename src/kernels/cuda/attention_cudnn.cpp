@@ -28,6 +28,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/attention_math.h"
+#include "kernels/cuda/refusals.h"
 
 #ifdef MINIGRAD_WITH_CUDNN_FRONTEND
 #include <tuple>
@@ -39,24 +40,15 @@
 namespace mg::cuda {
 
 namespace {
-std::atomic<int64_t> g_forward{0}, g_backward{0}, g_refused{0};
-std::mutex g_refusal_mu;
-std::string g_refusal;
+std::atomic<int64_t> g_forward{0}, g_backward{0};
+Refusals g_refusals;
 
-bool refuse(std::string why) {
-  ++g_refused;
-  std::lock_guard<std::mutex> lock(g_refusal_mu);
-  g_refusal = std::move(why);
-  return false;
-}
+bool refuse(std::string why) { return g_refusals.refuse(std::move(why)); }
 }  // namespace
 
-SdpaCounts sdpa_counts() { return {g_forward.load(), g_backward.load(), g_refused.load()}; }
+SdpaCounts sdpa_counts() { return {g_forward.load(), g_backward.load(), g_refusals.count()}; }
 
-std::string sdpa_refusal() {
-  std::lock_guard<std::mutex> lock(g_refusal_mu);
-  return g_refusal;
-}
+std::string sdpa_refusal() { return g_refusals.last(); }
 
 #ifndef MINIGRAD_WITH_CUDNN_FRONTEND
 

@@ -16,6 +16,8 @@
 #include <initializer_list>
 #include <mutex>
 
+#include "kernels/cuda/refusals.h"
+
 #ifdef MINIGRAD_WITH_CUDNN_FRONTEND
 #include <tuple>
 
@@ -26,24 +28,15 @@
 namespace mg::cuda {
 
 namespace {
-std::atomic<int64_t> g_ran{0}, g_refused{0};
-std::mutex g_refusal_mu;
-std::string g_refusal;
+std::atomic<int64_t> g_ran{0};
+Refusals g_refusals;
 
-bool refuse(std::string why) {
-  ++g_refused;
-  std::lock_guard<std::mutex> lock(g_refusal_mu);
-  g_refusal = std::move(why);
-  return false;
-}
+bool refuse(std::string why) { return g_refusals.refuse(std::move(why)); }
 }  // namespace
 
-ConvFusionCounts conv_fusion_counts() { return {g_ran.load(), g_refused.load()}; }
+ConvFusionCounts conv_fusion_counts() { return {g_ran.load(), g_refusals.count()}; }
 
-std::string conv_fusion_refusal() {
-  std::lock_guard<std::mutex> lock(g_refusal_mu);
-  return g_refusal;
-}
+std::string conv_fusion_refusal() { return g_refusals.last(); }
 
 #ifndef MINIGRAD_WITH_CUDNN_FRONTEND
 
