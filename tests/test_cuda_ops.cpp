@@ -780,6 +780,18 @@ TEST_CASE("cuda: layer_norm over tiles of rows, columns not a multiple of 32, ac
     CHECK(rel_err(dxg, dx) < kStrict);
     CHECK(rel_err(dwg, dw) < kStrict);
     CHECK(rel_err(dbg, db) < kStrict);
+    // dx added onto a gradient already there (Note [adding into pending gradients]), float32 and
+    // bf16: the CPU's sum within the tolerance.
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      CAPTURE(dtype_name(dt));
+      const Tensor pending = rand_tensor({m, c}, 69).to(dt);
+      Tensor sum = pending.clone(), sumg = pending.to(kGpu), none;
+      layer_norm_backward<Cpu>(sum, none, none, dy, xs, ws, mean, rstd, false, /*add_dx=*/true);
+      layer_norm_backward<Cuda>(sumg, none, none, dy.to(kGpu), xs.to(kGpu), ws.to(kGpu), mean.to(kGpu), rstd.to(kGpu),
+                                false, /*add_dx=*/true);
+      CHECK(rel_err(sumg.to(DType::f32), sum.to(DType::f32)) < (dt == DType::f32 ? kStrict : 2e-2));
+      CHECK(rel_err(sum.to(DType::f32), pending.to(DType::f32)) > 1e-3);  // something was added
+    }
   }
 }
 

@@ -96,6 +96,17 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
   add_into_kernel(cur, g);
 }
 
+// Note [adding into pending gradients]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A node's output read twice (a residual stream: the next block's layer_norm and the residual
+// add) gets two gradients, which backward sums: the first waits in `pending`, and the second used
+// to come from its rule as a new tensor, then be added in (add_into_kernel) and freed. A rule that
+// says so (OpDef::adds_into_pending) is handed the waiting gradient as accum[i] instead, when
+// nothing else holds it and it has the input's dtype and shape, and adds its result straight into
+// it: one gradient-sized buffer and two passes over memory fewer. llm.c's layernorm_backward adds
+// into dresidual the same way. The rule adds as add_into_kernel would (its result rounded to the
+// buffer's dtype, then added in float32 and rounded), so the bits do not change; test_autograd
+// checks them and the buffer saved.
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   const DepthScope depth(retain_graph);
   if (t_backward_depth == 1) offload_backward_starts();  // Note [offload schedule]
@@ -150,7 +161,15 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
     accum.assign(n->inputs.size(), Tensor());
     for (size_t i = 0; i < n->inputs.size(); ++i) {
       const NodeInput& in = n->inputs[i];
-      if (in.requires_grad && !in.fn) accum[i] = in.leaf.grad();
+      if (!in.requires_grad) continue;
+      if (!in.fn) {
+        accum[i] = in.leaf.grad();
+      } else if (!n->segment && rule_adds_into_pending(*n, i)) {  // Note [adding into pending gradients]
+        const auto slot = pending.find(in.fn.get());
+        if (slot != pending.end() && sole_owner(slot->second) && slot->second.dtype() == in.dtype &&
+            slot->second.shape() == in.shape)
+          accum[i] = slot->second;
+      }
     }
     if (n->segment) checkpoint_backward(*n, std::move(g), grads);
     else backward_rule(*n, std::move(g), grads, accum);

@@ -178,12 +178,16 @@ const char* op_name(const OpDef& op);
 // (checkpoint replay calls it with a recorded node's op and attrs).
 Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs);
 // Backward of one node: fills grads[i] for each input i with requires_grad. When accum[i] is
-// defined (the leaf's existing gradient buffer), a rule may add its result straight into it and
+// defined (the leaf's existing gradient buffer, or the gradient already pending for the input's
+// producer: Note [adding into pending gradients]), a rule may add its result straight into it and
 // leave grads[i] undefined, saving a temporary and a pass over memory. grad_out is owned by the
 // rule, so that one may release it early.
 // True when nothing else refers to t or its storage (one handle, the storage not shared, no
 // history): a gradient its receiver may overwrite in place (accumulate_grad, relu's backward).
 bool sole_owner(const Tensor& t);
+// Whether node n's rule adds input i's gradient into a pending one (Note [adding into pending
+// gradients]): accum[i] is then that gradient where nothing else holds it.
+bool rule_adds_into_pending(const Node& n, size_t i);
 void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);
 // Tiles (Note [tiled segments]): whether an op can run on rows of its batch, and the attributes

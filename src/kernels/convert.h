@@ -104,6 +104,15 @@ MG_HOST_DEVICE float float_from_f16(uint16_t h) {
   return float_of(sign | ((113u - shift) << 23) | ((mm & 0x03ffu) << 13));
 }
 
+// v as a tensor of dtype `t` holds it: rounded to bf16 or f16 and widened back, or v itself.
+MG_HOST_DEVICE float rounded(DType t, float v) {
+  switch (t) {
+    case DType::bf16: return float_from_bf16(bf16_from_float(v));
+    case DType::f16: return float_from_f16(f16_from_float(v));
+    default: return v;
+  }
+}
+
 // Element i of src (dtype `from`) into element i of dst (dtype `to`), both float dtypes: the body
 // of both devices' kernels. Through float, but f64 to f64 is copied, and f32 or a half type to f64
 // is exact.

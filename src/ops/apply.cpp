@@ -266,10 +266,11 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
     n.op->backward(n, std::move(gy), grads, accum);
     return;
   }
-  // A gradient is summed in place only into a float32 buffer (a parameter's); others come back.
+  // A gradient is summed in place only into a float32 buffer (a parameter's), or by a rule that
+  // rounds as add_into_kernel does (OpDef::adds_into_pending); others come back.
   std::vector<Tensor> acc = accum;
-  for (Tensor& a : acc) {
-    if (a.defined() && a.dtype() != DType::f32) a = Tensor();
+  for (size_t i = 0; i < acc.size(); ++i) {
+    if (acc[i].defined() && acc[i].dtype() != DType::f32 && !rule_adds_into_pending(n, i)) acc[i] = Tensor();
   }
   if (n.half_kernels || moves_only(*n.op)) {
     // Kernels that take the low dtypes as they are (OpDef::half_kernels), and views and permutes, which move
@@ -291,6 +292,16 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined() && grads[i].dtype() != n.inputs[i].dtype) grads[i] = grads[i].to(n.inputs[i].dtype);
   }
+}
+
+namespace {
+std::atomic<bool> g_add_into_pending{true};
+}  // namespace
+
+void set_add_into_pending(bool on) { g_add_into_pending = on; }
+
+bool rule_adds_into_pending(const Node& n, size_t i) {
+  return g_add_into_pending && n.op && i < 8 && (n.op->adds_into_pending >> i & 1u) != 0;
 }
 
 bool op_tiles(const OpDef& op) { return op.tile != nullptr; }

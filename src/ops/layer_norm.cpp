@@ -35,10 +35,13 @@ Tensor layer_norm_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vect
 
 void layer_norm_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
-  Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
+  // dx goes onto the gradient already waiting for x, where backward hands one over (a residual
+  // stream's: Note [adding into pending gradients]).
+  const bool add_dx = wants(n, 0) && accum[0].defined();
+  Tensor dx = !wants(n, 0) ? Tensor() : add_dx ? accum[0] : (grads[0] = empty_like_input(n, 0, d));
   ParamGrads p = param_grads(n, grads, accum, d);
   MG_DISPATCH(d, layer_norm_backward, dx, p.dw, p.db, gy, n.saved[0], n.saved[1], n.saved[2], n.saved[3],
-              p.accumulate);
+              p.accumulate, add_dx);
 }
 
 double layer_norm_flops(const Node& n) { return 8.0 * out_numel(n); }
@@ -57,7 +60,7 @@ std::vector<OpCase> layer_norm_cases() {
 
 const OpDef kLayerNorm{"layer_norm", OpKind::normalization, layer_norm_fwd, layer_norm_bwd, layer_norm_flops,
                        layer_norm_cases, rows_apart, OpPrecision::fp32, /*half_kernels*/ true,
-                       CudaHalf::any_dtypes};
+                       CudaHalf::any_dtypes, /*adds_into_pending*/ 0b001};
 MG_REGISTER_OP(kLayerNorm);
 
 }  // namespace

@@ -90,6 +90,10 @@ struct OpDef {
   bool half_kernels = false;
   // Its CUDA kernels do the same (Note [cuda half kernels] in src/kernels/cuda/storage.cuh).
   CudaHalf cuda_half = CudaHalf::none;
+  // Bit i: backward adds input i's gradient into accum[i] when that is defined, whether a leaf's
+  // buffer or a gradient pending for the input's producer, rounding as add_into_kernel does (Note
+  // [adding into pending gradients] in src/core/autograd.cpp).
+  uint8_t adds_into_pending = 0;
 };
 
 // Every registered op, in registration order.
@@ -113,6 +117,11 @@ void check_float_or_half(const char* op, const char* what, const Tensor& t);
 // float32 copies as other ops do. tests/test_ops.cpp checks that both give the same bits on the CPU.
 void set_half_kernels(bool on);
 bool half_kernels_enabled();
+
+// Whether rules with OpDef::adds_into_pending are handed a pending gradient (on by default); off,
+// their results come back as new tensors that backward adds in. tests/test_core.cpp checks that
+// both give the same bits.
+void set_add_into_pending(bool on);
 
 // The dtype of an op with half_kernels' output (Note [autocast]): under an AutocastGuard, where
 // the half kernels run (CPU inputs, set_half_kernels on), the guard's low dtype for an op whose

@@ -14,6 +14,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/half_rows.h"
 
 namespace mg {
@@ -67,7 +68,7 @@ void layer_norm_forward<Cpu>(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
 
 template <>
 void layer_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                              const Tensor& mean, const Tensor& rstd, bool accumulate) {
+                              const Tensor& mean, const Tensor& rstd, bool accumulate, bool add_dx) {
   const int64_t c = x.size(x.dim() - 1), m = rows_of(x, c);
   const Tensor w32 = w.defined() ? cpu::widened(w) : Tensor();
   const float* pw = values_or_null(w32);
@@ -84,10 +85,12 @@ void layer_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
           sgx += static_cast<double>(g) * xhat;
         }
         const float mg = static_cast<float>(sg / static_cast<double>(c)), mgx = static_cast<float>(sgx / static_cast<double>(c));
-        float* dr = dxs.write(r);
+        // add_dx: onto the row there, the value rounded as a separate dx would hold it.
+        float* dr = add_dx ? dxs.update(r) : dxs.write(r);
         for (int64_t j = 0; j < c; ++j) {
           const float g = gr[j] * (pw ? pw[j] : 1.0f), xhat = (xr[j] - pm[r]) * pr[r];
-          dr[j] = pr[r] * (g - mg - xhat * mgx);
+          const float v = pr[r] * (g - mg - xhat * mgx);
+          dr[j] = add_dx ? dr[j] + half::rounded(dx.dtype(), v) : v;
         }
         dxs.store(r);
       }

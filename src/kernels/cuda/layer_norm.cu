@@ -45,8 +45,9 @@ __global__ void layer_norm_forward_kernel(cuda::Elems y, float* mean, float* rst
     cuda::store(y, row + j, (cuda::load(x, row + j) - mu) * rs * param(w, j, 1.0f) + param(b, j, 0.0f));
 }
 
+// add_dx: dx += the value rounded to dx's dtype (kernels/layer_norm.h).
 __global__ void layer_norm_dx_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems x, cuda::Elems w, const float* mean,
-                                     const float* rstd, int64_t m, int64_t c) {
+                                     const float* rstd, int64_t m, int64_t c, bool add_dx) {
   const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= m) return;
@@ -61,7 +62,8 @@ __global__ void layer_norm_dx_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems
   const float mg = warp_sum(sg) / static_cast<float>(c), mgx = warp_sum(sgx) / static_cast<float>(c);
   for (int64_t j = lane; j < c; j += kWarp) {
     const float g = cuda::load(dy, row + j) * param(w, j, 1.0f);
-    cuda::store(dx, row + j, rs * (g - mg - (cuda::load(x, row + j) - mu) * rs * mgx));
+    const float v = rs * (g - mg - (cuda::load(x, row + j) - mu) * rs * mgx);
+    cuda::store(dx, row + j, add_dx ? cuda::load(dx, row + j) + half::rounded(dx.t, v) : v);
   }
 }
 
@@ -112,7 +114,7 @@ void layer_norm_forward<Cuda>(Tensor& y, Tensor& mean, Tensor& rstd, const Tenso
 
 template <>
 void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
-                               const Tensor& mean, const Tensor& rstd, bool accumulate) {
+                               const Tensor& mean, const Tensor& rstd, bool accumulate, bool add_dx) {
   const int64_t c = x.size(x.dim() - 1), m = c > 0 ? x.numel() / c : 0;
   if (c == 0) return;
   const int dev = cuda::device_of(dy);
@@ -121,7 +123,7 @@ void layer_norm_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor&
   if (dx.defined() && m > 0) {
     layer_norm_dx_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads, 0, stream>>>(
         cuda::elems_of(dx), cuda::elems_of(dy), cuda::elems_of(x), cuda::elems_of(w), mean.data<float>(),
-        rstd.data<float>(), m, c);
+        rstd.data<float>(), m, c, add_dx);
     MG_CUDA_CHECK_LAUNCH();
   }
   if (dw.defined() || db.defined()) {  // with no rows too: dw and db are then 0 (or kept, accumulating)
