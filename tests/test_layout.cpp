@@ -177,6 +177,12 @@ TEST_CASE("fuse_relu: VGG16/16 fused, channels first and last, trains the unfuse
   const Trained ref = train(plain, Layout::nchw, images, "none", 8);
   CHECK(fused(Layout::nchw)->size() + 13 == ref.model->size());
   CHECK(fused(Layout::nchw)->at(0)->name() == "Conv2d(3, 4, kernel_size=3, stride=1, padding=1) + ReLU");
+  {  // A layer added after the erasures is named past every number in use, as the new size would collide.
+    auto m = fused(Layout::nchw);
+    const std::string last = m->child_name(m->size() - 1);
+    m->add<nn::ReLU>();
+    CHECK(m->child_name(m->size() - 1) == std::to_string(std::stoul(last) + 1));
+  }
   for (Layout layout : {Layout::nchw, Layout::nhwc}) {
     CAPTURE(layout_name(layout));
     // Its model goes before the fused ones train: the allocator's peak counts every live tensor.

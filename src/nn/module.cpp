@@ -1,5 +1,6 @@
 #include <minigrad/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -169,7 +170,15 @@ std::string Dropout::name() const {
   return os.str();
 }
 
-void Sequential::push_back(std::shared_ptr<Module> m) { push_back(std::to_string(children_.size()), std::move(m)); }
+// After an erase, positions no longer match names: the next number is past every numbered layer.
+void Sequential::push_back(std::shared_ptr<Module> m) {
+  size_t next = children_.size();
+  for (const auto& [n, c] : children_) {
+    if (!n.empty() && n.size() < 19 && n.find_first_not_of("0123456789") == std::string::npos)
+      next = std::max(next, static_cast<size_t>(std::stoull(n)) + 1);
+  }
+  push_back(std::to_string(next), std::move(m));
+}
 
 void Sequential::push_back(const std::string& name, std::shared_ptr<Module> m) {
   MG_CHECK(m, "Sequential: layer '" << name << "' is null");

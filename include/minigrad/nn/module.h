@@ -237,7 +237,8 @@ class Sequential : public Module {
     push_back(name, std::move(m));
     return ref;
   }
-  void push_back(std::shared_ptr<Module> m);  // named by its position, "0", "1", ...
+  // Named by its position, "0", "1", ...; after an erase, one past the largest number in use.
+  void push_back(std::shared_ptr<Module> m);
   void push_back(const std::string& name, std::shared_ptr<Module> m);
   const std::string& child_name(size_t i) const { return children_.at(i).first; }
   Tensor forward(const Tensor& x) override;
@@ -247,7 +248,7 @@ class Sequential : public Module {
   size_t size() const { return children_.size(); }
   Module& operator[](size_t i) { return *children_.at(i).second; }
   std::shared_ptr<Module> at(size_t i) const { return children_.at(i).second; }
-  // Removes layer i; the others keep their names (a later add() is named by the new size).
+  // Removes layer i; the others keep their names (so their parameters keep theirs).
   void erase(size_t i);
 };
 
