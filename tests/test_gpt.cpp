@@ -4,6 +4,7 @@
 #include <minigrad/minigrad.h>
 
 #include "helpers.h"
+#include "ops/op.h"
 #include "optim/grad_buckets.h"
 
 using namespace mg;
@@ -342,6 +343,36 @@ TEST_CASE("GPT with c_fc and GELU fused: the unfused bits, fp32 and bf16, the pe
       CHECK(fused.peak_in_use >= fused.plan.predicted_peak);
       CHECK(fused.peak_in_use <= fused.plan.predicted_peak + 64);
       CHECK(fused.peak_in_use <= plain.peak_in_use);
+    }
+  }
+}
+
+// Note [adding into pending gradients]: each block's two layer_norms add their input's gradient
+// into the residual stream's; the bits of separate gradients added in, through the Trainer.
+TEST_CASE("GPT: layer_norm's gradients added into the residual stream's give the same bits, fp32 and bf16") {
+  struct Restore {
+    ~Restore() { set_add_into_pending(true); }
+  } restore;
+  auto run = [](bool add_into, const char* plan, Precision p) {
+    set_add_into_pending(add_into);
+    test::TinyGpt gpt(false, false);
+    optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+    Trainer t(*gpt.model, gpt.windows, opt,
+              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(), .tiles = false,
+               .precision = p, .progress = Progress::off});
+    const FitReport r = t.fit();
+    return std::pair{r, test::state_bits(*gpt.model)};
+  };
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    for (const char* plan : {"none", "sqrt"}) {
+      CAPTURE(std::string(precision_name(p)) + " " + plan);
+      const auto off = run(false, plan, p), on = run(true, plan, p);
+      CHECK(on.first.losses == off.first.losses);
+      CHECK(on.second == off.second);
+      INFO("measured " << on.first.peak_in_use << ", predicted " << on.first.plan.predicted_peak);
+      CHECK(on.first.peak_in_use >= on.first.plan.predicted_peak);
+      CHECK(on.first.peak_in_use <= on.first.plan.predicted_peak + 64);
+      CHECK(on.first.peak_in_use <= off.first.peak_in_use);
     }
   }
 }
