@@ -178,12 +178,14 @@ struct TinyGpt {
   std::shared_ptr<nn::Sequential> model;
   // fused_head: no lm_head; the loss is linear_cross_entropy on the hidden states and wte.
   // fused_gelu: each block's c_fc and GELU as linear_gelu (Note [fused gelu]).
-  explicit TinyGpt(bool fused_head = false, bool fused_gelu = false) {
+  // fused_residual: each block's first residual add and ln_2 as add_layer_norm.
+  explicit TinyGpt(bool fused_head = false, bool fused_gelu = false, bool fused_residual = false) {
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 512);
     windows = std::make_shared<data::TokenBatches>(tokens, 8, 64, 0, 1, 512);
     manual_seed(1);
     cfg.lm_head = !fused_head;
     cfg.fused_gelu = fused_gelu;
+    cfg.fused_residual = fused_residual;
     model = nn::make_gpt2(cfg);
   }
   TinyGpt(const TinyGpt&) = delete;  // windows reads this object's tokens

@@ -226,6 +226,8 @@ mnist_ga | --prefetch     | yes not in {auto,on,off}                   | $M --pr
 gpt_train | --prefetch    | 1 not in {auto,on,off}                     | $G --prefetch 1
 gpt_train | --fused-head  | x not in {on,off}                          | $G --fused-head x
 gpt_train | --fused-gelu  | x not in {on,off}                          | $G --fused-gelu x
+gpt_train | --fused-residual | 1 not in {on,off}                       | $G --fused-residual 1
+gpt_train | --memory-budget | no plan fits a budget of                 | $G --fused-residual on --memory-budget 1kB
 gpt_train | --memory-budget | no plan fits a budget of                 | $G --fused-gelu on --memory-budget 1kB
 gpt_train | --memory-budget | no plan fits a budget of                 | $G --fused-head on --memory-budget 1kB
 gpt_train | --memory-limit | and no plan fits what the device has      | $G --fused-head on --memory-limit 2.2MB

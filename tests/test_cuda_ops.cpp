@@ -7,6 +7,7 @@
 #include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
 
 #ifdef MINIGRAD_WITH_CUDA
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -815,3 +816,38 @@ TEST_CASE("cuda: the profiler times CUDA ops by events on the device's stream") 
 }
 
 #endif  // MINIGRAD_WITH_CUDA
+
+// Note [fused residual layer_norm]: one pass on the GPU gives the bits of add then layer_norm
+// there, forward and backward, float32 and bf16 (a and b of one dtype: the fused kernel runs).
+TEST_CASE("cuda: add_layer_norm gives the bits of add then layer_norm") {
+  const int64_t c = 768;
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dt));
+    auto run = [&](bool fused) {
+      std::vector<Tensor> in{rand_tensor({4, 33, c}, 91).to(kGpu).to(dt), rand_tensor({4, 33, c}, 92).to(kGpu).to(dt),
+                             rand_tensor({c}, 93).to(kGpu), rand_tensor({c}, 94).to(kGpu)};
+      for (Tensor& t : in) t.requires_grad_();
+      profiler::start();
+      Tensor s, y;
+      if (fused) {
+        std::tie(s, y) = add_layer_norm(in[0], in[1], in[2], in[3]);
+      } else {
+        s = add(in[0], in[1]);
+        y = layer_norm(s, in[2], in[3]);
+      }
+      profiler::stop();
+      const std::vector<profiler::Row> rows = profiler::report();
+      CHECK(std::count_if(rows.begin(), rows.end(), [](const profiler::Row& r) { return r.name == "add+layer_norm"; }) ==
+            (fused ? 1 : 0));
+      add(s, y).backward(rand_tensor({4, 33, c}, 95).to(kGpu).to(y.dtype()));
+      std::vector<std::vector<float>> out{s.cpu().to(DType::f32).to_vector<float>(), y.cpu().to(DType::f32).to_vector<float>()};
+      for (const Tensor& t : in) out.push_back(t.grad().cpu().to(DType::f32).to_vector<float>());
+      return out;
+    };
+    const auto plain = run(false), fused = run(true);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      CAPTURE(i);
+      CHECK(fused[i] == plain[i]);
+    }
+  }
+}

@@ -348,14 +348,15 @@ TEST_CASE("GPT with c_fc and GELU fused: the unfused bits, fp32 and bf16, the pe
 }
 
 // Note [adding into pending gradients]: each block's two layer_norms add their input's gradient
-// into the residual stream's; the bits of separate gradients added in, through the Trainer.
-TEST_CASE("GPT: layer_norm's gradients added into the residual stream's give the same bits, fp32 and bf16") {
+// into the residual stream's; the bits of separate gradients added in, through the Trainer. And
+// Note [fused residual layer_norm]: the first residual add and ln_2 made together, the same bits.
+TEST_CASE("GPT: residual-stream gradients added in place and a fused residual layer_norm: the same bits") {
   struct Restore {
     ~Restore() { set_add_into_pending(true); }
   } restore;
-  auto run = [](bool add_into, const char* plan, Precision p) {
+  auto run = [](bool add_into, const char* plan, Precision p, bool fused = false) {
     set_add_into_pending(add_into);
-    test::TinyGpt gpt(false, false);
+    test::TinyGpt gpt(false, false, fused);
     optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
     Trainer t(*gpt.model, gpt.windows, opt,
               {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(), .tiles = false,
@@ -366,13 +367,17 @@ TEST_CASE("GPT: layer_norm's gradients added into the residual stream's give the
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     for (const char* plan : {"none", "sqrt"}) {
       CAPTURE(std::string(precision_name(p)) + " " + plan);
-      const auto off = run(false, plan, p), on = run(true, plan, p);
+      const auto off = run(false, plan, p), on = run(true, plan, p), fused = run(true, plan, p, true);
       CHECK(on.first.losses == off.first.losses);
       CHECK(on.second == off.second);
-      INFO("measured " << on.first.peak_in_use << ", predicted " << on.first.plan.predicted_peak);
-      CHECK(on.first.peak_in_use >= on.first.plan.predicted_peak);
-      CHECK(on.first.peak_in_use <= on.first.plan.predicted_peak + 64);
-      CHECK(on.first.peak_in_use <= off.first.peak_in_use);
+      CHECK(fused.first.losses == off.first.losses);
+      CHECK(fused.second == off.second);
+      for (const auto* r : {&on.first, &fused.first}) {
+        INFO("measured " << r->peak_in_use << ", predicted " << r->plan.predicted_peak);
+        CHECK(r->peak_in_use >= r->plan.predicted_peak);
+        CHECK(r->peak_in_use <= r->plan.predicted_peak + 64);
+        CHECK(r->peak_in_use <= off.first.peak_in_use);
+      }
     }
   }
 }

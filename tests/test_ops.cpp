@@ -54,6 +54,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <minigrad/cuda.h>
@@ -784,4 +785,60 @@ TEST_CASE("ops: layer_norm adds its input gradient into the residual stream's, w
       CHECK(on.peak <= off.peak);
     }
   }
+}
+
+// Note [fused residual layer_norm]: the two nodes add and layer_norm record, with their outputs'
+// bits, and the same gradients; float32 and bf16; without grad; arguments the ops refuse get
+// their errors.
+TEST_CASE("ops: add_layer_norm records add and layer_norm, with their bits, values and gradients") {
+  using test::rand_tensor;
+  const int64_t c = 48;
+  for (const DType low : {DType::f32, DType::bf16}) {
+    const std::string dtype = dtype_name(low);
+    CAPTURE(dtype);
+    auto run = [&](bool fused) {
+      std::vector<Tensor> in{rand_tensor({3, 7, c}, 81, true), rand_tensor({3, 7, c}, 82, true), rand_tensor({c}, 83, true),
+                             rand_tensor({c}, 84, true)};
+      Tensor s, y;
+      {
+        const AutocastGuard autocast(low);
+        const Tensor b = gelu(in[1]);  // bf16 under autocast: a and b of two dtypes on the CPU
+        if (fused) {
+          profiler::start();
+          std::tie(s, y) = add_layer_norm(in[0], b, in[2], in[3], 1e-5f);
+          profiler::stop();
+          const std::vector<profiler::Row> rows = profiler::report();  // one pass, not the two ops apart
+          CHECK(std::count_if(rows.begin(), rows.end(), [](const profiler::Row& r) { return r.name == "add+layer_norm"; }) == 1);
+          CHECK(std::count_if(rows.begin(), rows.end(), [](const profiler::Row& r) { return r.name == "add"; }) == 0);
+          CHECK(std::string(node_name(*s.grad_fn())) == "add");
+          CHECK(std::string(node_name(*y.grad_fn())) == "layer_norm");
+          CHECK(y.grad_fn()->inputs[0].fn == s.grad_fn());
+        } else {
+          s = add(in[0], b);
+          y = layer_norm(s, in[2], in[3], 1e-5f);
+        }
+      }
+      mul(add(s, relu(y)), rand_tensor({3, 7, c}, 85).to(y.dtype())).backward(Tensor::ones({3, 7, c}, TensorOptions{y.dtype()}));
+      std::vector<std::vector<float>> out{s.to(DType::f32).to_vector<float>(), y.to(DType::f32).to_vector<float>()};
+      for (const Tensor& t : in) out.push_back(t.grad().to(DType::f32).to_vector<float>());
+      return std::pair{out, std::pair{s.dtype(), y.dtype()}};
+    };
+    const auto plain = run(false), fused = run(true);
+    CHECK(fused.second == plain.second);
+    for (size_t i = 0; i < plain.first.size(); ++i) {
+      CAPTURE(i);
+      CHECK(fused.first[i] == plain.first[i]);
+    }
+  }
+  {
+    const NoGradGuard no_grad;
+    const auto [s, y] = add_layer_norm(rand_tensor({2, c}, 86, true), rand_tensor({2, c}, 87), Tensor(), Tensor());
+    CHECK(!s.grad_fn());
+    CHECK(!y.grad_fn());
+    CHECK(y.to_vector<float>() == layer_norm(s, Tensor(), Tensor()).to_vector<float>());
+  }
+  CHECK_THROWS_WITH_AS(add_layer_norm(rand_tensor({2, c}, 1), rand_tensor({3, c}, 2), Tensor(), Tensor()),
+                       doctest::Contains("add: shapes differ"), Error);
+  CHECK_THROWS_WITH_AS(add_layer_norm(rand_tensor({2, c}, 1), rand_tensor({2, c}, 2), rand_tensor({c + 1}, 3), Tensor()),
+                       doctest::Contains("layer_norm: weight has shape [49]"), Error);
 }

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
                "and memory."};
   RunFlags f{.tiles = "off", .timeline = true};
   gpt::ModelFlags m;
-  std::string data_path, tf32 = "off", fused_head = "off", fused_gelu = "off";
+  std::string data_path, tf32 = "off", fused_head = "off", fused_gelu = "off", fused_residual = "off";
   int64_t batch_size = 8, seq_len = 0, accum = 1, steps = 20, warmup = 0;
   double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, clip = 1.0;
   gpt::add_model_flags(app, m);
@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
                  "each block's c_fc and GELU as one op (linear_gelu: on CUDA the GELU in the cuBLASLt product's "
                  "epilogue): on | off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_option("--fused-residual", fused_residual,
+                 "each block's first residual add and ln_2 as one op (add_layer_norm: on CUDA one pass that writes "
+                 "both; the same bits): on | off")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   add_run_flags(app, f, "the sequences per step");
   accum_opt->excludes(app.get_option("--memory-budget"));
   CLI11_PARSE(app, argc, argv);
@@ -72,6 +76,7 @@ int main(int argc, char** argv) {
     mg::nn::GPTConfig cfg = gpt::model_config(m);
     cfg.lm_head = fused_head == "off";  // on: the model ends at ln_f, the loss is the head too
     cfg.fused_gelu = fused_gelu == "on";
+    cfg.fused_residual = fused_residual == "on";
     if (seq_len == 0) seq_len = cfg.block_size;
     MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
     const RunSetup run = setup_run(f, "final.safetensors");
@@ -172,6 +177,7 @@ int main(int argc, char** argv) {
       j["tf32"] = tf32;
       j["fused_head"] = fused_head;
       j["fused_gelu"] = fused_gelu;
+      j["fused_residual"] = fused_residual;
       j["step_ms"] = step_ms;
       j["median_step_ms"] = med;  // the first step left out
       j["tokens_per_s"] = static_cast<double>(tokens_per_step) / (med / 1000.0);

@@ -18,6 +18,13 @@ namespace mg {
 template <class D>
 void layer_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                         float eps);
+// s = a + b (add_forward's bits, in s's dtype), then y, mean and rstd = layer_norm_forward of s
+// (Note [fused residual layer_norm] in src/ops/layer_norm.cpp): on CUDA one pass over each row,
+// which reads a and b and writes s and y, where the two kernels read s once more; on the CPU the
+// two kernels.
+template <class D>
+void add_layer_norm_forward(Tensor& s, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                            const Tensor& w, const Tensor& bias, float eps);
 template <class D>
 void layer_norm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                          const Tensor& mean, const Tensor& rstd, bool accumulate, bool add_dx = false);

@@ -79,7 +79,8 @@ class GPTMLP : public Module {
 
 }  // namespace
 
-GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, float dropout, bool fused_gelu) {
+GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, float dropout, bool fused_gelu, bool fused_residual)
+    : fused_residual_(fused_residual) {
   register_module("ln_1", ln_1_ = std::make_shared<LayerNorm>(n_embd));
   register_module("attn", attn_ = std::make_shared<CausalSelfAttention>(n_embd, n_head, dropout));
   register_module("ln_2", ln_2_ = std::make_shared<LayerNorm>(n_embd));
@@ -87,6 +88,10 @@ GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, float dropout, bool fused_gel
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
+  if (fused_residual_) {
+    const auto [h, n] = ln_2_->forward_residual(x, attn_->forward(ln_1_->forward(x)));
+    return add(h, mlp_->forward(n));
+  }
   const Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
   return add(h, mlp_->forward(ln_2_->forward(h)));
 }
@@ -110,7 +115,8 @@ std::shared_ptr<Sequential> make_gpt2(const GPTConfig& c) {
   auto m = std::make_shared<Sequential>();
   auto& emb = m->add_named<GPTEmbeddings>("transformer", c.vocab_size, c.block_size, c.n_embd, c.dropout);
   for (int64_t i = 0; i < c.n_layer; ++i) {
-    m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head, c.dropout, c.fused_gelu);
+    m->add_named<GPTBlock>("transformer.h." + std::to_string(i), c.n_embd, c.n_head, c.dropout, c.fused_gelu,
+                                 c.fused_residual);
   }
   m->add_named<LayerNorm>("transformer.ln_f", c.n_embd);
   if (c.lm_head) m->add_named<GPTHead>("lm_head", emb.wte());

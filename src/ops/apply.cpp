@@ -223,7 +223,20 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
     }
   }
   if (!record) return out;
+  return record_node(op, attrs, inputs, std::move(out), std::move(saved), c.half_kernels);
+}
 
+bool takes_as_is(const OpDef& op, const std::vector<Tensor>& in, DType* out, bool* half_kernels) {
+  MG_CHECK(op.precision != OpPrecision::low, "takes_as_is: " << op.name << " rounds its inputs under autocast");
+  const Casting c = plan_casting(op, in, autocast_dtype(), common_device(op.name, in));
+  if (c.active && !c.half_kernels) return false;
+  *out = c.active ? c.out : DType::f32;
+  *half_kernels = c.half_kernels;
+  return true;
+}
+
+Tensor record_node(const OpDef& op, const OpAttrs& attrs, const std::vector<Tensor>& inputs, Tensor out,
+                   std::vector<Tensor> saved, bool half_kernels) {
   auto node = std::make_shared<Node>();
   node->op = &op;
   node->attrs = attrs;
@@ -231,8 +244,8 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs) 
   node->saved = std::move(saved);
   node->out_shape = out.shape();
   node->out_dtype = out.dtype();
-  node->cast = cast;
-  node->half_kernels = c.half_kernels;
+  node->cast = autocast_dtype();
+  node->half_kernels = half_kernels;
   node->out_device = out.device();
   // Inputs without history are kept when a gradient goes to them, and inside a checkpoint
   // segment, whose replay re-runs the op on them (Note [checkpoint replay]).

@@ -4,6 +4,8 @@
 // so it runs in tiles. On the CPU x may stay bf16 or f16 (half_kernels) with a float32 weight and
 // bias (autocast keeps them so): mean and rstd stay float32, the weight's and bias's gradients go
 // into float32 buffers.
+#include <minigrad/core/profiler.h>
+
 #include "kernels/layer_norm.h"
 #include "ops/op.h"
 #include "ops/param_grads.h"
@@ -63,12 +65,70 @@ const OpDef kLayerNorm{"layer_norm", OpKind::normalization, layer_norm_fwd, laye
                        CudaHalf::any_dtypes, /*adds_into_pending*/ 0b001};
 MG_REGISTER_OP(kLayerNorm);
 
+// Whether a, b, w and bias are what add and layer_norm take without an error (else they run
+// apart, to give it).
+bool fusable(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, float eps) {
+  auto floating = [](const Tensor& t) {
+    return t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16;
+  };
+  if (!a.defined() || !b.defined() || !floating(a) || !floating(b) || a.shape() != b.shape() || a.dim() < 1 ||
+      a.device() != b.device() || !(eps >= 0.0f))
+    return false;
+  const int64_t c = a.size(a.dim() - 1);
+  for (const Tensor* t : {&w, &bias}) {
+    if (t->defined() && (!floating(*t) || t->dim() != 1 || t->size(0) != c || t->device() != a.device())) return false;
+  }
+  return c > 0;
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   OpAttrs a;
   a.scalar = eps;
   return apply(kLayerNorm, a, {x, weight, bias});
+}
+
+// Note [fused residual layer_norm]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A transformer block's residual add and the layer_norm after it: s = a + b, y = layer_norm(s).
+// On CUDA one kernel makes both (llm.c's fused_residual_forward): it reads a and b and writes s
+// and y, where add then layer_norm read s once more: one pass over (B T, C) saved of the pair's
+// five, and a launch. The tape records the two nodes add and layer_norm record, so backward,
+// replay (which runs the two kernels: the same bits), tiles and the planner see the unfused graph.
+// Backward's half of the fusion is layer_norm adding its input's gradient into the residual
+// stream's (Note [adding into pending gradients] in src/core/autograd.cpp). Where apply() would
+// convert an input first (on CUDA, a and b of two dtypes), or an argument is wrong, the two ops
+// run apart (and give their errors).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                         float eps) {
+  static const OpDef& add_op = *find_op("add");
+  auto apart = [&] {
+    Tensor s = add(a, b);
+    Tensor y = layer_norm(s, weight, bias, eps);
+    return std::pair{std::move(s), std::move(y)};
+  };
+  DType s_dtype = DType::f32, y_dtype = DType::f32;
+  bool half_s = false, half_y = false;
+  if (!fusable(a, b, weight, bias, eps) || !takes_as_is(add_op, {a, b}, &s_dtype, &half_s)) return apart();
+  const Device d = a.device();
+  Tensor s = Tensor::empty(a.shape(), TensorOptions{s_dtype, d});
+  if (!takes_as_is(kLayerNorm, {s, weight, bias}, &y_dtype, &half_y)) return apart();
+  const int64_t rows = a.numel() / a.size(a.dim() - 1);
+  Tensor y = Tensor::empty(a.shape(), TensorOptions{y_dtype, d});
+  Tensor mean = Tensor::empty({rows}, like(a)), rstd = Tensor::empty({rows}, like(a));
+  {
+    const profiler::Scope timed("add+layer_norm", d, forward_pass());
+    MG_DISPATCH(d, add_layer_norm_forward, s, y, mean, rstd, a, b, weight, bias, eps);
+  }
+  if (!GradMode::enabled()) return {s, y};
+  if (a.requires_grad() || b.requires_grad()) s = record_node(add_op, {}, {a, b}, s, {}, half_s);
+  if (s.requires_grad() || (weight.defined() && weight.requires_grad()) || (bias.defined() && bias.requires_grad())) {
+    OpAttrs attrs;
+    attrs.scalar = eps;
+    y = record_node(kLayerNorm, attrs, {s, weight, bias}, y, {s, weight, mean, rstd}, half_y);
+  }
+  return {s, y};
 }
 
 }  // namespace mg

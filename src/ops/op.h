@@ -129,6 +129,15 @@ void set_add_into_pending(bool on);
 // first bf16 or f16 input's, else float32.
 DType half_out(const std::vector<Tensor>& in, OpPrecision row = OpPrecision::follow);
 
+// Note [fused residual layer_norm] (src/ops/layer_norm.cpp): two ops whose forwards one kernel runs,
+// recorded as the nodes apply() would record. takes_as_is: whether apply() would hand `op` (not a
+// `low` row, which makes copies) these inputs as they are (no casting, or its half kernels), and
+// if so the dtype its output would have and whether its half kernels would run. record_node: records op's node for `out`, made from
+// `inputs` by the op's own kernels or ones with their bits, keeping `saved`, as apply() does.
+bool takes_as_is(const OpDef& op, const std::vector<Tensor>& in, DType* out, bool* half_kernels);
+Tensor record_node(const OpDef& op, const OpAttrs& attrs, const std::vector<Tensor>& inputs, Tensor out,
+                   std::vector<Tensor> saved, bool half_kernels);
+
 // The dtype apply() stores the running op's output in: its own output's dtype where its kernels
 // take the low dtypes as they are, a low dtype the float32 output will be rounded to otherwise. An
 // op made of two steps (linear_gelu) rounds its intermediate to it, as the unfused ops would.

@@ -117,6 +117,9 @@ struct GPTConfig {
   // Each block's c_fc and GELU as one op, linear_gelu (Note [fused gelu] in src/ops/linear.cpp):
   // on CUDA one cuBLASLt product with the GELU in its epilogue; the same bits on the CPU.
   bool fused_gelu = false;
+  // Each block's first residual add and ln_2 as one op, add_layer_norm (Note [fused residual
+  // layer_norm] in src/ops/layer_norm.cpp): on CUDA one pass that writes both; the same bits.
+  bool fused_residual = false;
 };
 
 class GPTEmbeddings : public Module {  // wte(tokens) + wpe(positions)
@@ -145,12 +148,14 @@ class CausalSelfAttention : public Module {  // c_attn (C -> 3C), causal_self_at
 
 class GPTBlock : public Module {  // ln_1, attn, ln_2, mlp (c_fc, GELU, c_proj), two residual adds
  public:
-  GPTBlock(int64_t n_embd, int64_t n_head, float dropout = 0.0f, bool fused_gelu = false);
+  GPTBlock(int64_t n_embd, int64_t n_head, float dropout = 0.0f, bool fused_gelu = false, bool fused_residual = false);
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
 
  private:
-  std::shared_ptr<Module> ln_1_, attn_, ln_2_, mlp_;
+  std::shared_ptr<Module> ln_1_, attn_, mlp_;
+  std::shared_ptr<LayerNorm> ln_2_;
+  bool fused_residual_;
 };
 
 class GPTHead : public Module {  // logits = x wte^T, tied: no parameter of its own

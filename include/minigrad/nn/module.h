@@ -161,6 +161,10 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, float eps = 1e-5f);
   Tensor forward(const Tensor& x) override { return layer_norm(x, params_[0].second, params_[1].second, eps); }
+  // {a + b, forward(a + b)} (add_layer_norm: one pass on CUDA, Note [fused residual layer_norm]).
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& a, const Tensor& b) {
+    return add_layer_norm(a, b, params_[0].second, params_[1].second, eps);
+  }
   std::string name() const override;
   int64_t dim;
   float eps;

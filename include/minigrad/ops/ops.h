@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <minigrad/core/autograd.h>
@@ -64,6 +65,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 // x: (..., C) normalised over the last dimension (biased variance), then * weight + bias (C, or
 // undefined): torch.nn.functional.layer_norm(x, (C,), weight, bias, eps).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// {a + b, layer_norm(a + b, weight, bias, eps)}: a residual add and the layer_norm after it, as
+// those two ops record them, made in one pass on CUDA (Note [fused residual layer_norm]).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                         float eps = 1e-5f);
 // idx: any shape, int64 in [0, V); weight: (V, C)  ->  (idx's shape..., C): weight's rows by index
 // (torch.nn.functional.embedding). Token and position embeddings; the weight's gradient is summed
 // per row in position order (deterministic).

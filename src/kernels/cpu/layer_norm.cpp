@@ -15,6 +15,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/convert.h"
+#include "kernels/elementwise.h"
 #include "kernels/cpu/half_rows.h"
 
 namespace mg {
@@ -64,6 +65,13 @@ void layer_norm_forward<Cpu>(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
       ys.store(r);
     }
   });
+}
+
+template <>
+void add_layer_norm_forward<Cpu>(Tensor& s, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                 const Tensor& w, const Tensor& bias, float eps) {
+  add_forward<Cpu>(s, a, b);
+  layer_norm_forward<Cpu>(y, mean, rstd, s, w, bias, eps);
 }
 
 template <>

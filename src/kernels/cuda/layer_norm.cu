@@ -22,6 +22,36 @@ __device__ float warp_sum(float v) {
 // The weight or bias at column j, or `none` for an undefined one.
 __device__ float param(cuda::Elems p, int64_t j, float none) { return p.p ? cuda::load(p, j) : none; }
 
+// layer_norm_forward_kernel on s = a + b, s written on the way: the same sums over the values s
+// holds (rounded to its dtype), so the bits of add_forward_kernel and then layer_norm_forward_kernel.
+__global__ void add_layer_norm_forward_kernel(cuda::Elems s, cuda::Elems y, float* mean, float* rstd, cuda::Elems a,
+                                              cuda::Elems b, cuda::Elems w, cuda::Elems bias, int64_t m, int64_t c,
+                                              float eps) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= m) return;
+  const int64_t row = r * c;
+  float sum = 0;
+  for (int64_t j = lane; j < c; j += kWarp) {
+    const float v = half::rounded(s.t, cuda::load(a, row + j) + cuda::load(b, row + j));
+    cuda::store(s, row + j, v);
+    sum += v;
+  }
+  const float mu = warp_sum(sum) / static_cast<float>(c);
+  float sq = 0;
+  for (int64_t j = lane; j < c; j += kWarp) {  // each lane reads back what it wrote
+    const float d = cuda::load(s, row + j) - mu;
+    sq += d * d;
+  }
+  const float rs = rsqrtf(warp_sum(sq) / static_cast<float>(c) + eps);
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  for (int64_t j = lane; j < c; j += kWarp)
+    cuda::store(y, row + j, (cuda::load(s, row + j) - mu) * rs * param(w, j, 1.0f) + param(bias, j, 0.0f));
+}
+
 __global__ void layer_norm_forward_kernel(cuda::Elems y, float* mean, float* rstd, cuda::Elems x, cuda::Elems w,
                                           cuda::Elems b, int64_t m, int64_t c, float eps) {
   const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
@@ -109,6 +139,21 @@ void layer_norm_forward<Cuda>(Tensor& y, Tensor& mean, Tensor& rstd, const Tenso
   layer_norm_forward_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads, 0, stream>>>(
       cuda::elems_of(y), mean.data<float>(), rstd.data<float>(), cuda::elems_of(x), cuda::elems_of(w),
       cuda::elems_of(b), m, c, eps);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+template <>
+void add_layer_norm_forward<Cuda>(Tensor& s, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                                  const Tensor& w, const Tensor& bias, float eps) {
+  cuda::check_same_dtype("add", {&s, &a, &b});  // as add_forward takes them
+  const int64_t c = a.size(a.dim() - 1), m = c > 0 ? a.numel() / c : 0;
+  if (m == 0) return;
+  const int dev = cuda::device_of(y);
+  cuda::DeviceGuard guard(dev);
+  const cudaStream_t stream = cuda::stream(dev);
+  add_layer_norm_forward_kernel<<<cuda::grid_for(m * kWarp), cuda::kThreads, 0, stream>>>(
+      cuda::elems_of(s), cuda::elems_of(y), mean.data<float>(), rstd.data<float>(), cuda::elems_of(a),
+      cuda::elems_of(b), cuda::elems_of(w), cuda::elems_of(bias), m, c, eps);
   MG_CUDA_CHECK_LAUNCH();
 }
 
