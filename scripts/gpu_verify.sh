@@ -553,6 +553,12 @@ stage_precision() {
   r=$?
   note "precision: gpt2 B=$gb T=1024 bf16 --fused-gelu on: exit $r; $(grep -E '^median step' "$log/precision_gpt2_bf16_gelu.log" | tail -1)"
   [ $r -ne 0 ] && rc=1
+  # Each block's first residual add and ln_2 in one pass (issue 37, Note [fused residual layer_norm]).
+  timeout 100 "$build/bin/gpt_train" --device cuda --config gpt2 --batch-size "$gb" --seq-len 1024 --steps 12 \
+    --precision bf16 --fused-residual on --json "$log/precision_gpt2_bf16_resid.json" >"$log/precision_gpt2_bf16_resid.log" 2>&1
+  r=$?
+  note "precision: gpt2 B=$gb T=1024 bf16 --fused-residual on: exit $r; $(grep -E '^median step' "$log/precision_gpt2_bf16_resid.log" | tail -1)"
+  [ $r -ne 0 ] && rc=1
   for p in tf32 bf16; do
     timeout 100 "$build/bin/vgg_ckpt" --device cuda --image-size 224 --batch-size "$vb" --steps 8 --precision $p \
       --json "$log/precision_vgg16_$p.json" >"$log/precision_vgg16_$p.log" 2>&1
@@ -587,6 +593,10 @@ gelu = rd("precision_gpt2_bf16_gelu.json")
 if gelu and low:
     print(f"  gpt2 bf16 --fused-gelu on: {gelu['median_step_ms']:.1f} ms a step ({low['median_step_ms'] / gelu['median_step_ms']:.2f}x "
           f"the speed of linear + gelu), losses {gelu['losses'][-1]:.4f} against {low['losses'][-1]:.4f}")
+resid = rd("precision_gpt2_bf16_resid.json")
+if resid and low:  # the same bits: the losses must be equal
+    print(f"  gpt2 bf16 --fused-residual on: {resid['median_step_ms']:.1f} ms a step ({low['median_step_ms'] / resid['median_step_ms']:.2f}x "
+          f"the speed of add + layer_norm), losses equal: {resid['losses'] == low['losses']}")
 PY
   return $rc
 }
