@@ -16,6 +16,21 @@ what the allocator may take of it). The joint planner trains any batch in micro-
 is a batch of twice PyTorch's largest under the same cap, with the plan it chose and its time per
 sample. One JSON line per result (issue 40's schema) and, with --png, time per sample against
 batch for every framework and plan.
+
+GPT-2 (issue 37, item 3) adds ours with every block its own segment (plan `blocks`) and llm.c
+(--llmc DIR: train_gpt2cu in bf16 at each --llmc-recompute level, -r 0 keeping every activation,
+1 recomputing GELU, 2 LayerNorm too). llm.c allocates everything before its first step and prints
+it ('device memory usage'); its bytes are linear in the batch too, so it is searched as ours is:
+runs at b and 2b, the largest batch predicted under the cap, one run there and one 3% above. It has
+no cap of its own: under a cap a run fits when it trains and the most device memory it used (its
+report or nvidia-smi's, whichever is more) is within the cap; at the card's memory, when it trains
+without falling back to cudaMallocManaged (which it does rather than fail, running from host
+memory). The joint planner's batch is then at least 1.5x llm.c's largest at -r 2, and the summary
+gives its tokens/s against llm.c's there (issue 37: at least 0.85x). Use --precision bf16 for
+GPT-2 against llm.c: it applies to ours and PyTorch alike.
+
+--device cpu --gpt-config tiny tries the GPT-2 path on a CPU build, with a stand-in for llm.c
+(tests/peer_scripts.py).
 """
 import argparse
 import json
@@ -27,6 +42,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_peers  # noqa: E402  llm.c's command, token files, output and nvidia-smi's memory
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
@@ -69,13 +86,21 @@ class Record:
     def ours_cmd(self, model, batch, plan, cap, js):
         a = self.a
         if model == "gpt2":
-            cmd = [os.path.join(a.build_dir, "bin", "gpt_train"), "--config", "gpt2", "--seq-len", str(a.seq_len),
+            cmd = [os.path.join(a.build_dir, "bin", "gpt_train"), "--config", a.gpt_config, "--seq-len", str(a.seq_len),
                    "--steps", str(a.steps + 1), "--tf32", "on" if a.tf32 == "on" else "off"]
         else:
             cmd = [os.path.join(a.build_dir, "bin", "vgg_ckpt"), "--model", model, "--image-size", str(a.image_size),
                    "--width-div", str(a.width_div), "--steps", str(a.steps + 1), "--tf32", a.tf32]
         cmd += ["--device", a.device, "--batch-size", str(batch), "--json", js]
-        cmd += ["--memory-budget", plan.split("=", 1)[1]] if plan.startswith("joint=") else ["--checkpoint", plan]
+        if a.precision != "fp32":
+            cmd += ["--precision", a.precision]
+        if plan.startswith("joint="):
+            cmd += ["--memory-budget", plan.split("=", 1)[1]]
+        elif plan == "blocks":  # GPT: every block its own segment (units: embeddings, the blocks, ln_f, head)
+            layers = gpt_peers.CONFIGS[a.gpt_config][2]
+            cmd += ["--checkpoint", " ".join(f"[{i},{i + 1})" for i in range(1, layers + 1))]
+        else:
+            cmd += ["--checkpoint", plan]
         if cap:
             cmd += ["--memory-limit", str(cap)]
         return cmd
@@ -163,6 +188,83 @@ class Record:
         else:
             rec["error"] = j[-1]
         self.emit(rec)
+        return rec
+
+    # ---- llm.c (GPT-2 only) --------------------------------------------------------------------
+    def llmc_run(self, batch, recompute, cap):
+        """(ok, {median_step_s, used_bytes, ...} or [why])."""
+        a, skip = self.a, 2
+        exe = os.path.join(a.llmc, "train_gpt2cu")
+        if not os.path.exists(exe):
+            return False, [f"{exe} not found (bash ../shared/peers/llm.c/build.sh DIR)"]
+        tmp = tempfile.mkdtemp(prefix="memrec_llmc_")
+        train, val = os.path.join(tmp, "train.bin"), os.path.join(tmp, "val.bin")
+        gpt_peers.write_tokens(train, (a.steps + skip + 2) * batch * a.seq_len + 1, 1)
+        gpt_peers.write_tokens(val, batch * a.seq_len + 1, 2)
+        cmd = gpt_peers.llmc_bf16_cmd(exe, train, val, batch, a.seq_len, a.steps + skip, recompute)
+        try:
+            with gpt_peers.MemSampler() as mem:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            out = p.stdout + p.stderr
+            if p.returncode != 0:
+                return False, [f"exit {p.returncode}: " + (out.strip().splitlines() or ["?"])[-1][:200]]
+            if "cudaMallocManaged" in out:  # it ran, but from host memory
+                return False, ["fell back to cudaMallocManaged: does not fit the device"]
+            r = gpt_peers.parse_llmc(out, "bf16", skip)
+            r["used_bytes"] = max(r.get("peak_bytes") or 0, mem.used() or 0)
+            if cap and r["used_bytes"] > cap:
+                return False, [f"used {r['used_bytes'] / 2**20:.0f} MiB, over the cap"]
+            return True, r
+        except subprocess.TimeoutExpired:
+            return False, ["timed out"]
+        except ValueError as e:
+            return False, [f"could not read its output: {e}"]
+        finally:
+            for f in os.listdir(tmp):
+                os.unlink(os.path.join(tmp, f))
+            os.rmdir(tmp)
+
+    def llmc_search(self, recompute, cap):
+        a, b0, probes = self.a, self.a.ours_start, []
+        plan = f"-r {recompute}"
+        ok1, r1 = self.llmc_run(b0, recompute, 0)
+        ok2, r2 = self.llmc_run(2 * b0, recompute, 0)
+        if not (ok1 and ok2):
+            self.emit({"framework": "llm.c", "workload": "gpt2", "plan": plan, "memory_cap_bytes": cap or self.total,
+                       "error": f"the runs at {b0} and {2 * b0} failed: {(r1 if not ok1 else r2)[-1]}"})
+            return None
+        per_sample = (r2["used_bytes"] - r1["used_bytes"]) / b0
+        fixed = r1["used_bytes"] - per_sample * b0
+        room = (cap or self.total or 0) * (a.room if not cap else 1.0)
+        b = max(1, int((room - fixed) / per_sample)) if per_sample > 0 else 2 * b0
+        log(f"llm.c {plan}: fixed {fixed / 2**20:.0f} MiB, {per_sample / 2**20:.2f} MiB per sequence: batch {b} "
+            f"predicted to fit {room / 2**20:.0f} MiB")
+        best, ok_above = None, False
+        ok, r = self.llmc_run(b, recompute, cap)
+        probes.append({"batch": b, "ok": ok, **({} if ok else {"why": r[-1]})})
+        if ok:
+            best = (b, r)
+            above = int(math.ceil(b * 1.03)) + 1
+            ok_above, r_above = self.llmc_run(above, recompute, cap)
+            probes.append({"batch": above, "ok": ok_above, **({} if ok_above else {"why": r_above[-1]})})
+        else:
+            lo, hi, best = 2 * b0, b, (2 * b0, r2)
+            while hi - lo > max(1, int(0.03 * lo)):
+                mid = (lo + hi) // 2
+                ok, r = self.llmc_run(mid, recompute, cap)
+                probes.append({"batch": mid, "ok": ok, **({} if ok else {"why": r[-1]})})
+                if ok:
+                    lo, best = mid, (mid, r)
+                else:
+                    hi = mid
+        rec = {"framework": "llm.c", "workload": "gpt2", "plan": plan, "memory_cap_bytes": cap or self.total,
+               "predicted_max_batch": b, "fixed_bytes": fixed, "bytes_per_sample": per_sample, "probes": probes,
+               "above_also_trained": ok_above}
+        r = best[1]
+        rec.update(max_batch=best[0], median_step_s=r["median_step_s"], peak_bytes=r["used_bytes"],
+                   samples_per_s=best[0] / r["median_step_s"], tokens_per_s=best[0] * a.seq_len / r["median_step_s"])
+        self.emit(rec)
+        return rec
 
     # ---- PyTorch -------------------------------------------------------------------------------
     def torch_search(self, model, plan, cap):
@@ -223,7 +325,12 @@ def main():
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per probe")
     ap.add_argument("--tf32", choices=["on", "off", "conv"], default="conv")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="PyTorch's (ours: fp32)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="PyTorch's and ours")
+    ap.add_argument("--gpt-config", choices=sorted(gpt_peers.CONFIGS), default="gpt2",
+                    help="ours' GPT (tiny: a CPU try; PyTorch and llm.c run GPT-2 124M only)")
+    ap.add_argument("--llmc", default=None, help="llm.c's build (train_gpt2cu): GPT-2 against it too")
+    ap.add_argument("--llmc-recompute", default="0,1,2", help="llm.c's -r levels")
+    ap.add_argument("--ours-plans", default="none,sqrt", help="ours' plans searched (GPT-2 adds blocks)")
     ap.add_argument("--ours-start", type=int, default=4, help="ours: the two runs at b and 2b")
     ap.add_argument("--torch-start", type=int, default=8)
     ap.add_argument("--room", type=float, default=0.97, help="ours: the share of the cap a batch is planned to")
@@ -236,16 +343,31 @@ def main():
     a.build_dir = os.path.abspath(a.build_dir)
     r = Record(a)
     fws = a.frameworks.split(",")
+    if a.llmc and "llm.c" not in fws:
+        fws.append("llm.c")
     for model in [m for m in a.models.split(",") if m]:
         for cap in [parse_cap(c) for c in a.caps.split(",") if c]:
-            torch_max = None
+            torch_max, llmc_r2 = None, None
             if "pytorch" in fws:
                 torch_max = r.torch_search(model, "none", cap)
                 r.torch_search(model, "segments=2", cap)
+            if "llm.c" in fws and model == "gpt2":
+                for level in [int(x) for x in a.llmc_recompute.split(",") if x]:
+                    got = r.llmc_search(level, cap)
+                    if level == 2 and got:
+                        llmc_r2 = got
             if "libminigrad" in fws:
-                r.ours_search(model, "none", cap)
-                r.ours_search(model, "sqrt", cap)
-                r.ours_joint(model, 2 * (torch_max or 64), cap)
+                plans = [p for p in a.ours_plans.split(",") if p]
+                for plan in plans + (["blocks"] if model == "gpt2" and "blocks" not in plans else []):
+                    r.ours_search(model, plan, cap)
+                joint = 2 * (torch_max or 64)
+                if llmc_r2:  # issue 37: at least 1.5x llm.c's largest batch at -r 2
+                    joint = max(joint, int(math.ceil(1.5 * llmc_r2["max_batch"])))
+                got = r.ours_joint(model, joint, cap)
+                if llmc_r2 and got and got.get("samples_per_s"):
+                    print(f"{model} under {(cap or r.total) / 2**20:.0f} MiB: the joint planner trains "
+                          f"{got['max_batch']} ({got['max_batch'] / llmc_r2['max_batch']:.2f}x llm.c -r 2's largest, "
+                          f"{llmc_r2['max_batch']}) at {got['samples_per_s'] / llmc_r2['samples_per_s']:.2f}x its tokens/s")
     if a.png and r.rows:
         plot(r.rows, a.png)
     for row in r.rows:

@@ -380,8 +380,11 @@ stage_gpt_batch() {
 stage_peers() {
   have_build || return 1
   local rc=0 r
-  timeout "${PEERS_TIMEOUT:-300}" "$py" bench/gpt_peers.py --build-dir "$build" --llmc-dir "${LLMC_DIR:-.peers/llmc-bin}" \
+  # Ours in fp32, tf32 and bf16, each plain and with its fusions (PEERS_VARIANTS): 22 runs at two
+  # batches, about 330 s on the H200.
+  timeout "${PEERS_TIMEOUT:-420}" "$py" bench/gpt_peers.py --build-dir "$build" --llmc-dir "${LLMC_DIR:-.peers/llmc-bin}" \
     --torch-python "$py" --batches "${PEERS_BATCHES:-4,16}" --steps "${PEERS_STEPS:-12}" --timeout 100 \
+    --ours-precisions "${PEERS_OURS:-fp32,tf32,bf16}" --ours-variants "${PEERS_VARIANTS:-plain,fused}" \
     --out "$log/gpt2_peers.jsonl" --md "$log/gpt2_peers.md" --logs "$log/gpt2_peers_logs" >"$log/gpt2_peers.out" 2>"$log/gpt2_peers.log"
   r=$?
   note "gpt2 against PyTorch and llm.c: exit $r"
@@ -440,11 +443,17 @@ PY
 # Issue 40, item 5: the memory record (bench/memory_record.py): the largest batch that trains and
 # its time per sample, PyTorch (none, checkpoint_sequential(2)) and ours (none, sqrt, the joint
 # planner), at the card's memory and under 16 GiB. One model per call: MEMREC_MODELS (default
-# vgg16), MEMREC_CAPS (default full,16GiB), MEMREC_TIMEOUT (default 540 s).
+# vgg16), MEMREC_CAPS (default full,16GiB), MEMREC_PRECISION (fp32 or bf16, both frameworks),
+# MEMREC_TIMEOUT (default 540 s). GPT-2 (issue 37, item 3) adds ours with every block checkpointed
+# and llm.c at -r 0, 1, 2 from LLMC_DIR (default .peers/llmc-bin) when it is there:
+# MEMREC_MODELS=gpt2 MEMREC_PRECISION=bf16 MEMREC_CAPS=16GiB.
 stage_memory_record() {
   have_build || return 1
+  local llmc=()
+  [ -x "${LLMC_DIR:-.peers/llmc-bin}/train_gpt2cu" ] && llmc=(--llmc "${LLMC_DIR:-.peers/llmc-bin}")
   timeout "${MEMREC_TIMEOUT:-540}" "$py" bench/memory_record.py --build-dir "$build" --models "${MEMREC_MODELS:-vgg16}" \
-    --caps "${MEMREC_CAPS:-full,16GiB}" --torch-python "$py" --out "$log/memory_record.jsonl" \
+    --caps "${MEMREC_CAPS:-full,16GiB}" --precision "${MEMREC_PRECISION:-fp32}" "${llmc[@]}" \
+    --torch-python "$py" --out "$log/memory_record.jsonl" \
     --png "$log/memory_record.png" >"$log/memory_record.out" 2>"$log/memory_record.log"
   local r=$?
   note "memory record ${MEMREC_MODELS:-vgg16}: exit $r"
