@@ -27,6 +27,7 @@
 #include "kernels/linear.h"
 #include "kernels/matmul.h"
 #include "kernels/pooling.h"
+#include "ops/op.h"  // set_add_into_pending
 
 using namespace mg;
 using namespace mg::test;
@@ -791,7 +792,7 @@ TEST_CASE("cuda: layer_norm over tiles of rows, columns not a multiple of 32, ac
       layer_norm_backward<Cuda>(sumg, none, none, dy.to(kGpu), xs.to(kGpu), ws.to(kGpu), mean.to(kGpu), rstd.to(kGpu),
                                 false, /*add_dx=*/true);
       CHECK(rel_err(sumg.to(DType::f32), sum.to(DType::f32)) < (dt == DType::f32 ? kStrict : 2e-2));
-      CHECK(rel_err(sum.to(DType::f32), pending.to(DType::f32)) > 1e-3);  // something was added
+      if (c > 1) CHECK(rel_err(sum.to(DType::f32), pending.to(DType::f32)) > 1e-3);  // something was added (xhat = 0 at c = 1)
     }
   }
 }
@@ -815,15 +816,21 @@ TEST_CASE("cuda: the profiler times CUDA ops by events on the device's stream") 
   CHECK(found == 2);  // forward and backward
 }
 
-#endif  // MINIGRAD_WITH_CUDA
 
 // Note [fused residual layer_norm]: one pass on the GPU gives the bits of add then layer_norm
-// there, forward and backward, float32 and bf16 (a and b of one dtype: the fused kernel runs).
-TEST_CASE("cuda: add_layer_norm gives the bits of add then layer_norm") {
+// there, forward and backward, float32 and bf16 (a and b of one dtype: the fused kernel runs); and
+// Note [adding into pending gradients]: layer_norm's dx added onto the residual stream's gradient
+// gives the bits of a separate dx added in (a product after the block, so that the stream's
+// gradient is backward's own and the add path is taken: one allocation fewer).
+TEST_CASE("cuda: add_layer_norm and dx added into the pending gradient give the unfused bits") {
   const int64_t c = 768;
+  struct Restore {
+    ~Restore() { set_add_into_pending(true); }
+  } restore;
   for (const DType dt : {DType::f32, DType::bf16}) {
     CAPTURE(dtype_name(dt));
-    auto run = [&](bool fused) {
+    auto run = [&](bool fused, bool add_into, uint64_t* allocs) {
+      set_add_into_pending(add_into);
       std::vector<Tensor> in{rand_tensor({4, 33, c}, 91).to(kGpu).to(dt), rand_tensor({4, 33, c}, 92).to(kGpu).to(dt),
                              rand_tensor({c}, 93).to(kGpu), rand_tensor({c}, 94).to(kGpu)};
       for (Tensor& t : in) t.requires_grad_();
@@ -839,15 +846,25 @@ TEST_CASE("cuda: add_layer_norm gives the bits of add then layer_norm") {
       const std::vector<profiler::Row> rows = profiler::report();
       CHECK(std::count_if(rows.begin(), rows.end(), [](const profiler::Row& r) { return r.name == "add+layer_norm"; }) ==
             (fused ? 1 : 0));
-      add(s, y).backward(rand_tensor({4, 33, c}, 95).to(kGpu).to(y.dtype()));
-      std::vector<std::vector<float>> out{s.cpu().to(DType::f32).to_vector<float>(), y.cpu().to(DType::f32).to_vector<float>()};
-      for (const Tensor& t : in) out.push_back(t.grad().cpu().to(DType::f32).to_vector<float>());
-      return out;
+      const Tensor out = mul(add(s, scale(y, 2.0f)), rand_tensor({4, 33, c}, 95).to(kGpu).to(y.dtype()));
+      const Tensor ones = Tensor::ones({4, 33, c}, TensorOptions{}.with_device(kGpu)).to(y.dtype());
+      const uint64_t before = memory_stats(kGpu).alloc_count;
+      out.backward(ones);
+      *allocs = memory_stats(kGpu).alloc_count - before;
+      std::vector<std::vector<float>> res{s.cpu().to(DType::f32).to_vector<float>(), y.cpu().to(DType::f32).to_vector<float>()};
+      for (const Tensor& t : in) res.push_back(t.grad().cpu().to(DType::f32).to_vector<float>());
+      return res;
     };
-    const auto plain = run(false), fused = run(true);
+    uint64_t a_off = 0, a_on = 0, a_fused = 0;
+    const auto plain = run(false, false, &a_off), added = run(false, true, &a_on), fused = run(true, true, &a_fused);
+    MESSAGE("backward allocations: " << a_off << " apart, " << a_on << " adding into the pending gradient");
+    CHECK(a_on < a_off);
     for (size_t i = 0; i < plain.size(); ++i) {
       CAPTURE(i);
+      CHECK(added[i] == plain[i]);
       CHECK(fused[i] == plain[i]);
     }
   }
 }
+
+#endif  // MINIGRAD_WITH_CUDA

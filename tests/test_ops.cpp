@@ -787,6 +787,44 @@ TEST_CASE("ops: layer_norm adds its input gradient into the residual stream's, w
   }
 }
 
+// Note [adding into pending gradients]: a leaf's buffer is handed to layer_norm's rule only where
+// adding into it gives a separate gradient's bits: a bf16 input's float32 buffer (an optimizer's
+// zeros) takes the bf16-rounded gradient, as accumulate_grad adds it.
+TEST_CASE("ops: layer_norm adds into a leaf's gradient buffer only where the bits stay those of a separate gradient") {
+  struct Restore {
+    ~Restore() { set_add_into_pending(true); }
+  } restore;
+  using test::rand_tensor;
+  // x's gradient after a backward, onto `buffer` (or none), with add_into on or off.
+  auto run = [](bool add_into, const Tensor& buffer) {
+    set_add_into_pending(add_into);
+    const Tensor x = rand_tensor({5, 40}, 71).to(DType::bf16).requires_grad_();
+    if (buffer.defined()) x.set_grad(buffer.clone());
+    mul(layer_norm(x, Tensor(), Tensor()), rand_tensor({5, 40}, 73).to(DType::bf16)).backward(
+        Tensor::ones({5, 40}, TensorOptions{DType::bf16}));
+    return x.grad();
+  };
+  const Tensor g = run(true, Tensor());  // bf16, the leaf's own
+  REQUIRE(g.dtype() == DType::bf16);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const std::string name = dtype_name(dtype);
+    CAPTURE(name);
+    const Tensor buffer = rand_tensor({5, 40}, 72).to(dtype);
+    Tensor want;  // accumulate_grad's sum: float(buffer) + float(g), in the buffer's dtype
+    {
+      const NoGradGuard no_grad;
+      want = add(buffer, dtype == DType::f32 ? g.to(DType::f32) : g);
+    }
+    REQUIRE(want.dtype() == dtype);
+    for (const bool add_into : {true, false}) {
+      CAPTURE(add_into);
+      const Tensor got = run(add_into, buffer);
+      CHECK(got.dtype() == dtype);
+      CHECK(got.to(DType::f32).to_vector<float>() == want.to(DType::f32).to_vector<float>());
+    }
+  }
+}
+
 // Note [fused residual layer_norm]: the two nodes add and layer_norm record, with their outputs'
 // bits, and the same gradients; float32 and bf16; without grad; arguments the ops refuse get
 // their errors.

@@ -162,9 +162,15 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
     for (size_t i = 0; i < n->inputs.size(); ++i) {
       const NodeInput& in = n->inputs[i];
       if (!in.requires_grad) continue;
+      // Note [adding into pending gradients]: a rule that adds into what it is handed takes a
+      // leaf's buffer, as a gradient pending for a node's output, only where that gives a separate
+      // gradient's bits (the input's dtype) and it is not the incoming gradient's storage.
+      const bool adds = !n->segment && op_adds_into_pending(*n, i);
       if (!in.fn) {
-        accum[i] = in.leaf.grad();
-      } else if (!n->segment && rule_adds_into_pending(*n, i)) {  // Note [adding into pending gradients]
+        Tensor buf = in.leaf.grad();
+        if (!adds || (buf.defined() && rule_adds_into_pending(*n, i) && buf.dtype() == in.dtype && !buf.shares_storage(g)))
+          accum[i] = std::move(buf);
+      } else if (adds && rule_adds_into_pending(*n, i)) {
         const auto slot = pending.find(in.fn.get());
         if (slot != pending.end() && sole_owner(slot->second) && slot->second.dtype() == in.dtype &&
             slot->second.shape() == in.shape)

@@ -185,8 +185,10 @@ Tensor apply(const OpDef& op, const OpAttrs& attrs, std::vector<Tensor> inputs);
 // True when nothing else refers to t or its storage (one handle, the storage not shared, no
 // history): a gradient its receiver may overwrite in place (accumulate_grad, relu's backward).
 bool sole_owner(const Tensor& t);
-// Whether node n's rule adds input i's gradient into a pending one (Note [adding into pending
-// gradients]): accum[i] is then that gradient where nothing else holds it.
+// Whether node n's rule adds input i's gradient into accum[i] (OpDef::adds_into_pending), and
+// whether it is handed a pending gradient there now (set_add_into_pending on): Note [adding into
+// pending gradients]; accum[i] is then that gradient where nothing else holds it.
+bool op_adds_into_pending(const Node& n, size_t i);
 bool rule_adds_into_pending(const Node& n, size_t i);
 void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);

@@ -313,9 +313,11 @@ std::atomic<bool> g_add_into_pending{true};
 
 void set_add_into_pending(bool on) { g_add_into_pending = on; }
 
-bool rule_adds_into_pending(const Node& n, size_t i) {
-  return g_add_into_pending && n.op && i < 8 && (n.op->adds_into_pending >> i & 1u) != 0;
+bool op_adds_into_pending(const Node& n, size_t i) {
+  return n.op && i < 8 && (n.op->adds_into_pending >> i & 1u) != 0;
 }
+
+bool rule_adds_into_pending(const Node& n, size_t i) { return g_add_into_pending && op_adds_into_pending(n, i); }
 
 bool op_tiles(const OpDef& op) { return op.tile != nullptr; }
 

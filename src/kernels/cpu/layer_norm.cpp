@@ -93,12 +93,24 @@ void layer_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
           sgx += static_cast<double>(g) * xhat;
         }
         const float mg = static_cast<float>(sg / static_cast<double>(c)), mgx = static_cast<float>(sgx / static_cast<double>(c));
-        // add_dx: onto the row there, the value rounded as a separate dx would hold it.
-        float* dr = add_dx ? dxs.update(r) : dxs.write(r);
-        for (int64_t j = 0; j < c; ++j) {
+        auto value = [&](int64_t j) {
           const float g = gr[j] * (pw ? pw[j] : 1.0f), xhat = (xr[j] - pm[r]) * pr[r];
-          const float v = pr[r] * (g - mg - xhat * mgx);
-          dr[j] = add_dx ? dr[j] + half::rounded(dx.dtype(), v) : v;
+          return pr[r] * (g - mg - xhat * mgx);
+        };
+        if (!add_dx) {
+          float* dr = dxs.write(r);
+          for (int64_t j = 0; j < c; ++j) dr[j] = value(j);
+        } else {
+          // Onto the row there, each value rounded as a separate dx would hold it: stored in a
+          // block first, so that no build contracts its product into the add.
+          float* acc = dxs.update(r);
+          constexpr int64_t kBlock = 64;
+          float v[kBlock];
+          for (int64_t j0 = 0; j0 < c; j0 += kBlock) {
+            const int64_t n = std::min(kBlock, c - j0);
+            for (int64_t k = 0; k < n; ++k) v[k] = value(j0 + k);
+            for (int64_t k = 0; k < n; ++k) acc[j0 + k] = acc[j0 + k] + half::rounded(dx.dtype(), v[k]);
+          }
         }
         dxs.store(r);
       }

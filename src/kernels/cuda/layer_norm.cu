@@ -93,7 +93,9 @@ __global__ void layer_norm_dx_kernel(cuda::Elems dx, cuda::Elems dy, cuda::Elems
   for (int64_t j = lane; j < c; j += kWarp) {
     const float g = cuda::load(dy, row + j) * param(w, j, 1.0f);
     const float v = rs * (g - mg - (cuda::load(x, row + j) - mu) * rs * mgx);
-    cuda::store(dx, row + j, add_dx ? cuda::load(dx, row + j) + half::rounded(dx.t, v) : v);
+    // __fadd_rn: never contracted with v's product into one FMA, so v is rounded first, as a
+    // separate dx would hold it before add_inplace_kernel added it.
+    cuda::store(dx, row + j, add_dx ? __fadd_rn(cuda::load(dx, row + j), half::rounded(dx.t, v)) : v);
   }
 }
 
