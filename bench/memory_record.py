@@ -130,49 +130,54 @@ class Record:
     def peak_of(j):
         return j.get("measured_peak_in_use_bytes") or j.get("peak_in_use_bytes")
 
-    def ours_search(self, model, plan, cap):
-        a, b0 = self.a, self.a.ours_start
-        probes = []
-        ok1, j1 = self.ours_run(model, b0, plan, cap)
-        ok2, j2 = self.ours_run(model, 2 * b0, plan, cap)
+    def search(self, run, used, room, label):
+        """The largest batch that trains: runs at b and 2b (--ours-start), whose bytes used(record)
+        are linear in the batch, give the batch predicted to fit `room`; one run there and one 3%
+        above, or a bisection between 2b and the prediction, to 3%. run(batch) -> (ok, the record
+        or [why])."""
+        b0 = self.a.ours_start
+        ok1, r1 = run(b0)
+        ok2, r2 = run(2 * b0)
         if not (ok1 and ok2):
-            return self.emit({"framework": "libminigrad", "workload": model, "plan": plan, "memory_cap_bytes": cap,
-                              "error": f"the runs at {b0} and {2 * b0} failed: {(j1 if not ok1 else j2)[-1]}"})
-        per_sample = (self.peak_of(j2) - self.peak_of(j1)) / b0
-        fixed = self.peak_of(j1) - per_sample * b0
-        room = (cap or self.total or 0) * a.room
-        b = max(1, int((room - fixed) / per_sample)) if per_sample > 0 else 0
-        log(f"ours {model} {plan}: fixed {fixed / 2**20:.0f} MiB, {per_sample / 2**20:.2f} MiB per sample: batch {b} "
+            return {"error": f"the runs at {b0} and {2 * b0} failed: {(r1 if not ok1 else r2)[-1]}"}
+        per_sample = (used(r2) - used(r1)) / b0
+        fixed = used(r1) - per_sample * b0
+        b = max(1, int((room - fixed) / per_sample)) if per_sample > 0 else 2 * b0
+        log(f"{label}: fixed {fixed / 2**20:.0f} MiB, {per_sample / 2**20:.2f} MiB per sample: batch {b} "
             f"predicted to fit {room / 2**20:.0f} MiB")
-        best = None
-        ok, j = self.ours_run(model, b, plan, cap)  # the prediction
-        probes.append({"batch": b, "ok": ok, **({} if ok else {"why": j[-1]})})
+        probes = []
+
+        def probe(batch):
+            ok, r = run(batch)
+            probes.append({"batch": batch, "ok": ok, **({} if ok else {"why": r[-1]})})
+            return ok, r
+        ok, r = probe(b)  # the prediction
+        ok_above = False
         if ok:
-            best = (b, j)
-            above = int(math.ceil(b * 1.03)) + 1  # and one 3% above, which must not train as asked
-            ok_above, _ = self.ours_run(model, above, plan, cap)
-            probes.append({"batch": above, "ok": ok_above})
-        else:  # bisect between 2 b0 (trained) and the prediction, to 3%
-            lo, hi, best, ok_above = 2 * b0, b, (2 * b0, j2), False
+            best = (b, r)
+            ok_above, _ = probe(int(math.ceil(b * 1.03)) + 1)  # and one 3% above, which must not train as asked
+        else:
+            lo, hi, best = 2 * b0, b, (2 * b0, r2)
             while hi - lo > max(1, int(0.03 * lo)):
                 mid = (lo + hi) // 2
-                ok, j = self.ours_run(model, mid, plan, cap)
-                probes.append({"batch": mid, "ok": ok, **({} if ok else {"why": j[-1]})})
+                ok, r = probe(mid)
                 if ok:
-                    lo, best = mid, (mid, j)
+                    lo, best = mid, (mid, r)
                 else:
                     hi = mid
-        rec = {"framework": "libminigrad", "workload": model, "plan": plan, "memory_cap_bytes": cap or self.total,
-               "predicted_max_batch": int((room - fixed) / per_sample) if per_sample > 0 else None,
-               "fixed_bytes": fixed, "bytes_per_sample": per_sample, "probes": probes,
-               "above_also_trained": ok_above}
+        return {"predicted_max_batch": b, "fixed_bytes": fixed, "bytes_per_sample": per_sample, "probes": probes,
+                "above_also_trained": ok_above, "best": best}
+
+    def ours_search(self, model, plan, cap):
+        found = self.search(lambda b: self.ours_run(model, b, plan, cap), self.peak_of,
+                            (cap or self.total or 0) * self.a.room, f"ours {model} {plan}")
+        rec = {"framework": "libminigrad", "workload": model, "plan": plan, "memory_cap_bytes": cap or self.total}
+        best = found.pop("best", None)
+        rec.update(found)
         if best:
             j = best[1]
             med = j["median_step_ms"] / 1000
-            rec.update(max_batch=best[0], median_step_s=med, peak_bytes=self.peak_of(j),
-                       samples_per_s=best[0] / med)
-        else:
-            rec["error"] = "no probe trained"
+            rec.update(max_batch=best[0], median_step_s=med, peak_bytes=self.peak_of(j), samples_per_s=best[0] / med)
         self.emit(rec)
 
     def ours_joint(self, model, batch, cap):
@@ -225,44 +230,19 @@ class Record:
             os.rmdir(tmp)
 
     def llmc_search(self, recompute, cap):
-        a, b0, probes = self.a, self.a.ours_start, []
         plan = f"-r {recompute}"
-        ok1, r1 = self.llmc_run(b0, recompute, 0)
-        ok2, r2 = self.llmc_run(2 * b0, recompute, 0)
-        if not (ok1 and ok2):
-            self.emit({"framework": "llm.c", "workload": "gpt2", "plan": plan, "memory_cap_bytes": cap or self.total,
-                       "error": f"the runs at {b0} and {2 * b0} failed: {(r1 if not ok1 else r2)[-1]}"})
+        # Under a cap a run fits when its bytes do (llmc_run): the whole cap is the room.
+        room = cap or (self.total or 0) * self.a.room
+        found = self.search(lambda b: self.llmc_run(b, recompute, cap), lambda r: r["used_bytes"], room, f"llm.c {plan}")
+        rec = {"framework": "llm.c", "workload": "gpt2", "plan": plan, "memory_cap_bytes": cap or self.total}
+        best = found.pop("best", None)
+        rec.update(found)
+        if not best:
+            self.emit(rec)
             return None
-        per_sample = (r2["used_bytes"] - r1["used_bytes"]) / b0
-        fixed = r1["used_bytes"] - per_sample * b0
-        room = (cap or self.total or 0) * (a.room if not cap else 1.0)
-        b = max(1, int((room - fixed) / per_sample)) if per_sample > 0 else 2 * b0
-        log(f"llm.c {plan}: fixed {fixed / 2**20:.0f} MiB, {per_sample / 2**20:.2f} MiB per sequence: batch {b} "
-            f"predicted to fit {room / 2**20:.0f} MiB")
-        best, ok_above = None, False
-        ok, r = self.llmc_run(b, recompute, cap)
-        probes.append({"batch": b, "ok": ok, **({} if ok else {"why": r[-1]})})
-        if ok:
-            best = (b, r)
-            above = int(math.ceil(b * 1.03)) + 1
-            ok_above, r_above = self.llmc_run(above, recompute, cap)
-            probes.append({"batch": above, "ok": ok_above, **({} if ok_above else {"why": r_above[-1]})})
-        else:
-            lo, hi, best = 2 * b0, b, (2 * b0, r2)
-            while hi - lo > max(1, int(0.03 * lo)):
-                mid = (lo + hi) // 2
-                ok, r = self.llmc_run(mid, recompute, cap)
-                probes.append({"batch": mid, "ok": ok, **({} if ok else {"why": r[-1]})})
-                if ok:
-                    lo, best = mid, (mid, r)
-                else:
-                    hi = mid
-        rec = {"framework": "llm.c", "workload": "gpt2", "plan": plan, "memory_cap_bytes": cap or self.total,
-               "predicted_max_batch": b, "fixed_bytes": fixed, "bytes_per_sample": per_sample, "probes": probes,
-               "above_also_trained": ok_above}
-        r = best[1]
-        rec.update(max_batch=best[0], median_step_s=r["median_step_s"], peak_bytes=r["used_bytes"],
-                   samples_per_s=best[0] / r["median_step_s"], tokens_per_s=best[0] * a.seq_len / r["median_step_s"])
+        b, r = best
+        rec.update(max_batch=b, median_step_s=r["median_step_s"], peak_bytes=r["used_bytes"],
+                   samples_per_s=b / r["median_step_s"], tokens_per_s=b * self.a.seq_len / r["median_step_s"])
         self.emit(rec)
         return rec
 

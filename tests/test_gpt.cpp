@@ -71,6 +71,20 @@ std::shared_ptr<nn::Sequential> train(const std::vector<nn::Segment>& plan, int6
   return m;
 }
 
+// Three steps of the tiny GPT through the Trainer (AdamW, batch 8, no tiles), its blocks' c_fc and
+// GELU fused or not, their first residual add and ln_2 fused or not: the report and the
+// parameters' bits.
+std::pair<FitReport, std::vector<std::vector<uint8_t>>> fit_tiny_gpt(const char* plan, Precision p, bool fused_gelu,
+                                                                     bool fused_residual) {
+  test::TinyGpt gpt(false, fused_gelu, fused_residual);
+  optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
+  Trainer t(*gpt.model, gpt.windows, opt,
+            {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(), .tiles = false,
+             .precision = p, .progress = Progress::off});
+  const FitReport r = t.fit();
+  return {r, test::state_bits(*gpt.model)};
+}
+
 }  // namespace
 
 TEST_CASE("make_gpt2: Hugging Face's names, tied head, shapes, nanoGPT's initialisation") {
@@ -323,15 +337,7 @@ TEST_CASE("GPT plans with a segment from the embeddings: the position ids counte
 // Note [fused gelu]: c_fc and its GELU as linear_gelu run linear then gelu on the CPU: the unfused
 // model's bits, the same names, and the planner's prediction holds.
 TEST_CASE("GPT with c_fc and GELU fused: the unfused bits, fp32 and bf16, the peak as predicted") {
-  auto run = [](bool fused, const char* plan, Precision p) {
-    test::TinyGpt gpt(false, fused);
-    optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
-    Trainer t(*gpt.model, gpt.windows, opt,
-              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(), .tiles = false,
-               .precision = p, .progress = Progress::off});
-    const FitReport r = t.fit();
-    return std::pair{r, test::state_bits(*gpt.model)};
-  };
+  auto run = [](bool fused, const char* plan, Precision p) { return fit_tiny_gpt(plan, p, fused, false); };
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     for (const char* plan : {"none", "sqrt"}) {
       CAPTURE(std::string(precision_name(p)) + " " + plan);
@@ -356,13 +362,7 @@ TEST_CASE("GPT: residual-stream gradients added in place and a fused residual la
   } restore;
   auto run = [](bool add_into, const char* plan, Precision p, bool fused = false) {
     set_add_into_pending(add_into);
-    test::TinyGpt gpt(false, false, fused);
-    optim::AdamW opt(gpt.model->parameters(), {.lr = 1e-3f});
-    Trainer t(*gpt.model, gpt.windows, opt,
-              {.batch_size = 8, .checkpoint = plan, .epochs = 1, .max_steps = 3, .loss = gpt.loss(), .tiles = false,
-               .precision = p, .progress = Progress::off});
-    const FitReport r = t.fit();
-    return std::pair{r, test::state_bits(*gpt.model)};
+    return fit_tiny_gpt(plan, p, false, fused);
   };
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     for (const char* plan : {"none", "sqrt"}) {

@@ -22,41 +22,10 @@ __device__ float warp_sum(float v) {
 // The weight or bias at column j, or `none` for an undefined one.
 __device__ float param(cuda::Elems p, int64_t j, float none) { return p.p ? cuda::load(p, j) : none; }
 
-// layer_norm_forward_kernel on s = a + b, s written on the way: the same sums over the values s
-// holds (rounded to its dtype), so the bits of add_forward_kernel and then layer_norm_forward_kernel.
-__global__ void add_layer_norm_forward_kernel(cuda::Elems s, cuda::Elems y, float* mean, float* rstd, cuda::Elems a,
-                                              cuda::Elems b, cuda::Elems w, cuda::Elems bias, int64_t m, int64_t c,
-                                              float eps) {
-  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (r >= m) return;
-  const int64_t row = r * c;
-  float sum = 0;
-  for (int64_t j = lane; j < c; j += kWarp) {
-    const float v = half::rounded(s.t, cuda::load(a, row + j) + cuda::load(b, row + j));
-    cuda::store(s, row + j, v);
-    sum += v;
-  }
-  const float mu = warp_sum(sum) / static_cast<float>(c);
-  float sq = 0;
-  for (int64_t j = lane; j < c; j += kWarp) {  // each lane reads back what it wrote
-    const float d = cuda::load(s, row + j) - mu;
-    sq += d * d;
-  }
-  const float rs = rsqrtf(warp_sum(sq) / static_cast<float>(c) + eps);
-  if (lane == 0) {
-    mean[r] = mu;
-    rstd[r] = rs;
-  }
-  for (int64_t j = lane; j < c; j += kWarp)
-    cuda::store(y, row + j, (cuda::load(s, row + j) - mu) * rs * param(w, j, 1.0f) + param(bias, j, 0.0f));
-}
-
-__global__ void layer_norm_forward_kernel(cuda::Elems y, float* mean, float* rstd, cuda::Elems x, cuda::Elems w,
-                                          cuda::Elems b, int64_t m, int64_t c, float eps) {
-  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (r >= m) return;
+// Row r of x normalised into y, its mean and rstd kept: the body of both forward kernels, one
+// warp a row (lane: the thread's lane).
+__device__ void layer_norm_row(cuda::Elems y, float* mean, float* rstd, cuda::Elems x, cuda::Elems w, cuda::Elems b,
+                               int64_t r, int64_t c, float eps, int lane) {
   const int64_t row = r * c;
   float s = 0;
   for (int64_t j = lane; j < c; j += kWarp) s += cuda::load(x, row + j);
@@ -73,6 +42,24 @@ __global__ void layer_norm_forward_kernel(cuda::Elems y, float* mean, float* rst
   }
   for (int64_t j = lane; j < c; j += kWarp)
     cuda::store(y, row + j, (cuda::load(x, row + j) - mu) * rs * param(w, j, 1.0f) + param(b, j, 0.0f));
+}
+
+__global__ void layer_norm_forward_kernel(cuda::Elems y, float* mean, float* rstd, cuda::Elems x, cuda::Elems w,
+                                          cuda::Elems b, int64_t m, int64_t c, float eps) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  if (r < m) layer_norm_row(y, mean, rstd, x, w, b, r, c, eps, threadIdx.x % kWarp);
+}
+
+// s = a + b written (add_forward_kernel's values), then layer_norm_forward_kernel's row on it: each
+// lane reads back, from its cache, the elements it wrote, so the bits are those of the two kernels.
+__global__ void add_layer_norm_forward_kernel(cuda::Elems s, cuda::Elems y, float* mean, float* rstd, cuda::Elems a,
+                                              cuda::Elems b, cuda::Elems w, cuda::Elems bias, int64_t m, int64_t c,
+                                              float eps) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= m) return;
+  for (int64_t j = r * c + lane; j < (r + 1) * c; j += kWarp) cuda::store(s, j, cuda::load(a, j) + cuda::load(b, j));
+  layer_norm_row(y, mean, rstd, s, w, bias, r, c, eps, lane);
 }
 
 // add_dx: dx += the value rounded to dx's dtype (kernels/layer_norm.h).
