@@ -121,6 +121,14 @@ std::vector<std::vector<float>> torch_weights(const nn::SafetensorsFile& f, cons
 // `same`: how close our float32 losses are to PyTorch's (the same experiment): 1e-4, but ResNet-18's
 // float32 runs, which sum its convolutions in other orders than PyTorch's, drift apart to 5e-4 by
 // step 20 as the batch is learnt.
+// PyTorch's bf16 convolutions on the CPU are a reference for ours (float32 sums of bf16 inputs,
+// rounded once) only where oneDNN has bf16 kernels: PyTorch 1.13 on a CPU without AVX-512 keeps
+// the sums in bf16 (its probe's error 2.7e-2 against the output's rounding's 2e-3, measured on
+// an AVX2 EPYC, 2026-11-28), and its bf16 ResNet-18 then trails its own float32 run by 2% at the
+// first step and by 30% later, where ours stays within 1%. There the CNNs' bf16 comparison with
+// PyTorch says nothing about ours and is not made (the float32 one still is).
+constexpr double kConvProbeBound = 1e-2;
+
 void compare(const std::string& model, Run (*train)(const nn::SafetensorsFile&, Precision), const nn::Module& m,
              double same = 1e-4) {
   const char* dir = std::getenv("MG_PRECISION_REFERENCE");
@@ -132,10 +140,21 @@ void compare(const std::string& model, Run (*train)(const nn::SafetensorsFile&, 
   const Run ours32 = train(init, Precision::fp32), ours16 = train(init, Precision::bf16);
   const std::vector<float> l32 = t32.find("losses")->to_vector<float>(), l16 = t16.find("losses")->to_vector<float>();
   REQUIRE(l32.size() == 20);
+  const Tensor* probe = init.find("conv_probe_error");
+  REQUIRE_MESSAGE(probe != nullptr, "the reference predates conv_probe_error: run tests/reference/precision_torch.py again");
+  const double probe_error = probe->to_vector<float>().at(0);
+  const bool conv_model = model == "vgg" || model == "resnet";
+  const bool torch_bf16_is_reference = !conv_model || probe_error <= kConvProbeBound;
   for (size_t i = 0; i < 20; ++i) {
     INFO(model << " step " << i);
     CHECK(ours32.losses[i] == doctest::Approx(l32[i]).epsilon(same));  // the same experiment
-    CHECK(ours16.losses[i] == doctest::Approx(l16[i]).epsilon(2e-2));
+    if (torch_bf16_is_reference) CHECK(ours16.losses[i] == doctest::Approx(l16[i]).epsilon(2e-2));
+  }
+  if (!torch_bf16_is_reference) {
+    MESSAGE(model << ": PyTorch's bf16 convolution on this CPU is " << probe_error << " from float32 sums rounded once (over "
+                  << kConvProbeBound << "): its sums are kept in bf16, so its bf16 run is no reference here; not compared. "
+                  << "Last losses: ours bf16 " << ours16.losses[19] << ", ours fp32 " << ours32.losses[19] << ", PyTorch bf16 "
+                  << l16[19] << ", PyTorch fp32 " << l32[19]);
   }
   const double theirs = relative_error(torch_weights(t16, m), torch_weights(t32, m));
   const double ours = relative_error(ours16.weights, ours32.weights);

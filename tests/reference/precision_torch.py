@@ -13,7 +13,11 @@ from the same initial weights twice, in float32 and under PyTorch's CPU autocast
           (the batch is learnt by heart within 20 steps; faster, the two drift apart by more)
 
 Writes into OUT_DIR (with the safetensors package), for each model M:
-  M_init.safetensors   the initial state_dict and the batch (x, y)
+  M_init.safetensors   the initial state_dict and the batch (x, y), and "conv_probe_error": how far
+                       PyTorch's bf16 autocast convolution lies from the float32 sums of bf16 inputs
+                       rounded once, on this CPU (about 2e-3, the output's rounding, where oneDNN
+                       has bf16 kernels; PyTorch 1.13 on a CPU without AVX-512 measured 2.7e-2, its
+                       sums kept in bf16: its bf16 CNN runs are then no reference for ours)
   M_fp32.safetensors   the weights after 20 float32 steps, and "losses" (20)
   M_bf16.safetensors   the same under torch.autocast("cpu", dtype=torch.bfloat16)
 
@@ -67,6 +71,16 @@ def resnet():
     return torchvision.models.resnet18(num_classes=10)
 
 
+def conv_probe_error():
+    """|autocast conv - round(conv of the rounded inputs in float32)| / |the latter|, on one layer."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 64, 16, 16, generator=g), torch.randn(64, 64, 3, 3, generator=g) * 0.05
+    ref = F.conv2d(x.bfloat16().float(), w.bfloat16().float(), padding=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = F.conv2d(x, w, padding=1)
+    return float((y.float() - ref).norm() / ref.norm())
+
+
 def state(model):
     return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
 
@@ -97,6 +111,7 @@ def main():
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     torch.set_num_threads(1)
+    probe = torch.tensor([conv_probe_error()], dtype=torch.float32)
     for name, make in (("mlp", mlp), ("gpt", gpt), ("vgg", vgg), ("resnet", resnet)):
         torch.manual_seed(0)
         init = state(make())
@@ -106,10 +121,11 @@ def main():
             x, y = torch.randint(0, 512, (4, 32)), torch.randint(0, 512, (4, 32))
         else:
             x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
-        save_file({**init, "x": x, "y": y}, os.path.join(out_dir, f"{name}_init.safetensors"))
+        save_file({**init, "x": x, "y": y, "conv_probe_error": probe}, os.path.join(out_dir, f"{name}_init.safetensors"))
         for tag, bf16 in (("fp32", False), ("bf16", True)):
             save_file(train(make, init, x, y, bf16), os.path.join(out_dir, f"{name}_{tag}.safetensors"))
-    print(f"precision_torch.py: wrote {out_dir} (torch {torch.__version__})")
+    print(f"precision_torch.py: wrote {out_dir} (torch {torch.__version__}; bf16 convolution's probe error "
+          f"{float(probe[0]):.2e})")
 
 
 if __name__ == "__main__":
