@@ -286,6 +286,31 @@ TEST_CASE("joint planner: measuring stops at the first micro-batch over the budg
   }
 }
 
+// Note [joint plan]: each size timed timing_passes times, each unit keeping its least time; the
+// bytes are one measurement's (the same in every pass).
+TEST_CASE("joint planner: timing passes change the times only") {
+  manual_seed(8);
+  auto m = nn::make_mlp({64, 256, 256, 10});
+  optim::SGD opt(m->parameters(), {.lr = 0.0f});
+  const nn::ChainProfile one = nn::profile_chain(*m, {64}, {4, 16});
+  const nn::ChainProfile three = nn::profile_chain(*m, {64}, {4, 16}, 0, {.timing_passes = 3});
+  REQUIRE(three.micro_batches == one.micro_batches);
+  for (size_t i = 0; i < one.costs.size(); ++i) {
+    REQUIRE(three.costs[i].units.size() == one.costs[i].units.size());
+    CHECK(nn::min_feasible_peak(three.costs[i]) == nn::min_feasible_peak(one.costs[i]));
+    for (size_t u = 0; u < one.costs[i].units.size(); ++u) {
+      const nn::UnitCost &a = one.costs[i].units[u], &b = three.costs[i].units[u];
+      CHECK(b.fwd_peak == a.fwd_peak);
+      CHECK(b.out_bytes == a.out_bytes);
+      CHECK(b.extra_bytes == a.extra_bytes);
+      CHECK(b.forward_ms > 0);
+      CHECK(b.backward_ms > 0);
+    }
+  }
+  CHECK_THROWS_WITH_AS(nn::profile_chain(*m, {64}, {4}, 0, {.timing_passes = 0}), doctest::Contains("timing_passes must be >= 1"),
+                       Error);
+}
+
 namespace {
 
 // An MLP with dropout, and one SGD step of its 32 samples in micro-batches of b through a

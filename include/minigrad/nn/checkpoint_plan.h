@@ -186,6 +186,9 @@ struct MeasureOptions {
   // measure and hold more; mg::Trainer sets it, so that a batch of a million samples is planned in
   // seconds).
   bool stop_when_flat = false;
+  // profile_chain: time each micro-batch size this many times and keep each unit's least forward
+  // and backward time (Note [joint plan] in minigrad/nn/train_plan.h: a timing's noise only adds).
+  int timing_passes = 1;
 };
 
 // 1, 2, 4, ... below `rows`: the tile sizes measure_chain is asked for by the apps.

@@ -15,7 +15,10 @@
 // The planner measures the chain (measure_chain) at a few micro-batch sizes b, by default
 // b = ceil(B / 2^k) down to 1 (so that B's windows are as even as they can be); each measurement
 // is one forward and backward of b samples, unit by unit, so measuring all of them costs about
-// two steps of B samples and never holds more than one unit's activations. For each b, the
+// two steps of B samples and never holds more than one unit's activations. With
+// MeasureOptions::timing_passes above 1 each size is timed that many times and each unit keeps
+// its least time: noise (another process, a page fault) only ever adds time, and with one timing
+// the choice between two nearly equal plans can follow it from run to run. For each b, the
 // checkpoint plan that fits the budget with the least recomputation TIME is found by the budget
 // planner's dynamic programme run on measured forward times instead of FLOPs. The step of
 // N = ceil(B / b) micro-batches (the last one B - (N-1) b) is predicted to take
