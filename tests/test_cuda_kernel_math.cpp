@@ -777,6 +777,37 @@ TEST_CASE("kernel math: cuDNN takes the fused conv+bias+relu graph for sm_90, up
   // input of 64 passes them too (tried 2026-11-28; conv2d's own checks refuse it first).
 }
 
+// The same for the data gradient masked by a ReLU (dgrad + dReLU; Note [relu mask in the consumer]
+// in src/core/autograd.cpp): VGG16's 3x3 layers and a strided 3x3 whose dx size does not follow
+// from dy's (56 -> 28, and 28 back would be 55: the dimensions the graph is given).
+TEST_CASE("kernel math: cuDNN takes the dgrad+drelu graph for sm_90, up to the operation graph") {
+  if (!cuda::conv_fusion_built()) {
+    MESSAGE("this build has no cuDNN frontend: the graph is not described");
+    return;
+  }
+  const std::string probe = cuda::conv_fusion_check_description(kH100Json, 90, {8, 64, 56, 56}, {64, 64, 3, 3}, 1, 1,
+                                                                DType::bf16, false, false, cuda::ConvGraph::dgrad_relu);
+  if (probe.rfind("device description:", 0) == 0) {
+    MESSAGE("this cuDNN does not read the H100's JSON description (" << probe << "): not checked");
+    return;
+  }
+  for (const DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    for (const bool nhwc : {true, false}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(nhwc);
+      const Shape x1 = nhwc ? Shape{4, 224, 224, 64} : Shape{4, 64, 224, 224};
+      const Shape w1 = nhwc ? Shape{128, 3, 3, 64} : Shape{128, 64, 3, 3};
+      const Shape x2 = nhwc ? Shape{2, 56, 56, 64} : Shape{2, 64, 56, 56};
+      const Shape w2 = nhwc ? Shape{64, 3, 3, 64} : Shape{64, 64, 3, 3};
+      std::string why = cuda::conv_fusion_check_description(kH100Json, 90, x1, w1, 1, 1, dtype, nhwc, false,
+                                                            cuda::ConvGraph::dgrad_relu);
+      CHECK_MESSAGE(why.empty(), why);
+      why = cuda::conv_fusion_check_description(kH100Json, 90, x2, w2, 2, 1, dtype, nhwc, false, cuda::ConvGraph::dgrad_relu);
+      CHECK_MESSAGE(why.empty(), why);
+    }
+  }
+}
+
 TEST_CASE("kernel math: the cases asked of cuDNN's fused attention") {
   const auto takes = [](int64_t t, int64_t c, int heads, float p) {
     return km::sdpa_takes(km::attention_dims(2, t, 3 * c, heads, AttentionDropout{p, 1, 0, 0}));

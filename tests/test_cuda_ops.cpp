@@ -306,6 +306,72 @@ TEST_CASE("cuda: conv2d_relu, cuDNN's fused graph or its fallback, against the C
   }
 }
 
+// Note [relu mask in the consumer]: a conv2d reading a ReLU's output alone masks its data gradient:
+// the data gradient and the ReLU kernel in place by default (the bits of the ReLU masking its own),
+// and under set_cudnn_dgrad_fusion cuDNN's dgrad+drelu graph where it takes the case. Against the
+// CPU in TF32 and bf16, both layouts, with a strided layer whose dx's size does not follow from
+// dy's (16 rows -> 8, and 8 back would be (8 - 1) 2 + 3 - 2 = 15). The MESSAGE says whether the
+// graph ran, or why cuDNN refused it.
+TEST_CASE("cuda: a conv2d masks the gradient of the ReLU before it, fused or not, against the CPU") {
+  REQUIRE(cuda::tf32_conv());
+  struct Restore {
+    bool dgrad = cuda::cudnn_dgrad_fusion();
+    ~Restore() {
+      cuda::set_cudnn_dgrad_fusion(dgrad);
+      set_relu_mask_in_consumer(true);
+    }
+  } restore;
+  for (const Layout layout : {Layout::nhwc, Layout::nchw}) {
+    const bool last = layout == Layout::nhwc;
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(layout_name(layout));
+      CAPTURE(dtype_name(dtype));
+      Tensor x = rand_tensor({4, 16, 16, 16}, 81, true);  // 16 channels, 16 x 16, either layout
+      Tensor w1 = rand_tensor(last ? Shape{32, 3, 3, 16} : Shape{32, 16, 3, 3}, 82, true);
+      Tensor w2 = rand_tensor(last ? Shape{16, 3, 3, 32} : Shape{16, 32, 3, 3}, 83, true), b2 = rand_tensor({16}, 84, true);
+      Tensor w3 = rand_tensor(last ? Shape{8, 3, 3, 16} : Shape{8, 16, 3, 3}, 85, true);
+      const auto f = [&](const std::vector<Tensor>& in) {
+        const AutocastGuard cast(dtype);
+        const Tensor a = conv2d_relu(in[0], in[1], Tensor(), 1, 1, layout);  // read by one conv2d
+        const Tensor c = relu(conv2d(a, in[2], in[3], 2, 1, layout));       // 16 -> 8
+        return conv2d(c, in[4], Tensor(), 1, 1, layout).to(DType::f32);
+      };
+      for (const bool graph : {false, true}) {
+        CAPTURE(graph);
+        cuda::set_cudnn_dgrad_fusion(graph);
+        const cuda::ConvFusionCounts before = cuda::conv_fusion_counts();
+        const uint64_t moved = relu_masks_in_consumer();
+        compare_op("conv2d_relu -> conv2d -> relu -> conv2d", f, {x, w1, w2, b2, w3}, dtype == DType::f32 ? kTf32 : 3e-2);
+        CHECK(relu_masks_in_consumer() - moved == 4);  // two on each device
+        const cuda::ConvFusionCounts after = cuda::conv_fusion_counts();
+        if (!graph) CHECK(after.dgrad_ran + after.dgrad_refused == before.dgrad_ran + before.dgrad_refused);
+        if (graph) {
+          MESSAGE("dgrad+drelu graph ran " << after.dgrad_ran - before.dgrad_ran << " times, refused "
+                                           << after.dgrad_refused - before.dgrad_refused
+                                           << (after.dgrad_refused > before.dgrad_refused
+                                                   ? " (" + cuda::conv_fusion_refusal(true) + ")" : ""));
+        }
+      }
+      // By default, the bits of the ReLU masking its own.
+      cuda::set_cudnn_dgrad_fusion(false);
+      std::vector<std::vector<uint8_t>> grads[2];
+      for (const bool on : {false, true}) {
+        set_relu_mask_in_consumer(on);
+        std::vector<Tensor> in;
+        for (const Tensor& t : {x, w1, w2, b2, w3}) in.push_back(to_gpu(t));
+        const Tensor y = f(in);
+        y.backward(rand_tensor(y.shape(), 86).to(kGpu));
+        for (const Tensor& t : in) grads[on].push_back(test::raw_bytes(t.grad()));
+      }
+      set_relu_mask_in_consumer(true);
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        CAPTURE(i);
+        CHECK(grads[1][i] == grads[0][i]);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda: conv2d backward accumulates into existing gradients") {
   Tf32Conv off(false);
   Tensor x = rand_tensor({2, 3, 8, 7}, 61), w = rand_tensor({4, 3, 3, 3}, 62), dy = rand_tensor({2, 4, 8, 7}, 63);

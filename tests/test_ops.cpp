@@ -787,6 +787,82 @@ TEST_CASE("ops: layer_norm adds its input gradient into the residual stream's, w
   }
 }
 
+// Note [relu mask in the consumer] (src/core/autograd.cpp): a ReLU's output read by one conv2d
+// gets its gradient masked by that conv2d; read by two ops, by the ReLU itself. Every gradient has
+// the bits of the ReLUs masking their own, in both layouts, in float32 and under bf16 autocast,
+// plain, in a checkpoint segment and through a retained graph's second backward.
+TEST_CASE("ops: a ReLU's one reader masks its gradient, with the same bits") {
+  struct Restore {
+    ~Restore() { set_relu_mask_in_consumer(true); }
+  } restore;
+  using test::rand_tensor;
+  for (const Layout layout : {Layout::nchw, Layout::nhwc}) {
+    const bool last = layout == Layout::nhwc;
+    // x (2, 3, 9, 9); w (O, C, 3, 3) or (O, 3, 3, C)
+    const auto wshape = [&](int64_t o, int64_t c) { return last ? Shape{o, 3, 3, c} : Shape{o, c, 3, 3}; };
+    const int64_t ch = last ? 3 : 1;  // the channel dimension
+    // relu -> conv2d_relu -> conv2d (stride 2) -> batch_norm + relu -> {conv2d, add}: two ReLUs
+    // read by one conv2d each, one read twice.
+    auto chain = [&](const std::vector<Tensor>& in) {
+      const Tensor a = relu(conv2d(in[0], in[1], in[2], 1, 1, layout));
+      const Tensor b = conv2d_relu(a, in[3], Tensor(), 1, 1, layout);
+      const Tensor c = conv2d(b, in[4], in[5], 2, 1, layout);
+      const Tensor d = batch_norm(c, in[6], in[7], Tensor(), Tensor(), true, 1e-5f, nullptr, layout, true);
+      return add(conv2d(d, in[8], Tensor(), 1, 1, layout), d);
+    };
+    for (const DType low : {DType::f32, DType::bf16}) {
+      for (const bool segment : {false, true}) {
+        const std::string dtype = dtype_name(low), layout_str = layout_name(layout);
+        CAPTURE(layout_str);
+        CAPTURE(dtype);
+        CAPTURE(segment);
+        struct Run {
+          std::vector<std::vector<uint8_t>> grads, again;
+          uint64_t moved = 0;
+        };
+        auto run = [&](bool on) {
+          set_relu_mask_in_consumer(on);
+          std::vector<Tensor> in{rand_tensor(last ? Shape{2, 9, 9, 3} : Shape{2, 3, 9, 9}, 11, true),
+                                 rand_tensor(wshape(4, 3), 12, true),
+                                 rand_tensor({4}, 13, true),
+                                 rand_tensor(wshape(5, 4), 14, true),
+                                 rand_tensor(wshape(6, 5), 15, true),
+                                 rand_tensor({6}, 16, true),
+                                 rand_tensor({6}, 17, true),
+                                 rand_tensor({6}, 18, true),
+                                 rand_tensor(wshape(6, 6), 19, true)};
+          Tensor out;
+          {
+            const AutocastGuard autocast(low);
+            out = segment ? checkpoint(chain, in) : chain(in);
+          }
+          REQUIRE(out.size(ch) == 6);
+          const Tensor r = rand_tensor(out.shape(), 20).to(out.dtype());
+          const uint64_t before = relu_masks_in_consumer();
+          Run res;
+          for (int pass = 0; pass < 2; ++pass) {  // the second through the retained graph
+            for (const Tensor& t : in) t.set_grad(Tensor());
+            out.backward(r, /*retain_graph=*/pass == 0);
+            for (const Tensor& t : in) (pass == 0 ? res.grads : res.again).push_back(test::raw_bytes(t.grad()));
+          }
+          res.moved = relu_masks_in_consumer() - before;
+          return res;
+        };
+        const Run off = run(false), on = run(true);
+        for (size_t i = 0; i < on.grads.size(); ++i) {
+          CAPTURE(i);
+          CHECK(on.grads[i] == off.grads[i]);
+          CHECK(on.again[i] == off.grads[i]);
+        }
+        CHECK(off.moved == 0);
+        // relu -> conv2d_relu and conv2d_relu -> conv2d, each backward (a segment's replay once
+        // each); batch_norm's ReLU, read twice, masks its own.
+        CHECK(on.moved == 4);
+      }
+    }
+  }
+}
+
 // Note [adding into pending gradients]: a leaf's buffer is handed to layer_norm's rule only where
 // adding into it gives a separate gradient's bits: a bf16 input's float32 buffer (an optimizer's
 // zeros) takes the bf16-rounded gradient, as accumulate_grad adds it.

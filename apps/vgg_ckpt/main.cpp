@@ -178,7 +178,11 @@ int main(int argc, char** argv) {
       j["fused_relu"] = fused;
       j["conv_fusion_ran"] = mg::cuda::conv_fusion_counts().ran;
       j["conv_fusion_refused"] = mg::cuda::conv_fusion_counts().refused;
+      j["conv_dgrad_fusion_ran"] = mg::cuda::conv_fusion_counts().dgrad_ran;
+      j["conv_dgrad_fusion_refused"] = mg::cuda::conv_fusion_counts().dgrad_refused;
       j["conv_fusion_refusal"] = mg::cuda::conv_fusion_refusal();
+      j["cudnn_dgrad_fusion"] = mg::cuda::cudnn_dgrad_fusion();  // MG_CUDNN_DGRAD_FUSION=1
+      j["conv_dgrad_fusion_refusal"] = mg::cuda::conv_fusion_refusal(true);
       j["data"] = data.description;
       j["tf32"] = tf32;
       j["cudnn_benchmark"] = cudnn_benchmark;

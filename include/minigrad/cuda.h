@@ -8,6 +8,7 @@
 //   mg::cuda::set_cudnn_attention(false);   // bf16/f16 attention on our kernels, not cuDNN's SDPA
 //   mg::cuda::set_cublaslt(false);          // linear and matmul through cublasGemmEx, not cuBLASLt
 //   mg::cuda::set_cudnn_conv_fusion(false); // conv2d with a fused ReLU as two kernels, not one graph
+//   mg::cuda::set_cudnn_dgrad_fusion(true);  // a data gradient masked by a ReLU as one graph (off)
 //   auto choices = mg::cuda::conv_algorithms(); // what conv2d chose, per shape and pass
 //
 // In a build without CUDA the setters only record the value.
@@ -55,13 +56,22 @@ bool cublaslt();
 // kernel after it, in place (docs/cuda.md, "Fused ReLUs").
 void set_cudnn_conv_fusion(bool on);
 bool cudnn_conv_fusion();
+// cuDNN's dgrad+drelu graph for the data gradient of a conv2d whose input is a ReLU's output read
+// by it alone (default: OFF; the environment's MG_CUDNN_DGRAD_FUSION=1 turns it on at start). On,
+// a conv2d takes it or not by how many ops read its input in this backward, which a checkpoint
+// plan changes (a segment's boundary), and cuDNN's fused engine sums in its own order: the
+// gradients may then differ in their last bits from plan to plan (docs/cuda.md, "Fused ReLUs").
+void set_cudnn_dgrad_fusion(bool on);
+bool cudnn_dgrad_fusion();
 // The fused graphs cuDNN ran since the program started and the cases it refused, and the last
-// refusal's reason (empty when there was none): what vgg_ckpt --fuse-relu reports.
+// refusal's reason (empty when there was none), of the forward graph or of the dgrad graph: what
+// vgg_ckpt reports.
 struct ConvFusionCounts {
-  long long ran = 0, refused = 0;
+  long long ran = 0, refused = 0;              // conv + bias + ReLU forward
+  long long dgrad_ran = 0, dgrad_refused = 0;  // the data gradient masked by a ReLU (dgrad + dReLU)
 };
 ConvFusionCounts conv_fusion_counts();
-std::string conv_fusion_refusal();
+std::string conv_fusion_refusal(bool dgrad = false);
 // Upper bound on one cuDNN workspace (bytes, default 1 GiB); algorithms needing more are skipped.
 void set_conv_workspace_limit(size_t bytes);
 size_t conv_workspace_limit();

@@ -14,6 +14,7 @@ std::atomic<uint64_t> g_next_seq{1};
 thread_local const GradReadyHook::Fn* t_ready_hook = nullptr;
 thread_local int t_backward_depth = 0;  // > 1: a checkpoint segment's backward inside another
 thread_local bool t_retain_graph = false;
+std::atomic<uint64_t> g_relu_masks_in_consumer{0};
 
 struct DepthScope {
   bool prev_retain = t_retain_graph;
@@ -107,6 +108,26 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
 // into dresidual the same way. The rule adds as add_into_kernel would (its result rounded to the
 // buffer's dtype, then added in float32 and rounded), so the bits do not change; test_autograd
 // checks them and the buffer saved.
+//
+// Note [relu mask in the consumer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A ReLU's backward masks its output's gradient by y > 0. When that gradient comes from one op
+// alone, and that op keeps y as its own input (conv2d keeps x for dW), the op can apply the mask
+// as it makes the gradient: on CUDA, under set_cudnn_dgrad_fusion, cuDNN's data gradient with
+// RELU_BWD as one graph (dgrad + dReLU), one pass over the gradient and one launch fewer; else
+// the ReLU's kernel in place on the data gradient. Backward counts, for each node whose output is
+// a ReLU's (op_masks_by_relu: relu; conv2d and batch_norm with the ReLU fused), the inputs of this
+// backward's nodes that read it. With exactly one, and a rule that takes the mask
+// (rule_takes_relu_mask: OpDef::takes_relu_mask, the input kept as it came), the rule is asked to
+// mask (Node::mask_inputs_by_relu), and the producer's rule is told that its gradient comes masked
+// (Node::grad_masked_by_relu) and skips its own. The mask is y > 0 either way, applied to the same
+// values, so the bits do not change (test_ops checks them, with the move on and off), except under
+// cuDNN's graph, whose data gradient sums in its own order (docs/cuda.md, "Fused ReLUs", says why
+// it is off by default). With two readers (a ResNet block's input: the branch and the shortcut)
+// the producer masks their sum as before. A checkpoint segment's replay reads its boundary as a
+// leaf: no move across it.
+uint64_t relu_masks_in_consumer() { return g_relu_masks_in_consumer.load(); }
+
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   const DepthScope depth(retain_graph);
   if (t_backward_depth == 1) offload_backward_starts();  // Note [offload schedule]
@@ -122,12 +143,15 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   std::unordered_set<Node*> seen;
   std::vector<Node*> stack{root.grad_fn().get()};
   seen.insert(stack.back());
+  std::unordered_map<const Node*, int> relu_readers;  // Note [relu mask in the consumer]
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     order.push_back(n);
     for (const NodeInput& in : n->inputs) {
-      if (in.fn && in.requires_grad && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+      if (!in.fn || !in.requires_grad) continue;
+      if (op_masks_by_relu(*in.fn)) ++relu_readers[in.fn.get()];
+      if (seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
     }
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq > b->seq; });
@@ -140,6 +164,7 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   };
 
   std::unordered_map<Node*, Tensor> pending;  // gradient w.r.t. each node's output
+  std::unordered_set<const Node*> masked;     // those that come masked by the node's ReLU
   pending[root.grad_fn().get()] = std::move(grad);
   std::vector<Tensor> grads, accum;
   for (size_t pos = 0; pos < order.size(); ++pos) {
@@ -177,9 +202,26 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
           accum[i] = slot->second;
       }
     }
+    // Note [relu mask in the consumer]: the one reader of a ReLU's output masks its gradient.
+    n->grad_masked_by_relu = masked.erase(n) > 0;
+    n->mask_inputs_by_relu = 0;
+    for (size_t i = 0; i < n->inputs.size() && i < 8 && !n->segment; ++i) {
+      const NodeInput& in = n->inputs[i];
+      if (in.fn && in.requires_grad && rule_takes_relu_mask(*n, i) && op_masks_by_relu(*in.fn)) {
+        const auto readers = relu_readers.find(in.fn.get());
+        if (readers != relu_readers.end() && readers->second == 1) n->mask_inputs_by_relu |= uint8_t(1u << i);
+      }
+    }
     if (n->segment) checkpoint_backward(*n, std::move(g), grads);
     else backward_rule(*n, std::move(g), grads, accum);
     g = Tensor();
+    for (size_t i = 0; i < n->inputs.size() && n->mask_inputs_by_relu != 0; ++i) {
+      if ((n->mask_inputs_by_relu >> i & 1u) == 0 || !grads[i].defined()) continue;
+      masked.insert(n->inputs[i].fn.get());
+      ++g_relu_masks_in_consumer;
+    }
+    n->mask_inputs_by_relu = 0;
+    n->grad_masked_by_relu = false;
     if (!retain_graph && !n->saved.empty()) {
       n->saved.clear();
       n->saved.shrink_to_fit();

@@ -77,6 +77,11 @@ struct Node {
   bool half_kernels = false;  // its kernels took bf16/f16 as they were (OpDef::half_kernels in src/ops/op.h)
   Device out_device;
   bool released = false;      // saved tensors were freed by a backward without retain_graph
+  // Note [relu mask in the consumer] (src/core/autograd.cpp), set by backward for each rule and
+  // cleared after it: bit i, this node's rule masks input i's gradient by that input > 0; and this
+  // node's output gradient has come masked so, its ReLU's mask already applied.
+  uint8_t mask_inputs_by_relu = 0;
+  bool grad_masked_by_relu = false;
   std::shared_ptr<CheckpointSegment> segment;  // checkpoint nodes only
 };
 
@@ -190,6 +195,14 @@ bool sole_owner(const Tensor& t);
 // pending gradients]; accum[i] is then that gradient where nothing else holds it.
 bool op_adds_into_pending(const Node& n, size_t i);
 bool rule_adds_into_pending(const Node& n, size_t i);
+// Note [relu mask in the consumer] (src/core/autograd.cpp): whether node n's output is a ReLU's
+// (its rule masks its gradient by the output > 0: relu, and conv2d and batch_norm with the ReLU
+// fused), and whether n's rule masks input i's gradient by that input > 0 when asked
+// (OpDef::takes_relu_mask, n still holding the input as it came; set_relu_mask_in_consumer on).
+bool op_masks_by_relu(const Node& n);
+bool rule_takes_relu_mask(const Node& n, size_t i);
+// How many gradients a ReLU's reader has masked so far, in this process (for tests).
+uint64_t relu_masks_in_consumer();
 void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);
 // Tiles (Note [tiled segments]): whether an op can run on rows of its batch, and the attributes

@@ -9,6 +9,9 @@
 // [channels last] in src/ops/conv2d.cpp; on the CPU, Note [channels last on the CPU]).
 // relu: forward gives y = max(conv + b, 0) (Note [fused relu] in src/ops/conv2d.cpp); the
 // backward's dy is then the gradient of the convolution's output, masked by the op.
+// mask_dx: backward gives dx = x > 0 ? conv_transpose(dy, w) : 0 (a select, as the ReLU's backward),
+// x being a ReLU's output (Note [relu mask in the consumer] in src/core/autograd.cpp); dx and x of
+// one dtype.
 #pragma once
 
 #include <minigrad/core/tensor.h>
@@ -20,5 +23,6 @@ void conv2d_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
                     int pad, bool channels_last, bool relu = false);
 template <class D>
 void conv2d_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w, int stride, int pad, bool accumulate, bool channels_last);
+                     const Tensor& w, int stride, int pad, bool accumulate, bool channels_last,
+                     bool mask_dx = false);
 }  // namespace mg

@@ -309,7 +309,17 @@ void backward_rule(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::ve
 
 namespace {
 std::atomic<bool> g_add_into_pending{true};
+std::atomic<bool> g_relu_mask_in_consumer{true};
 }  // namespace
+
+void set_relu_mask_in_consumer(bool on) { g_relu_mask_in_consumer = on; }
+
+bool rule_takes_relu_mask(const Node& n, size_t i) {
+  if (!g_relu_mask_in_consumer || !n.op || i >= 8 || (n.op->takes_relu_mask >> i & 1u) == 0) return false;
+  // The input as it came (not a converted copy, whose rounding could zero a small value).
+  return i < n.saved.size() && n.saved[i].defined() && n.saved[i].dtype() == n.inputs[i].dtype &&
+         n.saved[i].shape() == n.inputs[i].shape;
+}
 
 void set_add_into_pending(bool on) { g_add_into_pending = on; }
 

@@ -72,15 +72,18 @@ Tensor conv2d_fwd(const OpAttrs& a, const std::vector<Tensor>& in, std::vector<T
   return y;
 }
 
-// dx = transposed convolution of dy with w;  dw = correlation of x with dy;  db = sum of dy
+// dx = transposed convolution of dy with w (masked by x > 0 when backward asks);
+// dw = correlation of x with dy;  db = sum of dy
 void conv2d_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>& accum) {
   const Device d = gy.device();
   const Tensor &x = n.saved[0], &w = n.saved[1];
   if (n.attrs.relu) gy = activation_grad(n, std::move(gy), 2, FusedActivation::relu);  // Note [fused relu]
   Tensor dx = wants(n, 0) ? (grads[0] = empty_like_input(n, 0, d)) : Tensor();
   ParamGrads p = param_grads(n, grads, accum, d);
+  // Note [relu mask in the consumer]: x is a ReLU's output, and dx its gradient alone.
+  const bool mask_dx = dx.defined() && (n.mask_inputs_by_relu & 1u) != 0;
   MG_DISPATCH(d, conv2d_backward, dx, p.dw, p.db, gy, x, w, n.attrs.stride_h, n.attrs.pad_h, p.accumulate,
-              n.attrs.channels_last);
+              n.attrs.channels_last, mask_dx);
 }
 
 double conv2d_flops(const Node& n) {
@@ -119,7 +122,8 @@ std::vector<OpCase> conv2d_cases() {
 }
 
 const OpDef kConv2d{"conv2d", OpKind::contraction, conv2d_fwd, conv2d_bwd, conv2d_flops, conv2d_cases, rows_apart,
-                    OpPrecision::low, /*half_kernels*/ true, CudaHalf::one_dtype};
+                    OpPrecision::low, /*half_kernels*/ true, CudaHalf::one_dtype, /*adds_into_pending*/ 0,
+                    /*takes_relu_mask*/ 0b001};
 MG_REGISTER_OP(kConv2d);
 
 }  // namespace

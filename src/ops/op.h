@@ -94,6 +94,10 @@ struct OpDef {
   // buffer or a gradient pending for the input's producer, rounding as add_into_kernel does (Note
   // [adding into pending gradients] in src/core/autograd.cpp).
   uint8_t adds_into_pending = 0;
+  // Bit i: the op keeps input i as it came at saved[i], and when backward asks
+  // (Node::mask_inputs_by_relu), its rule masks input i's gradient by that input > 0, the mask of
+  // the ReLU that made it (Note [relu mask in the consumer] in src/core/autograd.cpp).
+  uint8_t takes_relu_mask = 0;
 };
 
 // Every registered op, in registration order.
@@ -122,6 +126,10 @@ bool half_kernels_enabled();
 // their results come back as new tensors that backward adds in. tests/test_core.cpp checks that
 // both give the same bits.
 void set_add_into_pending(bool on);
+
+// Whether backward asks a ReLU's one reader to mask its gradient (OpDef::takes_relu_mask; on by
+// default); off, the ReLU masks it. tests/test_ops.cpp checks that both give the same bits.
+void set_relu_mask_in_consumer(bool on);
 
 // The dtype of an op with half_kernels' output (Note [autocast]): under an AutocastGuard, where
 // the half kernels run (CPU inputs, set_half_kernels on), the guard's low dtype for an op whose

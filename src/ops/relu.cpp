@@ -18,6 +18,11 @@ Tensor relu_fwd(const OpAttrs&, const std::vector<Tensor>& in, std::vector<Tenso
 }
 
 void relu_bwd(Node& n, Tensor gy, std::vector<Tensor>& grads, const std::vector<Tensor>&) {
+  if (n.grad_masked_by_relu) {  // Note [relu mask in the consumer]: gy is dx already
+    const DType dtype = n.half_kernels ? n.inputs[0].dtype : DType::f32;
+    grads[0] = gy.dtype() == dtype ? std::move(gy) : gy.to(dtype);
+    return;
+  }
   Tensor dx = elementwise_grad(n, 0, gy);  // gy itself when nothing else holds it
   MG_DISPATCH(gy.device(), relu_backward, dx, gy, n.saved[0]);
   grads[0] = std::move(dx);
@@ -35,11 +40,15 @@ MG_REGISTER_OP(kRelu);
 
 Tensor relu(const Tensor& x) { return apply(kRelu, {}, {x}); }
 
+bool op_masks_by_relu(const Node& n) { return n.op != nullptr && (n.op == &kRelu || n.attrs.relu); }
+
 Tensor activation_grad(Node& n, Tensor gy, size_t slot, FusedActivation act) {
   const Device d = gy.device();
-  Tensor g = sole_owner(gy) && gy.impl().offset == 0 ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
-  if (act == FusedActivation::relu) MG_DISPATCH(d, relu_backward, g, gy, n.saved.at(slot));
-  else MG_DISPATCH(d, gelu_backward, g, gy, n.saved.at(slot));
+  // Note [relu mask in the consumer]: a ReLU's gradient may come masked already.
+  const bool masked = act == FusedActivation::relu && n.grad_masked_by_relu;
+  Tensor g = masked || (sole_owner(gy) && gy.impl().offset == 0) ? gy : Tensor::empty(gy.shape(), TensorOptions{gy.dtype(), d});
+  if (!masked && act == FusedActivation::relu) MG_DISPATCH(d, relu_backward, g, gy, n.saved.at(slot));
+  if (act == FusedActivation::gelu) MG_DISPATCH(d, gelu_backward, g, gy, n.saved.at(slot));
   if (g.dtype() != n.out_dtype) g = g.to(n.out_dtype).to(g.dtype());
   if (!backward_retains_graph()) n.saved[slot] = Tensor();
   return g;

@@ -374,7 +374,14 @@ void conv2d_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const Tens
 
 template <>
 void conv2d_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                          const Tensor& w, int stride, int pad, bool accumulate, bool channels_last) {
+                          const Tensor& w, int stride, int pad, bool accumulate, bool channels_last, bool mask_dx) {
+  if (mask_dx && dx.defined()) {  // the ReLU's mask after the sums, as the ReLU's backward applies it
+    MG_CHECK(dx.dtype() == x.dtype(), "conv2d: a dx masked by x must have x's dtype " << dtype_name(x.dtype()) << ", got "
+                                                                                      << dtype_name(dx.dtype()));
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, stride, pad, accumulate, channels_last, false);
+    relu_backward<Cpu>(dx, dx, x);
+    return;
+  }
   if (channels_last) {  // Note [channels last on the CPU]; an accumulated dW goes in as it is
     Tensor dxf = cpu::channels_first_empty(dx);
     Tensor dwf = accumulate ? cpu::channels_first_copy(dw) : cpu::channels_first_empty(dw);

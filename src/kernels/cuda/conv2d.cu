@@ -450,7 +450,8 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
 
 template <>
 void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                           const Tensor& w, int stride, int pad, bool accumulate, bool channels_last) {
+                           const Tensor& w, int stride, int pad, bool accumulate, bool channels_last,
+                           bool mask_dx) {
   const DType dtype = cuda::check_same_dtype("conv2d", {&dy, &x, &w});
   for (const Tensor* g : {&dx, &dw, &db}) {
     MG_CHECK(!g->defined() || g->dtype() == DType::f32 || g->dtype() == dtype,
@@ -473,14 +474,20 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
     // A float32 dx under bf16/f16 operands (a float32 input autocast rounded) comes from a rounded
     // copy, as dw below.
     Tensor out = dx.dtype() != dtype ? Tensor::empty(dx.shape(), TensorOptions{dtype, dx.device()}) : dx;
-    const Choice c = cached(k, &ConvAlgos::bwd_data, [&] {
-      return choose_backward_data(h, d, k, w.raw_data(), dy.raw_data(), out.raw_data());
-    });
-    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
-    cuda::Workspace ws(k.dev, c.workspace);
-    MG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.raw_data(), d.y, dy.raw_data(), d.conv,
-                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(),
-                                                ws.size(), &zero, d.x, out.raw_data()));
+    // Note [relu mask in the consumer]: cuDNN's dgrad+drelu graph where it is on and takes the
+    // case; else the data gradient below and the ReLU's backward kernel in place, masking by x > 0.
+    if (!mask_dx || !cuda::cudnn_dgrad_fusion() ||
+        !cuda::conv_dgrad_relu_backward(out, dy, w, x, stride, pad, channels_last)) {
+      const Choice c = cached(k, &ConvAlgos::bwd_data, [&] {
+        return choose_backward_data(h, d, k, w.raw_data(), dy.raw_data(), out.raw_data());
+      });
+      MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
+      cuda::Workspace ws(k.dev, c.workspace);
+      MG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.raw_data(), d.y, dy.raw_data(), d.conv,
+                                                  static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(),
+                                                  ws.size(), &zero, d.x, out.raw_data()));
+      if (mask_dx) relu_backward<Cuda>(out, out, x);
+    }
     if (dx.dtype() != dtype) convert<Cuda>(dx, out);
   }
   if (dw.defined()) {

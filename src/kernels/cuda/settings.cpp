@@ -22,6 +22,10 @@ bool on_unless_zero(const char* name) {
 std::atomic<bool> g_cudnn_attention{on_unless_zero("MG_CUDNN_ATTENTION")};
 std::atomic<bool> g_cublaslt{on_unless_zero("MG_CUBLASLT")};
 std::atomic<bool> g_conv_fusion{on_unless_zero("MG_CUDNN_CONV_FUSION")};
+std::atomic<bool> g_dgrad_fusion{[] {
+  const char* v = std::getenv("MG_CUDNN_DGRAD_FUSION");  // off unless "1"
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}()};
 }  // namespace
 
 void set_tf32_matmul(bool allow) { g_tf32_matmul = allow; }
@@ -40,5 +44,7 @@ void set_cublaslt(bool on) { g_cublaslt = on; }
 bool cublaslt() { return g_cublaslt; }
 void set_cudnn_conv_fusion(bool on) { g_conv_fusion = on; }
 bool cudnn_conv_fusion() { return g_conv_fusion; }
+void set_cudnn_dgrad_fusion(bool on) { g_dgrad_fusion = on; }
+bool cudnn_dgrad_fusion() { return g_dgrad_fusion; }
 
 }  // namespace mg::cuda
