@@ -221,6 +221,8 @@ vgg_ckpt | --conv-workspace-limit | expected a number with an optional unit | $V
 vgg_ckpt | --conv-workspace-limit | expected a number with an optional unit | $V --conv-workspace-limit -1GiB
 vgg_ckpt | --conv-workspace-limit | an empty value names nothing       | $V --conv-workspace-limit ''
 vgg_ckpt | --prefetch     | bogus not in {auto,on,off}                 | $V --prefetch bogus
+vgg_ckpt | --plan-timings | not in range                               | $V --memory-budget 100MB --plan-timings 0
+gpt_train | --plan-timings | two not in range                           | $G --plan-timings two
 vgg_ckpt | --data         | is neither a JPEG nor a PNG file           | $V --data "$T/imgbad" --prefetch on
 mnist_ga | --prefetch     | yes not in {auto,on,off}                   | $M --prefetch yes
 gpt_train | --prefetch    | 1 not in {auto,on,off}                     | $G --prefetch 1

@@ -42,6 +42,7 @@ struct RunFlags {
   std::string device = "cpu";
   uint64_t seed = 0;
   std::string memory_budget, memory_limit, checkpoint = "none", tiles = "on", precision = "fp32";
+  int plan_timings = 1;
   std::string offload = "auto", host_memory_limit, prefetch = "auto";
   bool explain_memory = false;
   std::string save_dir, json_path, timeline_path;
@@ -63,6 +64,10 @@ inline void add_run_flags(CLI::App& app, RunFlags& f, const std::string& per_ste
                                 "'free': what the device has); --batch-size is then " + per_step)
                      ->check(nonempty());
   checkpoint->excludes(budget);
+  app.add_option("--plan-timings", f.plan_timings, "with --memory-budget: time each micro-batch size this many times and "
+                 "plan on each layer's least time (steadier choices between nearly equal plans; measuring takes that "
+                 "many times longer)")
+      ->check(CLI::Range(1, 10))->capture_default_str();
   app.add_option("--memory-limit", f.memory_limit, "cap the device's allocator at this many bytes (mg::set_memory_limit)")
       ->check(nonempty());
   app.add_option("--tiles", f.tiles, "on: plans may run checkpointed segments in tiles of the batch (min, budget=, "
@@ -207,6 +212,7 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["min_feasible_plan"] = mg::nn::plan_min_peak(c).str();
   j["fixed_bytes"] = c.fixed_bytes;
   j["tiles"] = f.tiles == "on";
+  j["plan_timings"] = f.plan_timings;
   j["units"] = nlohmann::json::array();
   for (const auto& u : c.units) {
     j["units"].push_back({{"layers", {u.begin, u.end}}, {"name", u.name}, {"out_bytes", u.out_bytes},

@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
                          .max_steps = steps, .clip_norm = static_cast<float>(clip),
                          .lr = [&](int64_t step) { return static_cast<float>(lr_at(step)); },
                          .loss = loss, .measure_loss = fused_head == "on",
-                         .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
+                         .seed = f.seed, .tiles = f.tiles == "on", .plan_timing_passes = f.plan_timings, .offload = offload_mode(f),
                          .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     LEAD_PRINTF("gpt2 %s: %lld layers, %lld heads, width %lld, vocab %lld, context %lld; %lld params; device %s\n",

@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
                          .accumulation = joint ? mg::optim::AccumulationSchedule(1) : sched, .drop_last = false,
                          .normalize = divide_by_n ? mg::optim::Normalize::micro_batches : mg::optim::Normalize::samples,
                          .save_dir = f.save_dir, .resume = false, .signature = signature, .seed = f.seed,
-                         .tiles = f.tiles == "on", .offload = offload_mode(f),
+                         .tiles = f.tiles == "on", .plan_timing_passes = f.plan_timings, .offload = offload_mode(f),
                          .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);

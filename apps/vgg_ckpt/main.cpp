@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     mg::Trainer trainer(*model, data.set, opt,
                         {.batch_size = step_images, .memory_budget = f.memory_budget, .checkpoint = f.checkpoint,
                          .epochs = (total_steps + batches_per_epoch - 1) / batches_per_epoch, .max_steps = total_steps,
-                         .save_dir = f.save_dir, .resume = resume, .seed = f.seed, .tiles = f.tiles == "on", .offload = offload_mode(f),
+                         .save_dir = f.save_dir, .resume = resume, .seed = f.seed, .tiles = f.tiles == "on", .plan_timing_passes = f.plan_timings, .offload = offload_mode(f),
                          .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);

@@ -144,6 +144,7 @@ void Trainer::check_options() {
   MG_CHECK(opts_.micro_batch >= 0, "Trainer: micro_batch must be >= 0 (0: chosen), got " << opts_.micro_batch);
   MG_CHECK(opts_.epochs >= 1, "Trainer: epochs must be >= 1, got " << opts_.epochs);
   MG_CHECK(opts_.max_steps >= 0, "Trainer: max_steps must be >= 0 (0: no limit), got " << opts_.max_steps);
+  MG_CHECK(opts_.plan_timing_passes >= 1, "Trainer: plan_timing_passes must be >= 1, got " << opts_.plan_timing_passes);
   const int64_t world = dist::world_size();
   MG_CHECK(opts_.batch_size % world == 0, "Trainer: batch_size " << opts_.batch_size << " is split over " << world
                                                                  << " ranks: it must be a multiple of " << world);
@@ -234,6 +235,7 @@ void Trainer::plan_for(size_t memory) {
   nn::MeasureOptions mo;
   add_own_measure_options(mo);
   mo.stop_when_flat = true;
+  mo.timing_passes = opts_.plan_timing_passes;
   mo.targets_per_row = targets_per_row;
   mo.offload = opts_.offload;
   if (opts_.progress != Progress::off && dist::rank() == 0 && sizes.back() >= 1024) {  // long enough to show

@@ -136,6 +136,9 @@ struct TrainerOptions {
   nn::Metadata signature;          // saved in each training state, a resume that differs warned of; the same on every rank
   uint64_t seed = 0;               // the sample order
   bool tiles = true;               // tiled segments (Note [tiled segments])
+  // The joint plan (memory_budget, no micro_batch): each micro-batch size timed this many times,
+  // each unit's least time kept (MeasureOptions::timing_passes, Note [joint plan]).
+  int plan_timing_passes = 1;
   // Whether plans may offload segments to the host pool (Note [offload] in minigrad/core/checkpoint.h):
   // automatic on CUDA devices, not on the CPU (where it is an emulation, for tests).
   nn::MeasureOptions::Offload offload = nn::MeasureOptions::Offload::automatic;
