@@ -52,7 +52,11 @@ void compare_op(const char* what, const std::function<Tensor(const std::vector<T
   REQUIRE(y_gpu.shape() == y_cpu.shape());
   INFO("output rel err " << rel_err(y_gpu, y_cpu));
   CHECK(rel_err(y_gpu, y_cpu) < tol);
-  if (!y_cpu.requires_grad()) return;
+  bool wants_grad = false;
+  for (const Tensor& t : cpu_in) wants_grad |= t.requires_grad();
+  // An output off the tape (a .to() copy) would skip the gradients without a word.
+  REQUIRE_MESSAGE(y_cpu.requires_grad() == wants_grad, "the output is not on the tape: its gradients cannot be compared");
+  if (!wants_grad) return;
   Tensor probe = rand_tensor(y_cpu.shape(), 4242);
   y_cpu.backward(probe);
   y_gpu.backward(probe.to(kGpu));
@@ -226,7 +230,7 @@ TEST_CASE("cuda: linear_gelu, cuBLASLt's GELU epilogue or its fallback, against 
       Tensor x = rand_tensor({64, 96}, 81, true), w = rand_tensor({m, 96}, 82, true), b = rand_tensor({m}, 83, true);
       compare_op("linear_gelu", [&](const std::vector<Tensor>& in) {
         const AutocastGuard cast(dtype);
-        return linear_gelu(in[0], in[1], in[2]).to(DType::f32);
+        return linear_gelu(in[0], in[1], in[2]);  // no .to(): a copy off the tape, no gradients compared
       }, {x, w, b}, dtype == DType::f32 ? 1e-3 : 3e-2);
       const cuda::LtCounts after = cuda::lt_counts();
       MESSAGE("cuBLASLt ran " << after.runs - before.runs << " products, refused " << after.refused - before.refused
@@ -297,7 +301,7 @@ TEST_CASE("cuda: conv2d_relu, cuDNN's fused graph or its fallback, against the C
       Tensor w = rand_tensor(last ? Shape{32, 3, 3, 16} : Shape{32, 16, 3, 3}, 72, true), b = rand_tensor({32}, 73, true);
       compare_op("conv2d_relu", [&](const std::vector<Tensor>& in) {
         const AutocastGuard cast(dtype);
-        return conv2d_relu(in[0], in[1], in[2], 1, 1, layout).to(DType::f32);
+        return conv2d_relu(in[0], in[1], in[2], 1, 1, layout);  // no .to(): a copy off the tape
       }, {x, w, b}, dtype == DType::f32 ? kTf32 : 3e-2);
       const cuda::ConvFusionCounts after = cuda::conv_fusion_counts();
       MESSAGE("fused graph ran " << after.ran - before.ran << " times, refused " << after.refused - before.refused
@@ -334,7 +338,7 @@ TEST_CASE("cuda: a conv2d masks the gradient of the ReLU before it, fused or not
         const AutocastGuard cast(dtype);
         const Tensor a = conv2d_relu(in[0], in[1], Tensor(), 1, 1, layout);  // read by one conv2d
         const Tensor c = relu(conv2d(a, in[2], in[3], 2, 1, layout));       // 16 -> 8
-        return conv2d(c, in[4], Tensor(), 1, 1, layout).to(DType::f32);
+        return conv2d(c, in[4], Tensor(), 1, 1, layout);  // no .to(): a copy off the tape
       };
       for (const bool graph : {false, true}) {
         CAPTURE(graph);

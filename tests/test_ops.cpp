@@ -793,7 +793,11 @@ TEST_CASE("ops: layer_norm adds its input gradient into the residual stream's, w
 // plain, in a checkpoint segment and through a retained graph's second backward.
 TEST_CASE("ops: a ReLU's one reader masks its gradient, with the same bits") {
   struct Restore {
-    ~Restore() { set_relu_mask_in_consumer(true); }
+    bool dgrad = cuda::cudnn_dgrad_fusion();
+    ~Restore() {
+      set_relu_mask_in_consumer(true);
+      cuda::set_cudnn_dgrad_fusion(dgrad);
+    }
   } restore;
   using test::rand_tensor;
   for (const Layout layout : {Layout::nchw, Layout::nhwc}) {
@@ -812,10 +816,13 @@ TEST_CASE("ops: a ReLU's one reader masks its gradient, with the same bits") {
     };
     for (const DType low : {DType::f32, DType::bf16}) {
       for (const bool segment : {false, true}) {
+       for (const bool every_reader : {false, true}) {  // relu_mask_every_reader: the dgrad graph's mode
+        cuda::set_cudnn_dgrad_fusion(every_reader);
         const std::string dtype = dtype_name(low), layout_str = layout_name(layout);
         CAPTURE(layout_str);
         CAPTURE(dtype);
         CAPTURE(segment);
+        CAPTURE(every_reader);
         struct Run {
           std::vector<std::vector<uint8_t>> grads, again;
           uint64_t moved = 0;
@@ -856,8 +863,58 @@ TEST_CASE("ops: a ReLU's one reader masks its gradient, with the same bits") {
         }
         CHECK(off.moved == 0);
         // relu -> conv2d_relu and conv2d_relu -> conv2d, each backward (a segment's replay once
-        // each); batch_norm's ReLU, read twice, masks its own.
-        CHECK(on.moved == 4);
+        // each); batch_norm's ReLU, read twice, masks its own, and in every-reader mode its
+        // conv2d reader masks its part too.
+        CHECK(on.moved == (every_reader ? 6u : 4u));
+       }
+      }
+    }
+  }
+}
+
+// Note [relu mask in the consumer]: a ReLU outside a checkpoint segment whose first op is a
+// conv2d: the segment's replay masks its boundary's gradient as the plain step's conv2d does (the
+// same count, so on CUDA the same kernels); no mask for a conv2d reading an autocast copy (its
+// rounding could zero a small value the ReLU passed).
+TEST_CASE("ops: a ReLU's mask moves into a checkpoint segment, and not onto a converted copy") {
+  struct Restore {
+    bool dgrad = cuda::cudnn_dgrad_fusion();
+    ~Restore() {
+      set_relu_mask_in_consumer(true);
+      cuda::set_cudnn_dgrad_fusion(dgrad);
+    }
+  } restore;
+  using test::rand_tensor;
+  for (const bool cast : {false, true}) {
+    for (const bool every_reader : {false, true}) {
+      CAPTURE(cast);
+      CAPTURE(every_reader);
+      cuda::set_cudnn_dgrad_fusion(every_reader);
+      auto tail = [&](const std::vector<Tensor>& in) {
+        const AutocastGuard autocast(cast ? DType::bf16 : DType::f32);
+        return conv2d(in[0], in[1], Tensor(), 1, 1);
+      };
+      std::vector<std::vector<uint8_t>> first;
+      for (const bool segment : {false, true}) {
+        for (const bool on : {false, true}) {
+          CAPTURE(segment);
+          CAPTURE(on);
+          set_relu_mask_in_consumer(on);
+          const Tensor x = rand_tensor({2, 3, 8, 8}, 31, true), w0 = rand_tensor({4, 3, 3, 3}, 32, true),
+                       w1 = rand_tensor({5, 4, 3, 3}, 33, true);
+          const Tensor h = relu(conv2d(x, w0, Tensor(), 1, 1));  // float32, outside the segment
+          const Tensor out = segment ? checkpoint(tail, {h, w1}) : tail({h, w1});
+          const uint64_t before = relu_masks_in_consumer();
+          out.backward(rand_tensor(out.shape(), 34));
+          CHECK(relu_masks_in_consumer() - before == (on && !cast ? 1u : 0u));
+          std::vector<std::vector<uint8_t>> grads;
+          for (const Tensor& t : {x, w0, w1}) grads.push_back(test::raw_bytes(t.grad()));
+          if (first.empty()) first = grads;
+          for (size_t i = 0; i < grads.size(); ++i) {
+            CAPTURE(i);
+            CHECK(grads[i] == first[i]);
+          }
+        }
       }
     }
   }

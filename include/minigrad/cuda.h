@@ -56,11 +56,10 @@ bool cublaslt();
 // kernel after it, in place (docs/cuda.md, "Fused ReLUs").
 void set_cudnn_conv_fusion(bool on);
 bool cudnn_conv_fusion();
-// cuDNN's dgrad+drelu graph for the data gradient of a conv2d whose input is a ReLU's output read
-// by it alone (default: OFF; the environment's MG_CUDNN_DGRAD_FUSION=1 turns it on at start). On,
-// a conv2d takes it or not by how many ops read its input in this backward, which a checkpoint
-// plan changes (a segment's boundary), and cuDNN's fused engine sums in its own order: the
-// gradients may then differ in their last bits from plan to plan (docs/cuda.md, "Fused ReLUs").
+// cuDNN's dgrad+drelu graph for the data gradient of a conv2d whose input is a ReLU's output
+// (default: OFF until a GPU has run it; the environment's MG_CUDNN_DGRAD_FUSION=1 turns it on at
+// start). On, every such conv2d masks its data gradient, in every checkpoint plan alike, and
+// cuDNN's fused engine sums in its own order (docs/cuda.md, "Fused ReLUs").
 void set_cudnn_dgrad_fusion(bool on);
 bool cudnn_dgrad_fusion();
 // The fused graphs cuDNN ran since the program started and the cases it refused, and the last

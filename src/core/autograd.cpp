@@ -15,6 +15,7 @@ thread_local const GradReadyHook::Fn* t_ready_hook = nullptr;
 thread_local int t_backward_depth = 0;  // > 1: a checkpoint segment's backward inside another
 thread_local bool t_retain_graph = false;
 std::atomic<uint64_t> g_relu_masks_in_consumer{0};
+thread_local const std::vector<const TensorImpl*>* t_relu_leaves = nullptr;  // ReluBoundaryScope
 
 struct DepthScope {
   bool prev_retain = t_retain_graph;
@@ -115,18 +116,38 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
 // alone, and that op keeps y as its own input (conv2d keeps x for dW), the op can apply the mask
 // as it makes the gradient: on CUDA, under set_cudnn_dgrad_fusion, cuDNN's data gradient with
 // RELU_BWD as one graph (dgrad + dReLU), one pass over the gradient and one launch fewer; else
-// the ReLU's kernel in place on the data gradient. Backward counts, for each node whose output is
-// a ReLU's (op_masks_by_relu: relu; conv2d and batch_norm with the ReLU fused), the inputs of this
-// backward's nodes that read it. With exactly one, and a rule that takes the mask
-// (rule_takes_relu_mask: OpDef::takes_relu_mask, the input kept as it came), the rule is asked to
-// mask (Node::mask_inputs_by_relu), and the producer's rule is told that its gradient comes masked
-// (Node::grad_masked_by_relu) and skips its own. The mask is y > 0 either way, applied to the same
-// values, so the bits do not change (test_ops checks them, with the move on and off), except under
-// cuDNN's graph, whose data gradient sums in its own order (docs/cuda.md, "Fused ReLUs", says why
-// it is off by default). With two readers (a ResNet block's input: the branch and the shortcut)
-// the producer masks their sum as before. A checkpoint segment's replay reads its boundary as a
-// leaf: no move across it.
+// the ReLU's kernel in place on the data gradient. Backward counts, for each ReLU output
+// (relu_source: the output of a node with op_masks_by_relu, i.e. relu and conv2d and batch_norm
+// with the ReLU fused; in a checkpoint segment's backward also a leaf standing for a boundary
+// tensor that such a node outside made, ReluBoundaryScope), the inputs of this backward's nodes
+// that read it. A reader whose rule takes the mask (rule_takes_relu_mask: OpDef::takes_relu_mask,
+// the input kept as it came) is asked to mask (Node::mask_inputs_by_relu) where it is the only
+// one, and the ReLU's rule is told that its gradient comes masked (Node::grad_masked_by_relu)
+// when every reader masked, and skips its own. The mask is y > 0 (a select) wherever it is
+// applied, and applying it to a part of a sum the ReLU masks again changes no bit: the bits do
+// not change (test_ops checks them, with the move on and off), except that cuDNN's graph sums the
+// data gradient in its own order. Where that graph may run (relu_mask_every_reader), every
+// reader that can mask does, so that a conv2d's choice does not depend on how many readers a
+// checkpoint plan leaves in one backward; the boundary leaves serve the same end.
 uint64_t relu_masks_in_consumer() { return g_relu_masks_in_consumer.load(); }
+
+ReluBoundaryScope::ReluBoundaryScope(std::vector<const TensorImpl*> leaves) : leaves_(std::move(leaves)), prev_(t_relu_leaves) {
+  t_relu_leaves = &leaves_;
+}
+ReluBoundaryScope::~ReluBoundaryScope() { t_relu_leaves = prev_; }
+
+namespace {
+// Note [relu mask in the consumer]: the ReLU whose output an input is (its node, or the leaf of a
+// segment's boundary that a ReLU outside made), or null.
+const void* relu_source(const NodeInput& in) {
+  if (in.fn) return op_masks_by_relu(*in.fn) ? in.fn.get() : nullptr;
+  if (t_relu_leaves == nullptr || !in.leaf.defined()) return nullptr;
+  const TensorImpl* impl = in.leaf.impl_ptr().get();
+  for (const TensorImpl* l : *t_relu_leaves)
+    if (l == impl) return impl;
+  return nullptr;
+}
+}  // namespace
 
 void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   const DepthScope depth(retain_graph);
@@ -143,15 +164,15 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   std::unordered_set<Node*> seen;
   std::vector<Node*> stack{root.grad_fn().get()};
   seen.insert(stack.back());
-  std::unordered_map<const Node*, int> relu_readers;  // Note [relu mask in the consumer]
+  std::unordered_map<const void*, int> relu_readers;  // by relu_source: Note [relu mask in the consumer]
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     order.push_back(n);
     for (const NodeInput& in : n->inputs) {
-      if (!in.fn || !in.requires_grad) continue;
-      if (op_masks_by_relu(*in.fn)) ++relu_readers[in.fn.get()];
-      if (seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
+      if (!in.requires_grad) continue;
+      if (const void* src = relu_source(in)) ++relu_readers[src];
+      if (in.fn && seen.insert(in.fn.get()).second) stack.push_back(in.fn.get());
     }
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) { return a->seq > b->seq; });
@@ -164,7 +185,7 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
   };
 
   std::unordered_map<Node*, Tensor> pending;  // gradient w.r.t. each node's output
-  std::unordered_set<const Node*> masked;     // those that come masked by the node's ReLU
+  std::unordered_map<const void*, int> masked;  // relu_source: how many of its readers masked
   pending[root.grad_fn().get()] = std::move(grad);
   std::vector<Tensor> grads, accum;
   for (size_t pos = 0; pos < order.size(); ++pos) {
@@ -203,21 +224,27 @@ void run_backward(const Tensor& root, Tensor grad, bool retain_graph) {
       }
     }
     // Note [relu mask in the consumer]: the one reader of a ReLU's output masks its gradient.
-    n->grad_masked_by_relu = masked.erase(n) > 0;
+    // Its gradient comes masked when every reader masked its part.
+    if (const auto done = masked.find(n); done != masked.end()) {
+      n->grad_masked_by_relu = done->second == relu_readers[n];
+      masked.erase(done);
+    } else {
+      n->grad_masked_by_relu = false;
+    }
     n->mask_inputs_by_relu = 0;
+    const bool every_reader = relu_mask_every_reader();
     for (size_t i = 0; i < n->inputs.size() && i < 8 && !n->segment; ++i) {
       const NodeInput& in = n->inputs[i];
-      if (in.fn && in.requires_grad && rule_takes_relu_mask(*n, i) && op_masks_by_relu(*in.fn)) {
-        const auto readers = relu_readers.find(in.fn.get());
-        if (readers != relu_readers.end() && readers->second == 1) n->mask_inputs_by_relu |= uint8_t(1u << i);
-      }
+      const void* src = in.requires_grad ? relu_source(in) : nullptr;
+      if (src == nullptr || !rule_takes_relu_mask(*n, i)) continue;
+      if (every_reader || relu_readers[src] == 1) n->mask_inputs_by_relu |= uint8_t(1u << i);
     }
     if (n->segment) checkpoint_backward(*n, std::move(g), grads);
     else backward_rule(*n, std::move(g), grads, accum);
     g = Tensor();
     for (size_t i = 0; i < n->inputs.size() && n->mask_inputs_by_relu != 0; ++i) {
       if ((n->mask_inputs_by_relu >> i & 1u) == 0 || !grads[i].defined()) continue;
-      masked.insert(n->inputs[i].fn.get());
+      if (n->inputs[i].fn) ++masked[n->inputs[i].fn.get()];
       ++g_relu_masks_in_consumer;
     }
     n->mask_inputs_by_relu = 0;

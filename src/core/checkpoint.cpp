@@ -405,6 +405,16 @@ Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const 
 
 namespace {
 
+// Note [relu mask in the consumer]: the leaves in `fresh` that stand for boundary tensors a ReLU
+// outside the segment made (the checkpoint node's inputs), for ReluBoundaryScope.
+std::vector<const TensorImpl*> relu_boundary(const Node& node, const std::vector<Tensor>& fresh) {
+  std::vector<const TensorImpl*> out;
+  for (size_t i = 0; i < fresh.size() && i < node.inputs.size(); ++i) {
+    if (node.inputs[i].fn && op_masks_by_relu(*node.inputs[i].fn)) out.push_back(fresh[i].impl_ptr().get());
+  }
+  return out;
+}
+
 // An offloaded segment's backward (Note [offload]): its saved tensors come back, and backward
 // runs through the nodes of the first pass, with fresh leaves for the boundary as in a replay.
 void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
@@ -422,7 +432,10 @@ void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads)
   root.impl().shape = node.out_shape;
   root.impl().requires_grad = true;
   root.impl().grad_fn = seg.nodes.back();  // the output's node: the last one recorded
-  run_backward(root, std::move(grad_out), backward_retains_graph());
+  {
+    const ReluBoundaryScope relu_leaves(relu_boundary(node, fresh));
+    run_backward(root, std::move(grad_out), backward_retains_graph());
+  }
   for (const auto& u : seg.boundary_uses) seg.nodes[u.node]->inputs[u.input].leaf = Tensor();
   for (size_t i = 0; i < fresh.size(); ++i) {
     if (node.inputs[i].requires_grad) grads[i] = fresh[i].grad();
@@ -470,6 +483,7 @@ void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads
       root.impl().grad_fn = y.grad_fn();
       y = Tensor();
       Tensor g = tiled ? rows_view(grad_out, first, rows) : std::move(grad_out);
+      const ReluBoundaryScope relu_leaves(relu_boundary(node, fresh));
       run_backward(root, std::move(g), /*retain_graph=*/false);
     }
     for (size_t i = 0; i < fresh.size(); ++i) {

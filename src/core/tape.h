@@ -201,8 +201,26 @@ bool rule_adds_into_pending(const Node& n, size_t i);
 // (OpDef::takes_relu_mask, n still holding the input as it came; set_relu_mask_in_consumer on).
 bool op_masks_by_relu(const Node& n);
 bool rule_takes_relu_mask(const Node& n, size_t i);
+// Whether every reader of a ReLU's output that can mask is asked to, not only a sole one (on where
+// the mask goes into cuDNN's dgrad graph, so that a conv2d's choice of engine does not depend on
+// how a checkpoint plan splits its readers).
+bool relu_mask_every_reader();
 // How many gradients a ReLU's reader has masked so far, in this process (for tests).
 uint64_t relu_masks_in_consumer();
+// While a checkpoint segment's sub-tape runs backward: the leaves standing for its boundary
+// tensors that a ReLU outside it made (checkpoint_backward sets them), which backward treats as
+// ReLU outputs. Scopes nest; the innermost one holds.
+class ReluBoundaryScope {
+ public:
+  explicit ReluBoundaryScope(std::vector<const TensorImpl*> leaves);
+  ~ReluBoundaryScope();
+  ReluBoundaryScope(const ReluBoundaryScope&) = delete;
+  ReluBoundaryScope& operator=(const ReluBoundaryScope&) = delete;
+
+ private:
+  std::vector<const TensorImpl*> leaves_;
+  const std::vector<const TensorImpl*>* prev_;
+};
 void backward_rule(Node& node, Tensor grad_out, std::vector<Tensor>& grads,
                    const std::vector<Tensor>& accum);
 // Tiles (Note [tiled segments]): whether an op can run on rows of its batch, and the attributes

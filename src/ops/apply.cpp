@@ -5,6 +5,7 @@
 
 #include <minigrad/core/autocast.h>
 #include <minigrad/core/profiler.h>
+#include <minigrad/cuda.h>  // cudnn_dgrad_fusion
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
 #include "ops/op.h"
@@ -313,6 +314,10 @@ std::atomic<bool> g_relu_mask_in_consumer{true};
 }  // namespace
 
 void set_relu_mask_in_consumer(bool on) { g_relu_mask_in_consumer = on; }
+
+// Where cuDNN's dgrad + dReLU graph may run, a conv2d must take it or not by the forward graph
+// alone: every reader masks, whatever the readers a checkpoint plan leaves in one backward.
+bool relu_mask_every_reader() { return g_relu_mask_in_consumer && cuda::cudnn_dgrad_fusion(); }
 
 bool rule_takes_relu_mask(const Node& n, size_t i) {
   if (!g_relu_mask_in_consumer || !n.op || i >= 8 || (n.op->takes_relu_mask >> i & 1u) == 0) return false;
