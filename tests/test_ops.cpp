@@ -787,18 +787,21 @@ TEST_CASE("ops: layer_norm adds its input gradient into the residual stream's, w
   }
 }
 
+// The relu-mask switches as a test found them, put back when it ends.
+struct ReluMaskSettings {
+  bool dgrad = cuda::cudnn_dgrad_fusion();
+  ~ReluMaskSettings() {
+    set_relu_mask_in_consumer(true);
+    cuda::set_cudnn_dgrad_fusion(dgrad);
+  }
+};
+
 // Note [relu mask in the consumer] (src/core/autograd.cpp): a ReLU's output read by one conv2d
 // gets its gradient masked by that conv2d; read by two ops, by the ReLU itself. Every gradient has
 // the bits of the ReLUs masking their own, in both layouts, in float32 and under bf16 autocast,
 // plain, in a checkpoint segment and through a retained graph's second backward.
 TEST_CASE("ops: a ReLU's one reader masks its gradient, with the same bits") {
-  struct Restore {
-    bool dgrad = cuda::cudnn_dgrad_fusion();
-    ~Restore() {
-      set_relu_mask_in_consumer(true);
-      cuda::set_cudnn_dgrad_fusion(dgrad);
-    }
-  } restore;
+  const ReluMaskSettings restore;
   using test::rand_tensor;
   for (const Layout layout : {Layout::nchw, Layout::nhwc}) {
     const bool last = layout == Layout::nhwc;
@@ -877,13 +880,7 @@ TEST_CASE("ops: a ReLU's one reader masks its gradient, with the same bits") {
 // same count, so on CUDA the same kernels); no mask for a conv2d reading an autocast copy (its
 // rounding could zero a small value the ReLU passed).
 TEST_CASE("ops: a ReLU's mask moves into a checkpoint segment, and not onto a converted copy") {
-  struct Restore {
-    bool dgrad = cuda::cudnn_dgrad_fusion();
-    ~Restore() {
-      set_relu_mask_in_consumer(true);
-      cuda::set_cudnn_dgrad_fusion(dgrad);
-    }
-  } restore;
+  const ReluMaskSettings restore;
   using test::rand_tensor;
   for (const bool cast : {false, true}) {
     for (const bool every_reader : {false, true}) {
