@@ -56,10 +56,18 @@ template <class F> void parallel_pieces(int64_t pieces, F&& body) {
 }
 
 // body(begin, end) over [0, n) in pieces of `grain` elements (the last may be shorter).
+namespace detail {
+// A range small enough for one piece, run by a function of its own, as a piece is: inlined into
+// its caller, GCC 12 left a body's `omp simd` loop scalar ("latch block not empty"), and every
+// tensor under the grain (AdamW's and SGD's updates of all but the largest parameters) ran at
+// 5.4 ns an element instead of under 1.
+template <class F> [[gnu::noinline]] void run_range(F& body, int64_t n) { body(int64_t{0}, n); }
+}  // namespace detail
+
 template <class F> void parallel_for(int64_t n, int64_t grain, F&& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  if (n <= grain) return body(int64_t{0}, n);
+  if (n <= grain) return detail::run_range(body, n);
   parallel_pieces((n + grain - 1) / grain, [&](int64_t piece, int) {
     const int64_t begin = piece * grain;
     body(begin, std::min(begin + grain, n));
