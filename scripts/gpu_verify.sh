@@ -585,8 +585,13 @@ for model in ("gpt2", "vgg16"):
     runs = {p: rd(f"precision_{model}_{p}.json") for p in ("fp32", "tf32", "bf16")}
     for p, j in runs.items():
         if j:
+            # The host's time to issue the step against the step (docs/gpt.md, "The cost of an op"):
+            # near 1, the GPU waits for the host and a CUDA graph would pay.
+            issue = j.get("median_step_issue_ms")
             print(f"  {model} {p}: {j['median_step_ms']:.1f} ms a step, peak {j['peak_in_use_bytes']} "
-                  f"(predicted {j['predicted_peak_bytes']}), fixed {j['fixed_bytes']}")
+                  f"(predicted {j['predicted_peak_bytes']}), fixed {j['fixed_bytes']}; issued in "
+                  f"{issue if issue is not None else float('nan'):.1f} ms "
+                  f"({(issue or float('nan')) / j['median_step_ms']:.2f} of the step)")
     base = runs["fp32"] or runs["tf32"]
     low = runs["bf16"]
     if base and low:

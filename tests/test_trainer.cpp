@@ -346,6 +346,12 @@ TEST_CASE("Trainer: prefetching the next micro-batch changes no bit (accumulatio
     CHECK(on.bits == off.bits);
     CHECK(on.report.step_data_ms.size() == 6);
     CHECK(on.report.step_system_allocs.size() == 6);
+    // The host's issue time ends before step()'s read, the step's after its update: never longer.
+    REQUIRE(on.report.step_issue_ms.size() == 6);
+    for (size_t i = 0; i < 6; ++i) {
+      CHECK(on.report.step_issue_ms[i] >= 0.0);
+      CHECK(on.report.step_issue_ms[i] <= on.report.step_ms[i]);
+    }
   }
   SUBCASE("VGG16/16 with dropout, a checkpoint plan, micro-batches of 12 in steps of 32, the last step of 8") {
     const auto data = test::random_dataset(72, {3, 32, 32}, 3, 7);

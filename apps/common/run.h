@@ -237,6 +237,8 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["step_ms"] = r.step_ms;
   j["median_step_cpu_ms"] = median(r.step_cpu_ms);
   j["step_cpu_ms"] = r.step_cpu_ms;
+  j["median_step_issue_ms"] = median(r.step_issue_ms);  // the host's issue time (FitReport::step_issue_ms)
+  j["step_issue_ms"] = r.step_issue_ms;
   // Per step (issue 36's batch-64 cliff): the wait for data, the step's peaks, cudaMalloc calls.
   j["prefetch"] = r.prefetch;
   j["step_data_ms"] = r.step_data_ms;

@@ -38,6 +38,9 @@ inline std::vector<uint16_t> synthetic_tokens(int64_t n, int64_t vocab, uint64_t
 inline mg::nn::GPTConfig preset(const std::string& name) {
   if (name == "gpt2") return {};  // 124M
   if (name == "small") return {.vocab_size = 8192, .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 128};
+  // GPT-2 124M's ops (12 layers, 12 heads) at a width where a step costs the framework's own work
+  // per op, not arithmetic (docs/gpt.md, "The cost of an op").
+  if (name == "ops") return {.vocab_size = 96, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 48};
   return {.vocab_size = 512, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 64};  // tiny
 }
 
@@ -49,8 +52,9 @@ struct ModelFlags {
 
 inline void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--config", f.config, "tiny (2 layers, 4 heads, 64 wide, vocab 512, context 64) | small (4, 4, 128, "
-                                       "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024)")
-      ->check(CLI::IsMember({"tiny", "small", "gpt2"}))->capture_default_str();
+                                       "8192, 256) | gpt2 (124M: 12, 12, 768, 50257, 1024) | ops (12, 12, 48, 96, 1024: GPT-2's "
+                                       "ops, at a width where a step costs the framework's work per op)")
+      ->check(CLI::IsMember({"tiny", "small", "gpt2", "ops"}))->capture_default_str();
   auto* sizes = app.add_option_group("sizes");
   sizes->add_option("--n-layer", f.n_layer, "override the preset's layers")->check(CLI::Range(int64_t{1}, int64_t{1024}));
   sizes->add_option("--n-head", f.n_head, "override the preset's heads")->check(CLI::Range(int64_t{1}, int64_t{1024}));

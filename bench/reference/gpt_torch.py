@@ -21,7 +21,9 @@ import torch.nn.functional as F
 
 PRESETS = {"tiny": dict(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_embd=64),
            "small": dict(vocab_size=8192, block_size=256, n_layer=4, n_head=4, n_embd=128),
-           "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)}
+           "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+           # GPT-2's ops at a width where a step is the framework's cost per op (apps/gpt_train's "ops")
+           "ops": dict(vocab_size=96, block_size=1024, n_layer=12, n_head=12, n_embd=48)}
 
 
 class Attention(nn.Module):

@@ -87,6 +87,7 @@ std::string FitReport::json() const {
   j["resumed_from_epoch"] = resumed_from_epoch;
   j["median_step_ms"] = median_step_ms();
   j["step_ms"] = step_ms;
+  j["step_issue_ms"] = step_issue_ms;
   j["step_data_ms"] = step_data_ms;
   j["step_peak_in_use_bytes"] = step_peak_in_use;
   j["step_peak_reserved_bytes"] = step_peak_reserved;
@@ -633,6 +634,7 @@ FitReport Trainer::fit() {
           allocs0 = memory_stats(dev_).system_alloc_count;
         }
       }
+      const double issue_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count() - data_ms;
       const optim::StepInfo info = acc.step();
       if (world > 1 && !buffers.empty()) dist::broadcast_buffers(buffers);
       synchronize(dev_);  // the optimizer's update too: step() queues it after its one read
@@ -644,6 +646,7 @@ FitReport Trainer::fit() {
       const uint64_t allocs = mem.system_alloc_count - allocs0;
       report.step_ms.push_back(ms);
       report.step_cpu_ms.push_back(cpu_ms);
+      report.step_issue_ms.push_back(issue_ms);
       report.step_data_ms.push_back(data_ms);
       report.step_peak_in_use.push_back(peak);
       report.step_peak_reserved.push_back(mem.peak_reserved);

@@ -196,6 +196,11 @@ struct FitReport {
   std::vector<EpochReport> epochs;
   std::vector<double> step_ms;         // StepReport::ms of every step
   std::vector<double> step_cpu_ms;
+  // Wall ms from a step's start until its forward and backward were all issued (step()'s read of
+  // the losses not yet begun), less the data reads. On a CPU nearly step_ms; on a GPU, the host's
+  // time to issue the step's kernels: close to step_ms, the GPU waits for the host, and issuing
+  // less (a CUDA graph) would pay (docs/gpt.md, "The cost of an op").
+  std::vector<double> step_issue_ms;
   std::vector<double> step_data_ms;
   std::vector<size_t> step_peak_in_use, step_peak_reserved;
   std::vector<uint64_t> step_system_allocs;
