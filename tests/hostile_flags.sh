@@ -246,7 +246,7 @@ vgg_ckpt | --json         | the folder /nonexistent does not exist     | $V --js
 vgg_ckpt | --json         | is a folder, expected a file name          | $V --json "$T/empty"
 vgg_ckpt | --save-dir     | filesystem error                           | $V --save-dir "$T/file/sub"
 vgg_ckpt | --save-dir     | an empty value names nothing               | $V --save-dir ''
-gpt_train | --config      | bogus not in {tiny,small,gpt2}             | $G --config bogus
+gpt_train | --config      | bogus not in {tiny,small,gpt2,ops}         | $G --config bogus
 gpt_train | --seq-len     | is longer than the context of 64           | --steps 1 --seq-len 65
 gpt_train | --n-head      | must divide                                | $G --n-head 5
 gpt_train | --lr          | is not a finite number                     | $G --lr nan
