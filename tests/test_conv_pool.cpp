@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/tape.h"  // rows_view
 #include "helpers.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/conv2d_onednn.h"
@@ -344,6 +345,114 @@ TEST_CASE("conv2d in oneDNN: its workspace is counted by the allocator, per thre
   CHECK(bwd[0] > 0);
   CHECK(fwd[1] == fwd[0]);  // 4 or 12 images: the same scratch
   CHECK(bwd[1] == bwd[0]);
+}
+
+// Note [dW partials in rounds] in kernels/cpu/conv2d.cpp: a 512 x 512 x 3 x 3 layer (9.4 MB of dW)
+// on 9 x 9 images (over 64 pixels: oneDNN's dW, Note [dW of small images]) makes its per-image
+// partials 4 images at a time, so 10 images run in rounds of 4, 4 and 2.
+TEST_CASE("conv2d backward in rounds of dW partials: the bits of adding every image's term in order, less memory") {
+  const int64_t n = 10, c = 512, o = 512, h = 9;
+  const cpu::onednn::ConvShape shape{.c = c, .h = h, .w = h, .o = o, .kh = 3, .kw = 3, .oh = h, .ow = h,
+                                     .stride = 1, .pad = 1};
+  if (!cpu::onednn::applies(shape)) {
+    MESSAGE("skipped: this build has no oneDNN (or MG_CPU_CONV=gemm), and only its layers make dW per image at this size");
+    return;
+  }
+  const Device cpu = Device::cpu();
+  const Tensor x = rand_tensor({n, c, h, h}, 81), w = rand_tensor({o, c, 3, 3}, 82), dy = rand_tensor({n, o, h, h}, 83);
+  const int saved = num_threads();
+  // dx and dw of the first `images` images, and the scratch backward took beside them.
+  auto backward = [&](int64_t images, int threads, size_t& extra) {
+    set_num_threads(threads);
+    Tensor dx = poisoned({images, c, h, h}), dw = poisoned(w.shape()), none;
+    const size_t before = memory_stats(cpu).in_use;
+    reset_peak_memory_stats(cpu);
+    conv2d_backward<Cpu>(dx, dw, none, rows_view(dy, 0, images), rows_view(x, 0, images), w, 1, 1, false, false);
+    extra = memory_stats(cpu).peak_in_use - before;
+    return std::pair{dx, dw};
+  };
+  size_t extra1 = 0, extra2 = 0, extra_round = 0;
+  const auto [dx1, dw1] = backward(n, 1, extra1);
+  const auto [dx2, dw2] = backward(n, 2, extra2);
+  backward(4, 2, extra_round);
+  set_num_threads(saved);
+  CHECK(bit_equal(dx2, dx1));
+  CHECK(bit_equal(dw2, dw1));
+  // 10 images take the scratch of one round of 4 (its partials, the filters in oneDNN's layout and
+  // a block per thread), where 10 partials at once were 10 x dW's bytes on their own.
+  CHECK(extra2 == extra_round);
+  CHECK(extra2 < static_cast<size_t>(n) * w.nbytes());
+  MESSAGE("backward's scratch for 10 images: " << extra2 << " bytes, "
+                                               << static_cast<double>(extra2) / static_cast<double>(w.nbytes()) << "x dW's");
+
+  // Each image's term alone, added in image order onto 0: the same bits as the batch's dW.
+  std::vector<float> sum(static_cast<size_t>(w.numel()), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor dw_i = poisoned(w.shape()), none;
+    conv2d_backward<Cpu>(none, dw_i, none, rows_view(dy, i, 1), rows_view(x, i, 1), w, 1, 1, false, false);
+    const std::vector<float> t = dw_i.to_vector<float>();
+    for (size_t e = 0; e < sum.size(); ++e) sum[e] += t[e];
+  }
+  CHECK(sum == dw1.to_vector<float>());
+
+  // The batch split 3 + 7 into an accumulating buffer (rounds of 3, then 4, 3): the same bits.
+  Tensor dw_split = poisoned(w.shape()), none;
+  conv2d_backward<Cpu>(none, dw_split, none, rows_view(dy, 0, 3), rows_view(x, 0, 3), w, 1, 1, false, false);
+  conv2d_backward<Cpu>(none, dw_split, none, rows_view(dy, 3, 7), rows_view(x, 3, 7), w, 1, 1, true, false);
+  CHECK(bit_equal(dw_split, dw1));
+}
+
+// Note [dW of small images] in kernels/cpu/conv2d.cpp: the same layer on 2 x 2 images takes dW from
+// the channel-group GEMMs, in place (no partials), and dx from oneDNN.
+TEST_CASE("conv2d backward of a oneDNN layer on small images: dW in place, the bits of any batch split") {
+  const int64_t n = 10, c = 512, o = 512, h = 2;
+  const cpu::onednn::ConvShape shape{.c = c, .h = h, .w = h, .o = o, .kh = 3, .kw = 3, .oh = h, .ow = h,
+                                     .stride = 1, .pad = 1};
+  if (!cpu::onednn::applies(shape)) {
+    MESSAGE("skipped: this build has no oneDNN (or MG_CPU_CONV=gemm)");
+    return;
+  }
+  const Device cpu = Device::cpu();
+  const Tensor x = rand_tensor({n, c, h, h}, 84), w = rand_tensor({o, c, 3, 3}, 85), dy = rand_tensor({n, o, h, h}, 86);
+  Tensor dx = poisoned(x.shape()), dw = poisoned(w.shape()), none;
+  const size_t before = memory_stats(cpu).in_use;
+  reset_peak_memory_stats(cpu);
+  conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false, false);
+  const size_t extra = memory_stats(cpu).peak_in_use - before;
+  // The filters in oneDNN's layout for dx and the column blocks; no partial dW.
+  CHECK(extra < 2 * w.nbytes());
+  Tensor dw_split = poisoned(w.shape()), dx_a = poisoned({3, c, h, h}), dx_b = poisoned({7, c, h, h});
+  conv2d_backward<Cpu>(dx_a, dw_split, none, rows_view(dy, 0, 3), rows_view(x, 0, 3), w, 1, 1, false, false);
+  conv2d_backward<Cpu>(dx_b, dw_split, none, rows_view(dy, 3, 7), rows_view(x, 3, 7), w, 1, 1, true, false);
+  CHECK(bit_equal(dw_split, dw));
+  CHECK(bit_equal(dx_a, rows_view(dx, 0, 3)));
+  CHECK(bit_equal(dx_b, rows_view(dx, 3, 7)));
+  // dW against a sum in double over images, pixels and taps: the GEMMs' float32 rounding only.
+  const std::vector<float> xv = x.to_vector<float>(), dyv = dy.to_vector<float>(), got = dw.to_vector<float>();
+  double err = 0, ref_norm = 0;
+  for (int64_t oc = 0; oc < o; oc += 37) {
+    for (int64_t ic = 0; ic < c; ic += 29) {
+      for (int64_t p = 0; p < 3; ++p) {
+        for (int64_t q = 0; q < 3; ++q) {
+          double ref = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t a = 0; a < h; ++a) {
+              for (int64_t b = 0; b < h; ++b) {
+                const int64_t ya = a + p - 1, xb = b + q - 1;
+                if (ya < 0 || ya >= h || xb < 0 || xb >= h) continue;
+                ref += static_cast<double>(dyv[static_cast<size_t>(((i * o + oc) * h + a) * h + b)]) *
+                       xv[static_cast<size_t>(((i * c + ic) * h + ya) * h + xb)];
+              }
+            }
+          }
+          const double g = got[static_cast<size_t>(((oc * c + ic) * 3 + p) * 3 + q)];
+          err += (g - ref) * (g - ref);
+          ref_norm += ref * ref;
+        }
+      }
+    }
+  }
+  CHECK(std::sqrt(err / ref_norm) < 1e-5);
 }
 
 // ---- errors ------------------------------------------------------------------------------------

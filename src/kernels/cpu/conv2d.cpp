@@ -19,7 +19,9 @@
 // channels for dW: a dW piece builds the im2col rows of its channels only and adds every image and
 // row block, in order, into its own columns of dW. Layers with few input channels (too few groups
 // to keep the threads busy) instead give every image a dW piece of its own, a partial added into
-// dW afterwards in image order. The groups depend on one image's shape only, so every result has
+// dW afterwards in image order, as oneDNN's layers do (in rounds of images: Note [dW partials in
+// rounds]; oneDNN's dW only where an image has more than 64 output pixels: Note [dW of small
+// images]). The groups depend on one image's shape only, so every result has
 // the same bits for any thread count. Each thread owns one column block buffer (allocated as a
 // Tensor, so the CPU allocator counts it).
 //
@@ -163,6 +165,41 @@ int64_t channels_per_dw_piece(const ConvGeom& g) {
 // image gets a dW piece of its own instead, a partial of the whole (small) dW.
 constexpr int64_t kMinDwSpread = 4;
 
+// Note [dW of small images]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// oneDNN's weight gradient is one image's term, a partial of all of dW, added into dW afterwards
+// (Note [dW partials in rounds]). Where an image has few output pixels (the deep layers of VGG and
+// ResNet at CIFAR sizes, 7 x 7 at 224) that is |W| written and read again per image for |W| x
+// pixels multiply-adds: memory-bound. Such layers (at most kMaxGemmDwPixels output pixels) take dW
+// from the channel-group GEMMs instead, which add each image into their own columns of dW in
+// place, and keep oneDNN for dx. The choice follows one image's shape, never the batch: a split
+// batch takes the same path (Note [weight gradients in sample order]). Median step, 2 threads,
+// AMD EPYC with AVX-512, for the limits 0 (oneDNN everywhere), 16, 64 and 256 pixels:
+//   ResNet-18 32 x 32, batch 64:       598, 192, 197, 280 ms
+//   ResNet-18 64 x 64, batch 32:       420, 285, 224, 262 ms
+//   VGG16/8 32 x 32, batch 64:        59.6, 39.0, 38.9, 47.4 ms
+//   VGG16 32 x 32, batch 32:           950, 733, 690, 699 ms
+constexpr int64_t kMaxGemmDwPixels = 64;
+
+// Note [dW partials in rounds]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A layer whose dW is made per image (oneDNN's, and those with few input channels) needs a
+// partial dW per image before they are added in image order. All of a batch's at once cost
+// N x |W|: for ResNet-18's 512 x 512 x 3 x 3 layers at batch 64, 604 MB of scratch in one
+// backward, faulted in page by page, then summed one element at a time across 64 partials (a
+// step at 32 x 32 took 2.3 s and peaked at 796 MB; 0.6 s and 229 MB in rounds, 2 threads).
+// Backward now runs in rounds of dw_partial_images(|W|) images (a number from the shape, never
+// the threads): each round's dW and dx pieces in one parallel part, then its partials added into
+// dW, one after another, element by element. Every element still gets dW (or 0), then image 0's
+// term, then image 1's, ...: the bits of adding all partials at once, and of any batch split
+// (Note [weight gradients in sample order]).
+constexpr int64_t kDwPartialBytes = int64_t{32} << 20;  // a round's partials: at most this,
+constexpr int64_t kMinDwPartials = 4;                   // unless that leaves fewer than this
+
+int64_t dw_partial_images(int64_t wsize) {
+  return std::max(kMinDwPartials, kDwPartialBytes / std::max<int64_t>(wsize * static_cast<int64_t>(sizeof(float)), 1));
+}
+
 // sum of p[0, n) in 8 fixed lanes, then the lanes in order: the same bits wherever p lies.
 float sum_in_lanes(const float* p, int64_t n) {
   float lane[8] = {};
@@ -244,17 +281,24 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
 
   // oneDNN (kernels/cpu/conv2d_onednn.h) does one image per call: dW pieces are one per image.
   const cpu::onednn::Conv* onednn = g.onednn() ? &cpu::onednn::Conv::get(g.onednn_shape(false)) : nullptr;
+  const bool onednn_dw = onednn && g.ohw() > kMaxGemmDwPixels;  // Note [dW of small images]
   const bool pointwise = g.pointwise() && !onednn;
   const int64_t rows = pointwise ? g.oh : block_rows(g);
-  const int64_t block = onednn ? std::max<int64_t>(onednn->backward_scratch_floats(), 1) : g.ckk() * rows * g.ow;
+  // A thread's scratch: the largest of what its pieces need (oneDNN's dx and dW, our column blocks).
+  const int64_t block = std::max({int64_t{1}, onednn && dx.defined() ? onednn->backward_data_scratch_floats() : 0,
+                                  onednn_dw && dw.defined() ? onednn->backward_weights_scratch_floats() : 0,
+                                  !onednn || (!onednn_dw && dw.defined()) ? g.ckk() * rows * g.ow : 0});
   const int64_t group = channels_per_dw_piece(g);
   const int64_t channel_groups = (g.c + group - 1) / group;
-  const bool per_image = onednn || channel_groups < kMinDwSpread;  // dW pieces: per image, or per channel group
-  const int64_t dw_pieces = !dw.defined() ? 0 : per_image ? g.n : channel_groups;
-  const int64_t pieces = dw_pieces + (dx.defined() ? g.n : 0);
-  Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
+  const bool per_image = onednn_dw || channel_groups < kMinDwSpread;  // dW pieces: per image, or per channel group
   const int64_t wsize = g.o * g.ckk();
-  Tensor partial = dw.defined() && per_image ? Tensor::empty({g.n, wsize}) : Tensor();
+  // Images per parallel part: all of them, but with per-image dW partials only as many as
+  // dw_partial_images allows (Note [dW partials in rounds]).
+  const int64_t round = dw.defined() && per_image ? std::min(g.n, dw_partial_images(wsize)) : g.n;
+  const int64_t dw_pieces = !dw.defined() ? 0 : per_image ? round : channel_groups;
+  const int64_t pieces = dw_pieces + (dx.defined() ? round : 0);
+  Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
+  Tensor partial = dw.defined() && per_image ? Tensor::empty({round, wsize}) : Tensor();
   const float* wp = w.data<float>();
   Tensor onednn_weights;  // the filters in oneDNN's layout for the input gradient
   if (onednn && dx.defined()) {
@@ -298,32 +342,40 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
     }
   };
 
-  cpu::parallel_pieces(pieces, [&](int64_t piece, int slot) {
-    float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
-    if (onednn && piece >= dw_pieces) {
-      const int64_t n = piece - dw_pieces;
-      onednn->backward_data(dx.data<float>() + n * img, dyp + n * out, onednn_weights.data<float>(), buf);
-    } else if (onednn) {
-      onednn->backward_weights(partial.data<float>() + piece * wsize, xp + piece * img, dyp + piece * out, buf);
-    } else if (piece >= dw_pieces) {
-      dx_piece(piece - dw_pieces, buf);
-    } else if (per_image) {
-      dw_piece(0, g.c, piece, piece + 1, partial.data<float>() + piece * wsize, false, buf);
-    } else {
-      const int64_t c0 = piece * group;
-      dw_piece(c0, std::min(c0 + group, g.c), 0, g.n, dw.data<float>(), accumulate, buf);
-    }
-  });
-  if (partial.defined()) {  // dw (+)= partial 0, then partial 1, ...: per element, in image order
-    float* dwp = dw.data<float>();
-    const float* pp = partial.data<float>();
-    cpu::parallel_for(wsize, cpu::kParallelGrain, [&](int64_t e0, int64_t e1) {
-      for (int64_t e = e0; e < e1; ++e) {
-        float s = accumulate ? dwp[e] : 0.0f;
-        for (int64_t n = 0; n < g.n; ++n) s += pp[n * wsize + e];
-        dwp[e] = s;
+  for (int64_t n0 = 0; n0 < g.n; n0 += round) {
+    const int64_t count = std::min(round, g.n - n0);  // images in this round
+    const int64_t dw_here = !dw.defined() ? 0 : per_image ? count : channel_groups;
+    cpu::parallel_pieces(dw_here + (dx.defined() ? count : 0), [&](int64_t piece, int slot) {
+      float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
+      if (piece >= dw_here) {
+        const int64_t n = n0 + piece - dw_here;
+        if (onednn) onednn->backward_data(dx.data<float>() + n * img, dyp + n * out, onednn_weights.data<float>(), buf);
+        else dx_piece(n, buf);
+      } else if (onednn_dw) {
+        const int64_t n = n0 + piece;
+        onednn->backward_weights(partial.data<float>() + piece * wsize, xp + n * img, dyp + n * out, buf);
+      } else if (per_image) {
+        dw_piece(0, g.c, n0 + piece, n0 + piece + 1, partial.data<float>() + piece * wsize, false, buf);
+      } else {  // one round: every image
+        const int64_t c0 = piece * group;
+        dw_piece(c0, std::min(c0 + group, g.c), 0, g.n, dw.data<float>(), accumulate, buf);
       }
     });
+    if (partial.defined()) {  // dw (+)= this round's partials, one after another: per element, in image order
+      const bool fresh = n0 == 0 && !accumulate;
+      float* dwp = dw.data<float>();
+      const float* pp = partial.data<float>();
+      cpu::parallel_for(wsize, cpu::kParallelGrain, [&](int64_t e0, int64_t e1) {
+        float* d = dwp + e0;
+        const int64_t len = e1 - e0;
+        if (fresh) std::fill(d, d + len, 0.0f);
+        for (int64_t k = 0; k < count; ++k) {
+          const float* p = pp + k * wsize + e0;
+#pragma omp simd
+          for (int64_t e = 0; e < len; ++e) d[e] += p[e];
+        }
+      });
+    }
   }
 }
 

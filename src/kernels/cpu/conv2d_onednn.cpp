@@ -255,13 +255,15 @@ void Conv::forward(float* y, const float* x, const float* weights, const float* 
             p.fwd_pd.scratchpad_desc(), scratch, p.s.bias ? &bias_md : nullptr, b);
 }
 
-int64_t Conv::backward_scratch_floats() const {
+int64_t Conv::backward_data_scratch_floats() const {
   const Impl& p = *impl_;
-  const int64_t data = p.dst_grad_in_data.scratch_floats() + p.src_grad_out.scratch_floats() +
-                       floats(p.bwd_data_pd.scratchpad_desc());
-  const int64_t weights = p.src_in_weights.scratch_floats() + p.dst_grad_in_weights.scratch_floats() +
-                          p.weights_grad_out.scratch_floats() + floats(p.bwd_weights_pd.scratchpad_desc());
-  return std::max(data, weights);
+  return p.dst_grad_in_data.scratch_floats() + p.src_grad_out.scratch_floats() + floats(p.bwd_data_pd.scratchpad_desc());
+}
+
+int64_t Conv::backward_weights_scratch_floats() const {
+  const Impl& p = *impl_;
+  return p.src_in_weights.scratch_floats() + p.dst_grad_in_weights.scratch_floats() +
+         p.weights_grad_out.scratch_floats() + floats(p.bwd_weights_pd.scratchpad_desc());
 }
 
 void Conv::backward_data(float* dx, const float* dy, const float* weights, float* scratch) const {
@@ -330,7 +332,8 @@ int64_t Conv::forward_scratch_floats() const { return 0; }
 void Conv::forward(float*, const float*, const float*, const float*, float*) const {}
 int64_t Conv::backward_weights_floats() const { return 0; }
 void Conv::prepare_backward_weights(float*, const float*) const {}
-int64_t Conv::backward_scratch_floats() const { return 0; }
+int64_t Conv::backward_data_scratch_floats() const { return 0; }
+int64_t Conv::backward_weights_scratch_floats() const { return 0; }
 void Conv::backward_data(float*, const float*, const float*, float*) const {}
 void Conv::backward_weights(float*, const float*, const float*, float*) const {}
 

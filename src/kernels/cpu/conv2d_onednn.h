@@ -61,7 +61,9 @@ class Conv {
   // prepared for it; dw (O, C, KH, KW) = one image's weight gradient (=, not +=).
   int64_t backward_weights_floats() const;
   void prepare_backward_weights(float* dst, const float* w) const;
-  int64_t backward_scratch_floats() const;
+  // Scratch of one call: of backward_data, and of backward_weights.
+  int64_t backward_data_scratch_floats() const;
+  int64_t backward_weights_scratch_floats() const;
   void backward_data(float* dx, const float* dy, const float* weights, float* scratch) const;
   void backward_weights(float* dw, const float* x, const float* dy, float* scratch) const;
 
