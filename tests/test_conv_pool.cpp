@@ -395,11 +395,17 @@ TEST_CASE("conv2d backward in rounds of dW partials: the bits of adding every im
   }
   CHECK(sum == dw1.to_vector<float>());
 
-  // The batch split 3 + 7 into an accumulating buffer (rounds of 3, then 4, 3): the same bits.
-  Tensor dw_split = poisoned(w.shape()), none;
-  conv2d_backward<Cpu>(none, dw_split, none, rows_view(dy, 0, 3), rows_view(x, 0, 3), w, 1, 1, false, false);
-  conv2d_backward<Cpu>(none, dw_split, none, rows_view(dy, 3, 7), rows_view(x, 3, 7), w, 1, 1, true, false);
-  CHECK(bit_equal(dw_split, dw1));
+  // The batch split 3 + 7 into an accumulating buffer (rounds of 3, then 4, 3), at 1 and 2
+  // threads: the same bits.
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    Tensor dw_split = poisoned(w.shape()), none;
+    conv2d_backward<Cpu>(none, dw_split, none, rows_view(dy, 0, 3), rows_view(x, 0, 3), w, 1, 1, false, false);
+    conv2d_backward<Cpu>(none, dw_split, none, rows_view(dy, 3, 7), rows_view(x, 3, 7), w, 1, 1, true, false);
+    CHECK(bit_equal(dw_split, dw1));
+  }
+  set_num_threads(saved);
 }
 
 // Note [dW of small images] in kernels/cpu/conv2d.cpp: the same layer on 2 x 2 images takes dW from
