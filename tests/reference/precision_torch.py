@@ -19,7 +19,10 @@ Writes into OUT_DIR (with the safetensors package), for each model M:
                        has bf16 kernels; PyTorch 1.13 on a CPU without AVX-512 measured 2.7e-2, its
                        sums kept in bf16: its bf16 CNN runs are then no reference for ours)
   M_fp32.safetensors   the weights after 20 float32 steps, and "losses" (20)
-  M_bf16.safetensors   the same under torch.autocast("cpu", dtype=torch.bfloat16)
+  M_bf16.safetensors   the same under torch.autocast("cpu", dtype=torch.bfloat16); not made for vgg
+                       and resnet where the probe's error is over CONV_PROBE_BOUND (the test makes no
+                       comparison with them there, and PyTorch's bf16 convolutions without oneDNN's
+                       bf16 kernels are its slowest part: most of the test's time on an AVX2 CPU)
 
     /usr/bin/python3 tests/reference/precision_torch.py OUT_DIR
 
@@ -42,6 +45,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpt_torch import GPT, adamw  # noqa: E402
 
 STEPS = 20
+# tests/test_precision_torch.cpp's kConvProbeBound: over it, PyTorch's bf16 CNN runs are no reference.
+CONV_PROBE_BOUND = 1e-2
 
 
 def mlp():
@@ -123,7 +128,12 @@ def main():
             x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
         save_file({**init, "x": x, "y": y, "conv_probe_error": probe}, os.path.join(out_dir, f"{name}_init.safetensors"))
         for tag, bf16 in (("fp32", False), ("bf16", True)):
-            save_file(train(make, init, x, y, bf16), os.path.join(out_dir, f"{name}_{tag}.safetensors"))
+            path = os.path.join(out_dir, f"{name}_{tag}.safetensors")
+            if bf16 and name in ("vgg", "resnet") and float(probe[0]) > CONV_PROBE_BOUND:
+                if os.path.exists(path):
+                    os.remove(path)  # a reference from another run is not this CPU's
+                continue
+            save_file(train(make, init, x, y, bf16), path)
     print(f"precision_torch.py: wrote {out_dir} (torch {torch.__version__}; bf16 convolution's probe error "
           f"{float(probe[0]):.2e})")
 
