@@ -13,7 +13,10 @@
 
 #include "helpers.h"
 #include "kernels/convert.h"
+#include "core/parallel.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/layer_norm.h"
+#include "kernels/softmax.h"
 #include <minigrad/nn/serialize.h>
 
 using namespace mg;
@@ -255,4 +258,38 @@ TEST_CASE("safetensors: BF16 and F16 tensors are written and read back as they a
   CHECK(test::bit_equal(*f.find("b"), b));
   CHECK(test::bit_equal(*f.find("h"), h));
   CHECK(test::bit_equal(*f.find("x"), x));
+}
+
+// A bf16 kernel that runs row by row holds each slot's float32 rows from a room made before its
+// pieces (cpu::FloatRowRoom, Note [half scratch] in kernels/cpu/gemm.cpp): its scratch is the same
+// every call, not whatever number of pieces happened to overlap.
+TEST_CASE("bf16 row kernels: their float32 rows, one per tensor and slot, allocated before the pieces") {
+  const int saved = num_threads();
+  set_num_threads(2);
+  const Device cpu = Device::cpu();
+  const int64_t m = 512, c = 256;  // rows of 1 KiB in float32; many pieces
+  const Tensor x = mg::test::rand_tensor({m, c}, 91).to(DType::bf16);
+  const int64_t grain = (int64_t{1} << 15) / c;  // cpu::items_per_piece(c): 128 rows, 4 pieces
+  const size_t slots = static_cast<size_t>(cpu::parallel_for_slots(m, grain));
+  CHECK(slots == 2);
+  std::vector<size_t> ln, sm;
+  for (int rep = 0; rep < 20; ++rep) {
+    Tensor y = Tensor::empty({m, c}, TensorOptions{DType::bf16}), mean = Tensor::empty({m}), rstd = Tensor::empty({m});
+    size_t before = memory_stats(cpu).in_use;
+    reset_peak_memory_stats(cpu);
+    layer_norm_forward<Cpu>(y, mean, rstd, x, Tensor(), Tensor(), 1e-5f);
+    ln.push_back(memory_stats(cpu).peak_in_use - before);
+    CHECK(memory_stats(cpu).in_use == before);
+    before = memory_stats(cpu).in_use;
+    reset_peak_memory_stats(cpu);
+    softmax_forward<Cpu>(y, x, m, c);
+    sm.push_back(memory_stats(cpu).peak_in_use - before);
+  }
+  set_num_threads(saved);
+  const size_t two_rows = slots * 2 * static_cast<size_t>(c) * sizeof(float);  // x's and y's row per slot
+  for (int rep = 0; rep < 20; ++rep) {
+    CAPTURE(rep);
+    CHECK(ln[static_cast<size_t>(rep)] == two_rows);
+    CHECK(sm[static_cast<size_t>(rep)] == two_rows);
+  }
 }

@@ -229,6 +229,11 @@ int parallel_slots(int64_t pieces) {
   return static_cast<int>(std::min<int64_t>(num_threads(), pieces));
 }
 
+int parallel_for_slots(int64_t n, int64_t grain) {
+  grain = std::max<int64_t>(grain, 1);
+  return n <= grain ? 1 : parallel_slots((n + grain - 1) / grain);
+}
+
 void detail::run_pieces(int64_t pieces, PieceFn fn, void* ctx) {
   MG_CHECK(pieces < static_cast<int64_t>(kFieldMask), "parallel part of " << pieces << " pieces, at most "
                                                                           << kFieldMask << " supported");

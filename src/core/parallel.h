@@ -73,4 +73,22 @@ template <class F> void parallel_for(int64_t n, int64_t grain, F&& body) {
   });
 }
 
+// parallel_for's pieces with the slot that runs each: body(begin, end, slot), slot in
+// [0, parallel_for_slots(n, grain)) (for scratch allocated before the part: Note [half scratch]
+// in kernels/cpu/gemm.cpp).
+int parallel_for_slots(int64_t n, int64_t grain);
+
+template <class F> void parallel_for_slot(int64_t n, int64_t grain, F&& body) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  if (n <= grain) {
+    auto whole = [&](int64_t b, int64_t e) { body(b, e, 0); };
+    return detail::run_range(whole, n);
+  }
+  parallel_pieces((n + grain - 1) / grain, [&](int64_t piece, int slot) {
+    const int64_t begin = piece * grain;
+    body(begin, std::min(begin + grain, n), slot);
+  });
+}
+
 }  // namespace mg::cpu

@@ -79,8 +79,10 @@ template <> void batch_norm_stats<Cpu>(Tensor& mean, Tensor& var, const Tensor& 
   float* mp = mean.data<float>();
   float* vp = var.data<float>();
   const double m = static_cast<double>(L.n * L.s);
-  cpu::parallel_for(L.c, cpu::items_per_piece(L.n * L.s), [&](int64_t c0, int64_t c1) {
-    const cpu::FloatRows xs(x, L.s);  // plane (i, c) is row i C + c
+  const int64_t grain = cpu::items_per_piece(L.n * L.s);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(L.c, grain), {{&x, L.s}});
+  cpu::parallel_for_slot(L.c, grain, [&](int64_t c0, int64_t c1, int slot) {
+    const cpu::FloatRows xs = room.rows(slot, 0);  // plane (i, c) is row i C + c
     for (int64_t c = c0; c < c1; ++c) {
       double sum = 0;
       for (int64_t i = 0; i < L.n; ++i) sum += lanes(xs.read(i * L.c + c), L.s, [](float v, int64_t) { return static_cast<double>(v); });
@@ -113,8 +115,10 @@ void batch_norm_forward<Cpu>(Tensor& y, const Tensor& x, const Tensor& w, const 
   const float *mp = mean.data<float>(), *vp = var.data<float>();
   const float* wp = w.defined() ? w32.data<float>() : nullptr;
   const float* bp = b.defined() ? b32.data<float>() : nullptr;
-  cpu::parallel_for(L.n * L.c, cpu::items_per_piece(L.s), [&](int64_t r0, int64_t r1) {
-    const cpu::FloatRows xs(x, L.s), ys(y, L.s);
+  const int64_t grain = cpu::items_per_piece(L.s);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(L.n * L.c, grain), {{&x, L.s}, {&y, L.s}});
+  cpu::parallel_for_slot(L.n * L.c, grain, [&](int64_t r0, int64_t r1, int slot) {
+    const cpu::FloatRows xs = room.rows(slot, 0), ys = room.rows(slot, 1);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t c = r % L.c;
       const float rs = 1.0f / std::sqrt(vp[c] + eps);
@@ -149,10 +153,12 @@ void batch_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
   float* dwp = dw.defined() ? dw32.data<float>() : nullptr;
   float* dbp = db.defined() ? db32.data<float>() : nullptr;
   const double m = static_cast<double>(L.n * L.s);
-  cpu::parallel_for(L.c, cpu::items_per_piece(2 * L.n * L.s), [&](int64_t c0, int64_t c1) {
-    const cpu::FloatRows xs(x, L.s), dys(dy, L.s);  // plane (i, c) is row i C + c
+  const int64_t grain = cpu::items_per_piece(2 * L.n * L.s);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(L.c, grain), {{&x, L.s}, {&dy, L.s}, {&dx, L.s}});
+  cpu::parallel_for_slot(L.c, grain, [&](int64_t c0, int64_t c1, int slot) {
+    const cpu::FloatRows xs = room.rows(slot, 0), dys = room.rows(slot, 1);  // plane (i, c) is row i C + c
     std::optional<cpu::FloatRows> dxs;
-    if (dx.defined()) dxs.emplace(dx, L.s);
+    if (dx.defined()) dxs.emplace(room.rows(slot, 2));
     for (int64_t c = c0; c < c1; ++c) {
       const float mu = mp[c], rs = 1.0f / std::sqrt(vp[c] + eps);
       // Per image in order, each image's sum in lanes: into the buffers image by image

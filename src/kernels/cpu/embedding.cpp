@@ -34,14 +34,17 @@ template <> void embedding_forward<Cpu>(Tensor& y, const Tensor& idx, const Tens
   const char* pw = static_cast<const char*>(w.raw_data());
   char* py = static_cast<char*>(y.raw_data());
   const size_t ws = dtype_size(w.dtype()), ys = dtype_size(y.dtype());
-  cpu::parallel_for(n, cpu::items_per_piece(c), [&](int64_t p0, int64_t p1) {
+  const int64_t grain = cpu::items_per_piece(c);
+  const Tensor none;  // a table of y's dtype is copied as it is: no float32 rows
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(n, grain), {{w.dtype() == y.dtype() ? &none : &w, c}});
+  cpu::parallel_for_slot(n, grain, [&](int64_t p0, int64_t p1, int slot) {
     if (w.dtype() == y.dtype()) {
       for (int64_t p = p0; p < p1; ++p) std::memcpy(py + p * c * ys, pw + pi[p] * c * ws, static_cast<size_t>(c) * ys);
       return;
     }
     // A float32 table into a bf16 or f16 output (autocast keeps the table float32), or one low
     // dtype into the other: each value widened and rounded, as apply() would round a float32 output.
-    const cpu::FloatRows table(w, c);
+    const cpu::FloatRows table = room.rows(slot, 0);
     for (int64_t p = p0; p < p1; ++p) cpu::narrow_span(py + p * c * ys, y.dtype(), table.read(pi[p]), c);
   });
 }
@@ -49,8 +52,10 @@ template <> void embedding_forward<Cpu>(Tensor& y, const Tensor& idx, const Tens
 template <> void embedding_backward<Cpu>(Tensor& dw, const Tensor& dy, const Tensor& idx, bool accumulate) {
   const int64_t v = dw.size(0), c = dw.size(1);
   const EmbeddingBuckets b = embedding_buckets(idx.data<int64_t>(), idx.numel(), v);
-  cpu::parallel_for(v, cpu::items_per_piece(c), [&](int64_t v0, int64_t v1) {
-    const cpu::FloatRows dys(dy, c), dws(dw, c);
+  const int64_t grain = cpu::items_per_piece(c);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(v, grain), {{&dy, c}, {&dw, c}});
+  cpu::parallel_for_slot(v, grain, [&](int64_t v0, int64_t v1, int slot) {
+    const cpu::FloatRows dys = room.rows(slot, 0), dws = room.rows(slot, 1);
     for (int64_t r = v0; r < v1; ++r) {
       const int64_t k0 = b.offset[static_cast<size_t>(r)], k1 = b.offset[static_cast<size_t>(r) + 1];
       float* row = accumulate ? dws.update(r) : dws.write(r);

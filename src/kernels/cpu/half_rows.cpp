@@ -143,6 +143,21 @@ void store_sum(Tensor& g, const Tensor& sum) {
   if (g.defined() && sum.impl_ptr() != g.impl_ptr()) g.copy_(sum);
 }
 
+FloatRowRoom::FloatRowRoom(int slots, std::initializer_list<std::pair<const Tensor*, int64_t>> rows) {
+  for (const auto& [t, n] : rows) {
+    const bool half = t->defined() && is_half(t->dtype());
+    rows_.push_back({t, n, half ? per_slot_ : -1});
+    if (half) per_slot_ += n;
+  }
+  if (per_slot_ > 0) room_ = Tensor::empty({std::max(slots, 1), per_slot_});
+}
+
+FloatRows FloatRowRoom::rows(int slot, size_t k) const {
+  const Row& r = rows_.at(k);
+  float* buf = r.offset < 0 ? nullptr : room_.data<float>() + static_cast<int64_t>(slot) * per_slot_ + r.offset;
+  return FloatRows(*r.t, r.n, buf);
+}
+
 int64_t half_chunk_bytes() { return g_chunk_bytes; }
 void set_half_chunk_bytes(int64_t bytes) { g_chunk_bytes = bytes; }
 

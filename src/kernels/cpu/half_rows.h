@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include <minigrad/core/tensor.h>
 
@@ -41,32 +44,55 @@ void store_rows(Tensor& dst, int64_t first, const Tensor& src);
 // row by row (layer_norm, softmax, embedding): a float32 tensor's rows are its own memory; a bf16 or f16
 // tensor's row is widened into a buffer of the piece's, or written there and rounded into the
 // tensor. So a half kernel holds a row per piece in float32, and the row's float32 code (one call
-// site for every dtype) runs on the same values either way.
+// site for every dtype) runs on the same values either way. The buffers come from a FloatRowRoom
+// made before the parallel part (Note [half scratch] in kernels/cpu/gemm.cpp): made by each piece
+// as it ran, the bytes in use at the kernel's moment depended on which pieces overlapped in time.
 class FloatRows {
  public:
-  FloatRows(const Tensor& t, int64_t n)
-      : base_(static_cast<char*>(t.raw_data())), dtype_(t.dtype()), n_(n),
-        buf_(is_half(t.dtype()) ? Tensor::empty({n}) : Tensor()) {}
   // Row r as float32; a buffer's row stays valid until the next read or write.
   const float* read(int64_t r) const {
-    if (!buf_.defined()) return reinterpret_cast<const float*>(base_) + r * n_;
-    widen_span(buf_.data<float>(), at(r), dtype_, n_);
-    return buf_.data<float>();
+    if (!buf_) return reinterpret_cast<const float*>(base_) + r * n_;
+    widen_span(buf_, at(r), dtype_, n_);
+    return buf_;
   }
   // Where row r's float32 values go; store(r) then rounds them into the tensor.
-  float* write(int64_t r) const { return buf_.defined() ? buf_.data<float>() : reinterpret_cast<float*>(base_) + r * n_; }
+  float* write(int64_t r) const { return buf_ ? buf_ : reinterpret_cast<float*>(base_) + r * n_; }
   // Row r as float32, to change in place; store(r) then rounds it back.
   float* update(int64_t r) const { return const_cast<float*>(read(r)); }
   void store(int64_t r) const {
-    if (buf_.defined()) narrow_span(at(r), dtype_, buf_.data<float>(), n_);
+    if (buf_) narrow_span(at(r), dtype_, buf_, n_);
   }
 
  private:
+  friend class FloatRowRoom;
+  FloatRows(const Tensor& t, int64_t n, float* buf)
+      : base_(static_cast<char*>(t.raw_data())), dtype_(t.dtype()), n_(n), buf_(buf) {}
   char* at(int64_t r) const { return base_ + static_cast<size_t>(r * n_) * dtype_size(dtype_); }
   char* base_;
   DType dtype_;
   int64_t n_;
-  Tensor buf_;
+  float* buf_;  // null for a float32 tensor
+};
+
+// Every slot's row buffers of a parallel part, allocated before it runs (a tensor, counted by the
+// CPU allocator): for each slot, a row of n floats for each bf16 or f16 tensor of `rows` (an
+// undefined tensor takes no room). rows(slot, k) gives the k-th tensor's FloatRows.
+//   const cpu::FloatRowRoom room(cpu::parallel_for_slots(m, grain), {{&x, c}, {&y, c}});
+//   cpu::parallel_for_slot(m, grain, [&](int64_t r0, int64_t r1, int slot) {
+//     const cpu::FloatRows xs = room.rows(slot, 0), ys = room.rows(slot, 1); ... });
+class FloatRowRoom {
+ public:
+  FloatRowRoom(int slots, std::initializer_list<std::pair<const Tensor*, int64_t>> rows);
+  FloatRows rows(int slot, size_t k) const;
+
+ private:
+  struct Row {
+    const Tensor* t;
+    int64_t n, offset;  // offset: floats into a slot's room; -1 for a float32 (or undefined) tensor
+  };
+  std::vector<Row> rows_;
+  int64_t per_slot_ = 0;
+  Tensor room_;
 };
 
 // Samples per chunk for a kernel whose float32 copies take `bytes_per_row` a sample: about

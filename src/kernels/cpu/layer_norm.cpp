@@ -44,8 +44,10 @@ void layer_norm_forward<Cpu>(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
   const Tensor w32 = w.defined() ? cpu::widened(w) : Tensor(), b32 = b.defined() ? cpu::widened(b) : Tensor();
   const float *pw = values_or_null(w32), *pb = values_or_null(b32);
   float *pm = mean.data<float>(), *pr = rstd.data<float>();
-  cpu::parallel_for(m, cpu::items_per_piece(c), [&](int64_t r0, int64_t r1) {
-    const cpu::FloatRows xs(x, c), ys(y, c);
+  const int64_t grain = cpu::items_per_piece(c);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(m, grain), {{&x, c}, {&y, c}});
+  cpu::parallel_for_slot(m, grain, [&](int64_t r0, int64_t r1, int slot) {
+    const cpu::FloatRows xs = room.rows(slot, 0), ys = room.rows(slot, 1);
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xs.read(r);
       double s = 0;
@@ -82,8 +84,10 @@ void layer_norm_backward<Cpu>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& 
   const float* pw = values_or_null(w32);
   const float *pm = mean.data<float>(), *pr = rstd.data<float>();
   if (dx.defined()) {
-    cpu::parallel_for(m, cpu::items_per_piece(c), [&](int64_t r0, int64_t r1) {
-      const cpu::FloatRows xs(x, c), dys(dy, c), dxs(dx, c);
+    const int64_t grain = cpu::items_per_piece(c);
+    const cpu::FloatRowRoom room(cpu::parallel_for_slots(m, grain), {{&x, c}, {&dy, c}, {&dx, c}});
+    cpu::parallel_for_slot(m, grain, [&](int64_t r0, int64_t r1, int slot) {
+      const cpu::FloatRows xs = room.rows(slot, 0), dys = room.rows(slot, 1), dxs = room.rows(slot, 2);
       for (int64_t r = r0; r < r1; ++r) {
         const float *xr = xs.read(r), *gr = dys.read(r);
         double sg = 0, sgx = 0;

@@ -132,8 +132,10 @@ template <> void adaptive_avg_pool2d_forward<Cpu>(Tensor& y, const Tensor& x, bo
   }
   const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
   const int64_t oh = y.size(2), ow = y.size(3);
-  cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
-    const cpu::FloatRows xs(x, h * w), ys(y, oh * ow);
+  const int64_t grain = cpu::items_per_piece(h * w);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(planes, grain), {{&x, h * w}, {&y, oh * ow}});
+  cpu::parallel_for_slot(planes, grain, [&](int64_t pl0, int64_t pl1, int slot) {
+    const cpu::FloatRows xs = room.rows(slot, 0), ys = room.rows(slot, 1);
     for (int64_t pl = pl0; pl < pl1; ++pl) {
       const float* in = xs.read(pl);
       float* out = ys.write(pl);
@@ -161,8 +163,10 @@ template <> void adaptive_avg_pool2d_backward<Cpu>(Tensor& dx, const Tensor& dy,
   }
   const int64_t planes = dx.size(0) * dx.size(1), h = dx.size(2), w = dx.size(3);
   const int64_t oh = dy.size(2), ow = dy.size(3);
-  cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
-    const cpu::FloatRows dys(dy, oh * ow), dxs(dx, h * w);
+  const int64_t grain = cpu::items_per_piece(h * w);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(planes, grain), {{&dy, oh * ow}, {&dx, h * w}});
+  cpu::parallel_for_slot(planes, grain, [&](int64_t pl0, int64_t pl1, int slot) {
+    const cpu::FloatRows dys = room.rows(slot, 0), dxs = room.rows(slot, 1);
     for (int64_t pl = pl0; pl < pl1; ++pl) {
       const float* g = dys.read(pl);
       float* plane = dxs.write(pl);

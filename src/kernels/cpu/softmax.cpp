@@ -14,8 +14,10 @@
 namespace mg {
 
 template <> void softmax_forward<Cpu>(Tensor& y, const Tensor& x, int64_t rows, int64_t cols) {
-  cpu::parallel_for(rows, cpu::items_per_piece(cols), [&](int64_t r0, int64_t r1) {
-    const cpu::FloatRows xs(x, cols), ys(y, cols);
+  const int64_t grain = cpu::items_per_piece(cols);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(rows, grain), {{&x, cols}, {&y, cols}});
+  cpu::parallel_for_slot(rows, grain, [&](int64_t r0, int64_t r1, int slot) {
+    const cpu::FloatRows xs = room.rows(slot, 0), ys = room.rows(slot, 1);
     for (int64_t r = r0; r < r1; ++r) {
       const float* in = xs.read(r);
       float* out = ys.write(r);
@@ -31,8 +33,10 @@ template <> void softmax_forward<Cpu>(Tensor& y, const Tensor& x, int64_t rows, 
 }
 
 template <> void softmax_backward<Cpu>(Tensor& dx, const Tensor& dy, const Tensor& y, int64_t rows, int64_t cols) {
-  cpu::parallel_for(rows, cpu::items_per_piece(cols), [&](int64_t r0, int64_t r1) {
-    const cpu::FloatRows dys(dy, cols), ys(y, cols), dxs(dx, cols);
+  const int64_t grain = cpu::items_per_piece(cols);
+  const cpu::FloatRowRoom room(cpu::parallel_for_slots(rows, grain), {{&dy, cols}, {&y, cols}, {&dx, cols}});
+  cpu::parallel_for_slot(rows, grain, [&](int64_t r0, int64_t r1, int slot) {
+    const cpu::FloatRows dys = room.rows(slot, 0), ys = room.rows(slot, 1), dxs = room.rows(slot, 2);
     for (int64_t r = r0; r < r1; ++r) {
       const float *g = dys.read(r), *yr = ys.read(r);
       double dot = 0;
