@@ -15,6 +15,7 @@
 #include "kernels/convert.h"
 #include "core/parallel.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/batch_norm.h"
 #include "kernels/layer_norm.h"
 #include "kernels/softmax.h"
 #include <minigrad/nn/serialize.h>
@@ -292,4 +293,18 @@ TEST_CASE("bf16 row kernels: their float32 rows, one per tensor and slot, alloca
     CHECK(ln[static_cast<size_t>(rep)] == two_rows);
     CHECK(sm[static_cast<size_t>(rep)] == two_rows);
   }
+}
+
+// Rows of 0 values (a batch norm over empty planes) need no room: the kernels run, as they did
+// when each piece made an empty buffer of its own.
+TEST_CASE("bf16 row kernels over rows of 0 values: no room, no error") {
+  const Tensor x = Tensor::empty({2, 3, 0}, TensorOptions{DType::bf16});
+  Tensor mean = Tensor::full({3}, 7.0f), var = Tensor::full({3}, 7.0f);
+  batch_norm_stats<Cpu>(mean, var, x, false);
+  CHECK(mean.to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(var.to_vector<float>() == std::vector<float>{0, 0, 0});
+  const cpu::FloatRowRoom room(2, {{&x, 0}});
+  const cpu::FloatRows rows = room.rows(1, 0);
+  rows.store(0);  // nothing to round
+  CHECK_THROWS_WITH_AS(cpu::FloatRowRoom(1, {{&mean, 3}, {&x, 4}}).rows(2, 0), doctest::Contains("slot 2"), Error);
 }

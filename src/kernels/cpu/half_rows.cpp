@@ -154,7 +154,10 @@ FloatRowRoom::FloatRowRoom(int slots, std::initializer_list<std::pair<const Tens
 
 FloatRows FloatRowRoom::rows(int slot, size_t k) const {
   const Row& r = rows_.at(k);
-  float* buf = r.offset < 0 ? nullptr : room_.data<float>() + static_cast<int64_t>(slot) * per_slot_ + r.offset;
+  MG_CHECK(slot >= 0 && (!room_.defined() || slot < room_.size(0)),
+           "FloatRowRoom: slot " << slot << " of a room made for " << (room_.defined() ? room_.size(0) : 0) << " slots");
+  // A half tensor's rows of 0 values (an empty batch or plane) need no room: nothing is read or written.
+  float* buf = r.offset < 0 || !room_.defined() ? nullptr : room_.data<float>() + static_cast<int64_t>(slot) * per_slot_ + r.offset;
   return FloatRows(*r.t, r.n, buf);
 }
 
