@@ -347,14 +347,19 @@ TEST_CASE("conv2d in oneDNN: its workspace is counted by the allocator, per thre
   CHECK(bwd[1] == bwd[0]);
 }
 
+namespace {
+// Whether oneDNN runs a 512 -> 512 channel 3 x 3 layer (stride 1, padding 1) on h x h images here.
+bool onednn_runs_512(int64_t h) {
+  return cpu::onednn::applies({.c = 512, .h = h, .w = h, .o = 512, .kh = 3, .kw = 3, .oh = h, .ow = h, .stride = 1, .pad = 1});
+}
+}  // namespace
+
 // Note [dW partials in rounds] in kernels/cpu/conv2d.cpp: a 512 x 512 x 3 x 3 layer (9.4 MB of dW)
 // on 9 x 9 images (over 64 pixels: oneDNN's dW, Note [dW of small images]) makes its per-image
 // partials 4 images at a time, so 10 images run in rounds of 4, 4 and 2.
 TEST_CASE("conv2d backward in rounds of dW partials: the bits of adding every image's term in order, less memory") {
   const int64_t n = 10, c = 512, o = 512, h = 9;
-  const cpu::onednn::ConvShape shape{.c = c, .h = h, .w = h, .o = o, .kh = 3, .kw = 3, .oh = h, .ow = h,
-                                     .stride = 1, .pad = 1};
-  if (!cpu::onednn::applies(shape)) {
+  if (!onednn_runs_512(h)) {
     MESSAGE("skipped: this build has no oneDNN (or MG_CPU_CONV=gemm), and only its layers make dW per image at this size");
     return;
   }
@@ -412,9 +417,7 @@ TEST_CASE("conv2d backward in rounds of dW partials: the bits of adding every im
 // the channel-group GEMMs, in place (no partials), and dx from oneDNN.
 TEST_CASE("conv2d backward of a oneDNN layer on small images: dW in place, the bits of any batch split") {
   const int64_t n = 10, c = 512, o = 512, h = 2;
-  const cpu::onednn::ConvShape shape{.c = c, .h = h, .w = h, .o = o, .kh = 3, .kw = 3, .oh = h, .ow = h,
-                                     .stride = 1, .pad = 1};
-  if (!cpu::onednn::applies(shape)) {
+  if (!onednn_runs_512(h)) {
     MESSAGE("skipped: this build has no oneDNN (or MG_CPU_CONV=gemm)");
     return;
   }

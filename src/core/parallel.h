@@ -55,40 +55,31 @@ template <class F> void parallel_pieces(int64_t pieces, F&& body) {
       pieces, [](void* ctx, int64_t piece, int slot) { (*static_cast<F*>(ctx))(piece, slot); }, &body);
 }
 
-// body(begin, end) over [0, n) in pieces of `grain` elements (the last may be shorter).
 namespace detail {
 // A range small enough for one piece, run by a function of its own, as a piece is. Inlined into
 // its caller, GCC 12 left the body's `omp simd` loop scalar ("latch block not empty"): the Adam
 // and SGD updates of every parameter under the grain ran element by element.
-template <class F> [[gnu::noinline]] void run_range(F& body, int64_t n) { body(int64_t{0}, n); }
+template <class F> [[gnu::noinline]] void run_range(F& body, int64_t n) { body(int64_t{0}, n, 0); }
 }  // namespace detail
 
-template <class F> void parallel_for(int64_t n, int64_t grain, F&& body) {
-  if (n <= 0) return;
-  grain = std::max<int64_t>(grain, 1);
-  if (n <= grain) return detail::run_range(body, n);
-  parallel_pieces((n + grain - 1) / grain, [&](int64_t piece, int) {
-    const int64_t begin = piece * grain;
-    body(begin, std::min(begin + grain, n));
-  });
-}
-
-// parallel_for's pieces with the slot that runs each: body(begin, end, slot), slot in
-// [0, parallel_for_slots(n, grain)) (for scratch allocated before the part: Note [half scratch]
-// in kernels/cpu/gemm.cpp).
+// body(begin, end, slot) over [0, n) in pieces of `grain` elements (the last may be shorter);
+// slot, as parallel_pieces gives it, is in [0, parallel_for_slots(n, grain)) (for scratch
+// allocated before the part: Note [half scratch] in kernels/cpu/gemm.cpp).
 int parallel_for_slots(int64_t n, int64_t grain);
 
 template <class F> void parallel_for_slot(int64_t n, int64_t grain, F&& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  if (n <= grain) {
-    auto whole = [&](int64_t b, int64_t e) { body(b, e, 0); };
-    return detail::run_range(whole, n);
-  }
+  if (n <= grain) return detail::run_range(body, n);
   parallel_pieces((n + grain - 1) / grain, [&](int64_t piece, int slot) {
     const int64_t begin = piece * grain;
     body(begin, std::min(begin + grain, n), slot);
   });
+}
+
+// body(begin, end) over [0, n) in pieces of `grain` elements (the last may be shorter).
+template <class F> void parallel_for(int64_t n, int64_t grain, F&& body) {
+  parallel_for_slot(n, grain, [&](int64_t begin, int64_t end, int) { body(begin, end); });
 }
 
 }  // namespace mg::cpu

@@ -305,8 +305,9 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
   // Images per parallel part: all of them, but with per-image dW partials only as many as
   // dw_partial_images allows (Note [dW partials in rounds]).
   const int64_t round = dw.defined() && per_image ? std::min(g.n, dw_partial_images(wsize)) : g.n;
-  const int64_t dw_pieces = !dw.defined() ? 0 : per_image ? round : channel_groups;
-  const int64_t pieces = dw_pieces + (dx.defined() ? round : 0);
+  // A round of `count` images: its dW pieces (per image, or per channel group), then its dx pieces.
+  auto dw_pieces = [&](int64_t count) { return !dw.defined() ? 0 : per_image ? count : channel_groups; };
+  const int64_t pieces = dw_pieces(round) + (dx.defined() ? round : 0);
   Tensor ws = pointwise ? Tensor() : Tensor::empty({cpu::parallel_slots(pieces), block});
   Tensor partial = dw.defined() && per_image ? Tensor::empty({round, wsize}) : Tensor();
   const float* wp = w.data<float>();
@@ -354,7 +355,7 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
 
   for (int64_t n0 = 0; n0 < g.n; n0 += round) {
     const int64_t count = std::min(round, g.n - n0);  // images in this round
-    const int64_t dw_here = !dw.defined() ? 0 : per_image ? count : channel_groups;
+    const int64_t dw_here = dw_pieces(count);
     cpu::parallel_pieces(dw_here + (dx.defined() ? count : 0), [&](int64_t piece, int slot) {
       float* buf = pointwise ? nullptr : ws.data<float>() + slot * block;
       if (piece >= dw_here) {
