@@ -173,8 +173,9 @@ constexpr int64_t kMinDwSpread = 4;
 // pixels multiply-adds: memory-bound. Such layers (at most kMaxGemmDwPixels output pixels) take dW
 // from the channel-group GEMMs instead, which add each image into their own columns of dW in
 // place, and keep oneDNN for dx. The choice follows one image's shape, never the batch: a split
-// batch takes the same path (Note [weight gradients in sample order]). Median step, 2 threads,
-// AMD EPYC with AVX-512, for the limits 0 (oneDNN everywhere), 16, 64 and 256 pixels:
+// batch takes the same path (Note [weight gradients in sample order]). Median step
+// (`MG_NUM_THREADS=2 vgg_ckpt --model M --image-size S --batch-size B --steps 3`, this constant
+// edited), AMD EPYC with AVX-512, for the limits 0 (oneDNN everywhere), 16, 64 and 256 pixels:
 //   ResNet-18 32 x 32, batch 64:       598, 192, 197, 280 ms
 //   ResNet-18 64 x 64, batch 32:       420, 285, 224, 262 ms
 //   VGG16/8 32 x 32, batch 64:        59.6, 39.0, 38.9, 47.4 ms
