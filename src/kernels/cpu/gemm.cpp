@@ -274,7 +274,7 @@ void padded_rows(const GemmArgs& g) {
 void gemm_sample_rows(const GemmArgs& g) {
   const int64_t width = piece_length(g.n, kNominalRows * g.n * std::max<int64_t>(g.k, 1), kColumnAlign);
   const int64_t col_pieces = (g.n + width - 1) / width, row_pieces = (g.m + kRowBlock - 1) / kRowBlock;
-  const SlotRoom room(col_pieces * row_pieces, half_block_floats(g, kRowBlock, width));  // Note [half scratch]
+  const SlotRoom room(col_pieces * row_pieces, half_block_floats(g, std::min(kRowBlock, g.m), width));  // Note [half scratch]
   parallel_pieces(col_pieces * row_pieces, [&](int64_t piece, int slot) {
     Scratch scratch = room.at(slot);
     const int64_t r0 = piece / col_pieces * kRowBlock, c0 = piece % col_pieces * width;
