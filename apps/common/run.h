@@ -217,7 +217,7 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   for (const auto& u : c.units) {
     j["units"].push_back({{"layers", {u.begin, u.end}}, {"name", u.name}, {"out_bytes", u.out_bytes},
                           {"extra_bytes", u.extra_bytes}, {"leaf_bytes", u.leaf_bytes + u.leaf_only_bytes}, {"saves_input", u.saves_input}, {"saves_output", u.saves_output},
-                          {"fwd_peak", u.fwd_peak}, {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9},
+                          {"fwd_peak", u.fwd_peak}, {"replay_peak", u.replay_peak}, {"bwd_peak", u.bwd_peak}, {"gflop", u.flops / 1e9},
                           {"forward_ms", u.forward_ms}, {"backward_ms", u.backward_ms}});
   }
   j["peak_in_use_bytes"] = r.peak_in_use;

@@ -444,6 +444,20 @@ void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads)
 
 }  // namespace
 
+Tensor checkpoint_replay(const Node& node) {
+  MG_CHECK(node.segment && node.segment->tile_rows == 0 && !node.segment->offload,
+           "checkpoint_replay: " << node_name(node) << " is not a whole segment's node");
+  std::vector<Tensor> fresh;  // as checkpoint_backward makes them
+  for (const Tensor& b : node.saved) {
+    Tensor f = b.detach();
+    if (b.requires_grad()) f.requires_grad_(true);
+    fresh.push_back(f);
+  }
+  GradModeScope grad_on(true);
+  RecordingScope rec;
+  return replay(*node.segment, fresh, 0, 1);
+}
+
 void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
   if (node.segment->offload) return offloaded_backward(node, std::move(grad_out), grads);
   const CheckpointSegment& seg = *node.segment;

@@ -173,6 +173,11 @@ const TileRecording* tile_recording();
 // Rows [first, first + rows) of t's first dimension: a detached tensor sharing t's storage.
 Tensor rows_view(const Tensor& t, int64_t first, int64_t rows);
 
+// The forward of a whole (untiled, kept) segment run again from its checkpoint node, recorded as
+// checkpoint_backward runs it: the replayed output, which the caller drops. For measuring a
+// replay's bytes (Note [replay peak] in minigrad/nn/checkpoint_plan.h).
+Tensor checkpoint_replay(const Node& node);
+
 // The gradient rule of a checkpoint node. grad_out goes on to the replayed segment's backward,
 // which frees it after the segment's last op.
 void checkpoint_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads);

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include <minigrad/core/autocast.h>
+#include <minigrad/core/checkpoint.h>
 #include <minigrad/core/memory.h>
 #include <minigrad/core/rng.h>
 
@@ -146,6 +147,22 @@ class ModelStateGuard {
   bool restored_ = false;
 };
 
+// The unit's forward as a replayed segment runs it (Note [replay peak] in
+// minigrad/nn/checkpoint_plan.h): its peak above what was live, the input live; 0 where the unit
+// makes no segment (no history, or it returns its input).
+size_t measure_replay_peak(Sequential& seq, const Tensor& xin, size_t begin, size_t end) {
+  const Device dev = xin.device();
+  // The first pass keeps the boundary (xin's storage) and its node; its output goes at once.
+  const std::shared_ptr<Node> node =
+      checkpoint([&](const std::vector<Tensor>& in) { return seq.forward_range(in[0], begin, end); }, {xin}).grad_fn();
+  if (!node || !node->segment) return 0;
+  const size_t base = in_use(dev);
+  reset_peak_memory_stats(dev);
+  checkpoint_replay(*node);
+  synchronize(dev);
+  return memory_stats(dev).peak_in_use - base;
+}
+
 // The measured pass: each unit's forward and backward on its own, timed, with its memory read
 // from the allocator and its nodes from the tape, into cost.units. Returns the chain's output.
 Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
@@ -178,6 +195,7 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
       if (xin.requires_grad()) xin.set_grad(Tensor());
       wait();
     }
+    u.replay_peak = measure_replay_peak(seq, xin, begin, end);
     const uint64_t first_seq = next_node_seq();
     const size_t base0 = in_use(dev);
     reset_peak_memory_stats(dev);

@@ -62,7 +62,8 @@ void note_replay_backward(PieceCost& pc, const ChainCost& t, size_t s, size_t e,
   bool h = true;
   for (size_t u = s; u < e; ++u) {
     const UnitCost& U = t.units[u];
-    if (replay) pc.note(base + incoming + R + (u > s ? A(u) : 0) + U.fwd_peak, u, replay);
+    const size_t replay_peak = U.replay_peak ? U.replay_peak : U.fwd_peak;  // Note [replay peak]
+    if (replay) pc.note(base + incoming + R + (u > s ? A(u) : 0) + replay_peak, u, replay);
     r_before[u - s] = R;
     keep_in[u - s] = u > s && (h || U.saves_input);
     R += (keep_in[u - s] ? A(u) : 0) + U.extra_bytes + U.leaf_only_bytes;

@@ -92,6 +92,18 @@ std::vector<Segment> pytorch_segments(size_t num_layers, int64_t segments);
 Tensor checkpoint_sequential(Sequential& seq, int64_t segments, const Tensor& x);
 
 // ---- cost model (Note [checkpoint cost model]) ------------------------------------------------
+
+// Note [replay peak]
+// ~~~~~~~~~~~~~~~~~~
+// A replayed segment runs its recorded nodes again (replay in src/core/checkpoint.cpp), dropping
+// each value after its last reader. A module's own forward may hold a value longer: a Bottleneck
+// keeps its branch's output in a local until the add. So a unit can peak lower in a replay than
+// in its first pass: ResNet-50/8's Bottleneck(32, 16, stride=2, downsample) by 32 KiB at batch 8,
+// and plans whose peak was such a replay were predicted 16 to 32 KiB above what the step used
+// (tests/test_memory_report.cpp). measure_chain runs each unit once more as a checkpointed
+// segment and measures its replay (replay_peak); the model takes it for the replays in backward
+// (of whole segments, and of each tile of a tiled one), and fwd_peak everywhere else (a tiled
+// segment's first pass runs its later tiles without recording: less still, fwd_peak bounds it).
 struct UnitCost {
   size_t begin = 0, end = 0;  // layers [begin, end)
   std::string name;
@@ -107,6 +119,9 @@ struct UnitCost {
   size_t leaf_bytes = 0, leaf_only_bytes = 0;
   bool saves_input = false, saves_output = false;
   size_t fwd_peak = 0, bwd_peak = 0;
+  // The forward's peak above what was live when a replayed segment runs it (Note [replay peak]);
+  // 0: not measured, fwd_peak stands for it.
+  size_t replay_peak = 0;
   double flops = 0;
   double forward_ms = 0;   // measured: the unit's forward, and its backward from its output's
   double backward_ms = 0;  // gradient (the joint planner's time model, minigrad/nn/train_plan.h)
