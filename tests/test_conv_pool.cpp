@@ -414,7 +414,7 @@ TEST_CASE("conv2d backward in rounds of dW partials: the bits of adding every im
 }
 
 // Note [dW of small images] in kernels/cpu/conv2d.cpp: the same layer on 2 x 2 images takes dW from
-// the channel-group GEMMs, in place (no partials), and dx from oneDNN.
+// chains of multiply-adds over (image, pixel) pairs, in place (no partials), and dx from oneDNN.
 TEST_CASE("conv2d backward of a oneDNN layer on small images: dW in place, the bits of any batch split") {
   const int64_t n = 10, c = 512, o = 512, h = 2;
   if (!onednn_runs_512(h)) {
@@ -428,7 +428,7 @@ TEST_CASE("conv2d backward of a oneDNN layer on small images: dW in place, the b
   reset_peak_memory_stats(cpu);
   conv2d_backward<Cpu>(dx, dw, none, dy, x, w, 1, 1, false, false);
   const size_t extra = memory_stats(cpu).peak_in_use - before;
-  // The filters in oneDNN's layout for dx and the column blocks; no partial dW.
+  // The filters in oneDNN's layout for dx and the rows of (image, pixel) pairs; no partial dW.
   CHECK(extra < 2 * w.nbytes());
   Tensor dw_split = poisoned(w.shape()), dx_a = poisoned({3, c, h, h}), dx_b = poisoned({7, c, h, h});
   conv2d_backward<Cpu>(dx_a, dw_split, none, rows_view(dy, 0, 3), rows_view(x, 0, 3), w, 1, 1, false, false);
@@ -462,6 +462,83 @@ TEST_CASE("conv2d backward of a oneDNN layer on small images: dW in place, the b
     }
   }
   CHECK(std::sqrt(err / ref_norm) < 1e-5);
+}
+
+// Note [dW of small images] in kernels/cpu/conv2d.cpp: layers of at most 16 output pixels an image
+// take dW as one chain of fused multiply-adds per element over the batch's (image, pixel) pairs in
+// order. Shapes: rounds of pairs (27 images of 256 x 9 + 64 floats a pixel, then 3), taps in the
+// padding with too few channels for oneDNN, a strided 1 x 1, and 1 x 1 images with padding.
+TEST_CASE("conv2d dW of images of at most 16 pixels: one chain of multiply-adds per element, any split, any threads") {
+  struct Case {
+    int64_t n, c, o, h, k, stride, pad;
+  };
+  const int saved = num_threads();
+  for (const Case& t : {Case{30, 256, 64, 4, 3, 1, 1}, Case{7, 3, 8, 7, 3, 2, 1}, Case{9, 32, 48, 3, 1, 2, 0},
+                        Case{5, 16, 16, 1, 3, 1, 1}}) {
+    CAPTURE(t.n);
+    CAPTURE(t.c);
+    CAPTURE(t.h);
+    CAPTURE(t.k);
+    const int64_t oh = (t.h + 2 * t.pad - t.k) / t.stride + 1, ckk = t.c * t.k * t.k;
+    REQUIRE(oh * oh <= 16);
+    const Tensor x = rand_tensor({t.n, t.c, t.h, t.h}, 91), w = rand_tensor({t.o, t.c, t.k, t.k}, 92);
+    const Tensor dy = rand_tensor({t.n, t.o, oh, oh}, 93), start = rand_tensor(w.shape(), 94);
+    // dW over images [i0, i0 + count), onto `start` when given.
+    auto dw_of = [&](int64_t i0, int64_t count, Tensor dw, bool accumulate) {
+      Tensor none;
+      conv2d_backward<Cpu>(none, dw, none, rows_view(dy, i0, count), rows_view(x, i0, count), w, t.stride, t.pad,
+                           accumulate, false);
+      return dw;
+    };
+    set_num_threads(1);
+    const Tensor whole = dw_of(0, t.n, poisoned(w.shape()), false);
+    const Tensor onto = dw_of(0, t.n, start.clone(), true);
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      set_num_threads(threads);
+      CHECK(bit_equal(dw_of(0, t.n, poisoned(w.shape()), false), whole));
+      const int64_t first = t.n / 3;  // a split into two consecutive parts
+      CHECK(bit_equal(dw_of(first, t.n - first, dw_of(0, first, poisoned(w.shape()), false), true), whole));
+    }
+    set_num_threads(saved);
+
+    // Elements of dW against their chains written out here: from 0 (or the buffer's value), for
+    // each image, for each output pixel in row order, dW = fma(dy, x's tap, dW); or, where the
+    // library was built without fused multiply-adds, dW + dy x's tap rounded twice.
+    const std::vector<float> xv = x.to_vector<float>(), dyv = dy.to_vector<float>(), got = whole.to_vector<float>();
+    const std::vector<float> startv = start.to_vector<float>(), got_onto = onto.to_vector<float>();
+    double err = 0, ref_norm = 0;
+    bool all_fused = true, all_plain = true;
+    for (int64_t e = 0; e < t.o * ckk; e += 7) {
+      const int64_t oc = e / ckk, ic = e % ckk / (t.k * t.k), p = e % (t.k * t.k) / t.k, q = e % t.k;
+      float chain = 0.0f, chain_onto = startv[static_cast<size_t>(e)], plain = 0.0f, plain_onto = chain_onto;
+      double ref = 0;
+      for (int64_t i = 0; i < t.n; ++i) {
+        for (int64_t a = 0; a < oh; ++a) {
+          for (int64_t b = 0; b < oh; ++b) {
+            const int64_t ya = a * t.stride - t.pad + p, xb = b * t.stride - t.pad + q;
+            const bool inside = ya >= 0 && ya < t.h && xb >= 0 && xb < t.h;
+            const float tap = inside ? xv[static_cast<size_t>(((i * t.c + ic) * t.h + ya) * t.h + xb)] : 0.0f;
+            const float g = dyv[static_cast<size_t>(((i * t.o + oc) * oh + a) * oh + b)];
+            chain = std::fma(g, tap, chain);
+            chain_onto = std::fma(g, tap, chain_onto);
+            volatile float product = g * tap;  // rounded on its own, never contracted
+            plain += product;
+            plain_onto += product;
+            ref += static_cast<double>(g) * tap;
+          }
+        }
+      }
+      const float mine = got[static_cast<size_t>(e)], mine_onto = got_onto[static_cast<size_t>(e)];
+      all_fused = all_fused && mine == chain && mine_onto == chain_onto;
+      all_plain = all_plain && mine == plain && mine_onto == plain_onto;
+      err += (got[static_cast<size_t>(e)] - ref) * (got[static_cast<size_t>(e)] - ref);
+      ref_norm += ref * ref;
+    }
+    CHECK((all_fused || all_plain));
+    MESSAGE("dW's chains: " << std::string(all_fused ? "fused" : all_plain ? "unfused" : "neither"));
+    CHECK(std::sqrt(err / ref_norm) < 1e-5);
+  }
 }
 
 // ---- errors ------------------------------------------------------------------------------------

@@ -20,10 +20,11 @@
 // row block, in order, into its own columns of dW. Layers with few input channels (too few groups
 // to keep the threads busy) instead give every image a dW piece of its own, a partial added into
 // dW afterwards in image order, as oneDNN's layers do (in rounds of images: Note [dW partials in
-// rounds]; oneDNN's dW only where an image has more than 64 output pixels: Note [dW of small
-// images]). The groups depend on one image's shape only, so every result has
-// the same bits for any thread count. Each thread owns one column block buffer (allocated as a
-// Tensor, so the CPU allocator counts it).
+// rounds]; oneDNN's dW only where an image has more than 64 output pixels). Images of at most 16
+// output pixels take dW from chains of multiply-adds over (image, pixel) pairs instead, in a
+// parallel part of its own (Note [dW of small images]). The groups depend on one image's shape
+// only, so every result has the same bits for any thread count. Each thread owns one column block
+// buffer (allocated as a Tensor, so the CPU allocator counts it).
 //
 // Note [weight gradients in sample order]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -170,17 +171,37 @@ constexpr int64_t kMinDwSpread = 4;
 // oneDNN's weight gradient is one image's term, a partial of all of dW, added into dW afterwards
 // (Note [dW partials in rounds]). Where an image has few output pixels (the deep layers of VGG and
 // ResNet at CIFAR sizes, 7 x 7 at 224) that is |W| written and read again per image for |W| x
-// pixels multiply-adds: memory-bound. Such layers (at most kMaxGemmDwPixels output pixels) take dW
-// from the channel-group GEMMs instead, which add each image into their own columns of dW in
-// place, and keep oneDNN for dx. The choice follows one image's shape, never the batch: a split
-// batch takes the same path (Note [weight gradients in sample order]). Median step
-// (`MG_NUM_THREADS=2 vgg_ckpt --model M --image-size S --batch-size B --steps 3`, this constant
-// edited), AMD EPYC with AVX-512, for the limits 0 (oneDNN everywhere), 16, 64 and 256 pixels:
-//   ResNet-18 32 x 32, batch 64:       598, 192, 197, 280 ms
-//   ResNet-18 64 x 64, batch 32:       420, 285, 224, 262 ms
-//   VGG16/8 32 x 32, batch 64:        59.6, 39.0, 38.9, 47.4 ms
-//   VGG16 32 x 32, batch 32:           950, 733, 690, 699 ms
+// pixels multiply-adds: memory-bound. The channel-group GEMMs, which add each image into dW in
+// place, are no better when an image has only a handful of pixels: for ResNet-18's 512 x 512 x 3 x
+// 3 layers at 32 x 32 (1 pixel), a product with an inner dimension of 1 that reads and writes dW's
+// 9.4 MB per image. Hence three regimes, chosen by one image's shape, never the batch (a split
+// batch takes the same path, Note [weight gradients in sample order]); dx stays in oneDNN (or
+// col2im) in all three:
+// - at most kMaxChainPixels output pixels an image: dW from cpu::sum_outer_products over the
+//   batch's (image, pixel) pairs in order (Note [sums in sample order] in kernels/cpu/gemm.h). Each
+//   element of dW is one chain of fused multiply-adds, image after image, pixel after pixel, a tile
+//   of dW held in registers while the pairs stream by. dw_chains lays the pairs out as rows (the
+//   output gradient's O values, then the input's patch: im2row), kChainBytes of them at a time; a
+//   later round, like a later part of a split batch, continues the chains from dW. The pieces, row
+//   bands of dW, follow the shape.
+// - at most kMaxGemmDwPixels: the channel-group GEMMs, each image added into its own columns of dW
+//   in place;
+// - more: oneDNN's dW per image where oneDNN runs the layer, else the channel-group GEMMs (or
+//   per-image partials for layers with few input channels).
+// Median step, `MG_NUM_THREADS=2 vgg_ckpt --model M --image-size S --batch-size B --steps 4`, AMD
+// EPYC with AVX-512, kMaxGemmDwPixels 64, with no chains, then kMaxChainPixels 4, 16 and 64 (the
+// peak in use beside it):
+//   ResNet-18 32 x 32, batch 64:   210 ms 191 MiB, 145 ms 169 MiB, 135 ms 165 MiB, 135 ms 165 MiB
+//   ResNet-18 64 x 64, batch 32:   210 ms 199 MiB, 194 ms 193 MiB, 192 ms 193 MiB, 222 ms 193 MiB
+//   VGG16/8 32 x 32, batch 64:    36.9 ms 45 MiB, 35.8 ms 45 MiB, 35.1 ms 38 MiB, 37.7 ms 39 MiB
+//   VGG16 32 x 32, batch 32:       718 ms,         655 ms,         653 ms,         668 ms (1591 MiB)
+// At 64 pixels the pairs' rows cost more to lay out (im2row goes tap by tap) than the GEMMs lose.
+// Before the chains (kMaxGemmDwPixels alone), 0 (oneDNN everywhere), 16, 64 and 256 pixels gave
+// ResNet-18 32 x 32 598, 192, 197, 280 ms; 64 x 64 420, 285, 224, 262 ms; VGG16/8 59.6, 39.0,
+// 38.9, 47.4 ms; VGG16 950, 733, 690, 699 ms.
+constexpr int64_t kMaxChainPixels = 16;
 constexpr int64_t kMaxGemmDwPixels = 64;
+constexpr int64_t kChainBytes = int64_t{4} << 20;  // a round's rows of pairs: at most this, at least one image
 
 // Note [dW partials in rounds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -201,14 +222,67 @@ int64_t dw_partial_images(int64_t wsize) {
   return std::max(kMinDwPartials, kDwPartialBytes / std::max<int64_t>(wsize * static_cast<int64_t>(sizeof(float)), 1));
 }
 
+// Whether dW comes from chains of (image, pixel) pairs (Note [dW of small images]).
+bool dw_in_chains(const ConvGeom& g) { return g.ohw() <= kMaxChainPixels; }
+
 // Whether oneDNN makes dW (Note [dW of small images]).
 bool dw_in_onednn(const ConvGeom& g) { return g.ohw() > kMaxGemmDwPixels && g.onednn(); }
 
 // Whether dW is made in per-image partials (oneDNN's, or the im2col path's for layers with too few
-// channel groups) rather than added in place by channel groups.
+// channel groups) rather than added in place by channel groups or chains.
 bool dw_per_image(const ConvGeom& g) {
   const int64_t group = channels_per_dw_piece(g);
-  return dw_in_onednn(g) || (g.c + group - 1) / group < kMinDwSpread;
+  return !dw_in_chains(g) && (dw_in_onednn(g) || (g.c + group - 1) / group < kMinDwSpread);
+}
+
+// One image x: (C, H, W) as a patch row per output pixel, rows ld floats apart: the transpose of
+// im2col's columns, C KH KW values a row (0 where a tap falls in the padding).
+void im2row(float* dst, const float* x, const ConvGeom& g, int64_t ld) {
+  for (int64_t i = 0; i < g.oh; ++i) {
+    for (int64_t j = 0; j < g.ow; ++j) {
+      float* row = dst + (i * g.ow + j) * ld;
+      for (int64_t c = 0; c < g.c; ++c) {
+        const float* plane = x + c * g.h * g.w;
+        for (int64_t p = 0; p < g.kh; ++p) {
+          float* taps = row + (c * g.kh + p) * g.kw;
+          const int64_t ih = i * g.stride - g.pad + p;
+          if (ih < 0 || ih >= g.h) {
+            std::fill(taps, taps + g.kw, 0.0f);
+            continue;
+          }
+          for (int64_t q = 0; q < g.kw; ++q) {
+            const int64_t iw = j * g.stride - g.pad + q;
+            taps[q] = iw >= 0 && iw < g.w ? plane[ih * g.w + iw] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+// dW (+)= the chains of every (image, pixel) pair in order (Note [dW of small images]).
+void dw_chains(Tensor& dw, const Tensor& dy, const Tensor& x, const ConvGeom& g, bool accumulate) {
+  const int64_t pixels = g.ohw(), row = g.o + g.ckk();
+  const int64_t round = std::clamp<int64_t>(kChainBytes / std::max<int64_t>(pixels * row * 4, 1), 1, g.n);
+  Tensor rows = Tensor::empty({round * pixels, row});  // per pair: dy's O values, then the patch
+  float* rp = rows.data<float>();
+  const float* xp = x.data<float>();
+  const float* dyp = dy.data<float>();
+  for (int64_t n0 = 0; n0 < g.n; n0 += round) {
+    const int64_t count = std::min(round, g.n - n0);
+    cpu::parallel_for(count, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float* dst = rp + i * pixels * row;
+        // a row per pair holds its dy values first (lda = row), then its patch (ldb = row)
+        for (int64_t p = 0; p < pixels; ++p) {
+          for (int64_t k = 0; k < g.o; ++k) dst[p * row + k] = dyp[(n0 + i) * g.o * pixels + k * pixels + p];
+        }
+        im2row(dst + g.o, xp + (n0 + i) * g.c * g.h * g.w, g, row);
+      }
+    });
+    cpu::sum_outer_products(count * pixels, g.o, g.ckk(), rp, row, rp + g.o, row, dw.data<float>(), g.ckk(),
+                            accumulate || n0 > 0);
+  }
 }
 
 // sum of p[0, n) in 8 fixed lanes, then the lanes in order: the same bits wherever p lies.
@@ -289,6 +363,12 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
   }
   if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
   if (g.n == 0 || (!dx.defined() && !dw.defined())) return;
+  if (dw.defined() && dw_in_chains(g)) {  // Note [dW of small images]; then dx alone, below
+    dw_chains(dw, dy, x, g, accumulate);
+    if (!dx.defined()) return;
+    Tensor no_dw, no_db;
+    return backward_f32(dx, no_dw, no_db, dy, x, w, stride, pad, accumulate);
+  }
 
   // oneDNN (kernels/cpu/conv2d_onednn.h) does one image per call: dW pieces are one per image.
   const cpu::onednn::Conv* onednn = g.onednn() ? &cpu::onednn::Conv::get(g.onednn_shape(false)) : nullptr;
