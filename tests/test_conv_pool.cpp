@@ -104,6 +104,56 @@ TEST_CASE("max_pool2d forward, indices and backward match PyTorch") {
   }
 }
 
+// The kernel runs a row of outputs at a time, vectorised over columns; each output must still
+// meet its window in row-major order: the first maximum's index, the last NaN, and an all -inf
+// window pointing at its first element inside the plane. Values drawn from a few levels make ties.
+TEST_CASE("max_pool2d forward: ties, NaN and -inf against one window at a time, every kernel, stride and padding") {
+  struct Case {
+    int64_t h, w;
+    int kernel, stride, pad;
+  };
+  for (const Case& t : {Case{16, 16, 3, 2, 1}, Case{9, 13, 3, 1, 1}, Case{11, 7, 5, 3, 2}, Case{8, 8, 2, 2, 0},
+                        Case{7, 10, 2, 1, 1}, Case{5, 5, 4, 4, 2}, Case{6, 33, 3, 2, 0}}) {
+    CAPTURE(t.kernel);
+    CAPTURE(t.stride);
+    CAPTURE(t.pad);
+    const int64_t planes = 6, oh = (t.h + 2 * t.pad - t.kernel) / t.stride + 1, ow = (t.w + 2 * t.pad - t.kernel) / t.stride + 1;
+    std::vector<float> xv(static_cast<size_t>(planes * t.h * t.w));
+    uint64_t state = 12345;
+    for (float& v : xv) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const uint64_t r = state >> 59;  // 0..31
+      v = r == 0 ? kNaN : r == 1 ? -std::numeric_limits<float>::infinity() : static_cast<float>(r % 4);
+    }
+    for (int64_t i = 0; i < t.h * t.w; ++i) xv[static_cast<size_t>(5 * t.h * t.w + i)] = -std::numeric_limits<float>::infinity();
+    const Tensor x = Tensor::from_vector(xv, {2, 3, t.h, t.w});
+    Tensor y = poisoned({2, 3, oh, ow});
+    Tensor idx = Tensor::from_vector(std::vector<int64_t>(static_cast<size_t>(planes * oh * ow), -7), {2, 3, oh, ow});
+    max_pool2d_forward<Cpu>(y, idx, x, t.kernel, t.stride, t.pad, false);
+    const std::vector<float> yv = y.to_vector<float>();
+    const std::vector<int64_t> iv = idx.to_vector<int64_t>();
+    for (int64_t pl = 0; pl < planes; ++pl) {
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          const int64_t h0 = std::max<int64_t>(i * t.stride - t.pad, 0), h1 = std::min<int64_t>(i * t.stride - t.pad + t.kernel, t.h);
+          const int64_t w0 = std::max<int64_t>(j * t.stride - t.pad, 0), w1 = std::min<int64_t>(j * t.stride - t.pad + t.kernel, t.w);
+          float best = -std::numeric_limits<float>::infinity();
+          int64_t at = h0 * t.w + w0;
+          for (int64_t r = h0; r < h1; ++r) {
+            for (int64_t c = w0; c < w1; ++c) {
+              const float v = xv[static_cast<size_t>((pl * t.h + r) * t.w + c)];
+              if (v > best || std::isnan(v)) best = v, at = r * t.w + c;
+            }
+          }
+          const size_t o = static_cast<size_t>((pl * oh + i) * ow + j);
+          REQUIRE(iv[o] == at);
+          REQUIRE((std::isnan(yv[o]) ? std::isnan(best) : yv[o] == best));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("adaptive_avg_pool2d forward and backward match PyTorch") {
   for (const json& c : golden()["adaptive_avg_pool2d"]) {
     INFO("case " << c["name"].get<std::string>());

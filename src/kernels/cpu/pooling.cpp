@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/channels_last.h"
@@ -51,6 +53,45 @@ void max_pool_2x2(const float* in, float* out, int64_t* arg, int64_t w, int64_t 
   }
 }
 
+// Smallest j >= 0 with j * s >= a (a may be negative).
+int64_t first_at_least(int64_t a, int64_t s) { return a <= 0 ? 0 : (a + s - 1) / s; }
+
+// One plane of any max-pool, a row of outputs at a time: for each row r and column q of the
+// window, every output j whose window holds (r, j s - pad + q), vectorised over j. Each output
+// still meets its window in row-major order, so the values, indices and NaN rule are those of one
+// window at a time (that loop took 4.4 ms of a 135 ms ResNet-18 step at 32 x 32, batch 64).
+// kStride: the stride where the compiler should know it (its loads vectorised), 0 for any.
+// cols[q] = {j0, j1}: the outputs j whose column j s - pad + q lies in [0, w) (the same for every
+// row and plane: computed once, a division each).
+template <int kStride>
+void max_pool_rows(const float* in, float* out, int64_t* arg, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                   int64_t kernel, int64_t any_stride, int64_t pad, const std::pair<int64_t, int64_t>* cols) {
+  const int64_t stride = kStride ? kStride : any_stride;
+  for (int64_t i = 0; i < oh; ++i) {
+    const int64_t h0 = std::max<int64_t>(i * stride - pad, 0), h1 = std::min<int64_t>(i * stride - pad + kernel, h);
+    float* best = out + i * ow;
+    int64_t* at = arg + i * ow;
+    for (int64_t j = 0; j < ow; ++j) {
+      best[j] = -std::numeric_limits<float>::infinity();
+      at[j] = h0 * w + std::max<int64_t>(j * stride - pad, 0);  // where an all -inf window points
+    }
+    for (int64_t r = h0; r < h1; ++r) {
+      for (int64_t q = 0; q < kernel; ++q) {
+        const auto [j0, j1] = cols[q];
+        const float* src = in + r * w + q - pad;
+        const int64_t where = r * w + q - pad;
+#pragma omp simd simdlen(8)
+        for (int64_t j = j0; j < j1; ++j) {
+          const float v = src[j * stride];
+          const bool take = v > best[j] || std::isnan(v);
+          best[j] = take ? v : best[j];
+          at[j] = take ? where + j * stride : at[j];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <>
@@ -67,6 +108,12 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   int64_t* ip = idx.data<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> cols(static_cast<size_t>(kernel));
+  for (int64_t q = 0; q < kernel; ++q) {
+    const int64_t j0 = std::min(first_at_least(pad - q, stride), ow);
+    cols[static_cast<size_t>(q)] = {j0, std::max(std::min(first_at_least(w + pad - q, stride), ow), j0)};
+  }
+  const auto* cp = cols.data();
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
     for (int64_t pl = pl0; pl < pl1; ++pl) {
       const float* in = xp + pl * h * w;
@@ -76,27 +123,9 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
         max_pool_2x2(in, out, arg, w, oh, ow);
         continue;
       }
-      for (int64_t i = 0; i < oh; ++i) {
-        const int64_t h0 = std::max<int64_t>(i * stride - pad, 0);
-        const int64_t h1 = std::min<int64_t>(i * stride - pad + kernel, h);
-        for (int64_t j = 0; j < ow; ++j) {
-          const int64_t w0 = std::max<int64_t>(j * stride - pad, 0);
-          const int64_t w1 = std::min<int64_t>(j * stride - pad + kernel, w);
-          float best = -std::numeric_limits<float>::infinity();
-          int64_t best_at = h0 * w + w0;
-          for (int64_t r = h0; r < h1; ++r) {
-            for (int64_t s = w0; s < w1; ++s) {
-              const float v = in[r * w + s];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                best_at = r * w + s;
-              }
-            }
-          }
-          out[i * ow + j] = best;
-          arg[i * ow + j] = best_at;
-        }
-      }
+      if (stride == 1) max_pool_rows<1>(in, out, arg, h, w, oh, ow, kernel, stride, pad, cp);
+      else if (stride == 2) max_pool_rows<2>(in, out, arg, h, w, oh, ow, kernel, stride, pad, cp);
+      else max_pool_rows<0>(in, out, arg, h, w, oh, ow, kernel, stride, pad, cp);
     }
   });
 }
