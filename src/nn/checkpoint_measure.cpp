@@ -148,15 +148,17 @@ class ModelStateGuard {
 };
 
 // The unit's forward as a replayed segment runs it (Note [replay peak] in
-// minigrad/nn/checkpoint_plan.h): its peak above what was live, the input live; 0 where the unit
-// makes no segment (no history, or it returns its input).
+// minigrad/nn/checkpoint_plan.h): its peak above what was live before the segment's first pass,
+// the input live, as fwd_peak is (so it counts what the first pass left for the replay: the
+// unit's inputs without history, and what its module holds); 0 where the unit makes no segment
+// (no history, or it returns its input).
 size_t measure_replay_peak(Sequential& seq, const Tensor& xin, size_t begin, size_t end) {
   const Device dev = xin.device();
+  const size_t base = in_use(dev);
   // The first pass keeps the boundary (xin's storage) and its node; its output goes at once.
   const std::shared_ptr<Node> node =
       checkpoint([&](const std::vector<Tensor>& in) { return seq.forward_range(in[0], begin, end); }, {xin}).grad_fn();
   if (!node || !node->segment) return 0;
-  const size_t base = in_use(dev);
   reset_peak_memory_stats(dev);
   checkpoint_replay(*node);
   synchronize(dev);
