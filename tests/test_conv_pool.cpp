@@ -543,6 +543,14 @@ TEST_CASE("conv2d dW of images of at most 16 pixels: one chain of multiply-adds 
     set_num_threads(1);
     const Tensor whole = dw_of(0, t.n, poisoned(w.shape()), false);
     const Tensor onto = dw_of(0, t.n, start.clone(), true);
+    for (float v : whole.to_vector<float>()) REQUIRE(std::isfinite(v));  // every element written
+    {  // dx beside the chains: the bits of dx alone
+      Tensor dx = poisoned(x.shape()), dx_alone = poisoned(x.shape()), dw = poisoned(w.shape()), none;
+      conv2d_backward<Cpu>(dx, dw, none, dy, x, w, t.stride, t.pad, false, false);
+      conv2d_backward<Cpu>(dx_alone, none, none, dy, x, w, t.stride, t.pad, false, false);
+      CHECK(bit_equal(dx, dx_alone));
+      CHECK(bit_equal(dw, whole));
+    }
     for (int threads : {1, 2}) {
       CAPTURE(threads);
       set_num_threads(threads);
