@@ -77,7 +77,7 @@ void max_pool_rows(const float* in, float* out, int64_t* arg, int64_t h, int64_t
     }
     for (int64_t r = h0; r < h1; ++r) {
       for (int64_t q = 0; q < kernel; ++q) {
-        const auto [j0, j1] = cols[q];
+        const int64_t j0 = cols[q].first, j1 = cols[q].second;  // no binding: clang refuses one in an omp simd loop
         const float* src = in + r * w + q - pad;
         const int64_t where = r * w + q - pad;
 #pragma omp simd simdlen(8)
