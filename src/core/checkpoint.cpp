@@ -415,18 +415,25 @@ std::vector<const TensorImpl*> relu_boundary(const Node& node, const std::vector
   return out;
 }
 
-// An offloaded segment's backward (Note [offload]): its saved tensors come back, and backward
-// runs through the nodes of the first pass, with fresh leaves for the boundary as in a replay.
-void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
-  CheckpointSegment& seg = *node.segment;
-  bring_back(seg);
-  prefetch_before(&seg);  // the previous offloaded segment comes back during this one's backward
+// Fresh leaves standing for a whole segment's boundary (node.saved), so that gradients w.r.t.
+// the inputs collect there.
+std::vector<Tensor> fresh_leaves(const Node& node) {
   std::vector<Tensor> fresh;
   for (const Tensor& b : node.saved) {
     Tensor f = b.detach();
     if (b.requires_grad()) f.requires_grad_(true);
     fresh.push_back(f);
   }
+  return fresh;
+}
+
+// An offloaded segment's backward (Note [offload]): its saved tensors come back, and backward
+// runs through the nodes of the first pass, with fresh leaves for the boundary as in a replay.
+void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads) {
+  CheckpointSegment& seg = *node.segment;
+  bring_back(seg);
+  prefetch_before(&seg);  // the previous offloaded segment comes back during this one's backward
+  std::vector<Tensor> fresh = fresh_leaves(node);
   for (const auto& u : seg.boundary_uses) seg.nodes[u.node]->inputs[u.input].leaf = fresh[u.boundary];
   Tensor root(std::make_shared<TensorImpl>());
   root.impl().shape = node.out_shape;
@@ -447,12 +454,7 @@ void offloaded_backward(Node& node, Tensor grad_out, std::vector<Tensor>& grads)
 Tensor checkpoint_replay(const Node& node) {
   MG_CHECK(node.segment && node.segment->tile_rows == 0 && !node.segment->offload,
            "checkpoint_replay: " << node_name(node) << " is not a whole segment's node");
-  std::vector<Tensor> fresh;  // as checkpoint_backward makes them
-  for (const Tensor& b : node.saved) {
-    Tensor f = b.detach();
-    if (b.requires_grad()) f.requires_grad_(true);
-    fresh.push_back(f);
-  }
+  const std::vector<Tensor> fresh = fresh_leaves(node);
   GradModeScope grad_on(true);
   RecordingScope rec;
   const ReplayPass replaying;  // the profiler counts these forwards as "replay"
