@@ -473,6 +473,39 @@ TEST_CASE("planner: measure_chain leaves gradients and the generator as they wer
   CHECK_THROWS_WITH_AS(nn::predict_peak(c, {{14, 16}}), doctest::Contains("inside a unit"), Error);
 }
 
+TEST_CASE("planner: measure_chain leaves a Dropout's own generator as it was") {
+  // Measuring draws masks from every generator the chain's dropout layers use; the step after it
+  // must draw the masks it would have drawn without measuring.
+  Generator gen(11);
+  gen.advance(100);
+  auto build = [&] {
+    manual_seed(5);
+    auto m = std::make_shared<nn::Sequential>();
+    m->add<nn::Linear>(12, 16);
+    m->add<nn::Dropout>(0.5f, &gen);
+    auto& inner = m->add<nn::Sequential>();
+    inner.add<nn::Linear>(16, 16);
+    inner.add<nn::Dropout>(0.3f, &gen);  // the same generator again, deeper: kept once
+    m->add<nn::Linear>(16, 4);
+    m->train();
+    return m;
+  };
+  auto m = build();
+  CHECK(m->generators() == std::vector<Generator*>{&gen});
+  const uint64_t seed = gen.seed(), offset = gen.offset(), default_offset = default_generator().offset();
+  nn::measure_chain(*m, {6, 12});
+  CHECK(gen.seed() == seed);
+  CHECK(gen.offset() == offset);
+  CHECK(default_generator().offset() == default_offset);
+  // The forward after measuring draws the masks a forward without it draws.
+  const Tensor x = Tensor::full({6, 12}, 0.5f);
+  const auto measured = m->forward(x).to_vector<float>();
+  gen.manual_seed(seed);
+  gen.set_offset(offset);
+  const auto fresh = build()->forward(x).to_vector<float>();
+  CHECK(measured == fresh);
+}
+
 TEST_CASE("planner: below the whole-layer floor, a tiled plan fits a memory cap and changes no bit") {
   // The same micro-batch, a budget under the least any whole-layer plan needs: the planner runs
   // segments in tiles (Note [tiled segments]), a real step fits under a cap of the budget, and

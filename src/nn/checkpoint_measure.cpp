@@ -56,8 +56,8 @@ void wake_workers(Device d) {
 
 // The model's state that a measured pass changes, kept in host memory and put back by restore()
 // or, failing that, when the guard goes: the gradient buffers (backward adds into them), the
-// buffers (a BatchNorm's forward in training updates its running statistics) and the default
-// generator (dropout draws from it). Measurement runs with zeroed gradient buffers, as a training
+// buffers (a BatchNorm's forward in training updates its running statistics) and the generators
+// dropout draws from (the default one and any a Dropout was given). Measurement runs with zeroed gradient buffers, as a training
 // step does (zero_grads): the existing ones, zeroed in place after their values are kept in host
 // memory (a second set on the device would be counted in the peak, and could pass a memory cap
 // the step itself fits), or new ones where there were none. However the pass ends the model is
@@ -66,7 +66,7 @@ void wake_workers(Device d) {
 class ModelStateGuard {
  public:
   ModelStateGuard(Sequential& seq, std::vector<Tensor> params)
-      : params_(std::move(params)), buffers_(seq.named_buffers()), gen_(default_generator()) {
+      : params_(std::move(params)), buffers_(seq.named_buffers()), gens_(seq.generators()) {
     saved_grads_.resize(params_.size());
     had_grad_.resize(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -80,8 +80,8 @@ class ModelStateGuard {
       if (b.dtype() == DType::f32) saved_f32_[i] = b.to_vector<float>();
       if (b.dtype() == DType::i64) saved_i64_[i] = b.to_vector<int64_t>();
     }
-    gen_seed_ = gen_.seed();
-    gen_offset_ = gen_.offset();
+    if (std::find(gens_.begin(), gens_.end(), &default_generator()) == gens_.end()) gens_.push_back(&default_generator());
+    for (const Generator* g : gens_) gen_state_.push_back({g->seed(), g->offset()});
   }
   ModelStateGuard(const ModelStateGuard&) = delete;
   ModelStateGuard& operator=(const ModelStateGuard&) = delete;
@@ -131,8 +131,10 @@ class ModelStateGuard {
         std::copy(saved_i64_[i].begin(), saved_i64_[i].end(), b.data<int64_t>());
       }
     }
-    gen_.manual_seed(gen_seed_);
-    gen_.set_offset(gen_offset_);
+    for (size_t i = 0; i < gens_.size(); ++i) {
+      gens_[i]->manual_seed(gen_state_[i].first);
+      gens_[i]->set_offset(gen_state_[i].second);
+    }
   }
 
  private:
@@ -142,8 +144,8 @@ class ModelStateGuard {
   const std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::vector<float>> saved_f32_;
   std::vector<std::vector<int64_t>> saved_i64_;
-  Generator& gen_;
-  uint64_t gen_seed_ = 0, gen_offset_ = 0;
+  std::vector<Generator*> gens_;
+  std::vector<std::pair<uint64_t, uint64_t>> gen_state_;  // each one's seed and offset
   bool restored_ = false;
 };
 

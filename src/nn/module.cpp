@@ -23,6 +23,16 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
   return out;
 }
 
+std::vector<Generator*> Module::generators() const {
+  std::vector<Generator*> out = generators_;
+  for (const auto& [cname, child] : children_) {
+    for (Generator* g : child->generators()) {
+      if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+    }
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, Tensor>> Module::state_dict() const {
   std::vector<std::pair<std::string, Tensor>> out = params_;
   out.insert(out.end(), buffers_.begin(), buffers_.end());

@@ -210,8 +210,9 @@ struct MeasureOptions {
 std::vector<int64_t> tile_rows_below(int64_t rows);
 
 // One measured pass through seq (in its current train/eval mode, on x's device): the cost of
-// every unit. Parameter gradients and the default generator are left as they were; the
-// device's peak statistics are reset at the end.
+// every unit. Parameter gradients, buffers and the generators dropout draws from (the default
+// one and the chain's own: Module::generators) are left as they were; the device's peak
+// statistics are reset at the end.
 ChainCost measure_chain(Sequential& seq, const Tensor& x, const MeasureOptions& opts = {});
 ChainCost measure_chain(Sequential& seq, const Shape& input_shape, const MeasureOptions& opts = {});
 

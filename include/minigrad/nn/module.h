@@ -44,6 +44,10 @@ class Module {
   // Parameters and buffers as PyTorch's state_dict orders them (a module's parameters, its
   // buffers, then its children's): what save_safetensors and load_into write and read.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  // The generators this module and its children draw from besides the default one (a Dropout
+  // given its own), each once: what a pass that must leave the random streams as it found them
+  // keeps and puts back (measure_chain does).
+  std::vector<Generator*> generators() const;
 
   void train(bool on = true);
   void eval() { train(false); }
@@ -68,6 +72,7 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<Generator*> generators_;  // this module's own, not its children's
   bool training_ = true;
 };
 
@@ -135,7 +140,9 @@ class Flatten : public Module {
 // Active in training mode only; masks come from `gen` or the default generator.
 class Dropout : public Module {
  public:
-  explicit Dropout(float p = 0.5f, Generator* gen = nullptr) : p(p), gen_(gen) {}
+  explicit Dropout(float p = 0.5f, Generator* gen = nullptr) : p(p), gen_(gen) {
+    if (gen) generators_.push_back(gen);
+  }
   Tensor forward(const Tensor& x) override { return is_training() ? dropout(x, p, gen_) : x; }
   std::string name() const override;
   float p;

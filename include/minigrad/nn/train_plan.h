@@ -95,7 +95,7 @@ std::vector<int64_t> candidate_micro_batches(int64_t effective_batch);
 // fit `budget` (0: measure all). The smallest size may fail with mg::Error (the chain cannot
 // train at it: ChainProfile::cannot_train); an error at any other size is thrown (the first
 // one, if the smallest failed too).
-// Parameter gradients, buffers and the default generator are left as they were.
+// Parameter gradients, buffers and generators are left as they were (as measure_chain's).
 ChainProfile profile_chain(Sequential& seq, const Shape& sample_shape, const std::vector<int64_t>& micro_batches,
                            size_t budget = 0, const MeasureOptions& opts = {});
 // The same for a chain whose input is not a float tensor of one sample shape (a GPT's int64
