@@ -480,6 +480,55 @@ TEST_CASE("linear LR scaling") {
   CHECK_THROWS_AS(optim::scale_lr_linear(0.1f, 0, 64), Error);
 }
 
+TEST_CASE("resume: a Dropout's own generator comes back with the training state") {
+  // Outside a sample window dropout advances its generator call by call; a resumed run must draw
+  // the masks the uninterrupted one draws next.
+  const std::string dir = (std::filesystem::temp_directory_path() / "mg_test_resume_gen").string();
+  std::filesystem::create_directories(dir);
+  auto build = [](Generator& gen) {
+    manual_seed(7);
+    auto m = std::make_shared<nn::Sequential>();
+    m->add<nn::Linear>(6, 32);
+    m->add<nn::Dropout>(0.5f, &gen);
+    m->train();
+    return m;
+  };
+  const Tensor x = Tensor::full({4, 6}, 0.5f);
+  Generator gen(21);
+  auto m = build(gen);
+  optim::SGD o(m->parameters(), {.lr = 0.1f});
+  for (int i = 0; i < 3; ++i) m->forward(x);
+  const std::string path = dir + "/gen.safetensors";
+  optim::save_train_state(path, *m, o, {});
+  const auto next = m->forward(x).to_vector<float>();
+
+  Generator gen2(21);  // as a restarted program makes it: the seed, at offset 0
+  auto m2 = build(gen2);
+  optim::SGD o2(m2->parameters(), {.lr = 0.1f});
+  CHECK(m2->forward(x).to_vector<float>() != next);
+  optim::load_train_state(path, *m2, o2);
+  CHECK(m2->forward(x).to_vector<float>() == next);
+  CHECK(gen2.offset() == gen.offset());
+
+  // A model that draws from another number of generators of its own is refused, and left as it was.
+  manual_seed(7);
+  auto plain = std::make_shared<nn::Sequential>();
+  plain->add<nn::Linear>(6, 32);
+  optim::SGD o3(plain->parameters(), {.lr = 0.1f});
+  CHECK_THROWS_WITH_AS(optim::load_train_state(path, *plain, o3),
+                       doctest::Contains("positions of 1 generator(s) of the model's own, the run's model draws from 0"),
+                       Error);
+  // A file written before the model's generators were kept loads, and leaves them where they are.
+  nn::SafetensorsFile f = nn::load_safetensors(path);
+  nn::Metadata old = f.metadata;
+  for (auto it = old.begin(); it != old.end();) it = it->first.starts_with("minigrad.model_generator") ? old.erase(it) : std::next(it);
+  nn::save_safetensors(dir + "/old.safetensors", f.tensors, old);
+  const uint64_t offset = gen2.offset();
+  optim::load_train_state(dir + "/old.safetensors", *m2, o2);
+  CHECK(gen2.offset() == offset);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("resume: 2 epochs straight equal 1 epoch + save + resume 1 epoch, bit for bit") {
   const data::IdxDataset d = data::make_synthetic(1000, 8);  // 1000 = 15 * 64 + 40: short windows too
   const std::string dir = (std::filesystem::temp_directory_path() / "mg_test_resume").string();

@@ -84,6 +84,12 @@ void save_train_state(const std::string& path, const nn::Module& model, const Op
   meta["minigrad.step_count"] = std::to_string(opt.step_count());
   meta["minigrad.generator_seed"] = std::to_string(default_generator().seed());
   meta["minigrad.generator_offset"] = std::to_string(default_generator().offset());
+  const std::vector<Generator*> gens = model.generators();
+  meta["minigrad.model_generators"] = std::to_string(gens.size());
+  for (size_t k = 0; k < gens.size(); ++k) {
+    meta["minigrad.model_generator." + std::to_string(k) + ".seed"] = std::to_string(gens[k]->seed());
+    meta["minigrad.model_generator." + std::to_string(k) + ".offset"] = std::to_string(gens[k]->offset());
+  }
   nn::save_safetensors(path, tensors, meta);
 }
 
@@ -101,6 +107,20 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
   st.step_count = meta_count(f.metadata, "minigrad.step_count", path);
   st.generator_seed = meta_u64(f.metadata, "minigrad.generator_seed", path);
   st.generator_offset = meta_u64(f.metadata, "minigrad.generator_offset", path);
+  // The model's own generators (Module::generators), in the same order; files written before
+  // they were kept have no count, and leave them as they are.
+  const std::vector<Generator*> gens = model.generators();
+  std::vector<std::pair<uint64_t, uint64_t>> gen_states;
+  if (f.metadata.count("minigrad.model_generators")) {
+    const int64_t saved = meta_count(f.metadata, "minigrad.model_generators", path);
+    MG_CHECK(saved == static_cast<int64_t>(gens.size()),
+             path << ": the file keeps the positions of " << saved << " generator(s) of the model's own, the run's "
+                  << "model draws from " << gens.size() << " (a Dropout given its own Generator); different model?");
+    for (size_t k = 0; k < gens.size(); ++k) {
+      const std::string key = "minigrad.model_generator." + std::to_string(k);
+      gen_states.push_back({meta_u64(f.metadata, key + ".seed", path), meta_u64(f.metadata, key + ".offset", path)});
+    }
+  }
   std::vector<std::pair<Tensor, const Tensor*>> copies;
   std::set<std::string> used;
   auto take = [&](const std::string& key, const Tensor& dst) {
@@ -123,6 +143,10 @@ TrainState load_train_state(const std::string& path, nn::Module& model, Optimize
   opt.set_step_count(st.step_count);
   default_generator().manual_seed(st.generator_seed);
   default_generator().set_offset(st.generator_offset);
+  for (size_t k = 0; k < gen_states.size(); ++k) {
+    gens[k]->manual_seed(gen_states[k].first);
+    gens[k]->set_offset(gen_states[k].second);
+  }
   for (auto& [k, v] : f.metadata) {
     if (k.rfind("minigrad.", 0) != 0) st.extra[k] = v;
   }

@@ -1,6 +1,6 @@
 // A training run's state in one safetensors file, to resume it bit for bit: the parameters, the
-// optimizer's state tensors and step count, the epochs done, the default generator's position,
-// and free-form metadata (the app's configuration, the accumulation schedule).
+// optimizer's state tensors and step count, the epochs done, the positions of the default
+// generator and of the model's own (Module::generators), and free-form metadata (the app's configuration, the accumulation schedule).
 //
 //   mg::optim::save_train_state(dir + "/epoch_3.state.safetensors", model, opt, {.epoch = 3});
 //   mg::optim::TrainState st = mg::optim::load_train_state(path, model, opt);  // next epoch: st.epoch
@@ -42,7 +42,7 @@ struct TrainState {
 void save_train_state(const std::string& path, const nn::Module& model, const Optimizer& opt,
                       TrainState state);
 // Copies the file into model and optimizer (names, shapes and dtypes must match) and restores the
-// optimizer's step count and the default generator. Throws mg::Error naming what does not fit.
+// optimizer's step count, the default generator and the model's own. Throws mg::Error naming what does not fit.
 TrainState load_train_state(const std::string& path, nn::Module& model, Optimizer& opt);
 
 // Saves "<base>.state.safetensors" (as save_train_state) and then "<base>.safetensors" (the
