@@ -464,7 +464,8 @@ TEST_CASE("conv2d backward in rounds of dW partials: the bits of adding every im
 }
 
 // Note [dW of small images] in kernels/cpu/conv2d.cpp: the same layer on 2 x 2 images takes dW from
-// chains of multiply-adds over (image, pixel) pairs, in place (no partials), and dx from oneDNN.
+// chains of multiply-adds over (image, pixel) pairs, in place (no partials), and dx from products
+// over the batch (Note [small images as products over the batch]).
 TEST_CASE("conv2d backward of a oneDNN layer on small images: dW in place, the bits of any batch split") {
   const int64_t n = 10, c = 512, o = 512, h = 2;
   if (!onednn_runs_512(h)) {
@@ -596,6 +597,60 @@ TEST_CASE("conv2d dW of images of at most 16 pixels: one chain of multiply-adds 
     CHECK((all_fused || all_plain));
     MESSAGE("dW's chains: " << std::string(all_fused ? "fused" : all_plain ? "unfused" : "neither"));
     CHECK(std::sqrt(err / ref_norm) < 1e-5);
+  }
+}
+
+// Note [small images as products over the batch] in kernels/cpu/conv2d.cpp: layers of at most 4
+// output pixels an image run forward and dx as products over the batch, one per group of pixels
+// that see the same taps. Shapes: 2 x 2 images with padding (4 groups), 1 x 1 images (the centre
+// tap only), a stride of 2 onto 2 x 2, a strided 1 x 1, and every tap inside (W used as it is).
+TEST_CASE("conv2d forward and dx of images of at most 4 pixels: products over the batch, any split, any threads") {
+  struct Case {
+    int64_t n, c, o, h, k, stride, pad;
+    bool bias;
+  };
+  const int saved = num_threads();
+  for (const Case& t : {Case{10, 64, 48, 2, 3, 1, 1, true}, Case{6, 32, 40, 1, 3, 1, 1, false},
+                        Case{7, 24, 16, 4, 3, 2, 1, true}, Case{9, 32, 48, 3, 1, 2, 0, true},
+                        Case{5, 3, 8, 5, 5, 2, 0, false}}) {
+    CAPTURE(t.c);
+    CAPTURE(t.h);
+    CAPTURE(t.k);
+    CAPTURE(t.stride);
+    const int64_t oh = (t.h + 2 * t.pad - t.k) / t.stride + 1;
+    REQUIRE(oh * oh <= 4);
+    const Tensor x = rand_tensor({t.n, t.c, t.h, t.h}, 95), w = rand_tensor({t.o, t.c, t.k, t.k}, 96);
+    const Tensor b = t.bias ? rand_tensor({t.o}, 97) : Tensor(), dy = rand_tensor({t.n, t.o, oh, oh}, 98);
+    const int stride = static_cast<int>(t.stride), pad = static_cast<int>(t.pad);
+    // y and dx of images [i0, i0 + count), every element poisoned first.
+    auto run = [&](int64_t i0, int64_t count) {
+      Tensor y = poisoned({count, t.o, oh, oh}), dx = poisoned({count, t.c, t.h, t.h}), none;
+      conv2d_forward<Cpu>(y, rows_view(x, i0, count), w, b, stride, pad, false);
+      conv2d_backward<Cpu>(dx, none, none, rows_view(dy, i0, count), rows_view(x, i0, count), w, stride, pad, false,
+                           false);
+      return std::pair{y, dx};
+    };
+    set_num_threads(1);
+    const auto [y, dx] = run(0, t.n);
+    const DirectConv ref = direct_conv(x, w, t.bias ? b : Tensor::zeros({t.o}), dy, stride, pad);
+    CHECK(rel_err_vs(y, ref.y) < 1e-6);  // every element written: a poisoned one would be NaN here
+    CHECK(rel_err_vs(dx, ref.dx) < 1e-6);
+    {  // dx beside dW (in chains) has the bits of dx alone
+      Tensor dx_with = poisoned(x.shape()), dw = poisoned(w.shape()), none;
+      conv2d_backward<Cpu>(dx_with, dw, none, dy, x, w, stride, pad, false, false);
+      CHECK(bit_equal(dx_with, dx));
+    }
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      set_num_threads(threads);
+      const int64_t first = t.n / 3;  // a split into two consecutive parts
+      for (auto [i0, count] : {std::pair{int64_t{0}, t.n}, std::pair{int64_t{0}, first}, std::pair{first, t.n - first}}) {
+        const auto [ys, dxs] = run(i0, count);
+        CHECK(bit_equal(ys, rows_view(y, i0, count)));
+        CHECK(bit_equal(dxs, rows_view(dx, i0, count)));
+      }
+    }
+    set_num_threads(saved);
   }
 }
 

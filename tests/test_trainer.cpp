@@ -136,10 +136,10 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
   Uncap uncap;
   const Device cpu = Device::cpu();
   const int64_t B = 8, micro = 4;
-  const auto data = test::random_dataset(32, {3, 16, 16}, 10, 9);  // 4 steps per epoch
-  auto fresh = [](uint64_t seed) {  // width / 8: at / 16 the stem's column blocks set the peak
+  const auto data = test::random_dataset(32, {3, 24, 24}, 10, 9);  // 4 steps per epoch
+  auto fresh = [](uint64_t seed) {  // width / 4 at 24 x 24: narrower or smaller, the stem sets every plan's peak
     manual_seed(seed);
-    return nn::make_resnet18(10, 8);
+    return nn::make_resnet18(10, 4);
   };
 
   // The caps: above the plain step's predicted peak, and a quarter of the way from it down to the least.
@@ -147,7 +147,7 @@ TEST_CASE("Trainer: ResNet-18 under a budget, out of memory mid-epoch and a resu
   {
     auto m = fresh(1);
     optim::SGD opt(m->parameters(), {.lr = 0.02f, .momentum = 0.9f});
-    const nn::ChainCost cost = nn::measure_chain(*m, {micro, 3, 16, 16});
+    const nn::ChainCost cost = nn::measure_chain(*m, {micro, 3, 24, 24});
     const size_t floor = nn::min_feasible_peak(cost), full = nn::plan_none(cost).predicted_peak;
     REQUIRE(floor < full);
     high = full * 2;

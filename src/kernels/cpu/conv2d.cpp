@@ -22,9 +22,10 @@
 // dW afterwards in image order, as oneDNN's layers do (in rounds of images: Note [dW partials in
 // rounds]; oneDNN's dW only where an image has more than 64 output pixels). Images of at most 16
 // output pixels take dW from chains of multiply-adds over (image, pixel) pairs instead, in a
-// parallel part of its own (Note [dW of small images]). The groups depend on one image's shape
-// only, so every result has the same bits for any thread count. Each thread owns one column block
-// buffer (allocated as a Tensor, so the CPU allocator counts it).
+// parallel part of its own (Note [dW of small images]); images of at most 4 run forward and dx
+// as products over the whole batch (Note [small images as products over the batch]). The groups
+// depend on one image's shape only, so every result has the same bits for any thread count. Each
+// thread owns one column block buffer (allocated as a Tensor, so the CPU allocator counts it).
 //
 // Note [weight gradients in sample order]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -38,6 +39,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/channels_last.h"
@@ -176,7 +178,8 @@ constexpr int64_t kMinDwSpread = 4;
 // 3 layers at 32 x 32 (1 pixel), a product with an inner dimension of 1 that reads and writes dW's
 // 9.4 MB per image. Hence three regimes, chosen by one image's shape, never the batch (a split
 // batch takes the same path, Note [weight gradients in sample order]); dx stays in oneDNN (or
-// col2im) in all three:
+// col2im) in all three, except on images of at most 4 pixels (Note [small images as products over
+// the batch]):
 // - at most kMaxChainPixels output pixels an image: dW from cpu::sum_outer_products over the
 //   batch's (image, pixel) pairs in order (Note [sums in sample order] in kernels/cpu/gemm.h). Each
 //   element of dW is one chain of fused multiply-adds, image after image, pixel after pixel, a tile
@@ -222,8 +225,10 @@ int64_t dw_partial_images(int64_t wsize) {
   return std::max(kMinDwPartials, kDwPartialBytes / std::max<int64_t>(wsize * static_cast<int64_t>(sizeof(float)), 1));
 }
 
-// Whether dW comes from chains of (image, pixel) pairs (Note [dW of small images]).
-bool dw_in_chains(const ConvGeom& g) { return g.ohw() <= kMaxChainPixels; }
+// Whether the layer runs as small images: dW in chains of (image, pixel) pairs (Note [dW of small
+// images]), forward and dx as products over the batch (Note [small images as products over the
+// batch]).
+bool small_images(const ConvGeom& g) { return g.ohw() <= kMaxChainPixels; }
 
 // Whether oneDNN makes dW (Note [dW of small images]).
 bool dw_in_onednn(const ConvGeom& g) { return g.ohw() > kMaxGemmDwPixels && g.onednn(); }
@@ -232,7 +237,7 @@ bool dw_in_onednn(const ConvGeom& g) { return g.ohw() > kMaxGemmDwPixels && g.on
 // channel groups) rather than added in place by channel groups or chains.
 bool dw_per_image(const ConvGeom& g) {
   const int64_t group = channels_per_dw_piece(g);
-  return !dw_in_chains(g) && (dw_in_onednn(g) || (g.c + group - 1) / group < kMinDwSpread);
+  return !small_images(g) && (dw_in_onednn(g) || (g.c + group - 1) / group < kMinDwSpread);
 }
 
 // One image x: (C, H, W) as a patch row per output pixel, rows ld floats apart: the transpose of
@@ -285,6 +290,174 @@ void dw_chains(Tensor& dw, const Tensor& dy, const Tensor& x, const ConvGeom& g,
   }
 }
 
+// Note [small images as products over the batch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// oneDNN and the im2col path run a layer one image per piece, and each piece reads all of W: for
+// ResNet-18's 512 x 512 x 3 x 3 layers at 32 x 32 (1 output pixel an image), 64 reads of W (and of
+// oneDNN's reordered copy) for products of 1 column, and 8 of the 9 taps multiplied by padding.
+// Where an image has at most kMaxProductPixels output pixels (dW runs in chains there: Note [dW of
+// small images]), forward and dx run instead as products over the whole batch. The
+// output pixels are grouped by the kernel taps that fall inside the image (tap_groups: one group
+// for 1 x 1 images, 4 for 2 x 2, 9 for 4 x 4 with a 3 x 3 kernel and padding 1); per group, with
+// W_S the filters' columns of its taps (W itself where every tap counts, else a packed copy) and
+// one row per (image, pixel) of the group, in that order:
+//   forward:  Y_rows (pairs x O) = P (pairs x C |S|) W_S^T,  then y = Y_rows + b, scattered
+//   dx:       D (pairs x C |S|)  = dY_rows (pairs x O) W_S,  then added into dx tap by tap
+// P holds each pair's input patch over the group's taps only, so padding is never multiplied. The
+// products' rows are samples (GemmArgs::sample_rows) and each dx element receives its terms in a
+// fixed order (groups, pixels, taps), so an image's bits depend neither on the rest of its batch
+// nor on the thread count, and rounds of kChainBytes of rows change nothing (test_conv_pool checks
+// both, and y and dx against a direct loop in double).
+// The limit, measured: forward / backward ms of the second block of each of ResNet-18's stages at
+// 32 x 32, batch 64 (`MG_NUM_THREADS=2 vgg_ckpt --model resnet18 --image-size 32 --batch-size 64
+// --steps 3 --json F`, the JSON's units; AMD EPYC with AVX-512), oneDNN per image against products
+// for images of at most 1, 4 and 16 pixels; the better of two alternating runs:
+//   stage (pixels, channels)  oneDNN        <= 1          <= 4          <= 16
+//   2 (16, 128)               2.8 / 9.6     2.8 / 9.0     2.7 / 9.5     6.6 / 12.4
+//   3 (4, 256)                4.2 / 8.3     4.1 / 8.3     3.7 / 7.8     3.7 / 7.7
+//   4 (1, 512)                7.1 / 8.9     2.8 / 6.8     2.9 / 6.8     2.8 / 6.5
+// All units summed: 120 and 127 ms with oneDNN, 108 and 102 at <= 1, 105 and 102 at <= 4, 130 and
+// 112 at <= 16. At 16 pixels a 3 x 3 kernel makes 9 groups of small products, and oneDNN's direct
+// kernels win. VGG16/8 and ResNet-50/8 (32 and 64 pixels) and VGG16 (32) were within the noise.
+
+constexpr int64_t kMaxProductPixels = 4;
+bool small_products(const ConvGeom& g) { return g.ohw() <= kMaxProductPixels; }
+
+// The output pixels that see the same taps (p KW + q in order), in order of their first pixel.
+struct TapGroup {
+  std::vector<int64_t> taps, pixels;
+};
+
+std::vector<TapGroup> tap_groups(const ConvGeom& g) {
+  std::vector<TapGroup> groups;
+  for (int64_t pixel = 0; pixel < g.ohw(); ++pixel) {
+    const int64_t i = pixel / g.ow, j = pixel % g.ow;
+    std::vector<int64_t> taps;
+    for (int64_t p = 0; p < g.kh; ++p) {
+      const int64_t ih = i * g.stride - g.pad + p;
+      for (int64_t q = 0; q < g.kw && ih >= 0 && ih < g.h; ++q) {
+        const int64_t iw = j * g.stride - g.pad + q;
+        if (iw >= 0 && iw < g.w) taps.push_back(p * g.kw + q);
+      }
+    }
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const TapGroup& t) { return t.taps == taps; });
+    if (it == groups.end()) it = groups.insert(groups.end(), TapGroup{std::move(taps), {}});
+    it->pixels.push_back(pixel);
+  }
+  return groups;
+}
+
+// The group's filters W_S (O, C |S|): W's columns of its taps (channel-major, as P's rows).
+Tensor pack_taps(const Tensor& w, const ConvGeom& g, const std::vector<int64_t>& taps) {
+  const int64_t kk = g.kh * g.kw, ts = static_cast<int64_t>(taps.size());
+  Tensor ws = Tensor::empty({g.o, g.c * ts});
+  const float* wp = w.data<float>();
+  float* dst = ws.data<float>();
+  cpu::parallel_for(g.o, cpu::items_per_piece(g.c * kk), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t c = 0; c < g.c; ++c) {
+        for (int64_t t = 0; t < ts; ++t) dst[(o * g.c + c) * ts + t] = wp[(o * g.c + c) * kk + taps[t]];
+      }
+    }
+  });
+  return ws;
+}
+
+// Input offset (within a channel's plane) of output pixel `pixel` at tap p KW + q.
+int64_t tap_input(const ConvGeom& g, int64_t pixel, int64_t tap) {
+  const int64_t ih = pixel / g.ow * g.stride - g.pad + tap / g.kw, iw = pixel % g.ow * g.stride - g.pad + tap % g.kw;
+  return ih * g.w + iw;
+}
+
+// Runs body(group, C |S|, W_S, n0, count, scratch) over each group and round of images (rounds of
+// at most kChainBytes of scratch, at least one image): per_row(C |S|) floats of scratch for each of
+// the round's (image, pixel) rows.
+template <typename R, typename F> void over_tap_groups(const Tensor& w, const ConvGeom& g, R per_row, F&& body) {
+  for (const TapGroup& grp : tap_groups(g)) {
+    const int64_t ks = g.c * static_cast<int64_t>(grp.taps.size()), np = static_cast<int64_t>(grp.pixels.size());
+    const Tensor packed = ks < g.ckk() ? pack_taps(w, g, grp.taps) : Tensor();
+    const float* ws = packed.defined() ? packed.data<float>() : w.data<float>();
+    const int64_t round = std::clamp<int64_t>(kChainBytes / std::max<int64_t>(np * per_row(ks) * 4, 1), 1, g.n);
+    Tensor scratch = Tensor::empty({round * np * per_row(ks)});
+    for (int64_t n0 = 0; n0 < g.n; n0 += round) body(grp, ks, ws, n0, std::min(round, g.n - n0), scratch.data<float>());
+  }
+}
+
+void small_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g) {
+  const int64_t hw = g.h * g.w, pixels = g.ohw();
+  const float* xp = x.data<float>();
+  const float* bp = b.defined() ? b.data<float>() : nullptr;
+  float* yp = y.data<float>();
+  auto per_row = [&](int64_t ks) { return ks + g.o; };  // the patch, then the output
+  over_tap_groups(w, g, per_row, [&](const TapGroup& grp, int64_t ks, const float* ws, int64_t n0, int64_t count,
+                                     float* scratch) {
+    const int64_t np = static_cast<int64_t>(grp.pixels.size()), ts = static_cast<int64_t>(grp.taps.size());
+    float* patch = scratch;
+    float* out = scratch + count * np * ks;
+    cpu::parallel_for(count, cpu::items_per_piece(np * ks), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* xn = xp + (n0 + i) * g.c * hw;
+        for (int64_t pp = 0; pp < np; ++pp) {
+          float* row = patch + (i * np + pp) * ks;
+          for (int64_t t = 0; t < ts; ++t) {
+            const float* src = xn + tap_input(g, grp.pixels[pp], grp.taps[t]);
+            for (int64_t c = 0; c < g.c; ++c) row[c * ts + t] = src[c * hw];
+          }
+        }
+      }
+    });
+    cpu::gemm({.trans_b = true, .m = count * np, .n = g.o, .k = ks, .a = patch, .lda = ks, .b = ws, .ldb = ks,
+               .c = out, .ldc = g.o, .sample_rows = true});
+    cpu::parallel_for(count, cpu::items_per_piece(np * g.o), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float* yn = yp + (n0 + i) * g.o * pixels;
+        for (int64_t pp = 0; pp < np; ++pp) {
+          const float* row = out + (i * np + pp) * g.o;
+          const int64_t pixel = grp.pixels[pp];
+          for (int64_t o = 0; o < g.o; ++o) yn[o * pixels + pixel] = bp ? row[o] + bp[o] : row[o];
+        }
+      }
+    });
+  });
+}
+
+void small_backward_data(Tensor& dx, const Tensor& dy, const Tensor& w, const ConvGeom& g) {
+  const int64_t hw = g.h * g.w, pixels = g.ohw();
+  const float* dyp = dy.data<float>();
+  float* dxp = dx.data<float>();
+  dx.zero_();
+  auto per_row = [&](int64_t ks) { return ks + g.o; };  // the output gradient, then the patch's gradient
+  over_tap_groups(w, g, per_row, [&](const TapGroup& grp, int64_t ks, const float* ws, int64_t n0, int64_t count,
+                                     float* scratch) {
+    const int64_t np = static_cast<int64_t>(grp.pixels.size()), ts = static_cast<int64_t>(grp.taps.size());
+    float* grad = scratch;
+    float* d = scratch + count * np * g.o;
+    cpu::parallel_for(count, cpu::items_per_piece(np * g.o), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* dyn = dyp + (n0 + i) * g.o * pixels;
+        for (int64_t pp = 0; pp < np; ++pp) {
+          float* row = grad + (i * np + pp) * g.o;
+          for (int64_t o = 0; o < g.o; ++o) row[o] = dyn[o * pixels + grp.pixels[pp]];
+        }
+      }
+    });
+    cpu::gemm({.m = count * np, .n = ks, .k = g.o, .a = grad, .lda = g.o, .b = ws, .ldb = ks, .c = d, .ldc = ks,
+               .sample_rows = true});
+    cpu::parallel_for(count, cpu::items_per_piece(np * ks), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float* dxn = dxp + (n0 + i) * g.c * hw;
+        for (int64_t pp = 0; pp < np; ++pp) {
+          const float* row = d + (i * np + pp) * ks;
+          for (int64_t t = 0; t < ts; ++t) {
+            float* dst = dxn + tap_input(g, grp.pixels[pp], grp.taps[t]);
+            for (int64_t c = 0; c < g.c; ++c) dst[c * hw] += row[c * ts + t];
+          }
+        }
+      }
+    });
+  });
+}
+
 // sum of p[0, n) in 8 fixed lanes, then the lanes in order: the same bits wherever p lies.
 float sum_in_lanes(const float* p, int64_t n) {
   float lane[8] = {};
@@ -316,6 +489,7 @@ void onednn_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
 
 void forward_f32(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, int stride, int pad) {
   const ConvGeom g = geometry(x, w, y.size(2), y.size(3), stride, pad);
+  if (small_products(g) && g.n > 0) return small_forward(y, x, w, b, g);  // Note [small images as products over the batch]
   if (g.onednn()) return onednn_forward(y, x, w, b, g);
   const int64_t img = g.c * g.h * g.w, out = g.o * g.ohw();
   const bool pointwise = g.pointwise();
@@ -363,12 +537,14 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
   }
   if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
   if (g.n == 0 || (!dx.defined() && !dw.defined())) return;
-  if (dw.defined() && dw_in_chains(g)) {  // Note [dW of small images]; then dx alone, below
+  if (dw.defined() && small_images(g)) {  // Note [dW of small images]; then dx alone
     dw_chains(dw, dy, x, g, accumulate);
     if (!dx.defined()) return;
+    if (small_products(g)) return small_backward_data(dx, dy, w, g);
     Tensor no_dw, no_db;
     return backward_f32(dx, no_dw, no_db, dy, x, w, stride, pad, accumulate);
   }
+  if (dx.defined() && !dw.defined() && small_products(g)) return small_backward_data(dx, dy, w, g);
 
   // oneDNN (kernels/cpu/conv2d_onednn.h) does one image per call: dW pieces are one per image.
   const cpu::onednn::Conv* onednn = g.onednn() ? &cpu::onednn::Conv::get(g.onednn_shape(false)) : nullptr;
