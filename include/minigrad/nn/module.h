@@ -44,9 +44,10 @@ class Module {
   // Parameters and buffers as PyTorch's state_dict orders them (a module's parameters, its
   // buffers, then its children's): what save_safetensors and load_into write and read.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
-  // The generators this module and its children draw from besides the default one (a Dropout
-  // given its own), each once: what a pass that must leave the random streams as it found them
-  // keeps and puts back (measure_chain does).
+  // The generators given to this module and its children (a Dropout's own; those left to the
+  // default generator add nothing), each once, in registration order: what a pass that must leave
+  // the random streams as it found them keeps and puts back (measure_chain does), and what a
+  // training state saves.
   std::vector<Generator*> generators() const;
 
   void train(bool on = true);

@@ -47,6 +47,7 @@
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/windows.h"
 #include "kernels/relu.h"
 
 namespace mg {
@@ -67,13 +68,10 @@ ConvGeom geometry(const Tensor& x, const Tensor& w, int64_t oh, int64_t ow, int 
           oh,        ow,        stride,    pad};
 }
 
-// Smallest j >= 0 with j * s >= a (a may be negative).
-int64_t first_at_least(int64_t a, int64_t s) { return a <= 0 ? 0 : (a + s - 1) / s; }
-
 // Output columns j in [j0, j1) read input column j s - pad + q inside [0, W); the rest is padding.
 void valid_cols(const ConvGeom& g, int64_t q, int64_t& j0, int64_t& j1) {
-  j0 = std::min(first_at_least(g.pad - q, g.stride), g.ow);
-  j1 = std::max(std::min(first_at_least(g.w + g.pad - q, g.stride), g.ow), j0);
+  j0 = std::min(cpu::first_at_least(g.pad - q, g.stride), g.ow);
+  j1 = std::max(std::min(cpu::first_at_least(g.w + g.pad - q, g.stride), g.ow), j0);
 }
 
 // Output rows [i0, i1) of channels [c0, c1) of one image x: (C, H, W) as columns:
@@ -297,8 +295,8 @@ void dw_chains(Tensor& dw, const Tensor& dy, const Tensor& x, const ConvGeom& g,
 // oneDNN's reordered copy) for products of 1 column, and 8 of the 9 taps multiplied by padding.
 // Where an image has at most kMaxProductPixels output pixels (dW runs in chains there: Note [dW of
 // small images]), forward and dx run instead as products over the whole batch. The
-// output pixels are grouped by the kernel taps that fall inside the image (tap_groups: one group
-// for 1 x 1 images, 4 for 2 x 2, 9 for 4 x 4 with a 3 x 3 kernel and padding 1); per group, with
+// output pixels are grouped by the kernel taps that fall inside the image (tap_groups: with a
+// 3 x 3 kernel and padding 1, one group for 1 x 1 images, 4 for 2 x 2); per group, with
 // W_S the filters' columns of its taps (W itself where every tap counts, else a packed copy) and
 // one row per (image, pixel) of the group, in that order:
 //   forward:  Y_rows (pairs x O) = P (pairs x C |S|) W_S^T,  then y = Y_rows + b, scattered

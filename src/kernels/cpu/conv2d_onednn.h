@@ -77,6 +77,8 @@ class Conv {
 
 // What runs the CPU convolutions, printed beside benchmark results: "onednn 2.6.3 (avx512_core)
 // from 16 channels, im2col + sgemm below", or "im2col + sgemm" (no oneDNN, or MG_CPU_CONV=gemm).
+// Either way, images of at most 16 output pixels take dW in chains, and of at most 4 forward and
+// dx as products over the batch (Note [dW of small images] in kernels/cpu/conv2d.cpp).
 const char* backend();
 
 }  // namespace mg::cpu::onednn

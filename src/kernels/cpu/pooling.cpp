@@ -22,6 +22,7 @@
 #include "kernels/cpu/channels_last.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/windows.h"
 
 namespace mg {
 
@@ -52,9 +53,6 @@ void max_pool_2x2(const float* in, float* out, int64_t* arg, int64_t w, int64_t 
     }
   }
 }
-
-// Smallest j >= 0 with j * s >= a (a may be negative).
-int64_t first_at_least(int64_t a, int64_t s) { return a <= 0 ? 0 : (a + s - 1) / s; }
 
 // One plane of any max-pool, a row of outputs at a time: for each row r and column q of the
 // window, every output j whose window holds (r, j s - pad + q), vectorised over j. Each output
@@ -110,8 +108,8 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
   int64_t* ip = idx.data<int64_t>();
   std::vector<std::pair<int64_t, int64_t>> cols(static_cast<size_t>(kernel));
   for (int64_t q = 0; q < kernel; ++q) {
-    const int64_t j0 = std::min(first_at_least(pad - q, stride), ow);
-    cols[static_cast<size_t>(q)] = {j0, std::max(std::min(first_at_least(w + pad - q, stride), ow), j0)};
+    const int64_t j0 = std::min(cpu::first_at_least(pad - q, stride), ow);
+    cols[static_cast<size_t>(q)] = {j0, std::max(std::min(cpu::first_at_least(w + pad - q, stride), ow), j0)};
   }
   const auto* cp = cols.data();
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
