@@ -106,7 +106,9 @@ float widen_element(const void* p, DType t, int64_t i) {
 // under another load would otherwise change the bytes in use at the product's moment, and the
 // planner's measurement of a unit would not be the step's (tests/test_precision.cpp saw 139 KB,
 // 2.5% of the tiny GPT's bf16 peak, move with the machine's load). A serial product, which has
-// nothing to overlap, takes tensors as it goes.
+// nothing to overlap, takes tensors as it goes. sum_outer_products' panels (outer_block) come from
+// the same kind of room, float32 or not: they were thread_local vectors, up to 0.4 MB a thread
+// for a convolution's dW chains that no statistic saw.
 struct Scratch {
   float* base = nullptr;
   int64_t size = 0, used = 0;
@@ -419,20 +421,22 @@ void outer_edge(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t l
 // Rows [0, rows) of C over columns [0, cols): full tiles, then the edges. The rows' `a` values are
 // copied first, a chunk of kChunkRows rows at a time, into a contiguous (n x kTileRows) panel per
 // tile row: read in place they sit lda floats apart, a stride (2 KiB for 512 outputs) that maps a
-// tile's samples onto a few L1 sets, and the loads then miss.
+// tile's samples onto a few L1 sets, and the loads then miss. `panel` has room for
+// panel_floats(n, rows): the caller's, from a SlotRoom, so the CPU allocator counts it (Note [half
+// scratch]).
 constexpr int64_t kChunkRows = 16 * kTileRows;
 
+int64_t panel_floats(int64_t n, int64_t rows) { return std::max<int64_t>(n, 1) * std::min(kChunkRows, rows); }
+
 void outer_block(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t lda, const float* b, int64_t ldb,
-                 float* c, int64_t ldc, bool accumulate) {
-  thread_local std::vector<float> panel;
+                 float* c, int64_t ldc, bool accumulate, float* panel) {
   const int64_t full_cols = cols / kTileCols * kTileCols;
   for (int64_t r0 = 0; r0 < rows; r0 += kChunkRows) {
     const int64_t chunk = std::min(kChunkRows, rows - r0);
-    panel.resize(static_cast<size_t>(n * chunk));
     // Panel t holds rows [r0 + t kTileRows, ...) as (n x width), width = kTileRows but the last.
     for (int64_t t0 = 0; t0 < chunk; t0 += kTileRows) {
       const int64_t width = std::min(kTileRows, chunk - t0);
-      float* dst = panel.data() + t0 * n;
+      float* dst = panel + t0 * n;
       for (int64_t s = 0; s < n; ++s) {
         for (int64_t r = 0; r < width; ++r) dst[s * width + r] = a[s * lda + r0 + t0 + r];
       }
@@ -440,7 +444,7 @@ void outer_block(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t 
     for (int64_t j = 0; j < full_cols; j += kTileCols) {
       for (int64_t t0 = 0; t0 < chunk; t0 += kTileRows) {
         const int64_t width = std::min(kTileRows, chunk - t0);
-        const float* pa = panel.data() + t0 * n;
+        const float* pa = panel + t0 * n;
         float* pc = c + (r0 + t0) * ldc + j;
         if (width == kTileRows) {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -470,8 +474,11 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t
   if (m == 0 || k == 0) return;
   // Pieces: row bands of C, sized by the work (the samples stream once per band and tile column).
   const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
-  parallel_for(m, band, [&](int64_t r0, int64_t r1) {
-    outer_block(n, r1 - r0, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+  const int64_t bands = (m + band - 1) / band;
+  const SlotRoom room(bands, panel_floats(n, band));
+  parallel_pieces(bands, [&](int64_t piece, int slot) {
+    const int64_t r0 = piece * band, r1 = std::min(r0 + band, m);
+    outer_block(n, r1 - r0, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, accumulate, room.at(slot).base);
   });
 }
 
@@ -487,7 +494,7 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const void* a, DType a_
   // element is still one chain of multiply-adds in sample order (Note [sums in sample order]).
   const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
   const int64_t bands = (m + band - 1) / band;
-  const SlotRoom room(bands, kHalfSamples * (band + k));  // Note [half scratch]
+  const SlotRoom room(bands, kHalfSamples * (band + k) + panel_floats(kHalfSamples, band));  // Note [half scratch]
   parallel_pieces(bands, [&](int64_t piece, int slot) {
     const int64_t r0 = piece * band, r1 = std::min(r0 + band, m);
     Scratch scratch = room.at(slot);
@@ -496,7 +503,8 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const void* a, DType a_
       Blocks blocks(&scratch);
       const float* pa = blocks.widen(at(a, a_type, s0 * lda + r0), a_type, samples, r1 - r0, lda);
       const float* pb = blocks.widen(at(b, b_type, s0 * ldb), b_type, samples, k, ldb);
-      outer_block(samples, r1 - r0, k, pa, r1 - r0, pb, k, c + r0 * ldc, ldc, accumulate || s0 > 0);
+      float* panel = blocks.take(panel_floats(samples, r1 - r0));
+      outer_block(samples, r1 - r0, k, pa, r1 - r0, pb, k, c + r0 * ldc, ldc, accumulate || s0 > 0, panel);
     }
   });
 }
