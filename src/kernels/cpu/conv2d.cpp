@@ -197,6 +197,10 @@ constexpr int64_t kMinDwSpread = 4;
 //   VGG16/8 32 x 32, batch 64:    36.9 ms 45 MiB, 35.8 ms 45 MiB, 35.1 ms 38 MiB, 37.7 ms 39 MiB
 //   VGG16 32 x 32, batch 32:       718 ms,         655 ms,         653 ms,         668 ms (1591 MiB)
 // At 64 pixels the pairs' rows cost more to lay out (im2row goes tap by tap) than the GEMMs lose.
+// A limit that also asks for at least 2^16 weights above 4 pixels (2026-11-29, units' backward ms,
+// alternating runs) gave ResNet-50/8's 4 x 4 stage (32 channels, 9k weights) back to the GEMMs:
+// 8.1 -> 7.4 and 10.2 -> 7.1 ms; but VGG16/8's 4 x 4 layers (64 channels, 37k weights) lost, 2.8
+// -> 5.4 and 3.0 -> 6.4 ms each. Not worth a second constant tuned between two models: left out.
 // Before the chains (kMaxGemmDwPixels alone), 0 (oneDNN everywhere), 16, 64 and 256 pixels gave
 // ResNet-18 32 x 32 598, 192, 197, 280 ms; 64 x 64 420, 285, 224, 262 ms; VGG16/8 59.6, 39.0,
 // 38.9, 47.4 ms; VGG16 950, 733, 690, 699 ms.
@@ -223,9 +227,8 @@ int64_t dw_partial_images(int64_t wsize) {
   return std::max(kMinDwPartials, kDwPartialBytes / std::max<int64_t>(wsize * static_cast<int64_t>(sizeof(float)), 1));
 }
 
-// Whether the layer runs as small images: dW in chains of (image, pixel) pairs (Note [dW of small
-// images]), forward and dx as products over the batch (Note [small images as products over the
-// batch]).
+// Whether dW comes from chains of (image, pixel) pairs (Note [dW of small images]). (Forward and
+// dx take products over the batch on fewer pixels still: small_products.)
 bool small_images(const ConvGeom& g) { return g.ohw() <= kMaxChainPixels; }
 
 // Whether oneDNN makes dW (Note [dW of small images]).
