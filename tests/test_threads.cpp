@@ -210,6 +210,22 @@ TEST_CASE("a sample's results do not depend on the batch it is in: linear, conv2
   }
 }
 
+// Note [half scratch] in kernels/cpu/gemm.cpp: a product whose rows are samples runs an odd
+// batch's last rows as a padded group of 4, copies the CPU allocator must count.
+TEST_CASE("an odd batch's padded group of rows is counted by the allocator, each thread's once") {
+  const Device cpu = Device::cpu();
+  const int64_t k = 4096, out = 96;
+  const Tensor x = rand_tensor({3, k}, 211), w = rand_tensor({out, k}, 212);
+  Tensor y = Tensor::empty({3, out}), none;
+  const size_t before = memory_stats(cpu).in_use;
+  reset_peak_memory_stats(cpu);
+  linear_forward<Cpu>(y, x, w, none);
+  const size_t extra = memory_stats(cpu).peak_in_use - before;
+  CHECK(extra >= 4 * k * sizeof(float));  // at least one group's rows of A
+  CHECK(extra <= static_cast<size_t>(num_threads() * 4 * (k + out)) * sizeof(float) + 1024);
+  CHECK(memory_stats(cpu).in_use == before);
+}
+
 TEST_CASE("set_num_threads: a count below 1 is an error") {
   ThreadCount restore;
   CHECK_THROWS_WITH_AS(set_num_threads(0), doctest::Contains("expected a count in [1, 4096], got 0"), Error);

@@ -106,9 +106,9 @@ float widen_element(const void* p, DType t, int64_t i) {
 // under another load would otherwise change the bytes in use at the product's moment, and the
 // planner's measurement of a unit would not be the step's (tests/test_precision.cpp saw 139 KB,
 // 2.5% of the tiny GPT's bf16 peak, move with the machine's load). A serial product, which has
-// nothing to overlap, takes tensors as it goes. sum_outer_products' panels (outer_block) come from
-// the same kind of room, float32 or not: they were thread_local vectors, up to 0.4 MB a thread
-// for a convolution's dW chains that no statistic saw.
+// nothing to overlap, takes tensors as it goes. sum_outer_products' panels (outer_block) and the
+// padded group of a sample_rows product's last rows (padded_rows) come from the same kind of room,
+// float32 or not: they were vectors no statistic saw, up to 0.4 MB a thread each.
 struct Scratch {
   float* base = nullptr;
   int64_t size = 0, used = 0;
@@ -250,33 +250,43 @@ namespace {
 // kRowGroup (Eigen's register block in rows of C: rows past the last full group take other paths).
 constexpr int64_t kNominalRows = 32, kColumnAlign = 48, kRowBlock = 256, kRowGroup = 4;
 
-// The last rows of C (fewer than kRowGroup) as the first rows of a full group, the rest zero.
-void padded_rows(const GemmArgs& g) {
-  std::vector<float> a(static_cast<size_t>(kRowGroup * g.k), 0.0f), c(static_cast<size_t>(kRowGroup * g.n), 0.0f);
+// The floats padded_rows takes from its piece's room: a group's rows of A and of C.
+int64_t padded_floats(int64_t k, int64_t cols) { return kRowGroup * (k + cols); }
+
+// The last rows of C (fewer than kRowGroup) as the first rows of a full group, the rest zero; the
+// group's copies from `scratch` (padded_floats(k, n) free there), so the allocator counts them (a
+// Linear(25088, 4096) on an odd batch held 0.4 MB a thread no statistic saw).
+void padded_rows(const GemmArgs& g, Scratch* scratch) {
+  Blocks blocks(scratch);
+  float* a = blocks.take(kRowGroup * g.k);
+  float* c = blocks.take(kRowGroup * g.n);
+  std::fill(a, a + kRowGroup * g.k, 0.0f);
+  std::fill(c, c + kRowGroup * g.n, 0.0f);
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t j = 0; j < g.k; ++j) a[i * g.k + j] = widen_element(g.a, g.a_type, g.trans_a ? j * g.lda + i : i * g.lda + j);
-    if (g.c_init) std::copy(g.c_init, g.c_init + g.n, c.begin() + i * g.n);
-    else if (g.accumulate) widen_span(c.data() + i * g.n, at(g.c, g.c_type, i * g.ldc), g.c_type, g.n);
+    if (g.c_init) std::copy(g.c_init, g.c_init + g.n, c + i * g.n);
+    else if (g.accumulate) widen_span(c + i * g.n, at(g.c, g.c_type, i * g.ldc), g.c_type, g.n);
   }
   GemmArgs group = g;
   group.trans_a = false;
   group.m = kRowGroup;
-  group.a = a.data();
+  group.a = a;
   group.lda = g.k;
   group.a_type = DType::f32;
-  group.c = c.data();
+  group.c = c;
   group.ldc = g.n;
   group.c_type = DType::f32;
   group.c_init = nullptr;
   group.accumulate = g.accumulate || g.c_init != nullptr;
   gemm_serial(group);
-  for (int64_t i = 0; i < g.m; ++i) narrow_span(at(g.c, g.c_type, i * g.ldc), g.c_type, c.data() + i * g.n, g.n);
+  for (int64_t i = 0; i < g.m; ++i) narrow_span(at(g.c, g.c_type, i * g.ldc), g.c_type, c + i * g.n, g.n);
 }
 
 void gemm_sample_rows(const GemmArgs& g) {
   const int64_t width = piece_length(g.n, kNominalRows * g.n * std::max<int64_t>(g.k, 1), kColumnAlign);
   const int64_t col_pieces = (g.n + width - 1) / width, row_pieces = (g.m + kRowBlock - 1) / kRowBlock;
-  const SlotRoom room(col_pieces * row_pieces, half_block_floats(g, std::min(kRowBlock, g.m), width));  // Note [half scratch]
+  const int64_t padded = g.m % kRowGroup != 0 ? padded_floats(g.k, width) : 0;  // the last block's odd rows
+  const SlotRoom room(col_pieces * row_pieces, half_block_floats(g, std::min(kRowBlock, g.m), width) + padded);  // Note [half scratch]
   parallel_pieces(col_pieces * row_pieces, [&](int64_t piece, int slot) {
     Scratch scratch = room.at(slot);
     const int64_t r0 = piece / col_pieces * kRowBlock, c0 = piece % col_pieces * width;
@@ -294,7 +304,7 @@ void gemm_sample_rows(const GemmArgs& g) {
     rest.a = at(p.a, g.a_type, g.trans_a ? p.m : p.m * g.lda);
     rest.c = at(p.c, g.c_type, p.m * g.ldc);
     if (rest.k == 0) return gemm_serial(rest);
-    padded_rows(rest);
+    padded_rows(rest, &scratch);
   });
 }
 
