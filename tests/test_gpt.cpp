@@ -248,15 +248,15 @@ TEST_CASE("linear_cross_entropy equals linear + cross_entropy without holding th
   CHECK(eight.loss.item() == doctest::Approx(plain.loss.item()).epsilon(1e-6));
   CHECK(test::rel_err(eight.dw, plain.dw) < 1e-6);
   // Memory: linear + cross_entropy hold the logits and the probabilities at once (2 N V floats);
-  // eight-row chunks hold 2 x 8 V beside dw and dx, and each thread's panel of dw's chains (8 rows
-  // of 96 floats: Note [half scratch] in kernels/cpu/gemm.cpp). One chunk holds 2 N V and dw in
-  // backward, more than linear + cross_entropy: hence the default of at least four chunks.
+  // eight-row chunks hold 2 x 8 V beside dw and dx, and the panel of dw's chains (one piece here:
+  // 8 rows of 96 floats, Note [half scratch] in kernels/cpu/gemm.cpp). One chunk holds 2 N V and dw
+  // in backward, more than linear + cross_entropy: hence the default of at least four chunks.
   const size_t logits = static_cast<size_t>(n * v) * sizeof(float);
   MESSAGE("peak above the start: linear + cross_entropy " << plain.peak << " bytes, one chunk " << one.peak
                                                           << ", chunks of 8 rows " << eight.peak);
   CHECK(plain.peak >= 2 * logits);
-  const size_t panels = static_cast<size_t>(num_threads()) * 8 * 96 * sizeof(float);
-  CHECK(eight.peak <= static_cast<size_t>(v * k + n * k + 2 * 8 * v) * sizeof(float) + panels + 64);
+  const size_t panel = 8 * 96 * sizeof(float);
+  CHECK(eight.peak <= static_cast<size_t>(v * k + n * k + 2 * 8 * v) * sizeof(float) + panel + 64);
   CHECK(eight.peak + logits <= plain.peak);
   // Under bf16 autocast: the fused head's logits stay float32 on the CPU, linear's are rounded to
   // bf16, so they agree to bf16's rounding.

@@ -226,6 +226,20 @@ TEST_CASE("an odd batch's padded group of rows is counted by the allocator, each
   CHECK(memory_stats(cpu).in_use == before);
 }
 
+// Note [sums in sample order] in kernels/cpu/gemm.h: a weight gradient over more samples than one
+// panel holds (kPanelSamples, 4096) runs them in chunks that continue the same chains.
+TEST_CASE("a weight gradient over 9000 samples has the bits of its parts accumulated in order") {
+  const int64_t n = 9000, in = 16, out = 24;
+  const Tensor x = rand_tensor({n, in}, 213), w = rand_tensor({out, in}, 214), dy = rand_tensor({n, out}, 215);
+  Tensor dw = Tensor::empty(w.shape()), none;
+  linear_backward<Cpu>(none, dw, none, dy, x, w, false);
+  Tensor parts = Tensor::empty(w.shape());
+  linear_backward<Cpu>(none, parts, none, rows(dy, 0, 3000), rows(x, 0, 3000), w, false);
+  linear_backward<Cpu>(none, parts, none, rows(dy, 3000, n), rows(x, 3000, n), w, true);
+  CHECK(bit_equal(parts, dw));
+  CHECK(rel_err(dw, matmul(permute(dy, {1, 0}), x)) < 1e-5);
+}
+
 TEST_CASE("set_num_threads: a count below 1 is an error") {
   ThreadCount restore;
   CHECK_THROWS_WITH_AS(set_num_threads(0), doctest::Contains("expected a count in [1, 4096], got 0"), Error);

@@ -117,13 +117,19 @@ struct Scratch {
 // Room for every slot of a parallel part of `pieces` pieces, `per_slot` floats each.
 class SlotRoom {
  public:
-  SlotRoom(int64_t pieces, int64_t per_slot) : per_(per_slot) {
-    if (per_slot > 0) room_ = Tensor::empty({parallel_slots(pieces) * per_slot}, TensorOptions{DType::f32, Device::cpu()});
+  SlotRoom(int64_t pieces, int64_t per_slot) : per_(per_slot), slots_(parallel_slots(pieces)) {
+    if (per_slot > 0) room_ = Tensor::empty({slots_ * per_slot}, TensorOptions{DType::f32, Device::cpu()});
   }
-  Scratch at(int slot) const { return room_.defined() ? Scratch{room_.data<float>() + slot * per_, per_, 0} : Scratch{}; }
+  // (A slot past those counted here would mean the thread count changed between the room and its
+  // parallel part.)
+  Scratch at(int slot) const {
+    MG_CHECK(slot < slots_, "gemm: slot " << slot << " of a room made for " << slots_
+                                          << " (the thread count changed during a product)");
+    return room_.defined() ? Scratch{room_.data<float>() + slot * per_, per_, 0} : Scratch{};
+  }
 
  private:
-  int64_t per_;
+  int64_t per_, slots_;
   Tensor room_;
 };
 
@@ -139,7 +145,7 @@ class Blocks {
   Blocks& operator=(const Blocks&) = delete;
   float* take(int64_t n) {
     if (s_ == nullptr) return own_.emplace_back(Tensor::empty({n}, TensorOptions{DType::f32, Device::cpu()})).data<float>();
-    MG_CHECK(s_->used + n <= s_->size, "gemm: a half operand's block of " << n << " floats overflows its piece's room ("
+    MG_CHECK(s_->used + n <= s_->size, "gemm: a block of " << n << " floats overflows its piece's room ("
                                                                          << s_->size - s_->used << " left)");
     float* p = s_->base + s_->used;
     s_->used += n;
@@ -283,9 +289,10 @@ void padded_rows(const GemmArgs& g, Scratch* scratch) {
 }
 
 void gemm_sample_rows(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0) return;  // no pieces (and no room for them)
   const int64_t width = piece_length(g.n, kNominalRows * g.n * std::max<int64_t>(g.k, 1), kColumnAlign);
   const int64_t col_pieces = (g.n + width - 1) / width, row_pieces = (g.m + kRowBlock - 1) / kRowBlock;
-  const int64_t padded = g.m % kRowGroup != 0 ? padded_floats(g.k, width) : 0;  // the last block's odd rows
+  const int64_t padded = g.m % kRowGroup != 0 && g.k > 0 ? padded_floats(g.k, width) : 0;  // the last block's odd rows
   const SlotRoom room(col_pieces * row_pieces, half_block_floats(g, std::min(kRowBlock, g.m), width) + padded);  // Note [half scratch]
   parallel_pieces(col_pieces * row_pieces, [&](int64_t piece, int slot) {
     Scratch scratch = room.at(slot);
@@ -438,6 +445,11 @@ constexpr int64_t kChunkRows = 16 * kTileRows;
 
 int64_t panel_floats(int64_t n, int64_t rows) { return std::max<int64_t>(n, 1) * std::min(kChunkRows, rows); }
 
+// Samples per call of outer_block in the float32 sum_outer_products: a panel of at most 4096 x 96
+// floats (1.5 MiB) a thread, where a dW over 16,384 tokens would take 6 MiB; each chunk after the
+// first passes over C once more.
+constexpr int64_t kPanelSamples = 4096;
+
 void outer_block(int64_t n, int64_t rows, int64_t cols, const float* a, int64_t lda, const float* b, int64_t ldb,
                  float* c, int64_t ldc, bool accumulate, float* panel) {
   const int64_t full_cols = cols / kTileCols * kTileCols;
@@ -485,10 +497,16 @@ void sum_outer_products(int64_t n, int64_t m, int64_t k, const float* a, int64_t
   // Pieces: row bands of C, sized by the work (the samples stream once per band and tile column).
   const int64_t band = piece_length(m, m * k * std::max<int64_t>(n, 1), kTileRows);
   const int64_t bands = (m + band - 1) / band;
-  const SlotRoom room(bands, panel_floats(n, band));
+  const SlotRoom room(bands, panel_floats(std::min(n, kPanelSamples), band));
   parallel_pieces(bands, [&](int64_t piece, int slot) {
     const int64_t r0 = piece * band, r1 = std::min(r0 + band, m);
-    outer_block(n, r1 - r0, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, accumulate, room.at(slot).base);
+    float* panel = room.at(slot).base;
+    // The samples in chunks, each continuing the chains from C (a float stored and loaded back: the
+    // same bits as one pass), so the panel stays at most kPanelSamples rows.
+    for (int64_t s0 = 0; s0 < std::max<int64_t>(n, 1); s0 += kPanelSamples) {
+      outer_block(std::min(kPanelSamples, n - s0), r1 - r0, k, a + s0 * lda + r0, lda, b + s0 * ldb, ldb, c + r0 * ldc,
+                  ldc, accumulate || s0 > 0, panel);
+    }
   });
 }
 
