@@ -118,6 +118,12 @@ std::vector<OpCase> conv2d_cases() {
       // the harness spaces apart); test_layout checks conv2d_relu against relu(conv2d) bit for bit.
       {{{.shape = {1, 2, 7, 6}}, {.shape = {3, 2, 2, 3}}, {.shape = {3}}}, relu_stride2},
       {{{.shape = {2, 7, 5, 3}}, {.shape = {4, 3, 2, 3}}, {.kind = TestInput::none, .shape = {}}}, relu_last_stride2},
+      // At most 4 output pixels an image: products over the batch (Note [small images as products
+      // over the batch] in kernels/cpu/conv2d.cpp), 2 x 2 and 2 x 1 under a 3 x 2 kernel. (Last:
+      // a case's inputs follow from its index, and the ReLU cases' were chosen away from the kink.)
+      {{{.shape = {2, 3, 2, 2}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, pad1},
+      {{{.shape = {2, 3, 3, 1}}, {.shape = {4, 3, 3, 2}}, {.kind = TestInput::none, .shape = {}}}, stride2_pad1},
+      {{{.shape = {2, 2, 2, 3}}, {.shape = {4, 3, 3, 3}}, {.shape = {4}}}, last_pad1},
   };
 }
 
