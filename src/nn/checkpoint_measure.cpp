@@ -57,12 +57,12 @@ void wake_workers(Device d) {
 // The model's state that a measured pass changes, kept in host memory and put back by restore()
 // or, failing that, when the guard goes: the gradient buffers (backward adds into them), the
 // buffers (a BatchNorm's forward in training updates its running statistics) and the generators
-// dropout draws from (the default one and any a Dropout was given). Measurement runs with zeroed gradient buffers, as a training
-// step does (zero_grads): the existing ones, zeroed in place after their values are kept in host
-// memory (a second set on the device would be counted in the peak, and could pass a memory cap
-// the step itself fits), or new ones where there were none. However the pass ends the model is
-// left as it was: an out-of-memory error while measuring (under a memory cap, the joint planner
-// measures until a micro-batch no longer fits) is one way.
+// dropout draws from (the default one and any a Dropout was given). Measurement runs with zeroed
+// gradient buffers, as a training step does (zero_grads): the existing ones, zeroed in place after
+// their values are kept in host memory (a second set on the device would be counted in the peak,
+// and could pass a memory cap the step itself fits), or new ones where there were none. However
+// the pass ends the model is left as it was: an out-of-memory error while measuring (under a
+// memory cap, the joint planner measures until a micro-batch no longer fits) is one way.
 class ModelStateGuard {
  public:
   ModelStateGuard(Sequential& seq, std::vector<Tensor> params)

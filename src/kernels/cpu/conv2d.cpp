@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "core/parallel.h"
@@ -70,8 +71,7 @@ ConvGeom geometry(const Tensor& x, const Tensor& w, int64_t oh, int64_t ow, int 
 
 // Output columns j in [j0, j1) read input column j s - pad + q inside [0, W); the rest is padding.
 void valid_cols(const ConvGeom& g, int64_t q, int64_t& j0, int64_t& j1) {
-  j0 = std::min(cpu::first_at_least(g.pad - q, g.stride), g.ow);
-  j1 = std::max(std::min(cpu::first_at_least(g.w + g.pad - q, g.stride), g.ow), j0);
+  std::tie(j0, j1) = cpu::window_outputs(q, g.pad, g.stride, g.w, g.ow);
 }
 
 // Output rows [i0, i1) of channels [c0, c1) of one image x: (C, H, W) as columns:
@@ -322,6 +322,7 @@ void dw_chains(Tensor& dw, const Tensor& dy, const Tensor& x, const ConvGeom& g,
 // kernels win. VGG16/8 and ResNet-50/8 (32 and 64 pixels) and VGG16 (32) were within the noise.
 
 constexpr int64_t kMaxProductPixels = 4;
+static_assert(kMaxProductPixels <= kMaxChainPixels, "small products take dW from the chains");
 bool small_products(const ConvGeom& g) { return g.ohw() <= kMaxProductPixels; }
 
 // The output pixels that see the same taps (p KW + q in order), in order of their first pixel.
@@ -371,15 +372,16 @@ int64_t tap_input(const ConvGeom& g, int64_t pixel, int64_t tap) {
 }
 
 // Runs body(group, C |S|, W_S, n0, count, scratch) over each group and round of images (rounds of
-// at most kChainBytes of scratch, at least one image): per_row(C |S|) floats of scratch for each of
-// the round's (image, pixel) rows.
-template <typename R, typename F> void over_tap_groups(const Tensor& w, const ConvGeom& g, R per_row, F&& body) {
+// at most kChainBytes of scratch, at least one image): C |S| + O floats of scratch for each of the
+// round's (image, pixel) rows (a patch and an output, or an output gradient and a patch's).
+template <typename F> void over_tap_groups(const Tensor& w, const ConvGeom& g, F&& body) {
   for (const TapGroup& grp : tap_groups(g)) {
     const int64_t ks = g.c * static_cast<int64_t>(grp.taps.size()), np = static_cast<int64_t>(grp.pixels.size());
     const Tensor packed = ks < g.ckk() ? pack_taps(w, g, grp.taps) : Tensor();
     const float* ws = packed.defined() ? packed.data<float>() : w.data<float>();
-    const int64_t round = std::clamp<int64_t>(kChainBytes / std::max<int64_t>(np * per_row(ks) * 4, 1), 1, g.n);
-    Tensor scratch = Tensor::empty({round * np * per_row(ks)});
+    const int64_t per_row = ks + g.o;
+    const int64_t round = std::clamp<int64_t>(kChainBytes / std::max<int64_t>(np * per_row * 4, 1), 1, g.n);
+    Tensor scratch = Tensor::empty({round * np * per_row});
     for (int64_t n0 = 0; n0 < g.n; n0 += round) body(grp, ks, ws, n0, std::min(round, g.n - n0), scratch.data<float>());
   }
 }
@@ -389,8 +391,7 @@ void small_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
   const float* xp = x.data<float>();
   const float* bp = b.defined() ? b.data<float>() : nullptr;
   float* yp = y.data<float>();
-  auto per_row = [&](int64_t ks) { return ks + g.o; };  // the patch, then the output
-  over_tap_groups(w, g, per_row, [&](const TapGroup& grp, int64_t ks, const float* ws, int64_t n0, int64_t count,
+  over_tap_groups(w, g, [&](const TapGroup& grp, int64_t ks, const float* ws, int64_t n0, int64_t count,
                                      float* scratch) {
     const int64_t np = static_cast<int64_t>(grp.pixels.size()), ts = static_cast<int64_t>(grp.taps.size());
     float* patch = scratch;
@@ -427,8 +428,7 @@ void small_backward_data(Tensor& dx, const Tensor& dy, const Tensor& w, const Co
   const float* dyp = dy.data<float>();
   float* dxp = dx.data<float>();
   dx.zero_();
-  auto per_row = [&](int64_t ks) { return ks + g.o; };  // the output gradient, then the patch's gradient
-  over_tap_groups(w, g, per_row, [&](const TapGroup& grp, int64_t ks, const float* ws, int64_t n0, int64_t count,
+  over_tap_groups(w, g, [&](const TapGroup& grp, int64_t ks, const float* ws, int64_t n0, int64_t count,
                                      float* scratch) {
     const int64_t np = static_cast<int64_t>(grp.pixels.size()), ts = static_cast<int64_t>(grp.taps.size());
     float* grad = scratch;
@@ -538,14 +538,17 @@ void backward_f32(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Te
   }
   if (g.n == 0 && dw.defined() && !accumulate) dw.zero_();
   if (g.n == 0 || (!dx.defined() && !dw.defined())) return;
+  if (small_products(g)) {  // Note [small images as products over the batch]; dW in chains
+    if (dw.defined()) dw_chains(dw, dy, x, g, accumulate);
+    if (dx.defined()) small_backward_data(dx, dy, w, g);
+    return;
+  }
   if (dw.defined() && small_images(g)) {  // Note [dW of small images]; then dx alone
     dw_chains(dw, dy, x, g, accumulate);
     if (!dx.defined()) return;
-    if (small_products(g)) return small_backward_data(dx, dy, w, g);
     Tensor no_dw, no_db;
     return backward_f32(dx, no_dw, no_db, dy, x, w, stride, pad, accumulate);
   }
-  if (dx.defined() && !dw.defined() && small_products(g)) return small_backward_data(dx, dy, w, g);
 
   // oneDNN (kernels/cpu/conv2d_onednn.h) does one image per call: dW pieces are one per image.
   const cpu::onednn::Conv* onednn = g.onednn() ? &cpu::onednn::Conv::get(g.onednn_shape(false)) : nullptr;

@@ -107,10 +107,7 @@ void max_pool2d_forward<Cpu>(Tensor& y, Tensor& idx, const Tensor& x, int kernel
   float* yp = y.data<float>();
   int64_t* ip = idx.data<int64_t>();
   std::vector<std::pair<int64_t, int64_t>> cols(static_cast<size_t>(kernel));
-  for (int64_t q = 0; q < kernel; ++q) {
-    const int64_t j0 = std::min(cpu::first_at_least(pad - q, stride), ow);
-    cols[static_cast<size_t>(q)] = {j0, std::max(std::min(cpu::first_at_least(w + pad - q, stride), ow), j0)};
-  }
+  for (int64_t q = 0; q < kernel; ++q) cols[static_cast<size_t>(q)] = cpu::window_outputs(q, pad, stride, w, ow);
   const auto* cp = cols.data();
   cpu::parallel_for(planes, cpu::items_per_piece(h * w), [&](int64_t pl0, int64_t pl1) {
     for (int64_t pl = pl0; pl < pl1; ++pl) {
