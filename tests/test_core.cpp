@@ -1,5 +1,6 @@
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 #include "helpers.h"
 #include "kernels/elementwise.h"
@@ -144,6 +145,43 @@ TEST_CASE("philox is a pure function of seed and counter") {
   Generator g(3);
   CHECK(g.advance(5) == 0);
   CHECK(g.advance(1) == 8);  // rounded to whole blocks of 4
+}
+
+TEST_CASE("philox_uniforms, uniform and randn give each element's own draws, whatever the start and the pieces") {
+  // One Philox block serves four draws: starts at every word of a block, lengths that end inside one.
+  for (uint64_t first : {0, 1, 2, 3, 4, 6, 4097}) {
+    for (int64_t n : {0, 1, 2, 3, 4, 5, 7, 9, 33}) {
+      std::vector<int64_t> order;
+      philox_uniforms(7, first, n, [&](int64_t k, float u) {
+        order.push_back(k);
+        CHECK(u == philox_uniform(7, first + static_cast<uint64_t>(k)));
+      });
+      REQUIRE(static_cast<int64_t>(order.size()) == n);
+      for (int64_t k = 0; k < n; ++k) CHECK(order[static_cast<size_t>(k)] == k);
+    }
+  }
+  // The tensors' definitions (minigrad/core/rng.h): element i of uniform is draw off + i, of randn
+  // Box-Muller on draws off + 2i and off + 2i + 1; at 1 and 2 threads, over pieces of 2^14.
+  const int64_t n = (int64_t{1} << 15) + 5;
+  const int saved = num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    Generator gen(11);
+    gen.advance(4);  // a stream not at its start
+    const Tensor u = Tensor::uniform({n}, 0.0f, 1.0f, gen);  // lo + (hi - lo) u = u, however contracted
+    const Tensor z = Tensor::randn({n}, gen);
+    const uint64_t off_u = 4, off_z = off_u + static_cast<uint64_t>(n + 3) / 4 * 4;
+    int64_t bad_u = 0, bad_z = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      bad_u += u.data<float>()[i] != philox_uniform(11, off_u + static_cast<uint64_t>(i));
+      const uint64_t k = off_z + 2 * static_cast<uint64_t>(i);
+      const double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(philox_uniform(11, k))));
+      bad_z += z.data<float>()[i] != static_cast<float>(r * std::cos(2.0 * std::numbers::pi * philox_uniform(11, k + 1)));
+    }
+    CHECK(bad_u == 0);
+    CHECK(bad_z == 0);
+  }
+  set_num_threads(saved);
 }
 
 TEST_CASE("backward accumulates into grad and frees saved tensors") {

@@ -92,16 +92,14 @@ Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shap
 
 namespace {
 
-// A float32 tensor of `shape` whose element i is draw(i), made on the host in parallel pieces and
-// then moved to opts' device. Each element's draws are counter-based (philox at its own offset),
-// so the bits do not depend on the thread count.
-template <class Draw> Tensor drawn(const Shape& shape, const TensorOptions& opts, const char* what, Draw&& draw) {
+// A float32 tensor of `shape` whose elements [i0, i1) fill(p, i0, i1) writes, made on the host in
+// parallel pieces and then moved to opts' device. Each element's draws are counter-based (philox
+// at its own offset), so the bits do not depend on the thread count or the pieces.
+template <class Fill> Tensor drawn(const Shape& shape, const TensorOptions& opts, const char* what, Fill&& fill) {
   MG_CHECK(opts.dtype == DType::f32, what << ": random values are float32, got dtype " << dtype_name(opts.dtype));
   Tensor host = Tensor::empty(shape, opts.with_device(Device::cpu()).with_requires_grad(false));
   float* p = host.data<float>();
-  cpu::parallel_for(host.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) p[i] = draw(i);
-  });
+  cpu::parallel_for(host.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) { fill(p, i0, i1); });
   Tensor t = opts.device.is_cpu() ? host : host.to(opts.device);
   t.requires_grad_(opts.requires_grad);
   return t;
@@ -111,19 +109,25 @@ template <class Draw> Tensor drawn(const Shape& shape, const TensorOptions& opts
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, const TensorOptions& opts) {
   const uint64_t off = gen.advance(2 * static_cast<uint64_t>(shape_numel(shape))), seed = gen.seed();
-  return drawn(shape, opts, "randn", [&](int64_t i) {  // Box-Muller on two uniforms
-    const uint64_t k = off + 2 * static_cast<uint64_t>(i);
-    const float u1 = philox_uniform(seed, k), u2 = philox_uniform(seed, k + 1);
-    const double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(u1)));
-    return static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
+  return drawn(shape, opts, "randn", [&](float* p, int64_t i0, int64_t i1) {
+    // Box-Muller on two uniforms: element i takes draws off + 2i and off + 2i + 1.
+    float u1 = 0;
+    philox_uniforms(seed, off + 2 * static_cast<uint64_t>(i0), 2 * (i1 - i0), [&](int64_t k, float u) {
+      if (k % 2 == 0) {
+        u1 = u;
+        return;
+      }
+      const double r = std::sqrt(-2.0 * std::log(1.0 - static_cast<double>(u1)));
+      p[i0 + k / 2] = static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u));
+    });
   });
 }
 
 Tensor Tensor::uniform(const Shape& shape, float lo, float hi, Generator& gen,
                        const TensorOptions& opts) {
   const uint64_t off = gen.advance(static_cast<uint64_t>(shape_numel(shape))), seed = gen.seed();
-  return drawn(shape, opts, "uniform", [&](int64_t i) {
-    return lo + (hi - lo) * philox_uniform(seed, off + static_cast<uint64_t>(i));
+  return drawn(shape, opts, "uniform", [&](float* p, int64_t i0, int64_t i1) {
+    philox_uniforms(seed, off + static_cast<uint64_t>(i0), i1 - i0, [&](int64_t k, float u) { p[i0 + k] = lo + (hi - lo) * u; });
   });
 }
 

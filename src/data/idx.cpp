@@ -411,12 +411,14 @@ IdxDataset make_synthetic(int64_t n, uint64_t seed, Normalization norm) {
     const int sx = static_cast<int>(u(1) * 5) - 2, sy = static_cast<int>(u(2) * 5) - 2;
     const float ink = 0.6f + 0.4f * u(3);
     labels[i] = k;
+    float noise[kSide * kSide];  // draws 4 .. 787, a Philox block per four
+    philox_uniforms(key, base + 4, kSide * kSide, [&](int64_t j, float d) { noise[j] = d; });
     uint8_t* dst = px.data() + i * kSide * kSide;
     for (int y = 0; y < kSide; ++y)
       for (int x = 0; x < kSide; ++x) {
         const int ox = x - sx, oy = y - sy;
         float v = (ox >= 0 && ox < kSide && oy >= 0 && oy < kSide) ? protos[k][oy * kSide + ox] * ink : 0.0f;
-        v += 0.35f * (u(4 + y * kSide + x) - 0.5f);
+        v += 0.35f * (noise[y * kSide + x] - 0.5f);
         dst[y * kSide + x] = static_cast<uint8_t>(std::lround(std::clamp(v, 0.0f, 1.0f) * 255.0f));
       }
   }

@@ -47,9 +47,19 @@ MG_HOST_DEVICE uint32_t philox_u32(uint64_t seed, uint64_t i) {
   return philox4x32(seed, i >> 2).v[i & 3];
 }
 
-// Uniform in [0, 1) with 24 bits, the same float on every device.
-MG_HOST_DEVICE float philox_uniform(uint64_t seed, uint64_t i) {
-  return static_cast<float>(philox_u32(seed, i) >> 8) * (1.0f / 16777216.0f);
+// A 32-bit draw as a uniform in [0, 1) with 24 bits, the same float on every device.
+MG_HOST_DEVICE float uniform_of(uint32_t word) { return static_cast<float>(word >> 8) * (1.0f / 16777216.0f); }
+
+MG_HOST_DEVICE float philox_uniform(uint64_t seed, uint64_t i) { return uniform_of(philox_u32(seed, i)); }
+
+// f(k, philox_uniform(seed, first + k)) for k = 0 .. n-1, in order, each Philox block computed once
+// for the (up to) four draws it serves: a fill of n draws costs n / 4 blocks, not n.
+template <class F> void philox_uniforms(uint64_t seed, uint64_t first, int64_t n, F&& f) {
+  for (int64_t k = 0; k < n;) {
+    const uint64_t i = first + static_cast<uint64_t>(k);
+    const Philox4 r = philox4x32(seed, i >> 2);
+    for (uint64_t w = i & 3; w < 4 && k < n; ++w, ++k) f(k, uniform_of(r.v[w]));
+  }
 }
 
 // A seed plus a position in its stream. Each random op reserves the draws it needs with

@@ -11,22 +11,10 @@ namespace mg {
 
 namespace {
 // out[i] = keep_i ? in[i] / (1 - p) : 0 for the n elements of a span whose first element's counter is
-// `offset`. Element i uses word (offset + i) % 4 of Philox block (offset + i) / 4 (minigrad/core/rng.h),
-// so one block serves four consecutive elements: compute it once for them instead of once per element.
+// `offset` (philox_uniforms: one Philox block per four elements).
 void masked_scale_span(float* out, const float* in, int64_t n, float p, uint64_t seed, uint64_t offset) {
-  if (n <= 0) return;
   const float keep_scale = 1.0f / (1.0f - p);
-  const uint64_t first_block = offset >> 2, last_block = (offset + static_cast<uint64_t>(n) - 1) >> 2;
-  for (uint64_t block = first_block; block <= last_block; ++block) {
-    const Philox4 r = philox4x32(seed, block);
-    for (int k = 0; k < 4; ++k) {
-      const uint64_t counter = block * 4 + static_cast<uint64_t>(k);
-      if (counter < offset || counter - offset >= static_cast<uint64_t>(n)) continue;
-      const int64_t i = static_cast<int64_t>(counter - offset);
-      const float u = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f);  // philox_uniform
-      out[i] = u >= p ? in[i] * keep_scale : 0.0f;
-    }
-  }
+  philox_uniforms(seed, offset, n, [&](int64_t i, float u) { out[i] = u >= p ? in[i] * keep_scale : 0.0f; });
 }
 
 // The same over elements [first, first + n) of tensors of any float dtype (bf16, f16: Note [half

@@ -16,7 +16,7 @@ MG_HOST_DEVICE void dropout4(float* out, const float* in, int64_t first, int64_t
   if ((offset & 3) == 0) {
     const Philox4 r = philox4x32(seed, (offset + static_cast<uint64_t>(first)) >> 2);
     for (int k = 0; k < 4 && first + k < n; ++k) {
-      const float u = static_cast<float>(r.v[k] >> 8) * (1.0f / 16777216.0f);  // = philox_uniform
+      const float u = uniform_of(r.v[k]);  // = philox_uniform
       out[first + k] = u >= p ? in[first + k] * keep_scale : 0.0f;
     }
   } else {
