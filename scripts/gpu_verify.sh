@@ -592,6 +592,12 @@ for model in ("gpt2", "vgg16"):
                   f"(predicted {j['predicted_peak_bytes']}), fixed {j['fixed_bytes']}; issued in "
                   f"{issue if issue is not None else float('nan'):.1f} ms "
                   f"({(issue or float('nan')) / j['median_step_ms']:.2f} of the step)")
+            # Where the run's time outside its steps went (apps/common/phases.h; item 22).
+            ph = j.get("phases_ms")
+            if ph:
+                print("    wall time: " + ", ".join(f"{k} {v / 1e3:.1f} s" for k, v in ph.items() if v >= 0) +
+                      f" (the plan's pre-flight {j['plan_preflight_ms'] / 1e3:.1f} s, measuring "
+                      f"{j['plan_measure_ms'] / 1e3:.1f} s)")
     base = runs["fp32"] or runs["tf32"]
     low = runs["bf16"]
     if base and low:

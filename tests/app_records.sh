@@ -5,6 +5,7 @@
 #     (windows of a token stream) with --prefetch on give the losses of --prefetch off, to the bit
 #     (Note [prefetched micro-batches]), and say in --json whether they read ahead;
 #   - vgg_ckpt's --json has, per step, the wait for data, the peaks and the system allocations;
+#     every app's, where its wall time went (phases_ms, plan_preflight_ms, plan_measure_ms);
 #     --conv-workspace-limit 2GiB is the JSON's limit; --conv-algos says that no convolution ran
 #     on a GPU and lists none.
 # Exit 77 (skipped) without python3.
@@ -51,6 +52,19 @@ for app in ("vgg", "mnist", "gpt"):
             errors.append(f"{app}: {key} has {len(on.get(key, []))} entries for {steps} steps")
     if max(on["step_peak_in_use_bytes"]) != on["peak_in_use_bytes"]:
         errors.append(f"{app}: the steps' peaks {on['step_peak_in_use_bytes']} against {on['peak_in_use_bytes']}")
+    # Where the wall time went (apps/common/phases.h): the phases in order, the plan's own split
+    # within its phase, the steps within the training's.
+    phases = on.get("phases_ms", {})
+    expected = ["start", "device", "data", "model", "plan", "train"]
+    if list(phases)[:6] != expected:
+        errors.append(f"{app}: phases_ms {list(phases)}, expected {expected} first")
+    elif min(phases.values()) < 0 or phases["start"] > 60e3:
+        errors.append(f"{app}: phases_ms {phases}")
+    elif on["plan_preflight_ms"] + on["plan_measure_ms"] > phases["plan"] or on["plan_measure_ms"] <= 0:
+        errors.append(f"{app}: plan_preflight_ms {on['plan_preflight_ms']} + plan_measure_ms {on['plan_measure_ms']} "
+                      f"against the plan phase's {phases['plan']}")
+    elif sum(on["step_ms"]) > phases["train"]:
+        errors.append(f"{app}: the steps' {sum(on['step_ms'])} ms against the train phase's {phases['train']}")
 v = rd("vgg_on")
 if v.get("conv_workspace_limit_bytes") != 2 << 30:
     errors.append(f"vgg: conv_workspace_limit_bytes {v.get('conv_workspace_limit_bytes')}, expected {2 << 30}")
@@ -64,4 +78,4 @@ for e in errors:
     print("app_records:", e)
 sys.exit(1 if errors else 0)
 PY
-echo "app_records: the same losses with --prefetch on and off (vgg_ckpt, mnist_ga, gpt_train); the per-step records and the conv flags in --json"
+echo "app_records: the same losses with --prefetch on and off (vgg_ckpt, mnist_ga, gpt_train); the per-step records, the phases and the conv flags in --json"

@@ -473,6 +473,64 @@ TEST_CASE("planner: measure_chain leaves gradients and the generator as they wer
   CHECK_THROWS_WITH_AS(nn::predict_peak(c, {{14, 16}}), doctest::Contains("inside a unit"), Error);
 }
 
+TEST_CASE("planner: measure_chain leaves zeroed gradients zero, and -0.0 as -0.0") {
+  // Zero gradients (all bits 0) are zeroed again rather than copied to the host and back.
+  manual_seed(3);
+  auto m = small_vgg_like();
+  optim::SGD opt(m->parameters(), {.lr = 0.1f});
+  opt.zero_grad();
+  std::vector<Tensor> grads = opt.grads();
+  REQUIRE(grads.size() >= 2);
+  grads[1].fill_(-0.0f);
+  const size_t before = memory_stats(Device::cpu()).in_use;
+  nn::measure_chain(*m, {2, 3, 24, 24});
+  CHECK(memory_stats(Device::cpu()).in_use == before);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(grads[i].shares_storage(m->parameters()[i].grad()));
+    const std::vector<float> v = grads[i].to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [&](float x) { return x == 0.0f && std::signbit(x) == (i == 1); }));
+  }
+}
+
+TEST_CASE("planner: tiles measured before are taken as they are, and equal what measuring them gives") {
+  // mg::Trainer's pre-flight check measures one and two samples; the plan's measuring then takes
+  // them as its tiles of 1 and 2 rows instead of measuring them again.
+  manual_seed(5);
+  auto m = small_vgg_like();
+  optim::SGD opt(m->parameters(), {.lr = 0.1f});
+  const Shape in{8, 3, 24, 24};
+  const nn::ChainCost measured = nn::measure_chain(*m, in, {.tile_rows = {1, 2, 4}});
+  const nn::ChainCost one = nn::measure_chain(*m, {1, 3, 24, 24}), two = nn::measure_chain(*m, {2, 3, 24, 24});
+  const nn::ChainCost reused = nn::measure_chain(*m, in, {.tile_rows = {1, 2, 4}, .tiles_measured = {one, two}});
+  REQUIRE(measured.tile_costs.size() == 3);
+  REQUIRE(reused.tile_costs.size() == 3);
+  for (size_t t = 0; t < 3; ++t) {
+    const nn::ChainCost &a = measured.tile_costs[t], &b = reused.tile_costs[t];
+    CHECK(a.rows == b.rows);
+    REQUIRE(a.units.size() == b.units.size());
+    for (size_t u = 0; u < a.units.size(); ++u) {
+      INFO("tile of " << a.rows << " rows, unit " << u);
+      CHECK(a.units[u].fwd_peak == b.units[u].fwd_peak);
+      CHECK(a.units[u].bwd_peak == b.units[u].bwd_peak);
+      CHECK(a.units[u].replay_peak == b.units[u].replay_peak);
+      CHECK(a.units[u].out_bytes == b.units[u].out_bytes);
+      CHECK(a.units[u].extra_bytes == b.units[u].extra_bytes);
+      CHECK(a.units[u].leaf_bytes == b.units[u].leaf_bytes);
+      CHECK(a.units[u].flops == b.units[u].flops);
+    }
+  }
+  // Taken, not measured again: the times are those of the earlier measurements.
+  CHECK(reused.tile_costs[0].units[0].forward_ms == one.units[0].forward_ms);
+  CHECK(reused.tile_costs[1].units[0].backward_ms == two.units[0].backward_ms);
+  CHECK(nn::min_feasible_peak(reused) == nn::min_feasible_peak(measured));
+  // A chain of other units is refused.
+  nn::ChainCost other = one;
+  other.units.pop_back();
+  CHECK_THROWS_WITH_AS(nn::measure_chain(*m, in, {.tile_rows = {1}, .tiles_measured = {other}}),
+                       doctest::Contains("measured before at 1 rows has"), Error);
+}
+
 TEST_CASE("planner: measure_chain leaves a Dropout's own generator as it was") {
   // Measuring draws masks from every generator the chain's dropout layers use; the step after it
   // must draw the masks it would have drawn without measuring.

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/flags.h"
+#include "common/phases.h"
 #include "common/plan.h"
 #include "common/profile.h"
 #include "common/ranks.h"
@@ -47,6 +48,7 @@ struct RunFlags {
   bool explain_memory = false;
   std::string save_dir, json_path, timeline_path;
   StepProfile prof;
+  Phases phases;          // where the run's wall time goes (common/phases.h)
   bool timeline = false;  // offer --timeline (the apps that train data-parallel on CUDA)
 };
 
@@ -249,6 +251,9 @@ inline nlohmann::ordered_json plan_json(const mg::Trainer& trainer, const mg::Fi
   j["precision"] = f.precision;
   j["seed"] = f.seed;
   j["threads"] = mg::num_threads();
+  j["phases_ms"] = f.phases.json();  // the marks made so far
+  j["plan_preflight_ms"] = trainer.plan_times().preflight_ms;
+  j["plan_measure_ms"] = trainer.plan_times().measure_ms;
   if (f.prof.on) j["profile"] = f.prof.json();
   if (f.explain_memory) {
     const mg::nn::MemoryReport m = trainer.explain_memory();

@@ -80,8 +80,10 @@ int main(int argc, char** argv) {
     if (seq_len == 0) seq_len = cfg.block_size;
     MG_CHECK(seq_len <= cfg.block_size, "--seq-len " << seq_len << " is longer than the context of " << cfg.block_size);
     const RunSetup run = setup_run(f, "final.safetensors");
+    f.phases.mark("device");
     const gpt::Tokens data = gpt::load(data_path, cfg.vocab_size,
                                        std::max<int64_t>(1 << 16, 4 * world * batch_size * seq_len * accum + 1), f.seed);
+    f.phases.mark("data");
 
     mg::manual_seed(f.seed);
     auto model = mg::nn::make_gpt2(cfg);
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
     model->to(run.dev);
     mg::optim::AdamW opt(model->parameters(), {.lr = static_cast<float>(lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                                .weight_decay = static_cast<float>(weight_decay), .decay_matrices_only = true});
+    f.phases.mark("model");
 
     // The windows (llm.c's reading: Note in minigrad/data/tokens.h), the plan (a checkpoint plan at
     // the micro-batch, or jointly for the budget), the loop, out-of-memory recovery: mg::Trainer
@@ -148,6 +151,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(model->parameter_count()), run.dev.str().c_str());
     LEAD_PRINTF("data: %s\n", data.description.c_str());
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);
+    f.phases.mark("plan");
     const std::string last_str = tp.last_micro_batch == tp.micro_batch ? "" : " (the last " + std::to_string(tp.last_micro_batch) + ")";
     LEAD_PRINTF("step: %lld rank(s) x %lld micro-batch(es) x %lld sequences%s x %lld tokens = %lld tokens\n",
                 static_cast<long long>(world), static_cast<long long>(tp.accumulation), static_cast<long long>(tp.micro_batch),
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
 
     if (!f.timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
     const mg::FitReport r = trainer.fit();
+    f.phases.mark("train");
     write_timeline(f.timeline_path);
     // Steady state: the first step warms up threads and caches.
     std::vector<double> timed(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
@@ -163,7 +168,11 @@ int main(int argc, char** argv) {
                 static_cast<double>(tokens_per_step) / (med / 1000.0), mg::format_bytes(r.peak_in_use).c_str(),
                 mg::format_bytes(r.plan.checkpoint.predicted_peak).c_str());
     f.prof.print();
-    if (!f.save_dir.empty() && lead()) mg::nn::save_safetensors(f.save_dir + "/final.safetensors", model->state_dict());
+    if (!f.save_dir.empty() && lead()) {
+      mg::nn::save_safetensors(f.save_dir + "/final.safetensors", model->state_dict());
+      f.phases.mark("save");
+    }
+    if (lead()) f.phases.print();
     if (!f.json_path.empty() && lead()) {
       nlohmann::ordered_json j = plan_json(trainer, r, f);
       j["config"] = {{"name", config}, {"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size},

@@ -52,11 +52,13 @@ int main(int argc, char** argv) {
     const mg::optim::AccumulationSchedule sched = accum_schedule.empty() ? mg::optim::AccumulationSchedule(accum)
         : for_flag("--accum-schedule", [&] { return mg::optim::AccumulationSchedule::parse(accum_schedule); });
     const RunSetup run = setup_run(f, "epoch_1.safetensors");
+    f.phases.mark("device");
     const int64_t world = mg::dist::world_size();
     const bool joint = !f.memory_budget.empty();
     const mg::data::Splits splits = mnist::load(d, f.seed, argv[0]);
     LEAD_PRINTF("data: %s; using %lld train, %lld test\n", splits.description.c_str(),
                 static_cast<long long>(splits.train.size()), static_cast<long long>(splits.test.size()));
+    f.phases.mark("data");
 
     mg::manual_seed(f.seed);
     auto model = mg::nn::make_mlp({784, 512, 512, 10});
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     // --compare's file is checked against the model now, not after training.
     const mg::nn::SafetensorsFile compare_file =
         compare.empty() ? mg::nn::SafetensorsFile{} : for_flag("--compare", [&] { return mnist::load_compare(compare, *model); });
+    f.phases.mark("model");
 
     // A step: N micro-batches of --batch-size on every rank; under --memory-budget --batch-size is
     // the global batch, split as the joint planner chooses. What must agree for an exact resume:
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
                          .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);
+    f.phases.mark("plan");
     if (joint) eval_batch = tp.micro_batch;  // without gradients it peaks lower than a step of the same size
     if (mg::dist::active()) {  // a world of one too (Note [a world of one])
       LEAD_PRINTF("data parallel: %lld ranks (%s), a global batch of %lld per optimizer step\n", static_cast<long long>(world),
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
                 divide_by_n ? ", DIVIDING BY N (the usual, inexact recipe)" : "");
     if (!resume.empty()) for_flag("--resume", [&] { return trainer.resume(resume); });
     const mg::FitReport r = trainer.fit();
+    f.phases.mark("train");  // the evaluations after each epoch, and the checkpoints, in it
     if (r.resumed_from_epoch >= epochs) {
       last = mnist::evaluate(*model, splits.test, run.dev, eval_batch);
       LEAD_PRINTF("nothing to train (%lld epochs done, --epochs %lld): test loss %.6f, accuracy %.2f%%\n",
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
       LEAD_PRINTF("max |w - w(%s)| = %.3g over all %lld parameters\n", compare.c_str(), compare_diff,
                   static_cast<long long>(model->parameter_count()));
     }
+    if (lead()) f.phases.print();
     if (!f.json_path.empty() && lead()) {
       nlohmann::ordered_json j = plan_json(trainer, r, f);
       j["global_batch"] = world * tp.effective_batch * sched.steps_for_epoch(0);

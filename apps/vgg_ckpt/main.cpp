@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
       mg::cuda::set_conv_workspace_limit(for_flag("--conv-workspace-limit", [&] { return mg::parse_bytes(conv_workspace_limit); }));
     }
     const RunSetup run = setup_run(f, "final.safetensors");
+    f.phases.mark("device");
     // Data parallelism: each rank reads its shard (every K-th sample of each epoch's order) and
     // --batch-size samples per step (with --memory-budget: the global batch, split over the ranks).
     const int64_t world = mg::dist::world_size();
@@ -107,12 +108,14 @@ int main(int argc, char** argv) {
     if (layout == mg::Layout::nhwc) data.set = std::make_shared<mg::data::ChannelsLast>(data.set);
     const int64_t batches_per_epoch = data.set->size() / step_images;  // the short last batch dropped
     const int64_t total_steps = epochs > 0 ? epochs * batches_per_epoch : (steps > 0 ? steps : 5);
+    f.phases.mark("data");
 
     mg::manual_seed(f.seed);
     auto model = mg::nn::make_model(model_name, images::kNumClasses, width_div, layout);
     const size_t fused = fuse ? mg::nn::fuse_relu(*model) : 0;
     model->to(run.dev);
     mg::optim::SGD opt(model->parameters(), {.lr = 0.001f, .momentum = 0.9f});
+    f.phases.mark("model");
     float last_loss = NAN;
     mg::TrainerCallbacks cb;
     cb.on_step_start = [&](int64_t step, bool redo) { redo ? f.prof.restart(step, total_steps) : f.prof.begin(step, total_steps); };
@@ -134,6 +137,7 @@ int main(int argc, char** argv) {
                          .precision = mg::parse_precision(f.precision), .prefetch = prefetch_mode(f)},
                         cb);
     const mg::nn::TrainPlan& tp = print_plan(trainer, f);
+    f.phases.mark("plan");
     LEAD_PRINTF("%s width/%lld, %lldx%lld %s, batch %lld, %lld params, %zu layers, device %s\n", model_name.c_str(),
                 static_cast<long long>(width_div), static_cast<long long>(image_size), static_cast<long long>(image_size), layout_name.c_str(),
                 static_cast<long long>(step_images / world), static_cast<long long>(model->parameter_count()), model->size(),
@@ -148,10 +152,12 @@ int main(int argc, char** argv) {
 
     if (!f.timeline_path.empty()) mg::dist::record_timeline(true);  // Note [reduction timeline]
     const mg::FitReport r = trainer.fit();
+    f.phases.mark("train");
     write_timeline(f.timeline_path);
     f.prof.print();
     if (!f.save_dir.empty() && lead()) {
       mg::nn::save_safetensors(f.save_dir + "/final.safetensors", model->state_dict(), {{"steps", std::to_string(total_steps)}});
+      f.phases.mark("save");
     }
     const mg::nn::TrainPlan& last = r.plan;  // after any re-plan
     if (conv_algos) print_conv_algorithms({last.micro_batch, last.last_micro_batch});
@@ -165,6 +171,7 @@ int main(int argc, char** argv) {
                   "budget of %s\n", last.predicted_step_ms, med, med / last.predicted_step_ms,
                   mg::format_bytes(r.peak_in_use).c_str(), mg::format_bytes(trainer.budget()).c_str());
     }
+    if (lead()) f.phases.print();
     if (!f.json_path.empty() && lead()) {
       nlohmann::ordered_json j = plan_json(trainer, r, f);
       j["global_batch"] = step_images;

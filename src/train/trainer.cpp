@@ -62,6 +62,10 @@ nn::TrainPlan fixed_split(int64_t batch, int64_t micro, const nn::Plan& plan, si
   return tp;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 double FitReport::median_step_ms() const {
@@ -195,7 +199,10 @@ void Trainer::plan_for(size_t memory) {
   auto measure_at = [&](int64_t b) {
     nn::MeasureOptions mo;
     mo.targets_per_row = targets_per_row;
-    if (opts_.tiles) mo.tile_rows = nn::tile_rows_below(b);
+    if (opts_.tiles) {
+      mo.tile_rows = nn::tile_rows_below(b);
+      mo.tiles_measured = preflight_;  // one and two rows: not measured again
+    }
     mo.offload = opts_.offload;
     return measure(b, mo);
   };
@@ -315,13 +322,18 @@ const nn::TrainPlan& Trainer::plan() {
   // value per channel) skips the check.
   const int64_t b = opts_.micro_batch > 0 ? opts_.micro_batch : (memory == 0 ? rank_batch_ : 1);
   std::string over_device;  // why the given micro-batch is planned jointly instead
+  const auto preflight = std::chrono::steady_clock::now();
   try {
     // The least peak of any plan at 1 and 2 samples: its growth per sample and what does not grow
     // (a one-sample peak alone holds workspaces that do not scale, and would overstate it).
-    const nn::ChainCost one = measure(1, {});
+    preflight_.reserve(2);
+    const nn::ChainCost& one = preflight_.emplace_back(measure(1, {}));
     const double floor1 = static_cast<double>(nn::min_feasible_peak(one));
     double per_sample = floor1 - static_cast<double>(std::min(nn::min_feasible_peak(one), one.fixed_bytes));
-    if (rank_batch_ >= 2) per_sample = std::max(0.0, static_cast<double>(nn::min_feasible_peak(measure(2, {}))) - floor1);
+    if (rank_batch_ >= 2) {
+      const nn::ChainCost& two = preflight_.emplace_back(measure(2, {}));
+      per_sample = std::max(0.0, static_cast<double>(nn::min_feasible_peak(two)) - floor1);
+    }
     const double base = floor1 - per_sample;
     per_sample_ = per_sample;
     fixed1_ = static_cast<size_t>(std::max(0.0, base));
@@ -364,12 +376,18 @@ const nn::TrainPlan& Trainer::plan() {
   } catch (const Error& e) {
     if (std::string(e.what()).rfind("Trainer:", 0) == 0) throw;
   }
+  plan_times_.preflight_ms = ms_since(preflight);
+  const auto measuring = std::chrono::steady_clock::now();
   if (!over_device.empty()) {
     replan(capacity, -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint, over_device);
+    plan_times_.measure_ms = ms_since(measuring);
+    preflight_.clear();
     planned_ = true;
     return plan_;
   }
   plan_for(memory);
+  plan_times_.measure_ms = ms_since(measuring);
+  preflight_.clear();  // a re-plan measures afresh
   planned_ = true;
   print("plan: " + plan_.str() + (plan_.predicted_peak ? ", predicted peak " + format_bytes(plan_.predicted_peak) : ""));
   return plan_;

@@ -187,6 +187,10 @@ struct MeasureOptions {
   int64_t staged_batches = 0;
   // Also measure the chain at these numbers of rows (those below the batch), for tiled segments.
   std::vector<int64_t> tile_rows;
+  // The same chain already measured at some of those rows (mg::Trainer's pre-flight check measures
+  // one and two samples): taken as they are instead of measuring them again. Only a tile's units
+  // are read (ChainCost::tile_costs), so what options they were measured under does not matter.
+  std::vector<ChainCost> tiles_measured;
   // Whether plans may offload segments (Note [offload] in minigrad/core/checkpoint.h): on, the
   // host link's rate is measured (ChainCost::to_host_bytes_per_ms). automatic: on CUDA devices
   // only; on a CPU the host pool is the same memory, so offloading there is an emulation (the

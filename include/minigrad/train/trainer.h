@@ -34,7 +34,8 @@
 //     the device has instead (a Replan of step -1).
 // The pre-flight check measures one and two samples first and extrapolates what the micro-batch
 // needs with the least memory any plan takes (an estimate: over the limit by a quarter counts as
-// over; nearer, the micro-batch's own measuring decides). Under a budget, a micro-batch that cannot
+// over; nearer, the micro-batch's own measuring decides). Those two measurements are then the
+// plan's tiles of one and two rows (MeasureOptions::tiles_measured), not measured again. Under a budget, a micro-batch that cannot
 // fit is refused at once (naming what it needs and the budget), instead of measuring it for
 // minutes; without one, a micro-batch over what the device has is planned jointly for the device
 // instead, and only a model of which one sample cannot fit is refused.
@@ -252,6 +253,13 @@ class Trainer {
   // and the batch was planned jointly for what the device has).
   const std::vector<Replan>& replans() const { return replans_; }
   size_t budget() const { return budget_; }  // the memory the plan was made for (0: none)
+  // Wall ms that plan() took: the pre-flight check (the model measured at one and two samples),
+  // then the measuring and planning of the micro-batch (the joint planner's several sizes, the
+  // tile sizes when tiles are on). A re-plan after out of memory in fit() is not counted.
+  struct PlanTimes {
+    double preflight_ms = 0, measure_ms = 0;
+  };
+  const PlanTimes& plan_times() const { return plan_times_; }
 
   const TrainerOptions& options() const { return opts_; }
   Device device() const { return dev_; }
@@ -282,6 +290,8 @@ class Trainer {
   nn::ChainCost cost_;
   std::vector<Replan> replans_;
   size_t budget_ = 0;
+  PlanTimes plan_times_;
+  std::vector<nn::ChainCost> preflight_;  // its measurements at one and two samples: tiles of the plan's
   double per_sample_ = 0;  // the pre-flight check's least bytes per sample, and its fixed bytes
   size_t fixed1_ = 0;
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
