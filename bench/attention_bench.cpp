@@ -16,11 +16,8 @@
 // backward 2.5 times that (dq, dk, dv and the recomputed scores, as FlashAttention counts it).
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,22 +29,9 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/dispatch.h"
 #include "rel_err.h"
+#include "timing.h"
 
 namespace {
-
-double median_ms(const std::function<void()>& run, mg::Device dev, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) run();
-  mg::synchronize(dev);
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    mg::synchronize(dev);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 // A copy of `t` on `dev` whose data starts 4 bytes past an aligned block.
 mg::Tensor misaligned_copy(const mg::Tensor& t, mg::Device dev) {
@@ -122,11 +106,13 @@ int main(int argc, char** argv) {
       mg::Tensor dqkv = mg::Tensor::empty({batch, seq_len, 3 * c}, stored);
       bool wants_y = false;
       const mg::cuda::SdpaCounts before = mg::cuda::sdpa_counts();
-      const double fwd = median_ms([&] { wants_y = MG_DISPATCH(dev, attention_forward, y, lse, v.qkv, h, drop); }, dev,
-                                   warmup, reps);
+      const double fwd =
+          mg::bench::time_ms([&] { wants_y = MG_DISPATCH(dev, attention_forward, y, lse, v.qkv, h, drop); }, dev, warmup, reps)
+              .median_ms;
       const mg::Tensor y_arg = wants_y ? y : mg::Tensor();
-      const double bwd = median_ms([&] { MG_DISPATCH(dev, attention_backward, dqkv, dy, v.qkv, y_arg, lse, h, drop); },
-                                   dev, warmup, reps);
+      const double bwd =
+          mg::bench::time_ms([&] { MG_DISPATCH(dev, attention_backward, dqkv, dy, v.qkv, y_arg, lse, h, drop); }, dev, warmup, reps)
+              .median_ms;
       const mg::cuda::SdpaCounts after = mg::cuda::sdpa_counts();
       if (v.cudnn && dtype != mg::DType::f32 && (after.forward == before.forward || after.backward == before.backward))
         std::printf("%s: cuDNN refused (forward %lld, backward %lld runs): %s\n", v.name,

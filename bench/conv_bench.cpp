@@ -20,6 +20,7 @@
 
 #include "kernels/cpu/conv2d_onednn.h"
 #include "roofline.h"
+#include "timing.h"
 
 namespace {
 
@@ -41,11 +42,6 @@ std::vector<Layer> vgg16_convs(int64_t width_div, int64_t size) {
     size /= 2;
   }
   return layers;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -105,7 +101,7 @@ int main(int argc, char** argv) {
       // Multiply-adds: forward 1 GEMM, backward 2 (dw, and dx except on the first layer).
       const double fwd_gflop = 2.0 * batch * L.out * L.size * L.size * L.in * 9 * 1e-9;
       const double step_gflop = fwd_gflop * (l > 0 ? 3 : 2);
-      const double mf = median(fwd), ms = median(step);
+      const double mf = mg::bench::median(fwd), ms = mg::bench::median(step);
       total_fwd += mf;
       total_step += ms;
       total_gflop += step_gflop;

@@ -19,8 +19,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -33,6 +31,7 @@
 
 #include "kernels/cuda/cublaslt.h"
 #include "rel_err.h"
+#include "timing.h"
 
 namespace {
 
@@ -48,24 +47,6 @@ std::vector<std::string> split(const std::string& s) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-struct Timing {
-  double median_ms, min_ms;
-};
-// Per call of `run`: each timed repetition queues `iters` calls and waits once.
-template <class F> Timing time_ms(F&& run, mg::Device dev, int warmup, int reps, int iters) {
-  for (int i = 0; i < warmup; ++i) run();
-  mg::synchronize(dev);
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) run();
-    mg::synchronize(dev);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters);
-  }
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
 }
 
 }  // namespace
@@ -123,13 +104,13 @@ int main(int argc, char** argv) {
             b.set_grad(mg::Tensor::zeros(b.shape(), mg::TensorOptions{}.with_device(dev)));
             mg::AutocastGuard autocast(prec);  // around every step: the weights' bf16 copies made once
             const mg::cuda::LtCounts before = mg::cuda::lt_counts();
-            const Timing fwd = time_ms(
+            const mg::bench::Timing fwd = mg::bench::time_ms(
                 [&] {
                   mg::NoGradGuard no_grad;
                   mg::linear(x, w, b);
                 },
                 dev, warmup, reps, iters);
-            const Timing step = time_ms(
+            const mg::bench::Timing step = mg::bench::time_ms(
                 [&] {
                   x.set_grad(mg::Tensor());
                   mg::linear(x, w, b).backward(dy);

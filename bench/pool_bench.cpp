@@ -8,34 +8,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <vector>
 
 #include <minigrad/minigrad.h>
 
 #include "kernels/pooling.h"
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <typename F> std::vector<double> timed_ms(int warmup, int reps, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return ms;
-}
-
-}  // namespace
+#include "timing.h"
 
 int main(int argc, char** argv) {
   int64_t batch = 64, channels = 64, size = 16;
@@ -61,16 +40,17 @@ int main(int argc, char** argv) {
     mg::Tensor idx = mg::Tensor::empty({batch, channels, out, out}, mg::TensorOptions{mg::DType::i64, mg::Device::cpu()});
     mg::Tensor dx = mg::Tensor::empty(x.shape());
     const mg::Tensor dy = mg::Tensor::randn(y.shape(), gen);
-    const auto fwd = timed_ms(warmup, reps, [&] { mg::max_pool2d_forward<mg::Cpu>(y, idx, x, kernel, stride, pad, false); });
-    const auto bwd = timed_ms(warmup, reps, [&] {
-      mg::max_pool2d_backward<mg::Cpu>(dx, dy, idx, kernel, stride, pad, false);
-    });
+    const mg::Device cpu = mg::Device::cpu();
+    const auto fwd = mg::bench::time_ms([&] { mg::max_pool2d_forward<mg::Cpu>(y, idx, x, kernel, stride, pad, false); }, cpu,
+                                        warmup, reps);
+    const auto bwd = mg::bench::time_ms([&] { mg::max_pool2d_backward<mg::Cpu>(dx, dy, idx, kernel, stride, pad, false); },
+                                        cpu, warmup, reps);
     const nlohmann::json j = {{"framework", "libminigrad"},     {"op", "max_pool2d"},
                               {"threads", mg::num_threads()},   {"shape", {batch, channels, size, size}},
                               {"kernel", kernel},               {"stride", stride},
-                              {"pad", pad},                     {"median_fwd_ms", median(fwd)},
-                              {"min_fwd_ms", *std::min_element(fwd.begin(), fwd.end())},
-                              {"median_bwd_ms", median(bwd)},   {"min_bwd_ms", *std::min_element(bwd.begin(), bwd.end())}};
+                              {"pad", pad},                     {"median_fwd_ms", fwd.median_ms},
+                              {"min_fwd_ms", fwd.min_ms},       {"median_bwd_ms", bwd.median_ms},
+                              {"min_bwd_ms", bwd.min_ms}};
     std::cout << j.dump() << "\n";
   } catch (const mg::Error& e) {
     std::cerr << e.what() << "\n";
