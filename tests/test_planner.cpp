@@ -491,6 +491,29 @@ TEST_CASE("planner: measure_chain leaves zeroed gradients zero, and -0.0 as -0.0
     const std::vector<float> v = grads[i].to_vector<float>();
     CHECK(std::all_of(v.begin(), v.end(), [&](float x) { return x == 0.0f && std::signbit(x) == (i == 1); }));
   }
+  // MeasureOptions::gradients_zero (mg::Trainer's): zeroed again, never copied; on the CPU a
+  // gradient that is not zero is refused before anything changes.
+  opt.zero_grad();
+  const nn::ChainCost a = nn::measure_chain(*m, {2, 3, 24, 24}, {.gradients_zero = true});
+  for (const Tensor& g : grads) {
+    const std::vector<float> v = g.to_vector<float>();
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f && !std::signbit(x); }));
+  }
+  grads[3].fill_(0.5f);
+  CHECK_THROWS_WITH_AS(nn::measure_chain(*m, {2, 3, 24, 24}, {.gradients_zero = true}),
+                       doctest::Contains("gradients_zero, but the gradient of parameter 3"), Error);
+  const std::vector<float> v3 = grads[3].to_vector<float>();
+  CHECK(std::all_of(v3.begin(), v3.end(), [](float x) { return x == 0.5f; }));
+  CHECK(memory_stats(Device::cpu()).in_use == before);
+  // The same costs either way.
+  opt.zero_grad();
+  const nn::ChainCost b = nn::measure_chain(*m, {2, 3, 24, 24});
+  REQUIRE(a.units.size() == b.units.size());
+  for (size_t u = 0; u < a.units.size(); ++u) {
+    CHECK(a.units[u].fwd_peak == b.units[u].fwd_peak);
+    CHECK(a.units[u].bwd_peak == b.units[u].bwd_peak);
+  }
+  CHECK(a.fixed_bytes == b.fixed_bytes);
 }
 
 TEST_CASE("planner: tiles measured before are taken as they are, and equal what measuring them gives") {

@@ -55,6 +55,36 @@ TEST_CASE("Trainer: 16 x 4 and one micro-batch of 64 give the same bits over two
   }
 }
 
+TEST_CASE("Trainer: plan() zeroes the gradient buffers, and a run from dirty ones has the bits of a clean one") {
+  // Measuring then keeps no copy of them (MeasureOptions::gradients_zero); a window starts from
+  // zero anyway, so what a user left in them before fit() never reaches a step.
+  const auto data = test::random_dataset(128, {1, 8, 8}, 10, 3);
+  std::vector<std::vector<uint8_t>> ref;
+  for (bool dirty : {false, true}) {
+    manual_seed(11);
+    auto m = nn::make_mlp({64, 32, 10});
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    if (dirty) {
+      for (Tensor g : opt.grads()) g.fill_(3.0f);
+    }
+    Trainer t(*m, data, opt, {.batch_size = 32, .checkpoint = "min", .epochs = 1, .seed = 5, .progress = Progress::off});
+    t.plan();
+    for (const Tensor& g : opt.grads()) {
+      const std::vector<float> v = g.to_vector<float>();
+      CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; }));
+    }
+    CHECK(t.plan_times().preflight_ms > 0);
+    CHECK(t.plan_times().measure_ms > 0);
+    t.fit();
+    const auto bits = test::state_bits(*m);
+    if (ref.empty()) {
+      ref = bits;
+    } else {
+      CHECK(bits == ref);
+    }
+  }
+}
+
 TEST_CASE("Trainer: 16 x 4 with offloaded and replayed segments gives the bits of one batch of 64") {
   // Exact accumulation under a plan that offloads (Note [offload]), dropout on: the same bits as
   // one micro-batch of 64 without checkpointing, and the host pool empty after each step.

@@ -75,7 +75,7 @@ bool zero_on_cpu(const Tensor& t) {
 
 class ModelStateGuard {
  public:
-  ModelStateGuard(Sequential& seq, std::vector<Tensor> params)
+  ModelStateGuard(Sequential& seq, std::vector<Tensor> params, bool gradients_zero)
       : params_(std::move(params)), buffers_(seq.named_buffers()), gens_(seq.generators()) {
     saved_grads_.resize(params_.size());
     had_grad_.resize(params_.size());
@@ -83,8 +83,13 @@ class ModelStateGuard {
     for (size_t i = 0; i < params_.size(); ++i) {
       had_grad_[i] = params_[i].grad().defined();
       if (!had_grad_[i]) continue;
-      zero_grad_[i] = zero_on_cpu(params_[i].grad());
-      if (!zero_grad_[i]) saved_grads_[i] = params_[i].grad().to_vector<float>();
+      const Tensor& g = params_[i].grad();
+      zero_grad_[i] = zero_on_cpu(g);
+      MG_CHECK(zero_grad_[i] || !gradients_zero || !g.device().is_cpu(),
+               "measure_chain: MeasureOptions::gradients_zero, but the gradient of parameter " << i << " (shape "
+                                                                                              << shape_str(g.shape()) << ") is not zero");
+      zero_grad_[i] = zero_grad_[i] || gradients_zero;
+      if (!zero_grad_[i]) saved_grads_[i] = g.to_vector<float>();
     }
     saved_f32_.resize(buffers_.size());
     saved_i64_.resize(buffers_.size());
@@ -420,7 +425,7 @@ ChainCost measure_chain(Sequential& seq, const Tensor& x_in, const MeasureOption
   fixed += cost.staged_bytes;
   cost.fixed_bytes = fixed;
 
-  ModelStateGuard state(seq, std::move(params));
+  ModelStateGuard state(seq, std::move(params), opts.gradients_zero);
   Tensor h;
   try {
     state.zero_grads();

@@ -170,6 +170,7 @@ nn::MemoryReport Trainer::explain_memory() const {
 
 void Trainer::add_own_measure_options(nn::MeasureOptions& mo) const {
   mo.staged_batches = prefetch_ ? 1 : 0;  // Note [prefetched micro-batches]
+  mo.gradients_zero = true;  // zero_gradients() before measuring
   if (!opts_.measure_loss) return;
   mo.head = opts_.loss;
   mo.head_targets = [this](int64_t rows) {
@@ -193,7 +194,16 @@ void Trainer::print(const std::string& line) const {
 }
 
 // The plan for `memory` bytes (0: no budget): Note [the trainer's step].
+// Zeroed before measuring (MeasureOptions::gradients_zero): a window starts from zero gradients
+// anyway, and measuring then need not keep a copy of them.
+void Trainer::zero_gradients() {
+  for (const Tensor& p : model_.parameters()) {
+    if (p.grad().defined()) p.grad().fill_(0.0f);
+  }
+}
+
 void Trainer::plan_for(size_t memory) {
+  zero_gradients();
   // The loss's targets per row: a token per position for windows (a GPT's), one label otherwise.
   const int64_t targets_per_row = windows_ ? windows_->window_rows(0, 0, 1).y.numel() : 1;
   auto measure_at = [&](int64_t b) {
@@ -326,6 +336,7 @@ const nn::TrainPlan& Trainer::plan() {
   try {
     // The least peak of any plan at 1 and 2 samples: its growth per sample and what does not grow
     // (a one-sample peak alone holds workspaces that do not scale, and would overstate it).
+    zero_gradients();
     preflight_.reserve(2);
     const nn::ChainCost& one = preflight_.emplace_back(measure(1, {}));
     const double floor1 = static_cast<double>(nn::min_feasible_peak(one));

@@ -191,6 +191,12 @@ struct MeasureOptions {
   // one and two samples): taken as they are instead of measuring them again. Only a tile's units
   // are read (ChainCost::tile_costs), so what options they were measured under does not matter.
   std::vector<ChainCost> tiles_measured;
+  // The caller's gradient buffers are all zero (mg::Trainer zeroes them before it measures):
+  // measure_chain zeroes them again afterwards instead of keeping a copy in host memory and writing
+  // it back (VGG16's: 0.55 GB each way, on a GPU over the bus, for every measurement). On the CPU
+  // a buffer that is not zero is an mg::Error; there, buffers whose bits are all zero are found
+  // and zeroed again without this.
+  bool gradients_zero = false;
   // Whether plans may offload segments (Note [offload] in minigrad/core/checkpoint.h): on, the
   // host link's rate is measured (ChainCost::to_host_bytes_per_ms). automatic: on CUDA devices
   // only; on a CPU the host pool is the same memory, so offloading there is an emulation (the

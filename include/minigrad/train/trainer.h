@@ -231,6 +231,8 @@ class Trainer {
 
   // The pre-flight check and the plan, without training (fit() calls it when not called before).
   // Throws mg::Error when no plan fits, naming the least any plan needs and what the device has.
+  // Zeroes the model's gradient buffers first (every window starts from zero ones anyway), so that
+  // measuring keeps no copy of them (MeasureOptions::gradients_zero).
   const nn::TrainPlan& plan();
 
   // Resumes from a training state now (plan() first, so that measuring draws nothing after it):
@@ -266,6 +268,7 @@ class Trainer {
 
  private:
   void plan_for(size_t memory);
+  void zero_gradients();
   void replan(size_t memory, int64_t step, const std::string& from, const std::string& cause);
   void print(const std::string& line) const;
   void tidy_save_dir();
