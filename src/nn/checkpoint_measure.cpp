@@ -196,7 +196,6 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
   auto wait = [&] {
     synchronize(dev);
   };
-  Generator probe_gen(0x5eed);
   Tensor h = x_in.detach();
   bool needs_grad = x_in.requires_grad();
   bool input_held = true;  // a step holds this unit's input during its backward (the caller's batch, or a saved output)
@@ -298,7 +297,10 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
       // to take the input gradient).
       if (!input_held && !u.saves_input && xin.requires_grad()) xin.impl().storage = std::make_shared<StorageImpl>(0, dev);
       const DType y_dtype = root.impl().grad_fn->out_dtype;  // bf16 or f16 under autocast
-      Tensor g = Tensor::uniform(y_shape, -1.0f, 1.0f, probe_gen, TensorOptions{DType::f32, dev});
+      // The output's gradient: its values change neither the backward's bytes nor its time, so a
+      // fill on the device (random values were drawn on the host and copied over: on a GPU,
+      // gigabytes a measurement at a large batch).
+      Tensor g = Tensor::full(y_shape, 1.0f, TensorOptions{DType::f32, dev});
       if (y_dtype != DType::f32) g = g.to(y_dtype);  // the gradient comes in the output's dtype
       const size_t base1 = in_use(dev);
       reset_peak_memory_stats(dev);
