@@ -85,6 +85,44 @@ TEST_CASE("Trainer: plan() zeroes the gradient buffers, and a run from dirty one
   }
 }
 
+TEST_CASE("Trainer: plan() again after it threw starts afresh, and the run has the bits of one that never failed") {
+  // Under a cap the batch cannot fit, plan() throws; with the cap lifted, plan() again must not
+  // carry what the failed attempt left: its copy of BatchNorm's buffers (read by every window),
+  // pre-flight costs, re-plans.
+  Uncap uncap;
+  const auto data = test::random_dataset(64, {1, 8, 8}, 10, 3);
+  const TrainerOptions o{.batch_size = 16, .checkpoint = "min", .epochs = 1, .seed = 5, .progress = Progress::off};
+  std::vector<std::vector<uint8_t>> ref;
+  std::string ref_plan;
+  for (bool fail_first : {false, true}) {
+    manual_seed(11);
+    auto m = std::make_shared<nn::Sequential>();
+    m->add<nn::Flatten>();
+    m->add<nn::Linear>(64, 32);
+    m->add<nn::BatchNorm1d>(32);
+    m->add<nn::ReLU>();
+    m->add<nn::Linear>(32, 10);
+    optim::SGD opt(m->parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    Trainer t(*m, data, opt, o);
+    if (fail_first) {
+      set_memory_limit(Device::cpu(), memory_stats(Device::cpu()).in_use + 1024);
+      CHECK_THROWS_AS(t.plan(), Error);
+      set_memory_limit(Device::cpu(), 0);
+    }
+    const nn::TrainPlan p = t.plan();
+    CHECK(t.replans().empty());
+    const FitReport r = t.fit();
+    CHECK(r.replans.empty());
+    if (ref.empty()) {
+      ref = test::state_bits(*m);
+      ref_plan = p.str();
+    } else {
+      CHECK(p.str() == ref_plan);
+      CHECK(test::state_bits(*m) == ref);
+    }
+  }
+}
+
 TEST_CASE("Trainer: 16 x 4 with offloaded and replayed segments gives the bits of one batch of 64") {
   // Exact accumulation under a plan that offloads (Note [offload]), dropout on: the same bits as
   // one micro-batch of 64 without checkpointing, and the host pool empty after each step.

@@ -1,8 +1,9 @@
-// Where an app's wall time goes around its steps: starting the process (the dynamic loader's work,
-// CUDA's libraries among it, and MPI's under mpirun), the device, the data, the model, the plan,
-// the training, in order,
-// printed after training and written under "phases_ms" in --json. On the GPU a run spent 25 to
-// 38 s outside its steps (docs/gpu-queue.md, item 3); these say where.
+// Where an app's wall time goes around its steps, in order: starting the process (the dynamic
+// loader's work, CUDA's libraries among it, and MPI's under mpirun), the device (its CUDA context),
+// the data, the model (its weights drawn on the host and copied to the device, the optimizer's
+// state), the plan (measuring; on CUDA also the first cuBLAS and cuDNN calls and cuDNN's choices of
+// algorithm), the training; printed after training and written under "phases_ms" in --json. On
+// the GPU a run spent 25 to 38 s outside its steps (docs/gpu-queue.md, item 3): these say where.
 //
 //   Phases phases;             // early in main: "start" is the process's time before it
 //   ... phases.mark("data"); ... phases.mark("model"); ...

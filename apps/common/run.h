@@ -111,8 +111,8 @@ struct RunSetup {
 };
 
 // Checks the run's flags before any work and sets up what they ask: the device (under data
-// parallelism "cuda" or "auto" is each rank's own GPU), the memory cap, the --json and --save-dir
-// paths (`save_file`: a file the app writes there, checked writable).
+// parallelism "cuda" or "auto" is each rank's own GPU, its context started), the memory cap, the
+// --json and --save-dir paths (`save_file`: a file the app writes there, checked writable).
 inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
   RunSetup s;
   mg::Device dev = f.device == "auto" ? (mg::cuda_available() ? mg::Device::cuda() : mg::Device::cpu())
@@ -132,6 +132,7 @@ inline RunSetup setup_run(const RunFlags& f, const std::string& save_file) {
     for_flag("--save-dir", [&] { return std::filesystem::create_directories(f.save_dir); });
     mg::check_writable(f.save_dir + "/" + save_file, "--save-dir");
   }
+  mg::synchronize(s.dev);  // on CUDA the device's context starts here: the "device" phase (common/phases.h)
   return s;
 }
 

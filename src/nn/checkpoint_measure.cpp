@@ -55,15 +55,6 @@ void wake_workers(Device d) {
   if (d.is_cpu()) cpu::parallel_pieces(cpu::parallel_slots(1 << 10), [](int64_t, int) {});
 }
 
-// The model's state that a measured pass changes, kept in host memory and put back by restore()
-// or, failing that, when the guard goes: the gradient buffers (backward adds into them), the
-// buffers (a BatchNorm's forward in training updates its running statistics) and the generators
-// dropout draws from (the default one and any a Dropout was given). Measurement runs with zeroed
-// gradient buffers, as a training step does (zero_grads): the existing ones, zeroed in place after
-// their values are kept in host memory (a second set on the device would be counted in the peak,
-// and could pass a memory cap the step itself fits), or new ones where there were none. However
-// the pass ends the model is left as it was: an out-of-memory error while measuring (under a
-// memory cap, the joint planner measures until a micro-batch no longer fits) is one way.
 // Whether t is a float32 tensor on the CPU whose bits are all 0 (+0.0 throughout), as the optimizer's
 // zeroing leaves a gradient buffer: ModelStateGuard zeroes it again instead of keeping a copy
 // (VGG16's 138M gradients: a scan instead of a 0.55 GB copy each way, for every measurement).
@@ -73,6 +64,17 @@ bool zero_on_cpu(const Tensor& t) {
   return std::all_of(w, w + t.numel(), [](uint32_t x) { return x == 0; });
 }
 
+// The model's state that a measured pass changes, kept in host memory and put back by restore()
+// or, failing that, when the guard goes: the gradient buffers (backward adds into them), the
+// buffers (a BatchNorm's forward in training updates its running statistics) and the generators
+// dropout draws from (the default one and any a Dropout was given). Measurement runs with zeroed
+// gradient buffers, as a training step does (zero_grads): the existing ones, zeroed in place after
+// their values are kept in host memory (a second set on the device would be counted in the peak,
+// and could pass a memory cap the step itself fits), or new ones where there were none. Buffers
+// that are zero already (MeasureOptions::gradients_zero, or all bits 0 on the CPU) are not kept:
+// restore() zeroes them again. However
+// the pass ends the model is left as it was: an out-of-memory error while measuring (under a
+// memory cap, the joint planner measures until a micro-batch no longer fits) is one way.
 class ModelStateGuard {
  public:
   ModelStateGuard(Sequential& seq, std::vector<Tensor> params, bool gradients_zero)

@@ -193,15 +193,14 @@ void Trainer::print(const std::string& line) const {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-// The plan for `memory` bytes (0: no budget): Note [the trainer's step].
-// Zeroed before measuring (MeasureOptions::gradients_zero): a window starts from zero gradients
-// anyway, and measuring then need not keep a copy of them.
+// Before measuring (MeasureOptions::gradients_zero): a window starts from zero gradients anyway.
 void Trainer::zero_gradients() {
   for (const Tensor& p : model_.parameters()) {
     if (p.grad().defined()) p.grad().fill_(0.0f);
   }
 }
 
+// The plan for `memory` bytes (0: no budget): Note [the trainer's step].
 void Trainer::plan_for(size_t memory) {
   zero_gradients();
   // The loss's targets per row: a token per position for windows (a GPT's), one label otherwise.
@@ -315,6 +314,15 @@ void Trainer::replan(size_t memory, int64_t step, const std::string& from, const
 
 const nn::TrainPlan& Trainer::plan() {
   if (planned_) return plan_;
+  // What an attempt that threw (no plan fits; out of memory under a budget) left is dropped, so
+  // that calling plan() again, after a cap was raised, starts as the first call did.
+  window_buffers_.clear();
+  preflight_.clear();
+  replans_.clear();
+  struct DropPreflight {
+    std::vector<nn::ChainCost>& costs;
+    ~DropPreflight() { costs.clear(); }  // a re-plan in fit() measures afresh
+  } drop_preflight{preflight_};
   const AutocastGuard cast(opts_.precision);  // measured in the dtypes the steps run in
   // The copy of the buffers a redone window goes back to (fit), made before anything is measured,
   // so that every plan counts it. Not under data parallelism, where out of memory is not recovered.
@@ -322,7 +330,8 @@ const nn::TrainPlan& Trainer::plan() {
     for (const auto& [name, b] : model_.named_buffers()) window_buffers_.push_back(b.clone());
   }
   const size_t capacity = memory_capacity(dev_);
-  const size_t memory = opts_.memory_budget.empty() ? 0 : (opts_.memory_budget == "free" ? capacity : budget_);
+  const size_t given = opts_.memory_budget.empty() || opts_.memory_budget == "free" ? 0 : parse_bytes(opts_.memory_budget);
+  const size_t memory = opts_.memory_budget.empty() ? 0 : (opts_.memory_budget == "free" ? capacity : given);
   budget_ = memory;  // plan_for may change it (measuring ran out of memory)
   // The pre-flight check: one sample measured, the micro-batch's least need extrapolated, so that
   // a batch that cannot fit is known in seconds, not after measuring it. Under a budget it is
@@ -337,13 +346,13 @@ const nn::TrainPlan& Trainer::plan() {
     // The least peak of any plan at 1 and 2 samples: its growth per sample and what does not grow
     // (a one-sample peak alone holds workspaces that do not scale, and would overstate it).
     zero_gradients();
-    preflight_.reserve(2);
-    const nn::ChainCost& one = preflight_.emplace_back(measure(1, {}));
-    const double floor1 = static_cast<double>(nn::min_feasible_peak(one));
-    double per_sample = floor1 - static_cast<double>(std::min(nn::min_feasible_peak(one), one.fixed_bytes));
+    preflight_.push_back(measure(1, {}));
+    const size_t floor1_bytes = nn::min_feasible_peak(preflight_.back());
+    const double floor1 = static_cast<double>(floor1_bytes);
+    double per_sample = floor1 - static_cast<double>(std::min(floor1_bytes, preflight_.back().fixed_bytes));
     if (rank_batch_ >= 2) {
-      const nn::ChainCost& two = preflight_.emplace_back(measure(2, {}));
-      per_sample = std::max(0.0, static_cast<double>(nn::min_feasible_peak(two)) - floor1);
+      preflight_.push_back(measure(2, {}));
+      per_sample = std::max(0.0, static_cast<double>(nn::min_feasible_peak(preflight_.back())) - floor1);
     }
     const double base = floor1 - per_sample;
     per_sample_ = per_sample;
@@ -392,13 +401,11 @@ const nn::TrainPlan& Trainer::plan() {
   if (!over_device.empty()) {
     replan(capacity, -1, "micro-batch " + std::to_string(b) + ", checkpoint " + opts_.checkpoint, over_device);
     plan_times_.measure_ms = ms_since(measuring);
-    preflight_.clear();
     planned_ = true;
     return plan_;
   }
   plan_for(memory);
   plan_times_.measure_ms = ms_since(measuring);
-  preflight_.clear();  // a re-plan measures afresh
   planned_ = true;
   print("plan: " + plan_.str() + (plan_.predicted_peak ? ", predicted peak " + format_bytes(plan_.predicted_peak) : ""));
   return plan_;

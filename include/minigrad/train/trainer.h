@@ -34,8 +34,8 @@
 //     the device has instead (a Replan of step -1).
 // The pre-flight check measures one and two samples first and extrapolates what the micro-batch
 // needs with the least memory any plan takes (an estimate: over the limit by a quarter counts as
-// over; nearer, the micro-batch's own measuring decides). Those two measurements are then the
-// plan's tiles of one and two rows (MeasureOptions::tiles_measured), not measured again. Under a budget, a micro-batch that cannot
+// over; nearer, the micro-batch's own measuring decides). With tiles on and no joint planning, those
+// two measurements are then the plan's tiles of one and two rows (MeasureOptions::tiles_measured). Under a budget, a micro-batch that cannot
 // fit is refused at once (naming what it needs and the budget), instead of measuring it for
 // minutes; without one, a micro-batch over what the device has is planned jointly for the device
 // instead, and only a model of which one sample cannot fit is refused.
@@ -294,7 +294,7 @@ class Trainer {
   std::vector<Replan> replans_;
   size_t budget_ = 0;
   PlanTimes plan_times_;
-  std::vector<nn::ChainCost> preflight_;  // its measurements at one and two samples: tiles of the plan's
+  std::vector<nn::ChainCost> preflight_;  // the pre-flight's measurements, during plan(): the plan's tiles
   double per_sample_ = 0;  // the pre-flight check's least bytes per sample, and its fixed bytes
   size_t fixed1_ = 0;
   std::vector<Tensor> window_buffers_;  // the buffers at the window's start (Note [the trainer's step])
