@@ -325,7 +325,10 @@ stage_bench() {
   cat "$log/cuda.md" >>"$log/summary.txt" 2>/dev/null
   # VGG16's step op by op (minigrad/core/profiler.h): the header and the ten longest rows.
   local r
-  timeout 60 "$build/bin/vgg_ckpt" --device cuda --batch-size 32 --steps 5 --tf32 conv --profile \
+  # --tiles off here and in the other runs of plan none: a tile size measured is only the report's
+  # floor for that plan, and measuring them all costs about one more measurement of the batch
+  # (on cuDNN, each tile a new shape) outside the steps (item 22).
+  timeout 60 "$build/bin/vgg_ckpt" --device cuda --batch-size 32 --steps 5 --tf32 conv --profile --tiles off \
     >"$log/vgg16_profile.log" 2>&1
   r=$?
   note "vgg16 B=32 --profile: exit $r"
@@ -434,7 +437,7 @@ for line in open(sys.argv[1]):
 PY
   # Item 7: both cuDNN flags at once (cut off by the last call's limit).
   timeout 60 "$build/bin/vgg_ckpt" --device cuda --batch-size 64 --steps 6 --tf32 conv --cudnn-benchmark \
-    --cudnn-nondeterministic >"$log/vgg16_both_cudnn_flags.log" 2>&1
+    --cudnn-nondeterministic --tiles off >"$log/vgg16_both_cudnn_flags.log" 2>&1
   r=$?
   note "vgg16 B=64 --cudnn-benchmark --cudnn-nondeterministic: exit $r; $(grep -E '^median step' "$log/vgg16_both_cudnn_flags.log" | tail -1)"
   return $rc
@@ -569,7 +572,7 @@ stage_precision() {
   note "precision: gpt2 B=$gb T=1024 bf16 --fused-residual on: exit $r; $(grep -E '^median step' "$log/precision_gpt2_bf16_resid.log" | tail -1)"
   [ $r -ne 0 ] && rc=1
   for p in tf32 bf16; do
-    timeout 100 "$build/bin/vgg_ckpt" --device cuda --image-size 224 --batch-size "$vb" --steps 8 --precision $p \
+    timeout 100 "$build/bin/vgg_ckpt" --device cuda --image-size 224 --batch-size "$vb" --steps 8 --tiles off --precision $p \
       --json "$log/precision_vgg16_$p.json" >"$log/precision_vgg16_$p.log" 2>&1
     r=$?
     note "precision: vgg16 224 B=$vb $p: exit $r; $(grep -E '^median step' "$log/precision_vgg16_$p.log" | tail -1)"
@@ -634,7 +637,7 @@ stage_cliff() {
   local rc=0 r name b lim extra
   # shellcheck disable=SC2206
   local vgg=("$build/bin/vgg_ckpt" --device "${CLIFF_DEVICE:-cuda}" ${CLIFF_MODEL_ARGS:---image-size 224}
-             --steps "${CLIFF_STEPS:-8}" --tf32 conv --conv-algos)
+             --steps "${CLIFF_STEPS:-8}" --tf32 conv --conv-algos --tiles off)
   for spec in "b32:32::" "b64:64::" "b64_limit:64:${CLIFF_LIMIT:-8GiB}:" "b64_no_prefetch:64::--prefetch off"; do
     IFS=: read -r name b lim extra <<<"$spec"
     # shellcheck disable=SC2086
@@ -666,6 +669,10 @@ for name, j in runs.items():
           f"after the first {allocs}; peak in use {gib(max(in_use or [0]))}, reserved {gib(max(reserved or [0]))} "
           f"(predicted {gib(j['predicted_peak_bytes'])}); data wait median {statistics.median(data or [0]):.2f} ms; "
           f"prefetch {j.get('prefetch')}; workspace limit {gib(j.get('conv_workspace_limit_bytes', 0))}")
+    ph = j.get("phases_ms")  # where the run's time outside its steps went (item 22)
+    if ph:
+        print("    wall time: " + ", ".join(f"{k} {v / 1e3:.1f} s" for k, v in ph.items() if v >= 0) +
+              f" (the plan's pre-flight {j['plan_preflight_ms'] / 1e3:.1f} s, measuring {j['plan_measure_ms'] / 1e3:.1f} s)")
 # The step's own choices (x's batch = the step's), by layer shape and pass.
 def choices(j):
     if not j:
