@@ -118,7 +118,7 @@ class ModelStateGuard {
   void zero_grads() {
     for (size_t i = 0; i < params_.size(); ++i) {
       if (had_grad_[i]) {
-        params_[i].grad().fill_(0.0f);
+        if (!zero_grad_[i]) params_[i].grad().fill_(0.0f);  // zero ones are zero already
       } else {
         params_[i].set_grad(Tensor::zeros(params_[i].shape(), TensorOptions{DType::f32, params_[i].device()}));
       }
