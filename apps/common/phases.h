@@ -31,17 +31,16 @@ inline double ms_since_process_start() {
   if (!std::getline(in, stat)) return -1;
   const size_t close = stat.rfind(')');  // the command name may hold spaces
   if (close == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(close + 2));
+  std::istringstream rest(stat.substr(close + 2));  // from field 3 (state)
   std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
-    if (i < 22) continue;
-    timespec now{};
-    const long ticks = sysconf(_SC_CLK_TCK);
-    if (ticks <= 0 || clock_gettime(CLOCK_BOOTTIME, &now) != 0) return -1;
-    const double start_ms = std::stod(field) * 1000.0 / static_cast<double>(ticks);
-    return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6 - start_ms;
+  for (int i = 3; i <= 22; ++i) {  // field 22: starttime
+    if (!(rest >> field)) return -1;
   }
-  return -1;
+  timespec now{};
+  const long ticks = sysconf(_SC_CLK_TCK);
+  if (ticks <= 0 || clock_gettime(CLOCK_BOOTTIME, &now) != 0) return -1;
+  const double start_ms = std::stod(field) * 1000.0 / static_cast<double>(ticks);
+  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6 - start_ms;
 }
 
 struct Phases {

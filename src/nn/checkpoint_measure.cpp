@@ -72,9 +72,9 @@ bool zero_on_cpu(const Tensor& t) {
 // their values are kept in host memory (a second set on the device would be counted in the peak,
 // and could pass a memory cap the step itself fits), or new ones where there were none. Buffers
 // that are zero already (MeasureOptions::gradients_zero, or all bits 0 on the CPU) are not kept:
-// restore() zeroes them again. However
-// the pass ends the model is left as it was: an out-of-memory error while measuring (under a
-// memory cap, the joint planner measures until a micro-batch no longer fits) is one way.
+// restore() zeroes them again. However the pass ends the model is left as it was: an
+// out-of-memory error while measuring (under a memory cap, the joint planner measures until a
+// micro-batch no longer fits) is one way.
 class ModelStateGuard {
  public:
   ModelStateGuard(Sequential& seq, std::vector<Tensor> params, bool gradients_zero)

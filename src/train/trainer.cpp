@@ -200,9 +200,9 @@ void Trainer::zero_gradients() {
   }
 }
 
-// The plan for `memory` bytes (0: no budget): Note [the trainer's step].
+// The plan for `memory` bytes (0: no budget): Note [the trainer's step]. The gradients are zero
+// (plan() and replan() zero them; measuring leaves them as it found them).
 void Trainer::plan_for(size_t memory) {
-  zero_gradients();
   // The loss's targets per row: a token per position for windows (a GPT's), one label otherwise.
   const int64_t targets_per_row = windows_ ? windows_->window_rows(0, 0, 1).y.numel() : 1;
   auto measure_at = [&](int64_t b) {
@@ -279,6 +279,7 @@ void Trainer::plan_for(size_t memory) {
 // and gets a new checkpoint plan when one fits; otherwise the joint planner splits the batch (the
 // samples of a step kept).
 void Trainer::replan(size_t memory, int64_t step, const std::string& from, const std::string& cause) {
+  zero_gradients();  // a redone window starts from zero ones anyway
   print(cause + "\n  planning again for what the device has, " + format_bytes(memory));
   bool planned = false;
   if (opts_.micro_batch > 0 && !opts_.memory_budget.empty()) {
@@ -317,13 +318,13 @@ const nn::TrainPlan& Trainer::plan() {
   // What an attempt that threw (no plan fits; out of memory under a budget) left is dropped, so
   // that calling plan() again, after a cap was raised, starts as the first call did.
   window_buffers_.clear();
-  preflight_.clear();
   replans_.clear();
-  struct DropPreflight {
+  struct DropPreflight {  // however plan() ends: a re-plan in fit() measures afresh
     std::vector<nn::ChainCost>& costs;
-    ~DropPreflight() { costs.clear(); }  // a re-plan in fit() measures afresh
+    ~DropPreflight() { costs.clear(); }
   } drop_preflight{preflight_};
   const AutocastGuard cast(opts_.precision);  // measured in the dtypes the steps run in
+  zero_gradients();  // before measuring (MeasureOptions::gradients_zero)
   // The copy of the buffers a redone window goes back to (fit), made before anything is measured,
   // so that every plan counts it. Not under data parallelism, where out of memory is not recovered.
   if (!dist::active()) {
@@ -345,7 +346,6 @@ const nn::TrainPlan& Trainer::plan() {
   try {
     // The least peak of any plan at 1 and 2 samples: its growth per sample and what does not grow
     // (a one-sample peak alone holds workspaces that do not scale, and would overstate it).
-    zero_gradients();
     preflight_.push_back(measure(1, {}));
     const size_t floor1_bytes = nn::min_feasible_peak(preflight_.back());
     const double floor1 = static_cast<double>(floor1_bytes);

@@ -34,10 +34,10 @@
 //     the device has instead (a Replan of step -1).
 // The pre-flight check measures one and two samples first and extrapolates what the micro-batch
 // needs with the least memory any plan takes (an estimate: over the limit by a quarter counts as
-// over; nearer, the micro-batch's own measuring decides). With tiles on and no joint planning, those
-// two measurements are then the plan's tiles of one and two rows (MeasureOptions::tiles_measured). Under a budget, a micro-batch that cannot
-// fit is refused at once (naming what it needs and the budget), instead of measuring it for
-// minutes; without one, a micro-batch over what the device has is planned jointly for the device
+// over; nearer, the micro-batch's own measuring decides). With tiles on and no joint planning,
+// those two measurements are then the plan's tiles of one and two rows
+// (MeasureOptions::tiles_measured). Under a budget, a micro-batch that cannot fit is refused at
+// once (naming what it needs and the budget), instead of measuring it for minutes; without one, a micro-batch over what the device has is planned jointly for the device
 // instead, and only a model of which one sample cannot fit is refused.
 //
 // Out of memory inside a window (a full device, or a cap of mg::set_memory_limit lowered by a
