@@ -37,7 +37,9 @@
 # the one with a CUDA PyTorch), SANITIZE_TOOLS (default memcheck; also racecheck, synccheck,
 # initcheck), SANITIZE_TESTS (which GPU test executables, default all), SANITIZE_FILTER (doctest
 # -tc filter for the sanitizer runs), SANITIZE_TIMEOUT (seconds per run, default 150),
-# SANITIZE_PARALLEL (1: every tool and test side by side).
+# SANITIZE_PARALLEL (1: every tool and test side by side). The quick, test and sanitize stages
+# start a test executable again after a case that crashed it or left a sticky CUDA error
+# (scripts/run_resumable.sh; MG_RESUME_MOST, default 8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -59,6 +61,12 @@ trap pack EXIT
 gpu_tests=($(grep -l '^#include "cuda_helpers.h"' tests/test_*.cpp | xargs -n1 basename | sed 's/\.cpp$//') test_ops)
 
 note() { echo "[gpu_verify] $*" | tee -a "$log/summary.txt"; }
+
+# run_resumable: a test executable started again after a case that crashed it or left a sticky
+# CUDA error, within the same time limit (the quick and test stages).
+source scripts/run_resumable.sh
+# A test log's doctest totals, one per part when run_resumable started it again.
+totals() { grep -E 'test cases:' "$1" | sed 's/^\[doctest\] //' | paste -sd ';' | sed 's/;/; then /g'; }
 
 # The tools and libraries the stages need, for every process they start: the toolkit's binaries
 # (compute-sanitizer), the Python with PyTorch (tests/with_reference.sh reads PYTHON), and the
@@ -230,9 +238,10 @@ stage_test() {
     [ $r -ne 0 ] && rc=1
   fi
   for t in "${gpu_tests[@]}"; do
-    timeout 240 "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1
+    run_resumable 240 "$log/$t.log" "$build/bin/$t"
     r=$?
-    note "$t alone: exit $r; $(grep -E 'test cases:' "$log/$t.log" | tail -1)"
+    note "$t alone: exit $r; $(totals "$log/$t.log")"
+    grep '^\[run_resumable\]' "$log/$t.log" >>"$log/summary.txt"
     grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$t.log" | cut -c1-300 >>"$log/summary.txt"
     [ $r -ne 0 ] && rc=1
   done
@@ -249,7 +258,8 @@ stage_quick() {
   local side=() pids=()
   # A test's exit, why it saw no device, its first failures (for the reply's tail), NCCL's figures.
   report() {
-    note "$1: exit $2; $(grep -E 'test cases:' "$log/$1.log" | tail -1)"
+    note "$1: exit $2; $(totals "$log/$1.log")"
+    grep '^\[run_resumable\]' "$log/$1.log" | tee -a "$log/summary.txt"
     grep -m1 -oE 'no CUDA device \(.*\)|MG_REQUIRE_GPU=1, but .*' "$log/$1.log" | cut -c1-300 | tee -a "$log/summary.txt"
     grep -m6 -E 'ERROR:|error:|FATAL|what\(\)|Segmentation|Aborted' "$log/$1.log" | cut -c1-400 | tee -a "$log/summary.txt"
     [ "$1" = nccl_world_of_one ] && grep -E 'relative error|began a reduction' "$log/$1.log" | cut -c1-300 | tee -a "$log/summary.txt"
@@ -257,12 +267,12 @@ stage_quick() {
   }
   for t in "${gpu_tests[@]}"; do [ "$t" != test_cuda_allocator ] && side+=("$t"); done
   for t in "${side[@]}"; do
-    timeout "$limit" "$build/bin/$t" --duration=true >"$log/$t.log" 2>&1 &
+    run_resumable "$limit" "$log/$t.log" "$build/bin/$t" &
     pids+=($!)
   done
   if [ -x "$build/bin/mpi_training" ]; then
-    MG_DIST_WORLD_OF_ONE=1 MG_DIST_TIMEOUT=60 timeout "$limit" "$build/bin/mpi_training" -tc="CUDA*" \
-      >"$log/nccl_world_of_one.log" 2>&1 &
+    MG_DIST_WORLD_OF_ONE=1 MG_DIST_TIMEOUT=60 run_resumable "$limit" "$log/nccl_world_of_one.log" \
+      "$build/bin/mpi_training" -tc="CUDA*" &
     pids+=($!)
     side+=(nccl_world_of_one)
   fi
@@ -271,7 +281,7 @@ stage_quick() {
     wait "${pids[$i]}"
     report "${side[$i]}" $?
   done
-  timeout "$limit" "$build/bin/test_cuda_allocator" --duration=true >"$log/test_cuda_allocator.log" 2>&1
+  run_resumable "$limit" "$log/test_cuda_allocator.log" "$build/bin/test_cuda_allocator"
   report test_cuda_allocator $?
   note "quick: $((SECONDS - t0)) s"
   return $rc
@@ -286,7 +296,9 @@ stage_sanitize() {
   read -r -a tools <<<"${SANITIZE_TOOLS:-memcheck}"
   # One run: its exit and the sanitizer's summary line.
   sanitize_report() {
-    note "compute-sanitizer $1: exit $2; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log/sanitizer_${1/ /_}.log" | tail -1)"
+    local f="$log/sanitizer_${1/ /_}.log"
+    note "compute-sanitizer $1: exit $2; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | paste -sd ';' | sed 's/;/; then /g')"
+    grep '^\[run_resumable\]' "$f" >>"$log/summary.txt"
     [ "$2" -ne 0 ] && rc=1
   }
   for tool in "${tools[@]}"; do
@@ -297,8 +309,8 @@ stage_sanitize() {
       [ "$t" = test_cuda_allocator ] && skip=(-tce="*out of memory*,*full device*")
       # SANITIZE_PARALLEL=1 runs every (tool, test) pair side by side (the device has the memory
       # and the cores; these are checks, not timings), each under SANITIZE_TIMEOUT seconds.
-      timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        "$build/bin/$t" "${filter[@]}" "${skip[@]}" >"$log/sanitizer_${tool}_$t.log" 2>&1 &
+      run_resumable "$limit" "$log/sanitizer_${tool}_$t.log" compute-sanitizer --tool "$tool" \
+        --error-exitcode 99 --print-limit 20 "$build/bin/$t" "${filter[@]}" "${skip[@]}" &
       if [ "${SANITIZE_PARALLEL:-0}" = 1 ]; then
         pids+=($!) names+=("$tool $t")
       else
