@@ -70,6 +70,15 @@ def pair_up(records):
     return pairs
 
 
+def floor_record(r):
+    """Our plain run of plan none (channels first, float32 or TF32, tiles measured), whose smallest
+    feasible peak is the workload's floor: the layout and bf16 variants measure no tiles, and
+    their floors are other models' (bench/suite.py)."""
+    app = r.get("app") or {}
+    return (r.get("framework") == "libminigrad" and r.get("plan") == "none" and bool(app.get("min_feasible_peak_bytes"))
+            and r.get("layout", "nchw") == "nchw" and r.get("precision") != "bf16" and app.get("tiles", True))
+
+
 def plan_label(plan, repeat, repeats):
     if plan and plan.startswith("budget="):
         try:
@@ -120,7 +129,7 @@ def table(records, device):
                          f"PyTorch {fmt(segs_t)}")
     for r in records:
         app = r.get("app") or {}
-        if r.get("framework") == "libminigrad" and r.get("plan") == "none" and app.get("min_feasible_peak_bytes"):
+        if floor_record(r):
             notes.append(f"- {r['workload']}: the planner's smallest feasible peak is {mib(app['min_feasible_peak_bytes'])} MiB"
                          + (f" (plan {app['min_feasible_plan']})" if app.get("min_feasible_plan") else "")
                          + f"; fixed part (parameters, gradient buffers, optimizer state, targets): {mib(app.get('fixed_bytes'))} MiB")
@@ -274,8 +283,7 @@ def plot(records, device, path):
                 for x, y_pred, y_meas in pred:
                     if y_meas:
                         ax.plot([x, x], [y_pred, y_meas], linestyle=":", color="tab:green", alpha=0.7)
-            floors = [r["app"]["min_feasible_peak_bytes"] / MIB for r in vgg
-                      if r["framework"] == "libminigrad" and (r.get("app") or {}).get("min_feasible_peak_bytes")]
+            floors = [r["app"]["min_feasible_peak_bytes"] / MIB for r in vgg if floor_record(r)]
             if floors:
                 ax.axhline(floors[-1], linestyle="--", color="gray", linewidth=1,
                            label=f"planner's smallest feasible peak ({floors[-1]:.1f} MiB)")
