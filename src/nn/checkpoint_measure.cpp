@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <set>
 #include <unordered_set>
+#include <utility>
 
 #include <minigrad/core/autocast.h>
 #include <minigrad/core/checkpoint.h>
@@ -190,6 +192,40 @@ size_t measure_replay_peak(Sequential& seq, const Tensor& xin, size_t begin, siz
   return memory_stats(dev).peak_in_use - base;
 }
 
+// Where a unit's output waits during the unit's measured backward (measure_units): off the
+// device, so that the backward holds what it holds in a step, with its bits and dtype as they
+// are. On a GPU, in a block of the CPU allocator, which the device's counts do not see; on the
+// CPU, whose allocator is the device measured, in memory of its own. Both are kept for the next
+// unit: before, each unit's output went to a fresh std::vector, widened to float32, and back
+// through another host copy, and every vector's pages were new.
+class OutputStash {
+ public:
+  void keep(const Tensor& y) {
+    shape_ = y.shape();
+    dtype_ = y.dtype();
+    device_ = y.device();
+    if (device_.is_cpu()) {
+      if (bytes_.size() < y.nbytes()) bytes_.resize(y.nbytes());  // grows to the largest output once
+      if (y.nbytes() > 0) std::memcpy(bytes_.data(), y.raw_data(), y.nbytes());
+    } else {
+      host_ = y.to(Device::cpu());
+    }
+  }
+  Tensor take() {
+    if (!device_.is_cpu()) return std::exchange(host_, Tensor()).to(device_);
+    Tensor y = Tensor::empty(shape_, TensorOptions{dtype_, device_});
+    if (y.nbytes() > 0) std::memcpy(y.raw_data(), bytes_.data(), y.nbytes());
+    return y;
+  }
+
+ private:
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu();
+  std::vector<std::byte> bytes_;
+  Tensor host_;
+};
+
 // The measured pass: each unit's forward and backward on its own, timed, with its memory read
 // from the allocator and its nodes from the tape, into cost.units. Returns the chain's output.
 Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
@@ -201,6 +237,7 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
   Tensor h = x_in.detach();
   bool needs_grad = x_in.requires_grad();
   bool input_held = true;  // a step holds this unit's input during its backward (the caller's batch, or a saved output)
+  OutputStash stash;
   for (auto [begin, end] : form_units(seq)) {
     UnitCost u;
     u.begin = begin;
@@ -288,7 +325,7 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
       // backward (unless the unit saved it): it waits in host memory, so that measuring holds
       // no more than the step does (under a memory cap at the floor, measuring must fit too).
       const Shape y_shape = y.shape();
-      const std::vector<float> y_host = y.to_vector<float>();
+      stash.keep(y);
       Tensor root(std::make_shared<TensorImpl>());
       root.impl().shape = y_shape;
       root.impl().requires_grad = true;
@@ -313,8 +350,7 @@ Tensor measure_units(Sequential& seq, const Tensor& x_in, ChainCost& cost) {
       u.backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
       u.bwd_peak = memory_stats(dev).peak_in_use - base1;
       root = Tensor();
-      y = Tensor::from_vector(y_host, y_shape, TensorOptions{DType::f32, dev});
-      if (y_dtype != DType::f32) y = y.to(y_dtype);  // exact: y_host holds y's values widened
+      y = stash.take();
       needs_grad = true;
     } else {
       u.flops = static_cast<double>(y.numel());
