@@ -2,6 +2,7 @@
 // strings, and what is not supported saying so.
 #include <cstring>
 
+#include "core/tape.h"     // rows_view
 #include "cuda_helpers.h"  // exits with 77 (skipped) without the CUDA backend or a device
 
 #ifdef MINIGRAD_WITH_CUDA
@@ -76,6 +77,19 @@ TEST_CASE("cuda: conversions between float32, float64, bfloat16 and float16 give
   CHECK(test::bit_equal(gx.to(DType::f16).to(DType::bf16).cpu(), x.to(DType::f16).to(DType::bf16)));
   CHECK(Tensor::full({4}, 0.1f, TensorOptions{DType::bf16, kGpu}).cpu().to_vector<float>() ==
         Tensor::full({4}, 0.1f, TensorOptions{DType::bf16}).to_vector<float>());
+  // fill_ of 16-bit tensors runs on the device (it filled a host copy and copied it over): the
+  // CPU's bits, on a view of rows (the rows beside it untouched), with no device memory taken.
+  for (const DType t : {DType::bf16, DType::f16}) {
+    CAPTURE(dtype_name(t));
+    Tensor want = Tensor::full({3, 70001}, -1.0f, TensorOptions{t});
+    rows_view(want, 1, 1).fill_(0.1f);
+    Tensor got = Tensor::full({3, 70001}, -1.0f, TensorOptions{t, kGpu});
+    const size_t in_use = memory_stats(kGpu).in_use;
+    reset_peak_memory_stats(kGpu);
+    rows_view(got, 1, 1).fill_(0.1f);
+    CHECK(memory_stats(kGpu).peak_in_use == in_use);
+    CHECK(test::bit_equal(got.cpu(), want));
+  }
 }
 
 #endif  // MINIGRAD_WITH_CUDA

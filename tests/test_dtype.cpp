@@ -14,6 +14,7 @@
 #include "helpers.h"
 #include "kernels/convert.h"
 #include "core/parallel.h"
+#include "core/tape.h"  // rows_view
 #include "kernels/cpu/half_rows.h"
 #include "kernels/batch_norm.h"
 #include "kernels/layer_norm.h"
@@ -240,6 +241,23 @@ TEST_CASE("Tensor::to(DType), copy_ between dtypes, fill_, to_vector and str") {
   for (float e : ones.to_vector<float>()) CHECK(e == half::float_from_bf16(half::bf16_from_float(0.1f)));
   CHECK(Tensor::zeros({2}, TensorOptions{DType::f16}).to_vector<float>() == std::vector<float>{0.0f, 0.0f});
   CHECK(Tensor::full({1}, 2.5f, TensorOptions{DType::f16}).item() == 2.5f);
+  // fill_ in place: each element the value's bits, rounded once, over more elements than one
+  // thread's piece, on a view of rows (its offset honoured, the rows beside it untouched), with no
+  // memory taken (it used to fill a host copy and copy it over).
+  for (DType t : {DType::bf16, DType::f16}) {
+    CAPTURE(dtype_name(t));
+    Tensor big = Tensor::full({3, 40000}, -1.0f, TensorOptions{t});
+    const size_t in_use = memory_stats(Device::cpu()).in_use;
+    reset_peak_memory_stats(Device::cpu());
+    rows_view(big, 1, 1).fill_(0.1f);
+    CHECK(memory_stats(Device::cpu()).peak_in_use == in_use);
+    const uint16_t want = t == DType::bf16 ? half::bf16_from_float(0.1f) : half::f16_from_float(0.1f);
+    const uint16_t minus = t == DType::bf16 ? half::bf16_from_float(-1.0f) : half::f16_from_float(-1.0f);
+    const uint16_t* p = static_cast<const uint16_t*>(big.raw_data());
+    CHECK(std::count(p, p + 40000, minus) == 40000);
+    CHECK(std::count(p + 40000, p + 80000, want) == 40000);
+    CHECK(std::count(p + 80000, p + 120000, minus) == 40000);
+  }
   // str(): the values as float, the dtype and the device.
   CHECK(b.str(2) == "tensor([0.100098, -2.5, ..., -0, 3], shape [7], bfloat16, cpu)");
   CHECK(Tensor::from_vector(std::vector<int64_t>{4, 5}, {2}).str() == "tensor([4, 5], shape [2], int64, cpu)");

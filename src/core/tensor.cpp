@@ -214,17 +214,10 @@ Tensor& Tensor::fill_(float value) {
     for (int64_t i = 0; i < numel(); ++i) p[i] = value;
     return *this;
   }
-  if (dtype() == DType::bf16 || dtype() == DType::f16) {  // the value rounded once, then copied
-    if (numel() == 0) return *this;
-    Tensor one = Tensor::full({1}, value, TensorOptions{DType::f32, Device::cpu(), false}).to(dtype());
-    Tensor host = Tensor::empty(shape(), TensorOptions{dtype(), Device::cpu(), false});
-    const uint16_t bits = *static_cast<const uint16_t*>(one.raw_data());
-    uint16_t* p = static_cast<uint16_t*>(host.raw_data());
-    for (int64_t i = 0; i < numel(); ++i) p[i] = bits;
-    return copy_(host);
-  }
-  MG_CHECK(dtype() == DType::f32, "fill_: unsupported dtype " << dtype_name(dtype()));
-  fill_kernel(*this, value);
+  MG_CHECK(dtype() == DType::f32 || dtype() == DType::bf16 || dtype() == DType::f16,
+           "fill_: unsupported dtype " << dtype_name(dtype()));
+  if (numel() == 0) return *this;
+  fill_kernel(*this, value);  // bf16 and f16: the value rounded once, in place on the device
   return *this;
 }
 

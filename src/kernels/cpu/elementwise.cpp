@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/convert.h"
 #include "kernels/cpu/eigen.h"
 #include "kernels/cpu/packet_math.h"
 
@@ -66,8 +67,14 @@ template <> void scale_forward<Cpu>(Tensor& y, const Tensor& x, float s) {
 }
 
 template <> void fill<Cpu>(Tensor& y, float v) {
-  float* py = y.data<float>();
   const int64_t n = y.numel();
+  if (y.dtype() == DType::bf16 || y.dtype() == DType::f16) {  // the value rounded once
+    const uint16_t bits = y.dtype() == DType::bf16 ? half::bf16_from_float(v) : half::f16_from_float(v);
+    uint16_t* p = static_cast<uint16_t*>(y.raw_data());
+    cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) { std::fill(p + i0, p + i1, bits); });
+    return;
+  }
+  float* py = y.data<float>();
   cpu::parallel_for(n, cpu::kParallelGrain, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) py[i] = v;
