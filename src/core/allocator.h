@@ -106,7 +106,7 @@ Allocator& cuda_allocator(int device_index);
 // Page-locked host memory (cudaHostAlloc / cudaFreeHost): null without CUDA or a device, and when
 // the driver refuses (the host pool then takes ordinary memory).
 void* cuda_host_alloc(size_t nbytes);
-void cuda_host_free(void* ptr);
+void cuda_host_free(void* ptr) noexcept;  // after the device's work; never throws (destructors)
 // The same with `device_index` the calling thread's device meanwhile: a reading thread's first CUDA
 // call then binds it to the device it reads for (Note [staged batches] in src/core/staging.h).
 void* cuda_host_alloc_on(size_t nbytes, int device_index);

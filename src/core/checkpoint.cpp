@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "core/tape.h"
 
@@ -123,7 +124,7 @@ thread_local OffloadSchedule t_offload;
 
 void release(std::vector<Release>& list) {
   for (Release& r : list) {
-    if (r.copied) cuda_offload_wait(r.copied);
+    if (r.copied) cuda_offload_wait(std::exchange(r.copied, nullptr));  // a failed wait leaves none behind
   }
   list.clear();  // the device's blocks go with the last references
 }
@@ -186,7 +187,7 @@ void fetch(CheckpointSegment& seg) {
 void bring_back(CheckpointSegment& seg) {
   fetch(seg);
   for (CheckpointSegment::Away& a : seg.away) {
-    if (a.arrived) cuda_offload_wait(a.arrived);
+    if (a.arrived) cuda_offload_wait(std::exchange(a.arrived, nullptr));
     for (TensorImpl* impl : a.users) impl->storage = a.back;
   }
   seg.away.clear();  // the host pool's blocks go with the last references
@@ -210,6 +211,12 @@ void prefetch_before(const CheckpointSegment* seg) {
 }
 
 }  // namespace
+
+CheckpointSegment::~CheckpointSegment() {
+  for (Away& a : away) {
+    if (a.arrived) cuda_offload_wait_quietly(std::exchange(a.arrived, nullptr));
+  }
+}
 
 void copy_storage(const std::shared_ptr<StorageImpl>& dst, const std::shared_ptr<StorageImpl>& src, DType dtype) {
   if (dst->device().is_cpu() && src->device().is_cpu()) {

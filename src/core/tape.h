@@ -118,6 +118,13 @@ struct CheckpointSegment {
   // in the host pool between forward and backward; backward brings them back instead of
   // replaying. `away` lists the storages still in the host pool (Note [offload schedule]).
   bool offload = false;
+  // Waits for copies back still queued (a prefetch that backward never took: a segment dropped
+  // after an out-of-memory error, or one no gradient reached) before their device blocks go back
+  // to the allocator, whose next user would otherwise race the copy stream's writes.
+  ~CheckpointSegment();
+  CheckpointSegment() = default;
+  CheckpointSegment(const CheckpointSegment&) = delete;
+  CheckpointSegment& operator=(const CheckpointSegment&) = delete;
   struct Away {
     std::shared_ptr<StorageImpl> host;
     std::shared_ptr<StorageImpl> back;  // its device copy once a fetch has been queued
@@ -143,7 +150,8 @@ void offload_node_reached(const Node* n);
 // device's copy stream after what its stream has queued so far; the host waits for the event they
 // return (before the source may be freed or the destination read), which frees it.
 void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_index, bool to_host);
-void cuda_offload_wait(void* event);
+void cuda_offload_wait(void* event);  // frees the event even when the wait fails (then throws)
+void cuda_offload_wait_quietly(void* event) noexcept;  // the same for destructors: reports nothing
 
 // Note [offload]: the storages under `handles` (tensors the tape holds) that nothing else holds:
 // each with the tensors on it, in the order first seen. Storages in `skip`, empty ones and the

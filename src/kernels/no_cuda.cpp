@@ -20,7 +20,7 @@ Allocator& cuda_allocator(int) {
 
 void* cuda_host_alloc(size_t) { return nullptr; }
 void* cuda_host_alloc_on(size_t, int) { return nullptr; }
-void cuda_host_free(void*) {}
+void cuda_host_free(void*) noexcept {}
 
 namespace detail {
 void no_cuda_build(const char* what) {
@@ -30,6 +30,7 @@ void no_cuda_build(const char* what) {
 
 void* cuda_offload_copy(void*, const void*, size_t, int, bool) { detail::no_cuda_build("offload"); }
 void cuda_offload_wait(void*) {}
+void cuda_offload_wait_quietly(void*) noexcept {}
 void* cuda_stage_mark(int) { detail::no_cuda_build("staged batches"); }
 void* cuda_stage_copy(int, void*, const StageCopy*, size_t) { detail::no_cuda_build("staged batches"); }
 void cuda_stage_join(int, void*) { detail::no_cuda_build("staged batches"); }

@@ -84,10 +84,14 @@ void* cuda_host_alloc_on(size_t nbytes, int device_index) {
   return cuda_host_alloc(nbytes);
 }
 
-void cuda_host_free(void* ptr) {
-  // A copy out of the block may still be queued: wait for the device's work first.
-  MG_CUDA_CHECK(cudaDeviceSynchronize());
-  MG_CUDA_CHECK(cudaFreeHost(ptr));
+void cuda_host_free(void* ptr) noexcept {
+  // A copy out of the block may still be queued: wait for the device's work first. It runs in
+  // destructors (a storage of the host pool, the staging pool), so it reports nothing: after a
+  // sticky error (an illegal address) both calls fail, and a throw here would end the program in
+  // std::terminate while the error that mattered is still on its way to the user.
+  (void)cudaDeviceSynchronize();
+  (void)cudaFreeHost(ptr);
+  (void)cudaGetLastError();
 }
 
 Allocator& cuda_allocator(int device_index) {

@@ -31,6 +31,19 @@ cudaEvent_t new_event() {
   return e;
 }
 
+// Runs f, which queues copies on `copies`; when it throws part-way, the copies already queued
+// finish before the error leaves: the caller then frees or refills their memory (a staged batch's
+// host buffers and device tensors, an offloaded storage), and no copy may still read or write it.
+template <class F> void* settled_on_error(cudaStream_t copies, F&& f) {
+  try {
+    return f();
+  } catch (...) {
+    (void)cudaStreamSynchronize(copies);
+    (void)cudaGetLastError();
+    throw;
+  }
+}
+
 }  // namespace
 
 void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_index, bool to_host) {
@@ -39,17 +52,20 @@ void* cuda_offload_copy(void* dst, const void* src, size_t nbytes, int device_in
   // After what is queued so far: the kernels that wrote the source (to the host), or that last
   // read the destination's block before it was freed and handed out again (to the device).
   cudaEvent_t ready = new_event();
-  MG_CUDA_CHECK(cudaEventRecord(ready, compute));
-  MG_CUDA_CHECK(cudaStreamWaitEvent(copies, ready, 0));
-  MG_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait has run
-  // A span on the timeline's copy row while --timeline records (Note [reduction timeline]).
-  const size_t span = timeline_span_begin(
-      std::string(to_host ? "offload to host, " : "offload back, ") + std::to_string(nbytes) + " bytes", "copy", copies);
-  MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copies));
-  timeline_span_end(span, copies);
-  cudaEvent_t done = new_event();
-  MG_CUDA_CHECK(cudaEventRecord(done, copies));
-  return done;
+  const cudaError_t recorded = cudaEventRecord(ready, compute);
+  const cudaError_t waits = recorded == cudaSuccess ? cudaStreamWaitEvent(copies, ready, 0) : recorded;
+  (void)cudaEventDestroy(ready);  // released once the wait has run
+  MG_CUDA_CHECK(waits);
+  return settled_on_error(copies, [&]() -> void* {
+    // A span on the timeline's copy row while --timeline records (Note [reduction timeline]).
+    const size_t span = timeline_span_begin(
+        std::string(to_host ? "offload to host, " : "offload back, ") + std::to_string(nbytes) + " bytes", "copy", copies);
+    MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copies));
+    timeline_span_end(span, copies);
+    cudaEvent_t done = new_event();
+    MG_CUDA_CHECK(cudaEventRecord(done, copies));
+    return done;
+  });
 }
 
 void* cuda_stage_mark(int device_index) {
@@ -63,19 +79,22 @@ void* cuda_stage_copy(int device_index, void* mark, const StageCopy* copies, siz
   cuda::DeviceGuard guard(device_index);
   const cudaStream_t s = copy_stream(device_index);
   if (mark != nullptr) {  // after the kernels that last used the destination's blocks
-    MG_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(mark), 0));
-    MG_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(mark)));  // released once the wait has run
+    const cudaError_t waits = cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(mark), 0);
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(mark));  // released once the wait has run
+    MG_CUDA_CHECK(waits);
   }
-  size_t bytes = 0;
-  for (size_t i = 0; i < count; ++i) bytes += copies[i].nbytes;
-  const size_t span = timeline_span_begin("batch to the device, " + std::to_string(bytes) + " bytes", "copy", s);
-  for (size_t i = 0; i < count; ++i) {
-    MG_CUDA_CHECK(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].nbytes, cudaMemcpyHostToDevice, s));
-  }
-  timeline_span_end(span, s);
-  cudaEvent_t done = new_event();
-  MG_CUDA_CHECK(cudaEventRecord(done, s));
-  return done;
+  return settled_on_error(s, [&]() -> void* {
+    size_t bytes = 0;
+    for (size_t i = 0; i < count; ++i) bytes += copies[i].nbytes;
+    const size_t span = timeline_span_begin("batch to the device, " + std::to_string(bytes) + " bytes", "copy", s);
+    for (size_t i = 0; i < count; ++i) {
+      MG_CUDA_CHECK(cudaMemcpyAsync(copies[i].dst, copies[i].src, copies[i].nbytes, cudaMemcpyHostToDevice, s));
+    }
+    timeline_span_end(span, s);
+    cudaEvent_t done = new_event();
+    MG_CUDA_CHECK(cudaEventRecord(done, s));
+    return done;
+  });
 }
 
 void cuda_stage_join(int device_index, void* event) {
@@ -97,8 +116,16 @@ void cuda_event_free(void* event) { MG_CUDA_CHECK(cudaEventDestroy(static_cast<c
 
 void cuda_offload_wait(void* event) {
   auto e = static_cast<cudaEvent_t>(event);
-  MG_CUDA_CHECK(cudaEventSynchronize(e));
-  MG_CUDA_CHECK(cudaEventDestroy(e));
+  const cudaError_t waited = cudaEventSynchronize(e);
+  (void)cudaEventDestroy(e);  // destroyed whatever the wait said: the caller has let go of it
+  MG_CUDA_CHECK(waited);
+}
+
+void cuda_offload_wait_quietly(void* event) noexcept {
+  auto e = static_cast<cudaEvent_t>(event);
+  (void)cudaEventSynchronize(e);
+  (void)cudaEventDestroy(e);
+  (void)cudaGetLastError();
 }
 
 }  // namespace mg
