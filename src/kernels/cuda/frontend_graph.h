@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -77,7 +78,18 @@ template <class Key> class GraphCache {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = graphs_.find(k); it != graphs_.end()) return it->second;
     }
-    std::shared_ptr<const BuiltGraph> b = build();
+    std::shared_ptr<const BuiltGraph> b;
+    try {
+      b = build();
+    } catch (const Error&) {
+      throw;  // ours (a CUDA error, out of memory): not a refusal to remember
+    } catch (const std::exception& e) {
+      // The frontend also throws where it returns no error_t ("No suitable implementation for
+      // given SDPA_attributes"): a refusal like the others, so the caller falls back.
+      auto refused = std::make_shared<BuiltGraph>();
+      refused->why = std::string("the cuDNN frontend threw: ") + e.what();
+      b = std::move(refused);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     return graphs_.emplace(k, std::move(b)).first->second;
   }
