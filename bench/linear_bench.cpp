@@ -14,7 +14,8 @@
 // weight gradients land in float32. Each timed run queues --iters steps and waits once; times are
 // per step, median and minimum over --reps runs. "rel_err_vs_first": y and the weight gradient
 // against the first path's on the same inputs. "lt_runs"/"lt_refused": cuBLASLt's products during
-// the path's runs (a refused fusion runs unfused, and "lt_refusal" says why). The layer line's
+// the path's runs (a refused fusion runs unfused, and "lt_refusal" says why; "lt_invalid": those
+// refused for a descriptor cuBLASLt calls invalid, not for want of an algorithm). The layer line's
 // "first_path_speedup": this path's fwd+bwd time over the first path's (lt's, by default).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
                                 {"min_fwd_bwd_ms", step.min_ms},
                                 {"fwd_bwd_tflops", 3.0 * fwd_flop / step.median_ms * 1e-9},
                                 {"lt_runs", after.runs - before.runs},
-                                {"lt_refused", after.refused - before.refused}};
+                                {"lt_refused", after.refused - before.refused},
+                                {"lt_invalid", after.invalid - before.invalid}};
             if (after.refused > before.refused) j["lt_refusal"] = mg::cuda::lt_refusal();
             if (!y_first.defined()) {
               y_first = y.cpu();

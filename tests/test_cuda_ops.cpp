@@ -162,7 +162,7 @@ LinearRun run_linear(bool lt, const Tensor& x, const Tensor& w, const Tensor& b,
   linear_backward<Cuda>(r.dx, r.dw, r.db, dy, x, w, accumulate);
   synchronize(kGpu);
   const cuda::LtCounts after = cuda::lt_counts();
-  r.lt = {after.runs - before.runs, after.refused - before.refused};
+  r.lt = {after.runs - before.runs, after.refused - before.refused, after.invalid - before.invalid};
   return r;
 }
 
@@ -198,6 +198,7 @@ TEST_CASE("cuda: linear through cuBLASLt's epilogues against cublasGemmEx, fp32,
                                 << (lt.lt.refused > 0 ? ": " + cuda::lt_refusal() : std::string()));
         CHECK(lt.lt.runs >= 3);  // every product through cuBLASLt: y, dx, dw (and db where unfused)
         WARN(lt.lt.refused == 0);  // a refused fusion runs unfused: right, but slower
+        CHECK(lt.lt.invalid == 0);  // no descriptor of ours that cuBLASLt calls invalid
         CHECK(ex.lt.runs == 0);
         const auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
         CHECK(rel_err(f32(lt.y), f32(ex.y)) < mode.tol);
@@ -235,6 +236,7 @@ TEST_CASE("cuda: linear_gelu, cuBLASLt's GELU epilogue or its fallback, against 
       const cuda::LtCounts after = cuda::lt_counts();
       MESSAGE("cuBLASLt ran " << after.runs - before.runs << " products, refused " << after.refused - before.refused
                               << (after.refused > before.refused ? ": " + cuda::lt_refusal() : std::string()));
+      CHECK(after.invalid == before.invalid);  // refused (m = 29) for its ld, not for a descriptor of ours
     }
   }
 }
@@ -249,12 +251,23 @@ TEST_CASE("cuda: matmul's strided batches through cuBLASLt against cublasGemmStr
     std::array<Tensor, 3> out[2];
     for (const bool lt : {true, false}) {
       CublasLt mode(lt);
+      const cuda::LtCounts before = cuda::lt_counts();
       std::array<Tensor, 3>& o = out[lt ? 0 : 1];
       o[0] = poisoned({d.batch, d.m, d.n}, kGpu).to(dtype);
       o[1] = poisoned(a.shape(), kGpu).to(dtype);
       o[2] = poisoned(b.shape(), kGpu).to(dtype);
       matmul_forward<Cuda>(o[0], a, b, d);
       matmul_backward<Cuda>(o[1], o[2], dy, a, b, d);
+      const cuda::LtCounts after = cuda::lt_counts();
+      if (lt) {  // else two GemmEx paths compared with each other would pass whatever cuBLASLt did
+        MESSAGE("cuBLASLt ran " << after.runs - before.runs << " of matmul's 3 products, refused "
+                                << after.refused - before.refused
+                                << (after.refused > before.refused ? ": " + cuda::lt_refusal() : std::string()));
+        CHECK(after.invalid == before.invalid);
+        if (dtype == DType::f32) CHECK(after.runs - before.runs == 3);  // float32 products: cuBLASLt has them all
+      } else {
+        CHECK(after.runs == before.runs);
+      }
     }
     for (int i = 0; i < 3; ++i)
       CHECK(rel_err(out[0][i].to(DType::f32), out[1][i].to(DType::f32)) < (dtype == DType::f32 ? kStrict : 1e-2));

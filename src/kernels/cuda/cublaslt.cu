@@ -54,7 +54,7 @@ struct LtChoice {
 std::mutex g_mu;  // the cache and the refusal
 std::unordered_map<LtKey, LtChoice, LtKeyHash> g_cache;
 std::string g_refusal;
-std::atomic<int64_t> g_runs{0}, g_refused{0};
+std::atomic<int64_t> g_runs{0}, g_refused{0}, g_invalid{0};
 
 cublasLtEpilogue_t epilogue_of(LtEpilogue e) {
   switch (e) {
@@ -170,11 +170,13 @@ LtChoice choose(cublasLtHandle_t h, const LtDescs& d, const LtProduct& p) {
   int count = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &count);
   if (st == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS) return {true, result.algo};
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) ++g_invalid;
   std::ostringstream why;
   why << describe(p) << ": no algorithm ("
       << (st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : count == 0 ? "none returned"
                                                                                 : cublasGetStatusString(result.state))
-      << "); cublasGemmEx runs it";
+      << "); "
+      << (p.epilogue == LtEpilogue::none ? "cublasGemmEx runs it" : "the unfused kernels and cublasGemmEx run it");
   std::lock_guard<std::mutex> lock(g_mu);
   g_refusal = why.str();
   return {};
@@ -274,7 +276,7 @@ std::string lt_check_descriptors() {
   return "";
 }
 
-LtCounts lt_counts() { return {g_runs.load(), g_refused.load()}; }
+LtCounts lt_counts() { return {g_runs.load(), g_refused.load(), g_invalid.load()}; }
 
 std::string lt_refusal() {
   std::lock_guard<std::mutex> lock(g_mu);

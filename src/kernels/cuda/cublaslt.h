@@ -93,9 +93,12 @@ bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, flo
 std::string lt_check_descriptors();
 
 // For tests and benchmarks: products cuBLASLt ran and those it refused since the program
-// started, and why the last refusal (empty when none).
+// started, and why the last refusal (empty when none). `invalid` counts the refusals whose
+// algorithm search failed with another status than CUBLAS_STATUS_NOT_SUPPORTED (a descriptor of
+// ours cuBLASLt rejects: INVALID_VALUE, say): they fall back like the others, so that a wrong
+// descriptor costs speed, not a run, and the GPU tests check that there are none.
 struct LtCounts {
-  int64_t runs = 0, refused = 0;
+  int64_t runs = 0, refused = 0, invalid = 0;
 };
 LtCounts lt_counts();
 std::string lt_refusal();
