@@ -171,7 +171,7 @@ LinearRun run_linear(bool lt, const Tensor& x, const Tensor& w, const Tensor& b,
 // Note [cublaslt products]: the bias epilogue in the forward, BGRADB for db in dw's GEMM (into a
 // temporary added when accumulating), against the unfused cublasGemmEx products on the same
 // inputs; and the fused path's bits again on a second run (a fixed algorithm per key).
-TEST_CASE("cuda: linear through cuBLASLt's epilogues against cublasGemmEx, fp32, tf32 and bf16, accumulating or not") {
+TEST_CASE("cuda: linear through cuBLASLt's epilogues against cublasGemmEx, fp32, tf32, bf16 and f16, accumulating or not") {
   struct Mode {
     const char* name;
     DType dtype;
@@ -182,7 +182,7 @@ TEST_CASE("cuda: linear through cuBLASLt's epilogues against cublasGemmEx, fp32,
     int64_t n, k, m;
   };
   for (const Mode mode : {Mode{"fp32", DType::f32, false, kStrict}, Mode{"tf32", DType::f32, true, kTf32},
-                          Mode{"bf16", DType::bf16, false, 1e-2}}) {
+                          Mode{"bf16", DType::bf16, false, 1e-2}, Mode{"f16", DType::f16, false, 1e-2}}) {
     for (const Dims d : {Dims{37, 53, 29}, Dims{256, 768, 2304}, Dims{1, 257, 3}}) {
       for (const bool accumulate : {false, true}) {
         INFO(mode.name << " N=" << d.n << " K=" << d.k << " M=" << d.m << (accumulate ? " accumulating" : ""));
