@@ -400,6 +400,48 @@ TEST_CASE("cuda: conv2d backward accumulates into existing gradients") {
   CHECK(rel_err(dbg, db) < kStrict);
 }
 
+// bf16 convolutions are searched in tensor-op math (search_math in src/kernels/cuda/conv2d.cu:
+// cuDNN's default math lets tensor cores in for TF32 only); under a workspace limit of 0 the
+// choice is the ranked algorithm with the least workspace, over the limit, not the fixed fallback.
+// Each against the CPU on the same bf16 inputs, channels last (VGG16's layout under --layout nhwc).
+TEST_CASE("cuda: bf16 convolutions in tensor-op math, and under a workspace limit of 0, against the CPU") {
+  struct Limit {
+    size_t old = cuda::conv_workspace_limit();
+    explicit Limit(size_t bytes) { cuda::set_conv_workspace_limit(bytes); }
+    ~Limit() { cuda::set_conv_workspace_limit(old); }
+  };
+  for (const size_t limit : {cuda::conv_workspace_limit(), size_t{0}}) {
+    CAPTURE(limit);
+    const Limit set(limit);
+    const int64_t n = 4, c = 64, hw = 28, o = 64;
+    const Tensor x = rand_tensor({n, hw, hw, c}, 91).to(DType::bf16), w = rand_tensor({o, 3, 3, c}, 92).to(DType::bf16);
+    const Tensor b = rand_tensor({o}, 93).to(DType::bf16), dy = rand_tensor({n, hw, hw, o}, 94).to(DType::bf16);
+    Tensor y = Tensor::empty({n, hw, hw, o}, TensorOptions{DType::bf16}), dx = Tensor::empty(x.shape(), TensorOptions{DType::bf16});
+    Tensor dw = Tensor::empty(w.shape(), TensorOptions{DType::f32}), db = Tensor::empty(b.shape(), TensorOptions{DType::f32});
+    conv2d_forward<Cpu>(y, x, w, b, 1, 1, true);
+    conv2d_backward<Cpu>(dx, dw, db, dy, x, w, 1, 1, false, true);
+    const size_t before = cuda::conv_algorithms().size();
+    Tensor gy = poisoned(y.shape(), kGpu).to(DType::bf16), gdx = poisoned(dx.shape(), kGpu).to(DType::bf16);
+    Tensor gdw = poisoned(dw.shape(), kGpu), gdb = poisoned(db.shape(), kGpu);
+    conv2d_forward<Cuda>(gy, x.to(kGpu), w.to(kGpu), b.to(kGpu), 1, 1, true);
+    conv2d_backward<Cuda>(gdx, gdw, gdb, dy.to(kGpu), x.to(kGpu), w.to(kGpu), 1, 1, false, true);
+    const auto f32 = [](const Tensor& t) { return t.to(DType::f32).cpu(); };
+    CHECK(rel_err(f32(gy), f32(y)) < 1e-2);
+    CHECK(rel_err(f32(gdx), f32(dx)) < 1e-2);
+    CHECK(rel_err(gdw.cpu(), dw) < 1e-2);
+    CHECK(rel_err(gdb.cpu(), db) < 1e-2);
+    const std::vector<cuda::ConvAlgorithm> algos = cuda::conv_algorithms();
+    REQUIRE(algos.size() == before + 3);  // a new key (the limit is part of it): three new choices
+    for (size_t i = before; i < algos.size(); ++i) {
+      const cuda::ConvAlgorithm& a = algos[i];
+      MESSAGE(a.pass << ": " << a.algo_name << ", " << a.math << " math, workspace " << a.workspace_bytes << ", "
+                     << a.how << " (rank " << a.rank << ")");
+      CHECK(a.how != "fallback");  // cuDNN ranked some algorithm that qualifies
+      if (limit == 0) CHECK((a.workspace_bytes == 0 || a.how == "least workspace, over the limit"));
+    }
+  }
+}
+
 TEST_CASE("cuda: relu, pooling") {
   compare_op("relu", [](const std::vector<Tensor>& in) { return relu(in[0]); },
              {test::away_from_zero(rand_tensor({9, 37}, 71, true))}, kStrict);

@@ -91,7 +91,8 @@ struct ConvAlgorithm {
   std::string math;                   // default | tensor op | tensor op (conversion) | fma
   size_t workspace_bytes = 0;
   // heuristic (cudnnGet*_v7) | find (cudnnFind*Ex timed them) | heuristic, no room to find (Note
-  // [timing needs room]) | fallback (none of the ranked ones qualified)
+  // [timing needs room]) | least workspace, over the limit (none fit the workspace limit) |
+  // fallback (cuDNN ranked none that the math and determinism allow)
   std::string how;
   int rank = -1;                      // its place in cuDNN's ranking (0: first); -1: the fallback
   double time_ms = -1;                // cuDNN's time for it when Find ran; -1 otherwise

@@ -21,7 +21,8 @@
 // mg::cuda::conv_workspace_limit() are used; the workspace comes from the caching allocator.
 // Math (Note [cuda math modes], docs/cuda.md): TF32 allowed by default (CUDNN_DEFAULT_MATH, as
 // PyTorch's allow_tf32 for cuDNN), strict FP32 after set_tf32_conv(false) (CUDNN_FMA_MATH; an
-// algorithm is then used only if cuDNN reports it runs in FMA math).
+// algorithm is then used only if cuDNN reports it runs in FMA math); bf16/f16 in tensor-op math
+// (search_math).
 // Note [deterministic convolutions]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Determinism: by default only algorithms cuDNN reports as
@@ -31,6 +32,8 @@
 // ALGO_0 (atomics). set_cudnn_deterministic(false) admits every algorithm.
 #include <algorithm>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <unordered_map>
 
 #include "kernels/conv2d.h"
@@ -112,6 +115,34 @@ cudnnDataType_t data_type(DType dtype) {
 // the TF32 switch: their products are exact in float32 either way.
 bool strict_fp32(const ConvKey& k) { return k.dtype == DType::f32 && !k.tf32; }
 
+// The math type a search (and a fallback) starts from: FMA only for strict FP32; the default for
+// float32 with TF32 (which lets TF32 tensor cores in); tensor-op math for bf16/f16. cuDNN's default
+// lets tensor cores in for TF32 only (cudnnMathType_t), so bf16/f16 searches under it would rank
+// FMA kernels alone; PyTorch sets tensor-op math for half and bfloat16 data for the same reason.
+cudnnMathType_t search_math(const ConvKey& k) {
+  if (k.dtype != DType::f32) return CUDNN_TENSOR_OP_MATH;
+  return k.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+// The key and the choice in words, for an error from cuDNN when a chosen algorithm runs.
+std::string describe(const ConvKey& k, cuda::ConvPass pass, int algo, cudnnMathType_t math) {
+  std::ostringstream os;
+  os << "conv2d " << cuda::conv_pass_name(pass) << " of x (" << k.n << ", " << k.c << ", " << k.h << ", " << k.w
+     << "), w (" << k.o << ", " << k.c << ", " << k.kh << ", " << k.kw << "), stride " << k.stride << ", pad " << k.pad
+     << ", " << dtype_name(k.dtype) << (k.nhwc ? ", channels last" : "") << ": algorithm "
+     << cuda::conv_algo_name(pass, algo) << ", " << cuda::cudnn_math_name(static_cast<int>(math)) << " math";
+  return os.str();
+}
+
+// A chosen algorithm's run: cuDNN's status, with the case named where it fails.
+#define MG_CUDNN_RUN(call, k, pass, choice)                                                                  \
+  do {                                                                                                       \
+    const cudnnStatus_t mg_run_ = (call);                                                                    \
+    MG_CHECK(mg_run_ == CUDNN_STATUS_SUCCESS, describe(k, pass, (choice).algo, (choice).math)                 \
+                                                  << ": cuDNN error " << static_cast<int>(mg_run_) << ": "   \
+                                                  << cudnnGetErrorString(mg_run_));                          \
+  } while (0)
+
 // The descriptors of one call (creating them is a few host microseconds).
 struct Descs {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
@@ -149,7 +180,7 @@ struct Descs {
   // Back to the key's math type: a choice made for one direction sets its own on `conv`, and the
   // next direction's search must not inherit it.
   void reset_math(const ConvKey& k) {
-    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, strict_fp32(k) ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+    MG_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, search_math(k)));
   }
   void release() noexcept {
     if (x) cudnnDestroyTensorDescriptor(x);
@@ -182,6 +213,22 @@ Choice pick(const Perf* perf, int count, const ConvKey& k, cuda::ConvPass pass, 
     return Choice{true, static_cast<int>(perf[i].algo), perf[i].mathType, perf[i].memory};
   }
   return Choice{};
+}
+
+// Where nothing fits the workspace limit: the ranked algorithm that needs the least workspace, of
+// those the math and determinism allow (the limit is exceeded, as docs/cuda.md says it may be).
+template <class Perf> Choice least_workspace(const Perf* perf, int count, const ConvKey& k, Notes& notes) {
+  int best = -1;
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (strict_fp32(k) && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+    if (best < 0 || perf[i].memory < perf[best].memory) best = i;
+  }
+  if (best < 0) return Choice{};
+  notes.how = "least workspace, over the limit";
+  notes.rank = best;
+  return Choice{true, static_cast<int>(perf[best].algo), perf[best].mathType, perf[best].memory};
 }
 
 // Find's ranking replaced the heuristic's in `perf`: true; no room to time them: false (the
@@ -229,9 +276,10 @@ Entry choose_forward(cudnnHandle_t h, Descs& d, const ConvKey& k, const void* x,
                                                           perf, ws.get(), ws.size()));
   });
   Choice c = pick(perf, count, k, cuda::ConvPass::forward, timed, notes);
-  if (!c.set) {  // implicit GEMM runs in FMA math with no workspace, for every shape
+  if (!c.set) c = least_workspace(perf, count, k, notes);
+  if (!c.set) {  // implicit GEMM needs no workspace, for every shape
     notes.how = "fallback";
-    c = Choice{true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH, 0};
+    c = Choice{true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, search_math(k), 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     MG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &c.workspace));
@@ -251,11 +299,12 @@ Entry choose_backward_data(cudnnHandle_t h, Descs& d, const ConvKey& k, const vo
                                                                &count, perf, ws.get(), ws.size()));
   });
   Choice c = pick(perf, count, k, cuda::ConvPass::backward_data, timed, notes);
-  if (!c.set) {  // the last resort, in FMA math; its workspace (none, or little) is asked, not assumed
+  if (!c.set) c = least_workspace(perf, count, k, notes);
+  if (!c.set) {  // the last resort; its workspace (none, or little) is asked, not assumed
     notes.how = "fallback";
     // ALGO_0 adds with atomics (not deterministic); ALGO_1 is.
     const auto algo = k.deterministic ? CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
-    c = Choice{true, algo, CUDNN_FMA_MATH, 0};
+    c = Choice{true, algo, search_math(k), 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, &c.workspace));
   }
@@ -278,10 +327,11 @@ Entry choose_backward_filter(cudnnHandle_t h, Descs& d, const ConvKey& k, const 
                                                                  &count, perf, ws.get(), ws.size()));
   });
   Choice c = pick(perf, count, k, cuda::ConvPass::backward_filter, timed, notes);
+  if (!c.set) c = least_workspace(perf, count, k, notes);
   if (!c.set) {  // as for backward data: ALGO_0 (and ALGO_3) use atomics, ALGO_1 does not
     notes.how = "fallback";
     const auto algo = k.deterministic ? CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
-    c = Choice{true, algo, CUDNN_FMA_MATH, 0};
+    c = Choice{true, algo, search_math(k), 0};
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, &c.workspace));
   }
@@ -442,9 +492,10 @@ void conv2d_forward<Cuda>(Tensor& y, const Tensor& x, const Tensor& w, const Ten
   MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
   cuda::Workspace ws(k.dev, c.workspace);
   const float one = 1.0f, beta = b.defined() ? 1.0f : 0.0f;
-  MG_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x, x.raw_data(), d.w, w.raw_data(), d.conv,
-                                         static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(), ws.size(),
-                                         &beta, d.y, y.raw_data()));
+  MG_CUDNN_RUN(cudnnConvolutionForward(h, &one, d.x, x.raw_data(), d.w, w.raw_data(), d.conv,
+                                       static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(), ws.size(), &beta,
+                                       d.y, y.raw_data()),
+               k, cuda::ConvPass::forward, c);
   if (relu) relu_forward<Cuda>(y, y);
 }
 
@@ -483,9 +534,10 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
       });
       MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
       cuda::Workspace ws(k.dev, c.workspace);
-      MG_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w, w.raw_data(), d.y, dy.raw_data(), d.conv,
-                                                  static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(),
-                                                  ws.size(), &zero, d.x, out.raw_data()));
+      MG_CUDNN_RUN(cudnnConvolutionBackwardData(h, &one, d.w, w.raw_data(), d.y, dy.raw_data(), d.conv,
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(),
+                                                ws.size(), &zero, d.x, out.raw_data()),
+                   k, cuda::ConvPass::backward_data, c);
       if (mask_dx) relu_backward<Cuda>(out, out, x);
     }
     if (dx.dtype() != dtype) convert<Cuda>(dx, out);
@@ -501,9 +553,10 @@ void conv2d_backward<Cuda>(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy,
     MG_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, c.math));
     cuda::Workspace ws(k.dev, c.workspace);
     const float beta_w = accumulate && !widen ? 1.0f : 0.0f;
-    MG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, d.x, x.raw_data(), d.y, dy.raw_data(), d.conv,
-                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.get(),
-                                                  ws.size(), &beta_w, d.w, out.raw_data()));
+    MG_CUDNN_RUN(cudnnConvolutionBackwardFilter(h, &one, d.x, x.raw_data(), d.y, dy.raw_data(), d.conv,
+                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.get(),
+                                                ws.size(), &beta_w, d.w, out.raw_data()),
+                 k, cuda::ConvPass::backward_filter, c);
     if (widen && accumulate) add_inplace<Cuda>(dw, out);
     else if (widen) convert<Cuda>(dw, out);
   }
