@@ -24,21 +24,23 @@
 # cudaGetErrorString's texts for the errors that stay with a CUDA context once they happen.
 mg_sticky_cuda_errors='an illegal memory access was encountered|unspecified launch failure|misaligned address|an illegal instruction was encountered|device-side assert triggered|invalid program counter|operation not supported on global/shared address space|the launch timed out and was terminated|uncorrectable ECC error encountered'
 
-# The index within a part's log of the case that broke it: the case during which doctest reported
-# a crash ("test case CRASHED", before that case's end), or a sticky error's text first appeared
-# (doctest prints "<seconds> s: <name>" as each case ends, with --duration); for a process killed
-# without doctest's report, the case after the last one that ended. 0 when none of these.
-mg_broken_case() {  # LOG_PART CRASHED(0|1)
-  awk -v crashed="$2" -v sticky="$mg_sticky_cuda_errors" '
+# The index within a part's log of the case that broke it, and how: the case during which doctest
+# reported a crash ("test case CRASHED", before that case's end: "crashed"), or a sticky error's
+# text first appeared ("sticky"); doctest prints "<seconds> s: <name>" as each case ends, with
+# --duration. For a process killed without doctest's report, the case after the last one that
+# ended ("crashed"). "0 -" when none of these.
+mg_broken_case() {  # LOG_PART SIGNALLED(0|1)
+  awk -v signalled="$2" -v sticky="$mg_sticky_cuda_errors" '
     /^[0-9]+\.[0-9]+ s: / { ended++; next }
-    /test case CRASHED/ || $0 ~ sticky { print ended + 1; found = 1; exit }
-    END { if (!found) print (crashed ? ended + 1 : 0) }' "$1"
+    /test case CRASHED/ { print ended + 1, "crashed"; found = 1; exit }
+    $0 ~ sticky { print ended + 1, "sticky"; found = 1; exit }
+    END { if (!found) print (signalled ? ended + 1 " crashed" : "0 -") }' "$1"
 }
 
 run_resumable() {
   local limit=$1 log=$2
   shift 2
-  local deadline=$((SECONDS + limit)) first=1 part rc status=0 k name resumes=0 crashed why
+  local deadline=$((SECONDS + limit)) first=1 part rc status=0 k how name resumes=0 signalled why
   local exe_at=0 i
   for ((i = 1; i <= $#; i++)); do [ -f "${!i}" ] && [ -x "${!i}" ] && exe_at=$i; done
   local exe=${!exe_at:-$1}
@@ -49,17 +51,17 @@ run_resumable() {
     rc=$?
     cat "$part" >>"$log"
     [ $status -eq 0 ] && status=$rc
-    crashed=0
-    [ $rc -gt 128 ] && crashed=1  # killed by a signal (timeout's own 124 is not resumed)
-    k=0
-    [ $rc -ne 0 ] && [ $rc -ne 124 ] && k=$(mg_broken_case "$part" $crashed)
+    signalled=0
+    [ $rc -gt 128 ] && signalled=1  # killed by a signal (timeout's own 124 is not resumed)
+    k=0 how=-
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && read -r k how < <(mg_broken_case "$part" $signalled)
     if [ "$k" -eq 0 ] || [ $resumes -ge "${MG_RESUME_MOST:-8}" ] || [ $SECONDS -ge $deadline ]; then
       break
     fi
     k=$((first + k - 1))  # the index among all the cases that pass the filters
     name=$("${@:exe_at}" --list-test-cases 2>/dev/null | sed -n '/^===/,/^===/p' | grep -v '^===' | sed -n "${k}p")
     why="met a sticky CUDA error"
-    [ $crashed = 1 ] && why="crashed (exit $rc)"
+    [ "$how" = crashed ] && why="crashed (exit $rc)"
     echo "[run_resumable] $(basename "$exe"): case $k (${name:-?}) $why; resumed from case $((k + 1))" | tee -a "$log"
     first=$((k + 1))
     resumes=$((resumes + 1))
