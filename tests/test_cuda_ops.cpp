@@ -265,6 +265,7 @@ TEST_CASE("cuda: matmul's strided batches through cuBLASLt against cublasGemmStr
                                 << (after.refused > before.refused ? ": " + cuda::lt_refusal() : std::string()));
         CHECK(after.invalid == before.invalid);
         if (dtype == DType::f32) CHECK(after.runs - before.runs == 3);  // float32 products: cuBLASLt has them all
+        else WARN(after.runs - before.runs == 3);  // a refused bf16 product runs on GemmEx: right, not compared
       } else {
         CHECK(after.runs == before.runs);
       }

@@ -228,6 +228,27 @@ TEST_CASE("Tensor::to(DType), copy_ between dtypes, fill_, to_vector and str") {
   const std::vector<double> dv = d.to_vector<double>();
   for (size_t i = 0; i < v.size(); ++i) CHECK(dv[i] == static_cast<double>(hv[i]));
   CHECK(d.to(DType::bf16).to_vector<float>() == h.to(DType::f32).to(DType::bf16).to_vector<float>());
+  // NaNs to and from f64 become the quiet NaN of their sign, whatever their payload or whether
+  // they signal, written as bits (Note [half conversions]): x86's conversions keep payloads, a
+  // GPU's give its own canonical NaN, and both devices must give these bits.
+  const Tensor nans = Tensor::from_vector(std::vector<float>{half::float_of(0x7f800001u), half::float_of(0xffa12345u),
+                                                             half::float_of(0x7fc00000u), 1.5f}, {4});
+  const Tensor nd = nans.to(DType::f64);
+  const double* pd = nd.data<double>();
+  CHECK(half::bits_of(pd[0]) == 0x7ff8000000000000ull);
+  CHECK(half::bits_of(pd[1]) == 0xfff8000000000000ull);
+  CHECK(half::bits_of(pd[2]) == 0x7ff8000000000000ull);
+  CHECK(pd[3] == 1.5);
+  Tensor dn = Tensor::empty({3}, TensorOptions{DType::f64});
+  double* pdn = dn.data<double>();
+  pdn[0] = half::double_of(0x7ff0000000000001ull);  // signalling, payload 1
+  pdn[1] = half::double_of(0xfff8dead00000000ull);  // quiet, negative, a payload in the high bits
+  pdn[2] = -0.25;
+  const Tensor fn = dn.to(DType::f32);
+  const float* pf = fn.data<float>();
+  CHECK(half::bits_of(pf[0]) == 0x7fc00000u);
+  CHECK(half::bits_of(pf[1]) == 0xffc00000u);
+  CHECK(pf[2] == -0.25f);
   // copy_ converts; int64 does not.
   Tensor into = Tensor::zeros({7}, TensorOptions{DType::f16});
   into.copy_(x);

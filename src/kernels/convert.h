@@ -14,7 +14,9 @@
 // f16 NaN quiets it too, while bf16 widens by a shift and keeps its bits), infinities
 // stay infinities, f16's overflow (|x| >= 65520 after rounding) becomes an infinity and its
 // subnormals (down to 2^-24) are kept; bf16 has float32's range and subnormals. f64 -> f32 is the
-// C++ conversion (the same rounding).
+// C++ conversion (the same rounding). A NaN to or from f64 becomes the quiet NaN of its sign with
+// no payload, written as bits: the hardware's conversions differ there (x86 keeps the payload, a
+// GPU's cvt gives its own canonical NaN), and the two devices must give the same bits.
 #pragma once
 
 #include <cstdint>
@@ -104,6 +106,36 @@ MG_HOST_DEVICE float float_from_f16(uint16_t h) {
   return float_of(sign | ((113u - shift) << 23) | ((mm & 0x03ffu) << 13));
 }
 
+MG_HOST_DEVICE uint64_t bits_of(double d) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+#endif
+}
+
+MG_HOST_DEVICE double double_of(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof d);
+  return d;
+#endif
+}
+
+// Float to and from f64, NaNs as bits (Note [half conversions]): the quiet NaN of the sign.
+MG_HOST_DEVICE float float_from_f64(double d) {
+  if (d != d) return float_of((bits_of(d) >> 63) != 0 ? 0xffc00000u : 0x7fc00000u);
+  return static_cast<float>(d);
+}
+MG_HOST_DEVICE double f64_from_float(float f) {
+  if (f != f) return double_of((bits_of(f) & 0x80000000u) ? 0xfff8000000000000ull : 0x7ff8000000000000ull);
+  return static_cast<double>(f);
+}
+
 // v as a tensor of dtype `t` holds it: rounded to bf16 or f16 and widened back, or v itself.
 MG_HOST_DEVICE float rounded(DType t, float v) {
   switch (t) {
@@ -124,14 +156,14 @@ MG_HOST_DEVICE void convert_element(void* dst, DType to, const void* src, DType 
   float v = 0.0f;
   switch (from) {
     case DType::f32: v = static_cast<const float*>(src)[i]; break;
-    case DType::f64: v = static_cast<float>(static_cast<const double*>(src)[i]); break;
+    case DType::f64: v = float_from_f64(static_cast<const double*>(src)[i]); break;
     case DType::bf16: v = float_from_bf16(static_cast<const uint16_t*>(src)[i]); break;
     case DType::f16: v = float_from_f16(static_cast<const uint16_t*>(src)[i]); break;
     default: break;
   }
   switch (to) {
     case DType::f32: static_cast<float*>(dst)[i] = v; break;
-    case DType::f64: static_cast<double*>(dst)[i] = v; break;
+    case DType::f64: static_cast<double*>(dst)[i] = f64_from_float(v); break;
     case DType::bf16: static_cast<uint16_t*>(dst)[i] = bf16_from_float(v); break;
     case DType::f16: static_cast<uint16_t*>(dst)[i] = f16_from_float(v); break;
     default: break;
