@@ -31,6 +31,7 @@ mg_sticky_cuda_errors='an illegal memory access was encountered|unspecified laun
 # ended ("crashed"). "0 -" when none of these.
 mg_broken_case() {  # LOG_PART SIGNALLED(0|1)
   awk -v signalled="$2" -v sticky="$mg_sticky_cuda_errors" '
+    /^=========/ { next }  # compute-sanitizer: its own process, whose lines may come before the test'"'"'s
     /^[0-9]+\.[0-9]+ s: / { ended++; next }
     /test case CRASHED/ { print ended + 1, "crashed"; found = 1; exit }
     $0 ~ sticky { print ended + 1, "sticky"; found = 1; exit }
@@ -43,7 +44,8 @@ run_resumable() {
   local deadline=$((SECONDS + limit)) first=1 part rc status=0 k how name resumes=0 signalled why
   local exe_at=0 i
   for ((i = 1; i <= $#; i++)); do [ -f "${!i}" ] && [ -x "${!i}" ] && exe_at=$i; done
-  local exe=${!exe_at:-$1}
+  [ "$exe_at" -gt 0 ] || exe_at=1  # none is a file here (found on PATH): the first word
+  local exe=${!exe_at}
   part=$(mktemp)
   : >"$log"
   while :; do
@@ -60,9 +62,13 @@ run_resumable() {
     fi
     k=$((first + k - 1))  # the index among all the cases that pass the filters
     name=$("${@:exe_at}" --list-test-cases 2>/dev/null | sed -n '/^===/,/^===/p' | grep -v '^===' | sed -n "${k}p")
+    if [ -z "$name" ]; then  # past the last case: it broke outside any (start-up, teardown)
+      echo "[run_resumable] $(basename "$exe"): exit $rc after case $((k - 1)), outside any case; not resumed" | tee -a "$log"
+      break
+    fi
     why="met a sticky CUDA error"
     [ "$how" = crashed ] && why="crashed (exit $rc)"
-    echo "[run_resumable] $(basename "$exe"): case $k (${name:-?}) $why; resumed from case $((k + 1))" | tee -a "$log"
+    echo "[run_resumable] $(basename "$exe"): case $k ($name) $why; resumed from case $((k + 1))" | tee -a "$log"
     first=$((k + 1))
     resumes=$((resumes + 1))
   done

@@ -502,6 +502,7 @@ TEST_CASE("mismatched models and loaders are refused on every rank") {
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // as tests/test_main.cpp: a line at a time
   dist::Session session(&argc, &argv);
   // ctest's nccl_world_of_one (MG_DIST_WORLD_OF_ONE=1 -tc="CUDA*"): NCCL over one rank without a
   // launcher, for a machine with one GPU and no MPI. Reported as skipped where it cannot run.

@@ -1,7 +1,8 @@
 // A doctest executable whose cases break their process on request, for tests/resume_tests.sh
 // (scripts/run_resumable.sh): case 2 crashes under MG_FIXTURE_CRASH=1, and case 3 meets a
 // "sticky CUDA error" under MG_FIXTURE_STICKY=1, after which every case in the process fails
-// as a real CUDA context would make it. Plain doctest, no libminigrad.
+// as a real CUDA context would make it; under MG_FIXTURE_TEARDOWN=1 the process crashes after its
+// last case, outside any. Plain doctest, no libminigrad.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -12,6 +13,11 @@
 namespace {
 bool poisoned = false;
 bool asked(const char* name) { return std::getenv(name) != nullptr && std::getenv(name)[0] == '1'; }
+struct Teardown {
+  ~Teardown() {
+    if (asked("MG_FIXTURE_TEARDOWN")) std::raise(SIGSEGV);
+  }
+} teardown;
 void check_context() {
   if (poisoned) throw std::runtime_error("CUDA error: an illegal memory access was encountered (fixture)");
 }

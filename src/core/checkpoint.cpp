@@ -112,6 +112,8 @@ void check_tileable(const CheckpointSegment& seg) {
 // of a segment before the unit now running.
 struct Release {
   std::shared_ptr<StorageImpl> storage;
+  std::shared_ptr<StorageImpl> host;  // the copy's destination, kept until the copy is done: a
+                                      // segment dropped first would give it back to the host pool
   void* copied = nullptr;  // CUDA: the event of its copy to the host
 };
 struct OffloadSchedule {
@@ -165,7 +167,7 @@ void send_away(const std::shared_ptr<CheckpointSegment>& segment) {
     std::shared_ptr<StorageImpl> device_copy = users.front()->storage;
     void* copied = start_copy(a.host, device_copy, a.dtype);
     for (TensorImpl* impl : users) impl->storage = a.host;
-    t_offload.fresh.push_back({std::move(device_copy), copied});
+    t_offload.fresh.push_back({std::move(device_copy), a.host, copied});
     seg.away.push_back(std::move(a));
   }
   if (seg.away.empty()) return;

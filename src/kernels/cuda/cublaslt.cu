@@ -49,6 +49,7 @@ struct LtKeyHash {
 struct LtChoice {
   bool usable = false;  // false: cuBLASLt offered no algorithm (Note [cublaslt products])
   cublasLtMatmulAlgo_t algo{};
+  bool invalid = false;  // refused for a descriptor it called invalid, not for want of an algorithm
 };
 
 std::mutex g_mu;  // the cache and the refusal
@@ -170,7 +171,8 @@ LtChoice choose(cublasLtHandle_t h, const LtDescs& d, const LtProduct& p) {
   int count = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &count);
   if (st == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS) return {true, result.algo};
-  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) ++g_invalid;
+  LtChoice refused;
+  refused.invalid = st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED;
   std::ostringstream why;
   why << describe(p) << ": no algorithm ("
       << (st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : count == 0 ? "none returned"
@@ -179,7 +181,7 @@ LtChoice choose(cublasLtHandle_t h, const LtDescs& d, const LtProduct& p) {
       << (p.epilogue == LtEpilogue::none ? "cublasGemmEx runs it" : "the unfused kernels and cublasGemmEx run it");
   std::lock_guard<std::mutex> lock(g_mu);
   g_refusal = why.str();
-  return {};
+  return refused;
 }
 
 }  // namespace
@@ -212,6 +214,7 @@ bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, flo
   }
   if (known && !choice.usable) {
     ++g_refused;
+    if (choice.invalid) ++g_invalid;  // counted per call, as the refusals are
     return false;
   }
   Context& ctx = context(device);
@@ -224,6 +227,7 @@ bool lt_matmul(int device, const LtProduct& p, const void* a, const void* b, flo
   }
   if (!choice.usable) {
     ++g_refused;
+    if (choice.invalid) ++g_invalid;
     return false;
   }
   const float alpha = 1.0f;

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -83,6 +84,8 @@ template <class Key> class GraphCache {
       b = build();
     } catch (const Error&) {
       throw;  // ours (a CUDA error, out of memory): not a refusal to remember
+    } catch (const std::bad_alloc&) {
+      throw;  // the host's memory, for now: not this graph's fault
     } catch (const std::exception& e) {
       // The frontend also throws where it returns no error_t ("No suitable implementation for
       // given SDPA_attributes"): a refusal like the others, so the caller falls back.
