@@ -42,10 +42,9 @@ template <class T> __global__ void scale_forward_kernel(T* y, const T* x, float 
     cuda::store(y, i, s * cuda::load(x, i));
 }
 
-// T: float, or uint16_t with v a bf16 or f16 value's bits (rounded once, on the host).
-template <class T> __global__ void fill_kernel(T* y, T v, int64_t n) {
+template <class T> __global__ void fill_kernel(T* y, float v, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = v;
+    cuda::store(y, i, v);  // bf16/f16: the CPU's rounding of v
 }
 
 // Block-wide sum in shared memory; every thread gets the result.
@@ -210,12 +209,10 @@ template <> void fill<Cuda>(Tensor& y, float v) {
   const int dev = cuda::device_of(y);
   cuda::DeviceGuard guard(dev);
   const cudaStream_t stream = cuda::stream(dev);
-  if (y.dtype() == DType::bf16 || y.dtype() == DType::f16) {
-    const uint16_t bits = y.dtype() == DType::bf16 ? half::bf16_from_float(v) : half::f16_from_float(v);
-    fill_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(static_cast<uint16_t*>(y.raw_data()), bits, n);
-  } else {
-    fill_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(y.data<float>(), v, n);
-  }
+  cuda::with_storage("fill", y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    fill_kernel<<<grid_capped(n), cuda::kThreads, 0, stream>>>(cuda::elems<T>(y), v, n);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
